@@ -1,0 +1,148 @@
+"""InferenceSession and InferRequest: the ONNX Runtime-style entry points."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .compile import Program, compile_graph
+from .errors import OptionsError, UnknownOutputError
+from .frontend.onnx import load_model_proto, parse_model, prepare_proto
+from .frontend.options import ParseOptions
+from .ir import elem_type_name
+from .ir.dtypes import to_numpy
+from .memory import Engine
+from .runtime.feeds import InputSpec, prepare_feeds
+from .runtime.network import Network
+from .shape import PartialShape
+
+_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Like onnxruntime.NodeArg: ``shape`` holds ints for fixed dims and names or None for dynamic ones."""
+
+    name: str
+    type: str
+    shape: list
+    partial_shape: PartialShape | None
+
+
+def _node_arg(v) -> NodeArg:
+    kind = "tensor" if v.kind == "tensor" else f"{v.kind}(tensor"
+    t = f"{kind}({elem_type_name(v.elem_type).replace('float', 'float', 1)})" + (")" if v.kind != "tensor" else "")
+    if v.elem_type == 1:
+        t = t.replace("(float)", "(float)")
+    shape = [] if v.shape is None else [d.min if d.is_static else (d.symbol or None) for d in v.shape]
+    return NodeArg(v.name, t, shape, v.shape)
+
+
+def _device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise OptionsError(f"device {device!r} is not a device name; use 'cpu', 'cuda' or 'cuda:N'") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionsError(f"device {device!r} asked for, but this torch build sees no CUDA device")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise OptionsError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise OptionsError(f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+    return dev
+
+
+class InferenceSession:
+    """Load an ONNX model (path, bytes or ModelProto) and run it with shapes that change.
+
+    Options: ``default_dynamic_dim``, ``dynamic_dims`` (input -> list of dims) and
+    ``dim_params`` (symbol -> Dimension) set the ranges of dynamic dimensions; ``verbose``
+    sets the log level of the memory engine (as DYNASHAPE_VERBOSE does).
+    """
+
+    def __init__(self, model, device: str | torch.device = "cpu", **options) -> None:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(_OPTIONS)}")
+        self.device = _device(device)
+        parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
+                                  options.get("dim_params"))
+        self.verbose = options.get("verbose")
+        proto = prepare_proto(load_model_proto(model))
+        self.program: Program = compile_graph(parse_model(proto, parse))
+        g = self.program.graph
+        self._specs = [InputSpec.of(v) for v in g.inputs]
+        self._inputs = [_node_arg(v) for v in g.inputs]
+        self._outputs = [_node_arg(v) for v in g.outputs]
+        self._default: InferRequest | None = None
+        self._lock = threading.Lock()
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def create_infer_request(self) -> InferRequest:
+        """A request with its own buffers and shape state; use one per thread."""
+        return InferRequest(self)
+
+    def run(self, output_names, feeds, run_options=None) -> list:
+        """Run with ``feeds`` (name -> numpy array or torch tensor); outputs follow the feeds' kind."""
+        with self._lock:
+            if self._default is None:
+                self._default = InferRequest(self)
+            return self._default.run(output_names, feeds)
+
+    def stats(self) -> dict:
+        return {} if self._default is None else self._default.stats()
+
+
+class InferRequest:
+    """Per-request state: a Network (buffers, cached shapes) over the session's program."""
+
+    def __init__(self, session: InferenceSession) -> None:
+        self.session = session
+        self.engine = Engine(session.verbose)
+        self.network = Network(session.program, session.device, self.engine)
+        self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
+
+    def run(self, output_names, feeds) -> list:
+        tensors, numpy_mode = prepare_feeds(feeds, self.session._specs, self.session.device)
+        idx = self._select(output_names)
+        outs = self.network.run(tensors)
+        picked = [outs[i] for i in idx]
+        return [_to_numpy(o) for o in picked] if numpy_mode else picked
+
+    def infer(self, feeds) -> dict:
+        names = [a.name for a in self.session._outputs]
+        return dict(zip(names, self.run(names, feeds)))
+
+    def _select(self, output_names) -> list[int]:
+        if not output_names:
+            return list(range(len(self._out_index)))
+        idx = []
+        for n in output_names:
+            if n not in self._out_index:
+                raise UnknownOutputError(n, list(self._out_index))
+            idx.append(self._out_index[n])
+        return idx
+
+    def stats(self) -> dict:
+        return {**self.network.stats, **self.engine.stats()}
+
+
+def _to_numpy(x):
+    if isinstance(x, torch.Tensor):
+        return to_numpy(x)
+    if isinstance(x, list):
+        return [_to_numpy(t) for t in x]
+    if isinstance(x, np.ndarray) or x is None:
+        return x
+    return x

@@ -1,0 +1,85 @@
+"""Typed errors. Each says what was given, what was expected, and where.
+
+They derive from the builtin exception a Python user would expect (KeyError for an unknown
+input name, TypeError for a wrong dtype, ValueError for a wrong shape), so ``except ValueError``
+style code written for ONNX Runtime keeps working.
+"""
+
+from __future__ import annotations
+
+OPERATORS_DOC = "docs/operators.md"
+
+
+class DynashapeError(Exception):
+    """Base of every error dynashape raises on purpose."""
+
+
+class ShapeError(DynashapeError, ValueError):
+    """Shapes that cannot be combined (a broadcast or merge that has no answer)."""
+
+
+class OptionsError(DynashapeError, ValueError):
+    """Session or parse options that are malformed or contradict each other."""
+
+
+class InvalidModelError(DynashapeError, ValueError):
+    """A model file that is missing, truncated, malformed or internally inconsistent."""
+
+
+class UnsupportedOpError(DynashapeError, NotImplementedError):
+    """An op with no implementation for its domain and opset, found while loading."""
+
+    def __init__(self, op_type: str, domain: str, opset: int, node_name: str, detail: str = "") -> None:
+        self.op_type, self.domain, self.opset, self.node_name = op_type, domain, opset, node_name
+        dom = domain or "ai.onnx"
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"unsupported op {op_type!r} of domain {dom!r} at opset {opset} in node {node_name!r}{extra}; "
+            f"the supported ops and opsets are listed in {OPERATORS_DOC}"
+        )
+
+
+class InputError(DynashapeError):
+    """Base of the errors about the feeds given to run()."""
+
+
+class UnknownInputError(InputError, KeyError):
+    def __init__(self, name: str, expected: list[str]) -> None:
+        self.name = name
+        super().__init__(f"unknown input name {name!r}; the model's inputs are {expected}")
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return self.args[0]
+
+
+class MissingInputError(InputError, KeyError):
+    def __init__(self, missing: list[str], given: list[str]) -> None:
+        self.missing = missing
+        super().__init__(f"missing input(s) {missing}; given {given}")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class UnknownOutputError(InputError, KeyError):
+    def __init__(self, name: str, expected: list[str]) -> None:
+        super().__init__(f"unknown output name {name!r}; the model's outputs are {expected}")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class InputTypeError(InputError, TypeError):
+    """A feed of the wrong element type or of a type that is not a tensor at all."""
+
+
+class InputRankError(InputError, ValueError):
+    """A feed whose rank differs from the declared one."""
+
+
+class InputShapeError(InputError, ValueError):
+    """A feed with a dimension outside its declared range, or dims that must agree but do not."""
+
+
+class ExecutionError(DynashapeError, RuntimeError):
+    """A node failed while running; names the node and op so the model can be inspected."""

@@ -1,0 +1,3 @@
+"""Imports every op module so that their registrations run."""
+
+from . import elementwise, generators  # noqa: F401

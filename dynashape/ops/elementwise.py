@@ -1,0 +1,197 @@
+"""Element-wise ops: arithmetic, comparison, logic, activations. Numpy broadcasting throughout."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .registry import op
+from .shapes import broadcast, same_as_first
+
+_INT_TYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+              torch.uint16, torch.uint32, torch.uint64)
+
+
+def _binary(name: str, fn, since=(1,), shape_op: bool = True) -> None:
+    for s in since:
+        op(name, s, infer=broadcast, shape_op=shape_op)(fn)
+
+
+def _add(a, b, *, out=None):
+    return torch.add(a, b, out=out)
+
+
+def _sub(a, b, *, out=None):
+    return torch.sub(a, b, out=out)
+
+
+def _mul(a, b, *, out=None):
+    if a.dtype == torch.bool:  # torch.mul on bools is logical and; keep it
+        return torch.logical_and(a, b, out=out)
+    return torch.mul(a, b, out=out)
+
+
+def _div(a, b, *, out=None):
+    if a.dtype in _INT_TYPES:  # ONNX integer division truncates toward zero, like C
+        return torch.div(a, b, rounding_mode="trunc", out=out)
+    return torch.div(a, b, out=out)
+
+
+for _n, _f in (("Add", _add), ("Sub", _sub), ("Mul", _mul), ("Div", _div)):
+    _binary(_n, _f, since=(7, 13, 14))
+
+
+@op("Pow", 7, infer=broadcast, writes_out=False)
+def _pow(a, b, *, out=None):
+    if a.dtype in _INT_TYPES and b.dtype.is_floating_point:
+        return torch.pow(a.to(b.dtype), b).to(a.dtype)
+    if b.dtype != a.dtype and not (a.dtype.is_floating_point and b.dtype in _INT_TYPES):
+        b = b.to(a.dtype)
+    return torch.pow(a, b).to(a.dtype)
+
+
+@op("Mod", 10, infer=broadcast, shape_op=True)
+def _mod(a, b, *, fmod=0, out=None):
+    if fmod or a.dtype.is_floating_point:
+        return torch.fmod(a, b, out=out)
+    return torch.remainder(a, b, out=out)
+
+
+def _variadic(name: str, reduce_fn, since=(8, 12, 13)):
+    def kernel(*xs, out=None):
+        xs = [x for x in xs if x is not None]
+        if len(xs) == 1:
+            return xs[0].clone() if out is None else out.copy_(xs[0].expand_as(out))
+        acc = reduce_fn(xs[0], xs[1])
+        for x in xs[2:]:
+            acc = reduce_fn(acc, x)
+        return acc
+
+    for s in since:
+        op(name, s, infer=broadcast, writes_out=False, shape_op=True)(kernel)
+
+
+_variadic("Sum", torch.add)
+_variadic("Max", torch.maximum)
+_variadic("Min", torch.minimum)
+
+
+@op("Mean", 8, infer=broadcast, writes_out=False)
+@op("Mean", 13, infer=broadcast, writes_out=False)
+def _mean(*xs, out=None):
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = acc + x
+    return acc / len(xs)
+
+
+# comparison and logic --------------------------------------------------------------------
+def _cmp(fn):
+    def kernel(a, b, *, out=None):
+        return fn(a, b, out=out)
+    return kernel
+
+
+for _name, _fn, _since in (
+    ("Equal", torch.eq, (7, 11, 13, 19)), ("Less", torch.lt, (7, 9, 13)), ("Greater", torch.gt, (7, 9, 13)),
+    ("LessOrEqual", torch.le, (12, 16)), ("GreaterOrEqual", torch.ge, (12, 16)),
+    ("And", torch.logical_and, (7,)), ("Or", torch.logical_or, (7,)), ("Xor", torch.logical_xor, (7,)),
+    ("BitwiseAnd", torch.bitwise_and, (18,)), ("BitwiseOr", torch.bitwise_or, (18,)),
+    ("BitwiseXor", torch.bitwise_xor, (18,)),
+):
+    _binary(_name, _cmp(_fn), since=_since)
+
+
+@op("Where", 9, infer=broadcast, shape_op=True)
+@op("Where", 16, infer=broadcast, shape_op=True)
+def _where(c, x, y, *, out=None):
+    return torch.where(c, x, y, out=out)
+
+
+@op("BitShift", 11, infer=broadcast)
+def _bitshift(a, b, *, direction, out=None):
+    f = torch.bitwise_left_shift if direction == "LEFT" else torch.bitwise_right_shift
+    return f(a, b, out=out)
+
+
+# unary --------------------------------------------------------------------------------------
+def _unary(name: str, fn, since=(1,), writes_out=True, shape_op=False) -> None:
+    for s in since:
+        op(name, s, infer=same_as_first, writes_out=writes_out, shape_op=shape_op)(fn)
+
+
+def _with_out(tfn):
+    def kernel(x, *, out=None):
+        return tfn(x, out=out)
+    return kernel
+
+
+for _name, _tfn, _since, _sop in (
+    ("Abs", torch.abs, (6, 13), True), ("Neg", torch.neg, (6, 13), True), ("Exp", torch.exp, (6, 13), False),
+    ("Log", torch.log, (6, 13), False), ("Sqrt", torch.sqrt, (6, 13), False),
+    ("Reciprocal", torch.reciprocal, (6, 13), False), ("Floor", torch.floor, (6, 13), True),
+    ("Ceil", torch.ceil, (6, 13), True), ("Round", torch.round, (11,), False), ("Sign", torch.sign, (9, 13), True),
+    ("Sin", torch.sin, (7,), False), ("Cos", torch.cos, (7,), False), ("Tan", torch.tan, (7,), False),
+    ("Asin", torch.asin, (7,), False), ("Acos", torch.acos, (7,), False), ("Atan", torch.atan, (7,), False),
+    ("Sinh", torch.sinh, (9,), False), ("Cosh", torch.cosh, (9,), False), ("Asinh", torch.asinh, (9,), False),
+    ("Acosh", torch.acosh, (9,), False), ("Atanh", torch.atanh, (9,), False), ("Erf", torch.erf, (9, 13), False),
+    ("Sigmoid", torch.sigmoid, (6, 13), False), ("Tanh", torch.tanh, (6, 13), False),
+    ("Not", torch.logical_not, (1,), True), ("IsNaN", torch.isnan, (9, 13, 20), False),
+    ("BitwiseNot", torch.bitwise_not, (18,), False),
+):
+    _unary(_name, _with_out(_tfn), _since, shape_op=_sop)
+
+
+def _act(name: str, fn, since=(6,)) -> None:
+    _unary(name, fn, since, writes_out=False)
+
+
+_act("Relu", lambda x, *, out=None: torch.relu(x), (6, 13, 14))
+_act("Softplus", lambda x, *, out=None: F.softplus(x), (1, 22))
+_act("Softsign", lambda x, *, out=None: F.softsign(x), (1, 22))
+_act("Mish", lambda x, *, out=None: F.mish(x), (18, 22))
+_act("HardSwish", lambda x, *, out=None: x * torch.clamp(x / 6 + 0.5, 0, 1), (14, 22))
+_act("HardSigmoid", lambda x, *, alpha=0.2, beta=0.5, out=None: torch.clamp(alpha * x + beta, 0, 1), (6, 22))
+_act("Elu", lambda x, *, alpha=1.0, out=None: F.elu(x, alpha), (6, 22))
+_act("Celu", lambda x, *, alpha=1.0, out=None: F.celu(x, alpha), (12,))
+_act("LeakyRelu", lambda x, *, alpha=0.01, out=None: F.leaky_relu(x, alpha), (6, 16))
+_act("ThresholdedRelu", lambda x, *, alpha=1.0, out=None: torch.where(x > alpha, x, torch.zeros_like(x)), (10, 22))
+_act("Selu", lambda x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875, out=None:
+     torch.where(x > 0, gamma * x, gamma * alpha * (torch.exp(x) - 1)), (6, 22))
+_act("Gelu", lambda x, *, approximate="none", out=None: F.gelu(x, approximate=approximate), (20,))
+
+
+@op("IsInf", 10, infer=same_as_first)
+@op("IsInf", 20, infer=same_as_first)
+def _isinf(x, *, detect_negative=1, detect_positive=1, out=None):
+    if detect_negative and detect_positive:
+        return torch.isinf(x, out=out)
+    if detect_negative:
+        return torch.isneginf(x, out=out)
+    if detect_positive:
+        return torch.isposinf(x, out=out)
+    return torch.zeros_like(x, dtype=torch.bool) if out is None else out.fill_(False)
+
+
+@op("PRelu", 9, infer=broadcast, writes_out=False)
+@op("PRelu", 16, infer=broadcast, writes_out=False)
+def _prelu(x, slope, *, out=None):
+    return torch.where(x < 0, x * slope, x)
+
+
+@op("Clip", 11, infer=same_as_first)
+@op("Clip", 12, infer=same_as_first)
+@op("Clip", 13, infer=same_as_first)
+def _clip(x, lo=None, hi=None, *, out=None):
+    if lo is None and hi is None:
+        return x.clone() if out is None else out.copy_(x)
+    return torch.clamp(x, lo, hi, out=out)
+
+
+@op("Clip", 6, infer=same_as_first)
+def _clip6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38, out=None):  # noqa: A002
+    return torch.clamp(x, min, max, out=out)
+
+
+for _s in (1, 13, 14, 16, 19, 21):
+    op("Identity", _s, infer=same_as_first, view=True, shape_op=True)(lambda x, *, out=None: x)

@@ -1,0 +1,144 @@
+"""Ops that make tensors from shapes or attributes: Constant, Shape, Size, Range, Cast ..."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..ir.dtypes import to_torch, torch_dtype
+from ..shape import Dimension
+from .registry import op
+from .shapes import dim_ceildiv_or_dyn, int_list, same_as_first
+
+
+def _constant_value(value=None, value_float=None, value_floats=None, value_int=None, value_ints=None,
+                    value_string=None, value_strings=None, sparse_value=None):
+    if value is not None:
+        return value
+    if sparse_value is not None:
+        return sparse_value
+    if value_float is not None:
+        return torch.tensor(value_float, dtype=torch.float32)
+    if value_floats is not None:
+        return torch.tensor(value_floats, dtype=torch.float32)
+    if value_int is not None:
+        return torch.tensor(value_int, dtype=torch.int64)
+    if value_ints is not None:
+        return torch.tensor(value_ints, dtype=torch.int64)
+    if value_string is not None:
+        return np.array(value_string, dtype=object)
+    if value_strings is not None:
+        return np.array(value_strings, dtype=object)
+    raise ValueError("Constant has no value attribute")
+
+
+def _constant_infer(shapes, values, **attrs):
+    return [tuple(_constant_value(**attrs).shape)]
+
+
+def _constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None,
+              value_string=None, value_strings=None, sparse_value=None, out=None):
+    v = _constant_value(value, value_float, value_floats, value_int, value_ints, value_string,
+                        value_strings, sparse_value)
+    if out is not None and isinstance(v, torch.Tensor):
+        return out.copy_(v)
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+for _s in (1, 9, 11, 12, 13, 19, 21):
+    op("Constant", _s, infer=_constant_infer, writes_out=False)(_constant)
+
+
+def _shape_slice(rank: int, start: int, end: int | None) -> tuple[int, int]:
+    end = rank if end is None else end
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, end
+
+
+def _shape_infer(shapes, values, *, start=0, end=None):
+    s, e = _shape_slice(len(shapes[0]), start, end)
+    return [(max(0, e - s),)]
+
+
+@op("Shape", 1, infer=_shape_infer, shape_op=True)
+@op("Shape", 13, infer=_shape_infer, shape_op=True)
+@op("Shape", 15, infer=_shape_infer, shape_op=True)
+@op("Shape", 19, infer=_shape_infer, shape_op=True)
+@op("Shape", 21, infer=_shape_infer, shape_op=True)
+def _shape(x, *, start=0, end=None, out=None):
+    s, e = _shape_slice(len(x.shape), start, end)
+    r = torch.tensor(list(x.shape[s:e]), dtype=torch.int64)
+    return r if out is None else out.copy_(r)
+
+
+@op("Size", 1, infer=lambda shapes, values: [()], shape_op=True)
+@op("Size", 13, infer=lambda shapes, values: [()], shape_op=True)
+@op("Size", 19, infer=lambda shapes, values: [()], shape_op=True)
+@op("Size", 21, infer=lambda shapes, values: [()], shape_op=True)
+def _size(x, *, out=None):
+    n = int(np.prod(x.shape)) if x.shape else 1
+    return torch.tensor(n, dtype=torch.int64) if out is None else out.fill_(n)
+
+
+def _cos_infer(shapes, values, *, value=None):
+    if values[0] is None:
+        return [tuple(Dimension.dynamic() for _ in range(shapes[0][0]))]
+    return [tuple(int_list(values[0]))]
+
+
+@op("ConstantOfShape", 9, infer=_cos_infer, shape_deps=(0,))
+@op("ConstantOfShape", 20, infer=_cos_infer, shape_deps=(0,))
+@op("ConstantOfShape", 21, infer=_cos_infer, shape_deps=(0,))
+def _constant_of_shape(shape, *, value=None, out=None):
+    fill = torch.zeros(1, dtype=torch.float32) if value is None else value
+    if out is not None:
+        return out.fill_(fill.reshape(()).item()) if out.numel() else out
+    return torch.full(tuple(int_list(shape)), fill.reshape(()).item(), dtype=fill.dtype)
+
+
+def _range_infer(shapes, values):
+    if any(v is None for v in values):
+        return [(Dimension.dynamic(),)]
+    start, limit, delta = (v.reshape(()).item() for v in values)
+    return [(dim_ceildiv_or_dyn(start, limit, delta),)]
+
+
+@op("Range", 11, infer=_range_infer, shape_deps=(0, 1, 2), shape_op=True)
+def _range(start, limit, delta, *, out=None):
+    s, l, d = (v.reshape(()).item() for v in (start, limit, delta))
+    n = dim_ceildiv_or_dyn(s, l, d)
+    r = (torch.arange(n, dtype=torch.float64 if start.dtype.is_floating_point else torch.int64) * d + s).to(start.dtype)
+    return r if out is None else out.copy_(r.to(out.device))
+
+
+def _cast_kernel(x, *, to, saturate=1, round_mode="up", out=None):
+    if isinstance(x, np.ndarray):  # strings in
+        return to_torch(np.asarray(x, dtype=np.float64).astype(_np(to)), to) if to != 8 else x
+    if to == 8:  # to string
+        return np.vectorize(_fmt, otypes=[object])(x.cpu().numpy())
+    dt = torch_dtype(to)
+    if out is not None:
+        return out.copy_(x)
+    return x.to(dt)
+
+
+def _np(to):
+    from ..ir.dtypes import np_dtype
+    return np_dtype(to)
+
+
+def _fmt(v) -> str:
+    return str(v)
+
+
+for _s in (6, 9, 13, 19, 21, 23):
+    op("Cast", _s, infer=same_as_first, shape_op=True)(_cast_kernel)
+
+
+@op("CastLike", 15, infer=same_as_first)
+@op("CastLike", 19, infer=same_as_first)
+@op("CastLike", 21, infer=same_as_first)
+def _cast_like(x, like, *, saturate=1, round_mode="up", out=None):
+    r = x.to(like.dtype)
+    return r if out is None else out.copy_(r)

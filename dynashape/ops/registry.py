@@ -1,0 +1,97 @@
+"""The op registry: an op is a torch kernel and a shape function, found by (domain, type, opset).
+
+A kernel is ``fn(*inputs, out=None, **attrs)``: it writes into ``out`` when given (a tensor, or a
+tuple for several outputs) and returns its result(s). A shape function is
+``infer(shapes, values, **attrs) -> list of shapes``; ``shapes`` holds one tuple of dims per input
+(ints at run time, ints or Dimensions at compile time, None for an absent optional input), and
+``values[i]`` holds the value of input i as a CPU tensor when i is in ``shape_deps`` (None when
+not known at compile time). Attributes come as keyword arguments with the defaults of the spec.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import UnsupportedOpError
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    op_type: str
+    domain: str
+    since: int
+    fn: Callable
+    infer: Callable | None
+    shape_deps: tuple[int, ...] = ()
+    # Output aliases an input (Reshape, Squeeze...): no buffer of its own, nothing copied.
+    view: bool = False
+    # Output shape depends on input *values* (NonZero, Unique): known only after the kernel ran.
+    data_dependent: bool = False
+    # Whether the kernel writes into a given ``out``; when not, its result is adopted as is.
+    writes_out: bool = True
+    # Runs on the host whatever the session's device (strings, sequences of host objects).
+    host: bool = False
+    # Cheap ops on small integer tensors may join a shape_of subgraph and run on the host.
+    shape_op: bool = False
+    attrs: frozenset[str] = field(default_factory=frozenset)
+    notes: str = ""
+
+
+_REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
+
+
+def _attr_names(fn: Callable) -> frozenset[str]:
+    params = inspect.signature(fn).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "out")
+
+
+def op(op_type: str, since: int = 1, domain: str = "", *, infer: Callable | None = None,
+       shape_deps: tuple[int, ...] = (), view: bool = False, data_dependent: bool = False,
+       writes_out: bool = True, host: bool = False, shape_op: bool = False, notes: str = ""):
+    """Register a kernel for ``op_type`` from opset ``since`` on (until a later registration)."""
+
+    def deco(fn: Callable) -> Callable:
+        d = OpDef(op_type, "" if domain == "ai.onnx" else domain, since, fn, infer, tuple(shape_deps),
+                  view, data_dependent or infer is None, writes_out and infer is not None and not view,
+                  host, shape_op, _attr_names(fn), notes)
+        versions = _REGISTRY.setdefault((d.domain, op_type), [])
+        versions[:] = sorted([v for v in versions if v.since != since] + [d], key=lambda v: v.since)
+        return fn
+
+    return deco
+
+
+def lookup(op_type: str, domain: str, opset: int, node_name: str = "") -> OpDef:
+    """The newest registration at or below ``opset``, or a load-time UnsupportedOpError."""
+    _load_all()
+    dom = "" if domain == "ai.onnx" else domain
+    versions = _REGISTRY.get((dom, op_type))
+    if not versions:
+        raise UnsupportedOpError(op_type, domain, opset, node_name)
+    best = None
+    for v in versions:
+        if v.since <= opset:
+            best = v
+    if best is None:
+        raise UnsupportedOpError(op_type, domain, opset, node_name,
+                                 f"implemented from opset {versions[0].since} on")
+    return best
+
+
+def registered() -> dict[tuple[str, str], list[OpDef]]:
+    _load_all()
+    return dict(_REGISTRY)
+
+
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import _all  # noqa: F401  (imports every op module, which registers its ops)

@@ -1,0 +1,58 @@
+"""Helpers for shape functions. Each works on ints (run time) and on Dimensions (compile time)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import ShapeError
+from ..shape import Dimension, broadcast_dims
+
+Dim = "int | Dimension"
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
+    return [norm_axis(a, rank) for a in axes]
+
+
+def same_as_first(shapes, values, **_attrs):
+    return [shapes[0]]
+
+
+def broadcast(shapes, values=None, **_attrs):
+    out: tuple = ()
+    for s in shapes:
+        if s is not None:
+            out = broadcast_dims(out, s)
+    return [out]
+
+
+def prod(dims) -> int | Dimension:
+    p: int | Dimension = 1
+    for d in dims:
+        p = d * p if isinstance(d, Dimension) else p * d
+    return p
+
+
+def is_static(dims) -> bool:
+    return all(isinstance(d, int) for d in dims)
+
+
+def int_list(value) -> list[int]:
+    """A shape-input value (CPU tensor) as a list of Python ints."""
+    return [int(v) for v in value.reshape(-1).tolist()]
+
+
+def dyn() -> Dimension:
+    return Dimension.dynamic()
+
+
+def dim_ceildiv_or_dyn(start, limit, delta) -> int:
+    """Number of elements of Range(start, limit, delta)."""
+    import math
+    return max(int(math.ceil((limit - start) / delta)), 0)

@@ -1,0 +1,97 @@
+"""Checking and converting the feeds of run(): typed errors before any state is touched."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import (InputRankError, InputShapeError, InputTypeError, MissingInputError,
+                      UnknownInputError)
+from ..ir import Value, elem_type_name, onnx_elem_type
+from ..shape import PartialShape
+
+
+@dataclass
+class InputSpec:
+    name: str
+    elem_type: int
+    shape: PartialShape | None
+    kind: str
+
+    @staticmethod
+    def of(v: Value) -> InputSpec:
+        return InputSpec(v.name, v.elem_type, v.shape, v.kind)
+
+
+def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[dict, bool]:
+    """Validate feeds against the declared inputs; returns (tensors by name, numpy_mode)."""
+    if not isinstance(feeds, Mapping):
+        raise InputTypeError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+    by_name = {s.name: s for s in specs}
+    for name in feeds:
+        if name not in by_name:
+            raise UnknownInputError(name, list(by_name))
+    missing = [s.name for s in specs if s.name not in feeds]
+    if missing:
+        raise MissingInputError(missing, list(feeds))
+    out: dict = {}
+    numpy_mode = True
+    symbols: dict[str, tuple[str, int, int]] = {}
+    for s in specs:
+        x = feeds[s.name]
+        if isinstance(x, torch.Tensor):
+            numpy_mode = False
+        elif isinstance(x, (np.ndarray, np.generic)):
+            x = np.asarray(x)
+        elif s.kind != "tensor" and isinstance(x, list):
+            out[s.name] = x  # sequence inputs: a list of arrays
+            continue
+        else:
+            raise InputTypeError(f"input {s.name!r}: expected a numpy array or torch tensor of "
+                                 f"{elem_type_name(s.elem_type)}, got {type(x).__name__}")
+        et = onnx_elem_type(x)
+        if s.elem_type and et != s.elem_type:
+            raise InputTypeError(f"input {s.name!r}: dtype {elem_type_name(et)} given, "
+                                 f"{elem_type_name(s.elem_type)} expected")
+        _check_shape(s, tuple(x.shape), symbols)
+        out[s.name] = _to_tensor(x, device)
+    return out, numpy_mode
+
+
+def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
+    if s.shape is None:
+        return
+    if len(shape) != len(s.shape):
+        raise InputRankError(f"input {s.name!r}: rank {len(shape)} given (shape {list(shape)}), rank "
+                             f"{len(s.shape)} expected (shape {s.shape})")
+    for axis, (d, v) in enumerate(zip(s.shape, shape)):
+        if not d.contains(v):
+            sym = f" ({d.symbol!r})" if d.symbol else ""
+            raise InputShapeError(f"input {s.name!r} axis {axis}{sym}: size {v} is outside the declared "
+                                  f"range {d.range_str()}")
+        if d.symbol and not d.is_static:
+            seen = symbols.setdefault(d.symbol, (s.name, axis, v))
+            if seen[2] != v:
+                raise InputShapeError(f"input {s.name!r} axis {axis} is {v} but input {seen[0]!r} axis "
+                                      f"{seen[1]} is {seen[2]}; both are dimension {d.symbol!r} and must agree")
+
+
+def _to_tensor(x, device: torch.device):
+    if isinstance(x, torch.Tensor):
+        return x if x.device == device else x.to(device)
+    if x.dtype == object or x.dtype.kind in "US":
+        return x.astype(object)  # strings stay on the host as numpy
+    if onnx_elem_type(x) in _ML_DTYPES:
+        from ..ir.dtypes import to_torch
+        t = to_torch(x)
+    else:
+        if not x.flags.writeable or any(st < 0 for st in x.strides):
+            x = x.copy()
+        t = torch.from_numpy(x)
+    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+
+
+_ML_DTYPES = {16, 17, 18, 19, 20}  # bfloat16 and the float8 types come from ml_dtypes arrays

@@ -1,0 +1,170 @@
+"""Network: one PrimitiveInst per node, the value slots they share, and the run loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+
+import torch
+
+from ..compile.program import Program
+from ..ir import Graph, Value
+from ..ir.dtypes import torch_dtype
+from ..memory import Engine
+from .primitive_inst import PrimitiveInst
+
+
+class Network:
+    """Executable form of a graph for one device; holds per-request state (shapes, buffers)."""
+
+    def __init__(self, graph: Graph | Program, device: torch.device, engine: Engine | None = None,
+                 outer_slots: dict[int, int] | None = None) -> None:
+        self.graph = graph.graph if isinstance(graph, Program) else graph
+        self.device = device
+        self.engine = engine or Engine()
+        self.stats: Counter = Counter()
+        self._slot: dict[tuple[int, str], int] = {}
+        self.vals: list = []
+        g = self.graph
+        # outer-scope values (subgraphs) get a slot each, filled by the caller before a run
+        self.outer = [(v, self._slot_for(v, "value")) for v in g.outer]
+        self.input_slots = {v.name: self._slot_for(v, "value") for v in g.inputs}
+        self.insts: list[PrimitiveInst] = []
+        host_values: set[int] = set()
+        for node in g.nodes:
+            self.insts.append(self._make_inst(node, host_values))
+        self.output_slots = [(v.name, self._output_slot(v)) for v in g.outputs]
+        self.last_in_shapes = None
+        # Without data-dependent shapes, the network's shapes are a function of its input shapes:
+        # if those did not change, no node's did, and one comparison stands for all of them.
+        self.shapes_follow_inputs = not any(i.data_dependent or i.volatile_deps for i in self.insts)
+        producer = {s: inst for inst in self.insts for s in inst.out_slots if s is not None}
+        self.output_insts = []
+        for name, s in self.output_slots:
+            inst = producer.get(s)
+            if inst is not None and inst.writes_out:
+                self.output_insts.append((inst, inst.out_slots.index(s)))
+        outs = {id(i) for i, _ in self.output_insts}
+        self.fresh_output_slots = {s for i in self.insts if not i.view for s in i.out_slots if s is not None}
+        self.fast_steps = [i.step if id(i) in outs else partial(_fast, i) for i in self.insts if not i.shape_of]
+
+    # ---- building -------------------------------------------------------------------------
+    def dtype_of(self, v: Value | None) -> torch.dtype | None:
+        if v is None or v.kind != "tensor":
+            return None
+        try:
+            return torch_dtype(v.elem_type)
+        except KeyError:
+            return None
+
+    def _slot_for(self, v: Value, where: str) -> int:
+        key = (id(v), where)
+        if key not in self._slot:
+            self._slot[key] = len(self.vals)
+            self.vals.append(None)
+            if v.is_const:
+                c = v.const
+                if isinstance(c, torch.Tensor) and where == "device":
+                    c = c.to(self.device)
+                self.vals[self._slot[key]] = c
+        return self._slot[key]
+
+    def slot_of(self, v: Value) -> int:
+        """The slot holding ``v`` (a subgraph asks its parent for outer values)."""
+        for where in ("value", "device", "host"):
+            s = self._slot.get((id(v), where))
+            if s is not None:
+                return s
+        if self.graph.outer and v in self.graph.outer:
+            return self._slot[(id(v), "value")]
+        raise KeyError(v.name)
+
+    def _output_slot(self, v: Value) -> int:
+        if v.is_const:
+            return self._slot_for(v, "host")
+        return self._slot[(id(v), "value")]
+
+    def _make_inst(self, node, host_values: set[int]) -> PrimitiveInst:
+        od = node.opdef
+        host = bool(getattr(node, "shape_of", False)) or od.host
+        reads_shape_only = node.op_type in ("Shape", "Size")
+        in_slots, xfer = [], []
+        for i, v in enumerate(node.inputs):
+            if v is None:
+                in_slots.append(None)
+                xfer.append(False)
+                continue
+            as_value = host or i in od.shape_deps or reads_shape_only
+            if v.is_const:
+                in_slots.append(self._slot_for(v, "host" if as_value else "device"))
+                xfer.append(False)
+            else:
+                in_slots.append(self._slot[(id(v), "value")])
+                on_host = id(v) in host_values
+                xfer.append(not reads_shape_only and i not in od.shape_deps and on_host != host)
+        out_slots = [None if v is None else self._slot_for(v, "value") for v in node.outputs]
+        if host:
+            host_values.update(id(v) for v in node.outputs if v is not None)
+        kernel = partial(od.fn, **node.attrs) if node.attrs else od.fn
+        if node.subgraphs:
+            from .subgraph import SubgraphRunner
+            runners = {}
+            for key, sub in node.subgraphs.items():
+                runners.setdefault(key.split(".")[0], []).append(SubgraphRunner(sub, self))
+            kernel = partial(od.fn, **node.attrs, **{k: r if len(r) > 1 else r[0] for k, r in runners.items()})
+        inst = PrimitiveInst(node, self, in_slots, out_slots, kernel, tuple(xfer))
+        inst.volatile_deps = any(
+            (v := node.inputs[i]) is not None and not v.is_const and (
+                v.producer is None or not getattr(v.producer, "shape_of", False))
+            for i in inst.shape_deps)
+        return inst
+
+    # ---- running --------------------------------------------------------------------------
+    def run(self, feeds: dict[str, torch.Tensor]) -> list:
+        vals = self.vals
+        for name, t in feeds.items():
+            vals[self.input_slots[name]] = t
+        shapes = tuple(tuple(t.shape) for t in feeds.values())
+        try:
+            if self.shapes_follow_inputs and shapes == self.last_in_shapes:
+                self.stats["fast_runs"] += 1
+                for f in self.fast_steps:
+                    f(vals)
+            else:
+                self.stats["shape_change_runs"] += 1
+                for inst in self.insts:
+                    inst.step(vals)
+                self.last_in_shapes = shapes
+        except BaseException:
+            self.reset()
+            raise
+        return self._collect_outputs(vals)
+
+    def _collect_outputs(self, vals: list) -> list:
+        outs = [vals[s] for _, s in self.output_slots]
+        handed = set()
+        for inst, k in self.output_insts:
+            buf = inst.buffers[k]
+            if buf is not None and id(buf) not in handed:
+                handed.add(id(buf))
+                inst.release_output(k)
+        for j, (_, s) in enumerate(self.output_slots):
+            t = outs[j]
+            # Views, constants and pass-through inputs alias memory the network keeps or the
+            # caller owns: the caller gets a copy, never an alias it could see change.
+            if isinstance(t, torch.Tensor) and (s not in self.fresh_output_slots or t._base is not None):
+                outs[j] = t.clone()
+        return outs
+
+    def reset(self) -> None:
+        self.last_in_shapes = None
+        for inst in self.insts:
+            inst.reset()
+
+
+def _fast(inst: PrimitiveInst, vals: list) -> None:
+    """The unchanged-shape path: no shape work at all, just the kernel into its buffer."""
+    if inst.skipped:
+        return
+    inst.execute(inst.gather(vals) if inst.xfer is not None else [None if s is None else vals[s]
+                                                                  for s in inst.in_slots], vals)

@@ -1,0 +1,178 @@
+"""PrimitiveInst: one node's runtime state and the per-node flow of the design notes.
+
+    update_shape -> (empty output? skip) -> update_impl -> update_weights -> realloc_if_needed
+    -> execute
+
+Each step returns early when nothing it depends on changed, so a node whose input shapes are
+the same as last time costs one shape comparison plus its kernel.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import ExecutionError
+from ..ir import Node
+from ..ops.shapes import prod
+
+if TYPE_CHECKING:
+    from .network import Network
+
+
+class PrimitiveInst:
+    __slots__ = (
+        "node", "name", "op_type", "net", "kernel", "infer", "in_slots", "out_slots", "shape_deps",
+        "volatile_deps", "out_dtypes", "device", "view", "writes_out", "data_dependent", "shape_of", "host",
+        "in_shapes", "dep_vals", "out_shapes", "buffers", "capacity", "out", "skipped", "impl_key",
+        "xfer", "xfer_cache", "single_out", "out_slot0",
+    )
+
+    def __init__(self, node: Node, net: Network, in_slots: list[int | None], out_slots: list[int | None],
+                 kernel, xfer: tuple[bool, ...]) -> None:
+        od = node.opdef
+        self.node, self.name, self.op_type, self.net = node, node.name, node.op_type, net
+        self.kernel = kernel
+        self.infer = partial(od.infer, **node.attrs) if od.infer is not None else None
+        self.in_slots, self.out_slots = tuple(in_slots), tuple(out_slots)
+        self.shape_deps = tuple(i for i in od.shape_deps if i < len(in_slots) and in_slots[i] is not None)
+        self.volatile_deps = False  # set by the network when a shape dep is computed from data
+        self.out_dtypes = [net.dtype_of(v) for v in node.outputs]
+        self.shape_of = bool(getattr(node, "shape_of", False))
+        self.host = self.shape_of or od.host
+        self.device = torch.device("cpu") if self.host else net.device
+        self.view, self.data_dependent = od.view, od.data_dependent
+        self.writes_out = od.writes_out and all(d is not None for d in self.out_dtypes)
+        self.in_shapes = None
+        self.dep_vals: tuple = ()
+        self.out_shapes: list | None = None
+        self.buffers: list[torch.Tensor | None] = [None] * len(out_slots)
+        self.capacity = [0] * len(out_slots)
+        self.out = None
+        self.skipped = False
+        self.impl_key = None
+        self.xfer = xfer if any(xfer) else None
+        self.xfer_cache: dict[int, tuple] = {}
+        self.single_out = len(out_slots) == 1
+        self.out_slot0 = out_slots[0] if out_slots else None
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def gather(self, vals: list) -> list:
+        ins = [None if s is None else vals[s] for s in self.in_slots]
+        if self.xfer is not None:
+            for i, need in enumerate(self.xfer):
+                t = ins[i]
+                if need and t is not None and t.device != self.device:
+                    hit = self.xfer_cache.get(i)
+                    if hit is not None and hit[0] is t:
+                        ins[i] = hit[1]
+                    else:
+                        moved = t.to(self.device, non_blocking=True)
+                        self.xfer_cache[i] = (t, moved)
+                        ins[i] = moved
+        return ins
+
+    # ---- the flow -------------------------------------------------------------------------
+    def update_shape(self, ins: list) -> bool:
+        """Recompute output shapes if an input shape or a shape-defining value changed."""
+        shapes = tuple(None if t is None else tuple(t.shape) for t in ins)
+        deps = tuple(ins[i] for i in self.shape_deps)
+        if (shapes == self.in_shapes and not self.volatile_deps and not self.data_dependent
+                and all(a is b for a, b in zip(deps, self.dep_vals))):
+            return False
+        self.in_shapes, self.dep_vals = shapes, deps
+        self.net.stats["shape_updates"] += 1
+        if self.infer is None:  # data-dependent: the kernel tells the shape
+            self.out_shapes = None
+            return True
+        values = [None] * len(ins)
+        for i in self.shape_deps:
+            t = ins[i]
+            values[i] = t if t.device.type == "cpu" else t.cpu()
+        self.out_shapes = [None if s is None else tuple(int(d) for d in s)
+                           for s in self.infer(list(shapes), values)]
+        return True
+
+    def update_impl(self) -> None:
+        """Pick the implementation for these shapes (one shape-agnostic torch kernel today)."""
+        key = (self.op_type, self.in_shapes)
+        if key == self.impl_key:
+            return
+        self.impl_key = key
+        self.net.stats["impl_updates"] += 1
+
+    def update_weights(self) -> None:
+        """Reorder weights when the impl wants another layout; the torch kernels take them as
+        stored, so there is nothing to do until an impl asks for a layout."""
+        return
+
+    def realloc_if_needed(self) -> None:
+        """Give each output a buffer large enough; reuse the old one when its capacity suffices."""
+        if not self.writes_out or self.out_shapes is None:
+            self.out = None
+            return
+        outs = []
+        for k, shape in enumerate(self.out_shapes):
+            if shape is None or self.out_slots[k] is None:
+                outs.append(None)
+                continue
+            n = prod(shape)
+            if self.buffers[k] is None or self.capacity[k] < n:
+                self.buffers[k] = self.net.engine.allocate(n, self.out_dtypes[k], self.device)
+                self.capacity[k] = n
+            else:
+                self.net.stats["buffer_reuses"] += 1
+            outs.append(self.buffers[k][:n].view(shape))
+        self.out = outs[0] if self.single_out else tuple(outs)
+
+    def execute(self, ins: list, vals: list) -> None:
+        try:
+            res = self.kernel(*ins, out=self.out)
+        except Exception as e:
+            raise ExecutionError(f"node {self.name!r} ({self.op_type}) failed with input shapes "
+                                 f"{list(self.in_shapes or ())}: {type(e).__name__}: {e}") from e
+        if self.single_out:
+            vals[self.out_slot0] = res
+            return
+        for s, r in zip(self.out_slots, res):
+            if s is not None:
+                vals[s] = r
+
+    def step(self, vals: list) -> None:
+        """The full per-node flow, used whenever some shape in the network may have changed."""
+        ins = self.gather(vals)
+        if self.update_shape(ins):
+            self.skipped = self.out_shapes is not None and all(
+                s is None or prod(s) == 0 for s in self.out_shapes)
+            if self.skipped:
+                self._emit_empty(vals)
+                return
+            self.update_impl()
+            self.update_weights()
+            self.realloc_if_needed()
+        elif self.shape_of:
+            return  # same shapes in, so the same values out: keep them
+        elif self.skipped:
+            return
+        self.execute(ins, vals)
+
+    def _emit_empty(self, vals: list) -> None:
+        self.net.stats["empty_skips"] += 1
+        for k, s in enumerate(self.out_slots):
+            if s is not None:
+                vals[s] = torch.empty(self.out_shapes[k], dtype=self.out_dtypes[k] or torch.float32,
+                                      device=self.device)
+
+    def release_output(self, k: int) -> None:
+        """Hand output k's buffer to the caller: the next run must not overwrite it."""
+        if self.buffers[k] is not None:
+            self.net.engine.release(self.buffers[k], handed_out=True)
+        self.buffers[k] = None
+        self.capacity[k] = 0
+        self.in_shapes = None  # forces realloc_if_needed on the next run
+
+    def reset(self) -> None:
+        """Forget cached shapes so the next run redoes the whole flow (after an error)."""
+        self.in_shapes, self.dep_vals, self.impl_key = None, (), None
