@@ -14,8 +14,11 @@ from ..ops.shapes import prod
 # Random ops must draw anew on every run; folding them would freeze one draw.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Bernoulli", "Multinomial"}
-# A folded value lives in the model for good: do not inflate it with huge broadcasts.
+# A folded value lives in the model for good: do not inflate it with huge broadcasts. Weights
+# written as ConstantOfShape (as in the onnx package's light models) are folded whatever their size:
+# they are the model's parameters, and computing them again on every run would be far worse.
 MAX_FOLD_ELEMENTS = 1 << 22
+ALWAYS_FOLD = {"ConstantOfShape", "Constant"}
 
 
 def fold_node(node: Node) -> bool:
@@ -27,6 +30,8 @@ def fold_node(node: Node) -> bool:
     if any(v is not None and not v.is_const for v in node.inputs):
         return False
     for v in node.outputs:
+        if node.op_type in ALWAYS_FOLD:
+            break
         if v is not None and v.shape is not None and v.shape.is_static:
             if prod(v.shape.to_static()) > MAX_FOLD_ELEMENTS:
                 return False

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, ShapeError
 from ..ir import Node
 from ..ops.shapes import prod
 
@@ -91,8 +91,12 @@ class PrimitiveInst:
         for i in self.shape_deps:
             t = ins[i]
             values[i] = t if t.device.type == "cpu" else t.cpu()
-        self.out_shapes = [None if s is None else tuple(int(d) for d in s)
-                           for s in self.infer(list(shapes), values)]
+        try:
+            inferred = self.infer(list(shapes), values)
+        except ShapeError as e:
+            self.in_shapes = None
+            raise ShapeError(f"node {self.name!r} ({self.op_type}) with input shapes {list(shapes)}: {e}") from e
+        self.out_shapes = [None if s is None else tuple(int(d) for d in s) for s in inferred]
         return True
 
     def update_impl(self) -> None:

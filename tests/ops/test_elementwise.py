@@ -8,7 +8,14 @@ SEQ2 = [[(2, 3), (2, 3)], [(5, 3), (1, 3)], [(1, 3), (4, 1, 3)], [(5, 3), (1, 3)
 
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"])
 def test_binary_broadcast_sequence(op):
-    check_op(op, SEQ2)
+    # onnx's reference Mean writes the broadcast result into its first input: it fails when that
+    # input is the smaller one, so Mean is checked against onnxruntime alone.
+    check_op(op, SEQ2, references=("ort",) if op == "Mean" else ("ort", "ref"))
+
+
+def test_variadic_three_inputs():
+    check_op("Sum", [[(2, 3), (3,), (1, 3)], [(4, 1), (1, 5), (4, 5)], [(2, 3), (3,), (1, 3)],
+                     [(6, 2), (2,), (6, 1)], [(1, 1), (3, 1), (1, 7)]])
 
 
 @pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])

@@ -1,0 +1,151 @@
+"""The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .errors import DynashapeError
+
+
+def _parse_dims(text: str) -> tuple[int, ...]:
+    parts = text.replace("x", ",").split(",") if text else []
+    try:
+        return tuple(int(p) for p in parts if p != "")
+    except ValueError as e:
+        raise SystemExit(f"dynashape: bad dims {text!r}; write them as 1x3x224x224 or 1,3,224,224") from e
+
+
+def _parse_range(text: str):
+    from .shape import Dimension
+    lo, _, hi = text.partition(":")
+    return Dimension(int(lo), int(hi) if hi else None)
+
+
+def _random_input(name: str, elem_type: int, shape, rng, int_high: int):
+    from .ir import np_dtype
+    dt = np_dtype(elem_type) if elem_type else np.dtype(np.float32)
+    if dt == np.bool_:
+        return rng.random(shape) < 0.5
+    if dt.kind in "iu":
+        return rng.integers(0, int_high, size=shape).astype(dt)
+    return rng.uniform(-1, 1, size=shape).astype(dt)
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import InferenceSession
+    opts = {}
+    if args.default_dynamic_dim:
+        opts["default_dynamic_dim"] = _parse_range(args.default_dynamic_dim)
+    if args.dim_param:
+        opts["dim_params"] = {k: _parse_range(v) for k, v in (p.split("=", 1) for p in args.dim_param)}
+    sess = InferenceSession(args.model, device=args.device, **opts)
+    shapes = {k: _parse_dims(v) for k, v in (s.split("=", 1) for s in args.shape or [])}
+    feeds = dict(np.load(args.inputs)) if args.inputs else {}
+    rng = np.random.default_rng(args.seed)
+    for arg in sess.get_inputs():
+        if arg.name in feeds:
+            continue
+        shape = shapes.get(arg.name)
+        if shape is None:
+            ps = arg.partial_shape
+            if ps is None or not ps.is_static:
+                raise SystemExit(f"dynashape: input {arg.name!r} has dynamic shape {ps}; give it with "
+                                 f"--shape {arg.name}=DIMS")
+            shape = ps.to_static()
+        spec = next(s for s in sess._specs if s.name == arg.name)
+        feeds[arg.name] = _random_input(arg.name, spec.elem_type, shape, rng, args.int_high)
+    times = []
+    for _ in range(max(1, args.repeat)):
+        t0 = time.perf_counter()
+        outs = sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    table = Table(title=f"{args.model} on {sess.device}")
+    for col in ("output", "shape", "dtype", "sum", "sum |x|"):
+        table.add_column(col)
+    for arg, o in zip(sess.get_outputs(), outs):
+        a = np.asarray(o)
+        num = a.dtype != object
+        table.add_row(arg.name, str(list(a.shape)), str(a.dtype),
+                      f"{a.astype(np.float64).sum():.6g}" if num else "-",
+                      f"{np.abs(a.astype(np.float64)).sum():.6g}" if num else "-")
+    con = Console()
+    con.print(table)
+    con.print(f"first run {times[0] * 1e3:.2f} ms; median of {len(times)} runs {np.median(times) * 1e3:.2f} ms")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import InferenceSession
+    from .demo_model import HEAD_DIM, HEADS, build_demo_model
+    sess = InferenceSession(build_demo_model(), device=args.device)
+    rng = np.random.default_rng(args.seed)
+    b = args.batch
+    ids = rng.integers(0, 256, size=(b, args.prompt)).astype(np.int64)
+    past_k = rng.standard_normal((b, HEADS, 1, HEAD_DIM)).astype(np.float32)  # one "BOS" position
+    past_v = rng.standard_normal((b, HEADS, 1, HEAD_DIM)).astype(np.float32)
+    table = Table(title=f"dynashape demo: tiny decoder, batch {b}, on {sess.device}")
+    for col in ("step", "input_ids", "past", "logits", "present", "ms"):
+        table.add_column(col, justify="right")
+    for step in range(args.steps + 1):
+        t0 = time.perf_counter()
+        logits, past_k2, past_v2 = sess.run(None, {"input_ids": ids, "past_key": past_k, "past_value": past_v})
+        ms = (time.perf_counter() - t0) * 1e3
+        table.add_row(str(step), str(list(ids.shape)), str(list(past_k.shape)), str(list(logits.shape)),
+                      str(list(past_k2.shape)), f"{ms:.2f}")
+        ids = logits[:, -1:, :].argmax(-1).astype(np.int64)  # greedy next token
+        past_k, past_v = past_k2, past_v2
+    con = Console()
+    con.print(table)
+    st = sess.stats()
+    con.print(f"runs with a shape change: {st.get('shape_change_runs', 0)}, unchanged: {st.get('fast_runs', 0)}; "
+              f"buffer allocations {st.get('allocations', 0)}, reuses {st.get('buffer_reuses', 0)}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from . import InferenceSession
+    print(InferenceSession(args.model).program)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dynashape", description="Run ONNX models with dynamic shapes.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a model on random inputs of given shapes (or an .npz)")
+    r.add_argument("model")
+    r.add_argument("--shape", action="append", metavar="NAME=DIMS", help="e.g. input_ids=1x16")
+    r.add_argument("--inputs", help=".npz file of named inputs")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--repeat", type=int, default=3)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--int-high", type=int, default=10, help="random integer inputs lie in [0, this)")
+    r.add_argument("--default-dynamic-dim", metavar="MIN:MAX")
+    r.add_argument("--dim-param", action="append", metavar="SYMBOL=MIN:MAX")
+    d = sub.add_parser("demo", help="decode loop of the embedded default model, shapes growing each step")
+    d.add_argument("--steps", type=int, default=16)
+    d.add_argument("--prompt", type=int, default=8)
+    d.add_argument("--batch", type=int, default=1)
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("show", help="print the compiled program")
+    s.add_argument("model")
+    args = p.parse_args(argv)
+    try:
+        return {"run": cmd_run, "demo": cmd_demo, "show": cmd_show}[args.cmd](args)
+    except DynashapeError as e:
+        print(f"dynashape: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The per-node flow: what is skipped, what is reused, who owns the outputs."""
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+
+from .helpers import add_chain, rand, shape_subgraph_model
+
+
+def run_chain(sess, n, k=3, rng=None):
+    x, b = rand(n, 4, rng=rng), rand(1, 4, rng=rng)
+    y = sess.run(None, {"x": x, "b": b})[0]
+    np.testing.assert_allclose(y, x + k * b, rtol=1e-5, atol=1e-6)
+    return y
+
+
+def test_unchanged_shapes_skip_update_shape():
+    s = dynashape.InferenceSession(add_chain(3))
+    run_chain(s, 2)
+    st = s.stats()
+    assert st["shape_change_runs"] == 1 and st["shape_updates"] == 3
+    for _ in range(4):
+        run_chain(s, 2)
+    st2 = s.stats()
+    assert st2["fast_runs"] == 4 and st2["shape_change_runs"] == 1
+    # only the node that produces the graph output redoes its flow (its buffer was handed out)
+    assert st2["shape_updates"] - st["shape_updates"] == 4
+
+
+def test_shrinking_reuses_buffers_growing_reallocates():
+    s = dynashape.InferenceSession(add_chain(4))
+    run_chain(s, 8, 4)
+    allocs = s.stats()["allocations"]
+    run_chain(s, 3, 4)  # smaller: the three inner buffers are reused, the output is new
+    st = s.stats()
+    assert st["allocations"] == allocs + 1
+    assert st["buffer_reuses"] >= 3
+    run_chain(s, 16, 4)  # larger: every buffer is reallocated
+    assert s.stats()["allocations"] == allocs + 1 + 4
+
+
+def test_outputs_are_owned_by_the_caller():
+    s = dynashape.InferenceSession(add_chain(2))
+    rng = np.random.default_rng(1)
+    y1 = run_chain(s, 2, 2, rng).copy()
+    keep = s.run(None, {"x": np.ones((2, 4), np.float32), "b": np.ones((1, 4), np.float32)})[0]
+    for n in (2, 2, 3):
+        run_chain(s, n, 2, rng)
+    np.testing.assert_array_equal(keep, np.full((2, 4), 3.0, np.float32))
+    assert not np.array_equal(y1, keep)
+
+
+def test_numpy_in_numpy_out_torch_in_torch_out():
+    s = dynashape.InferenceSession(add_chain(2))
+    x, b = rand(2, 4), rand(1, 4)
+    (yn,) = s.run(None, {"x": x, "b": b})
+    assert isinstance(yn, np.ndarray)
+    (yt,) = s.run(None, {"x": torch.from_numpy(x), "b": torch.from_numpy(b)})
+    assert isinstance(yt, torch.Tensor) and yt.device.type == "cpu"
+    np.testing.assert_allclose(yt.numpy(), yn)
+
+
+def test_infer_requests_are_independent():
+    s = dynashape.InferenceSession(add_chain(3))
+    r1, r2 = s.create_infer_request(), s.create_infer_request()
+    rng = np.random.default_rng(2)
+    for n1, n2 in ((2, 5), (5, 2), (3, 3), (7, 1)):
+        x1, x2, b = rand(n1, 4, rng=rng), rand(n2, 4, rng=rng), rand(1, 4, rng=rng)
+        y1 = r1.run(None, {"x": x1, "b": b})[0]
+        y2 = r2.infer({"x": x2, "b": b})["y"]
+        np.testing.assert_allclose(y1, x1 + 3 * b, rtol=1e-5)
+        np.testing.assert_allclose(y2, x2 + 3 * b, rtol=1e-5)
+
+
+def test_empty_output_skips_the_kernel():
+    s = dynashape.InferenceSession(add_chain(3))
+    (y,) = s.run(None, {"x": np.zeros((0, 4), np.float32), "b": rand(1, 4)})
+    assert y.shape == (0, 4)
+    assert s.stats()["empty_skips"] == 3
+    run_chain(s, 2)  # and back to non-empty
+
+
+def test_shape_subgraph_runs_on_host_and_only_when_shapes_change():
+    s = dynashape.InferenceSession(shape_subgraph_model())
+    kinds = {n.op_type: getattr(n, "shape_of", False) for n in s.program.graph.nodes}
+    assert kinds == {"Shape": True, "Gather": True, "Cast": True, "Mul": False}
+    rng = np.random.default_rng(3)
+    for shape in ((2, 3), (2, 3), (4, 5), (4, 5), (1, 7), (2, 3)):
+        x = rand(*shape, rng=rng)
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], x * shape[1], rtol=1e-6)
+    st = s.stats()
+    assert st["fast_runs"] == 2 and st["shape_change_runs"] == 4
+
+
+def test_static_shapes_fold_and_dead_nodes_go():
+    inits = [onnx.numpy_helper.from_array(np.array([1], np.int64), "idx")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "idx"], ["d"], axis=0),
+             helper.make_node("Cast", ["d"], ["df"], to=TP.FLOAT),
+             helper.make_node("Mul", ["x", "df"], ["y"]),
+             helper.make_node("Neg", ["x"], ["unused"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 6])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 6])], initializer=inits)
+    s = dynashape.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    # axis 1 is static, so Shape -> Gather -> Cast fold to the constant 6.0; Neg is dead
+    assert [n.op_type for n in s.program.graph.nodes] == ["Mul"]
+    text = str(s.program)
+    assert "Mul" in text and "float[N:?,6]" in text
+    x = rand(3, 6)
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], x * 6, rtol=1e-6)
+
+
+def test_partial_shapes_propagate():
+    from dynashape import Dimension
+    s = dynashape.InferenceSession(add_chain(3), dynamic_dims={"x": [Dimension(2, 9), 4]})
+    out = s.program.graph.outputs[0]
+    assert out.shape[0] == Dimension(2, 9) and out.shape[1] == Dimension(4, 4)
