@@ -28,7 +28,7 @@ def fold_node(node: Node) -> bool:
     if node.op_type in ("Shape", "Size"):
         return _fold_shape(node)
     if any(v is not None and not v.is_const for v in node.inputs):
-        return False
+        return _fold_symbolic(node)
     for v in node.outputs:
         if node.op_type in ALWAYS_FOLD:
             break
@@ -67,6 +67,58 @@ def _fold_shape(node: Node) -> bool:
     end = max(0, min(rank, end + rank if end < 0 else end))
     dims = src.shape.dims[start:end]
     if not all(d.is_static for d in dims):
+        node.outputs[0].sym = [d.min if d.is_static else d for d in dims]
         return False
     node.outputs[0].const = torch.tensor([d.min for d in dims], dtype=torch.int64)
     return True
+
+
+def _sym(v):
+    """The value of a shape-like tensor as Python ints / Dimensions, when known symbolically."""
+    if v is None:
+        return None
+    if v.is_const and isinstance(v.const, torch.Tensor) and v.const.dim() <= 1 and not v.const.is_floating_point():
+        return v.const.tolist()
+    return getattr(v, "sym", None)
+
+
+def _fold_symbolic(node: Node) -> bool:
+    """Follow a Shape's partly known value through the small ops of a shape_of subgraph; when
+    every element it selects is static, the result is a constant (e.g. the static axis of a
+    tensor whose other axes are dynamic)."""
+    op, ins = node.op_type, [_sym(v) for v in node.inputs]
+    if not node.inputs or ins[0] is None:
+        return False
+    x = ins[0]
+    try:
+        if op == "Gather" and isinstance(x, list) and ins[1] is not None:
+            idx = ins[1]
+            res = [x[i] for i in idx] if isinstance(idx, list) else x[idx]
+        elif op == "Slice" and node.opset >= 10 and isinstance(x, list) and all(i is not None for i in ins[1:3]):
+            steps = ins[4] if len(ins) > 4 and ins[4] is not None else [1]
+            if len(ins) > 3 and ins[3] not in (None, [0], [-1]):
+                return False
+            res = x[slice(ins[1][0], ins[2][0], steps[0])]
+        elif op == "Concat" and all(isinstance(i, list) for i in ins):
+            res = [d for i in ins for d in i]
+        elif op == "Unsqueeze" and not isinstance(x, list):
+            res = [x]
+        elif op == "Squeeze" and isinstance(x, list) and len(x) == 1:
+            res = x[0]
+        elif op == "Cast" and node.attrs.get("to") in (6, 7):
+            res = x
+        else:
+            return False
+    except (IndexError, TypeError):
+        return False
+    out = node.outputs[0]
+    out.sym = res
+    flat = res if isinstance(res, list) else [res]
+    if all(isinstance(d, int) for d in flat):
+        from ..ir.dtypes import torch_dtype
+        dt = torch_dtype(out.elem_type) if out.elem_type else torch.int64
+        out.const = torch.tensor(res, dtype=dt)
+        from ..shape import PartialShape
+        out.shape = PartialShape(out.const.shape)
+        return True
+    return False

@@ -44,7 +44,9 @@ class PrimitiveInst:
         self.host = self.shape_of or od.host
         self.device = torch.device("cpu") if self.host else net.device
         self.view, self.data_dependent = od.view, od.data_dependent
-        self.writes_out = od.writes_out and all(d is not None for d in self.out_dtypes)
+        # shape_of nodes hand out a new tensor object whenever they re-run, so consumers can tell
+        # a changed value by identity; they never write into a reused buffer.
+        self.writes_out = od.writes_out and not self.shape_of and all(d is not None for d in self.out_dtypes)
         self.in_shapes = None
         self.dep_vals: tuple = ()
         self.out_shapes: list | None = None
@@ -77,7 +79,7 @@ class PrimitiveInst:
     # ---- the flow -------------------------------------------------------------------------
     def update_shape(self, ins: list) -> bool:
         """Recompute output shapes if an input shape or a shape-defining value changed."""
-        shapes = tuple(None if t is None else tuple(t.shape) for t in ins)
+        shapes = tuple(None if t is None else t.shape for t in ins)  # torch.Size compares as a tuple
         deps = tuple(ins[i] for i in self.shape_deps)
         if (shapes == self.in_shapes and not self.volatile_deps and not self.data_dependent
                 and all(a is b for a, b in zip(deps, self.dep_vals))):
@@ -96,7 +98,7 @@ class PrimitiveInst:
         except ShapeError as e:
             self.in_shapes = None
             raise ShapeError(f"node {self.name!r} ({self.op_type}) with input shapes {list(shapes)}: {e}") from e
-        self.out_shapes = [None if s is None else tuple(int(d) for d in s) for s in inferred]
+        self.out_shapes = [None if s is None else tuple(map(int, s)) for s in inferred]
         return True
 
     def update_impl(self) -> None:
@@ -128,7 +130,8 @@ class PrimitiveInst:
                 self.capacity[k] = n
             else:
                 self.net.stats["buffer_reuses"] += 1
-            outs.append(self.buffers[k][:n].view(shape))
+            # as_strided: one op for "the first n elements, seen with this shape"
+            outs.append(self.buffers[k].as_strided(shape, _contiguous_strides(shape)))
         self.out = outs[0] if self.single_out else tuple(outs)
 
     def execute(self, ins: list, vals: list) -> None:
@@ -147,6 +150,15 @@ class PrimitiveInst:
     def step(self, vals: list) -> None:
         """The full per-node flow, used whenever some shape in the network may have changed."""
         ins = self.gather(vals)
+        if self.shape_of and self.op_type not in ("Shape", "Size"):
+            # Inside a shape_of subgraph every input is a shape value: re-run only when one of
+            # them is a new object, i.e. when a shape it depends on changed.
+            if all(a is b for a, b in zip(ins, self.dep_vals)) and len(ins) == len(self.dep_vals):
+                return
+            self.dep_vals = tuple(ins)
+            self.net.stats["shape_updates"] += 1
+            self.execute(ins, vals)
+            return
         if self.update_shape(ins):
             self.skipped = self.out_shapes is not None and all(
                 s is None or prod(s) == 0 for s in self.out_shapes)
@@ -180,3 +192,11 @@ class PrimitiveInst:
     def reset(self) -> None:
         """Forget cached shapes so the next run redoes the whole flow (after an error)."""
         self.in_shapes, self.dep_vals, self.impl_key = None, (), None
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))

@@ -1,0 +1,41 @@
+"""Timing helpers shared by the benchmark scripts: interleaved rounds, medians, a rich table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+
+def interleaved(engines: dict[str, Callable[[], object]], calls: int, rounds: int, warmup: int = 3) -> dict:
+    """Median seconds per call of each engine; engines alternate round by round so that machine
+    noise hits them alike (they are measured side by side, in one process)."""
+    for f in engines.values():
+        for _ in range(warmup):
+            f()
+    samples: dict[str, list[float]] = {k: [] for k in engines}
+    for _ in range(rounds):
+        for name, f in engines.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            samples[name].append((time.perf_counter() - t0) / calls)
+    return {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)} for k, v in samples.items()}
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="right" if c != columns[0] else "left")
+    for r in rows:
+        t.add_row(*[f"{x:.3g}" if isinstance(x, float) else str(x) for x in r])
+    Console().print(t)
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
