@@ -1,0 +1,20 @@
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def test_operators_doc_matches_registry():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_operators_doc.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_readme_starts_with_the_two_commands():
+    lines = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    block = "\n".join(lines[:6])
+    assert "dynashape demo" in block and "pytest" in block
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    test_cmd = next(line.split("#")[0].strip() for line in lines[:6] if "pytest" in line)
+    assert test_cmd in ci  # CI runs the README's test command, as written
