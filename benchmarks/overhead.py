@@ -23,9 +23,8 @@ import onnx
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import interleaved, print_table, write_json  # noqa: E402
-
 import dynashape  # noqa: E402
+from benchmarks.common import interleaved, print_table, write_json  # noqa: E402
 from tests.helpers import add_chain  # noqa: E402
 
 
@@ -109,9 +108,10 @@ def model_part(calls: int, rounds: int) -> tuple[list, dict]:
             feeds = {"input_ids": rng.integers(0, 1000, (b, s)).astype(np.int64)}
             if "attention_mask" in names:
                 feeds["attention_mask"] = np.ones((b, s), np.int64)
-            engines = {"dynashape": lambda f=feeds: ds.run(None, f), "onnxruntime": lambda f=feeds: ort.run(None, f)}
+            engines = {"dynashape": lambda f=feeds, e=ds: e.run(None, f),
+                       "onnxruntime": lambda f=feeds, e=ort: e.run(None, f)}
             if ov_req is not None:
-                engines["openvino"] = lambda f=feeds: ov_req.infer(f)
+                engines["openvino"] = lambda f=feeds, e=ov_req: e.infer(f)
             res = interleaved(engines, calls, rounds)
             ms = {k: v["median_s"] * 1e3 for k, v in res.items()}
             out[f"{name} {b}x{s}"] = ms
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows, chain = chain_part(args.nodes, args.calls, args.rounds)
-    print_table(f"{args.nodes}-node Add chain, shape [4,16], one thread", 
+    print_table(f"{args.nodes}-node Add chain, shape [4,16], one thread",
                 ["engine", "us/node (median)", "us/node (best round)", "ms/call"], rows)
     data = {"chain_us_per_node": chain, "nodes": args.nodes, "torch": torch.__version__}
     if not args.skip_models:

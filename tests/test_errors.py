@@ -8,9 +8,17 @@ from onnx import helper
 
 import dynashape
 from dynashape import Dimension
-from dynashape.errors import (DynashapeError, InputRankError, InputShapeError, InputTypeError,
-                              InvalidModelError, MissingInputError, UnknownInputError, UnknownOutputError,
-                              UnsupportedOpError)
+from dynashape.errors import (
+    DynashapeError,
+    InputRankError,
+    InputShapeError,
+    InputTypeError,
+    InvalidModelError,
+    MissingInputError,
+    UnknownInputError,
+    UnknownOutputError,
+    UnsupportedOpError,
+)
 
 from .helpers import add_chain, rand, two_inputs_shared_symbol
 

@@ -47,7 +47,8 @@ class ModelDim:
     symbol: str | None  # dim_param
 
 
-def resolve_input_shapes(inputs: dict[str, list[ModelDim] | None], opts: ParseOptions) -> dict[str, PartialShape | None]:
+def resolve_input_shapes(inputs: dict[str, list[ModelDim] | None],
+                         opts: ParseOptions) -> dict[str, PartialShape | None]:
     """Apply the options to the declared input shapes; a None shape means unknown rank."""
     unknown = sorted(set(opts.dynamic_dims) - set(inputs))
     if unknown:

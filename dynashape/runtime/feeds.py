@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import (InputRankError, InputShapeError, InputTypeError, MissingInputError,
-                      UnknownInputError)
+from ..errors import InputRankError, InputShapeError, InputTypeError, MissingInputError, UnknownInputError
 from ..ir import Value, elem_type_name, onnx_elem_type
 from ..shape import PartialShape
 

@@ -40,13 +40,14 @@ class Network:
         self.shapes_follow_inputs = not any(i.data_dependent or i.volatile_deps for i in self.insts)
         producer = {s: inst for inst in self.insts for s in inst.out_slots if s is not None}
         self.output_insts = []
-        for name, s in self.output_slots:
+        for _, s in self.output_slots:
             inst = producer.get(s)
             if inst is not None and inst.writes_out:
                 self.output_insts.append((inst, inst.out_slots.index(s)))
-        outs = {id(i) for i, _ in self.output_insts}
         self.fresh_output_slots = {s for i in self.insts if not i.view for s in i.out_slots if s is not None}
-        self.fast_steps = [i.step if id(i) in outs else partial(_fast, i) for i in self.insts if not i.shape_of]
+        self._fast_fns = {id(i): i.step if any(i is o for o, _ in self.output_insts) else _fast_fn(i)
+                          for i in self.insts}
+        self.fast_steps: list = []
 
     # ---- building -------------------------------------------------------------------------
     def dtype_of(self, v: Value | None) -> torch.dtype | None:
@@ -128,13 +129,23 @@ class Network:
         try:
             if self.shapes_follow_inputs and shapes == self.last_in_shapes:
                 self.stats["fast_runs"] += 1
-                for f in self.fast_steps:
-                    f(vals)
+                try:
+                    for f in self.fast_steps:
+                        f(vals)
+                except Exception:
+                    # Redo the run through the full flow: it names the failing node, and a
+                    # kernel that failed on these inputs fails there again.
+                    self.reset()
+                    for inst in self.insts:
+                        inst.step(vals)
+                    raise
             else:
                 self.stats["shape_change_runs"] += 1
                 for inst in self.insts:
                     inst.step(vals)
                 self.last_in_shapes = shapes
+                # the nodes the unchanged-shape path runs: not shape_of ones, not empty ones
+                self.fast_steps = [self._fast_fns[id(i)] for i in self.insts if not i.shape_of and not i.skipped]
         except BaseException:
             self.reset()
             raise
@@ -162,9 +173,25 @@ class Network:
             inst.reset()
 
 
-def _fast(inst: PrimitiveInst, vals: list) -> None:
-    """The unchanged-shape path: no shape work at all, just the kernel into its buffer."""
-    if inst.skipped:
-        return
-    inst.execute(inst.gather(vals) if inst.xfer is not None else [None if s is None else vals[s]
-                                                                  for s in inst.in_slots], vals)
+def _fast_fn(inst: PrimitiveInst):
+    """The unchanged-shape path of one node: no shape work at all, just the kernel into its
+    buffer. A closure per node keeps the per-call Python work to a minimum."""
+    kernel, slots, o = inst.kernel, inst.in_slots, inst.out_slot0
+    if inst.xfer is not None or not inst.single_out or None in slots or o is None:
+        return lambda vals: inst.execute(inst.gather(vals), vals)
+    if len(slots) == 2:
+        a, b = slots
+
+        def two(vals):
+            vals[o] = kernel(vals[a], vals[b], out=inst.out)
+        return two
+    if len(slots) == 1:
+        (a,) = slots
+
+        def one(vals):
+            vals[o] = kernel(vals[a], out=inst.out)
+        return one
+
+    def many(vals):
+        vals[o] = kernel(*[vals[s] for s in slots], out=inst.out)
+    return many
