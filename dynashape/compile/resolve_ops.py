@@ -15,6 +15,8 @@ def resolve_ops(graph: Graph) -> Graph:
             raise UnsupportedOpError(node.op_type, node.domain, node.opset, node.name,
                                      f"attribute(s) {extra} not supported; supported: {sorted(opdef.attrs)}")
         node.opdef = opdef
+        if "_n_outputs" in opdef.attrs:  # ops whose outputs count is part of their meaning (Split)
+            node.attrs["_n_outputs"] = len(node.outputs)
         for sub in node.subgraphs.values():
             resolve_ops(sub)
     return graph

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import os
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -17,6 +19,8 @@ from onnx import helper
 import dynashape
 
 RTOL, ATOL = 1e-4, 1e-5
+# The same tests run on a GPU with DYNASHAPE_TEST_DEVICE=cuda (CI has none: CPU there).
+DEVICE = os.environ.get("DYNASHAPE_TEST_DEVICE", "cpu")
 
 
 def rand(shape, dtype=np.float32, rng: np.random.Generator | None = None, low=-2.0, high=2.0) -> np.ndarray:
@@ -76,7 +80,7 @@ def compare(got, want, what: str, rtol=RTOL, atol=ATOL) -> None:
 
 
 def run_sequence(model: onnx.ModelProto, feeds_seq: Sequence[dict], references=("ort", "ref"),
-                 rtol=RTOL, atol=ATOL, device="cpu", **session_options) -> dynashape.InferenceSession:
+                 rtol=RTOL, atol=ATOL, device=DEVICE, **session_options) -> dynashape.InferenceSession:
     """Run every feed dict through one dynashape session and compare with the references."""
     sess = dynashape.InferenceSession(model, device=device, **session_options)
     ort = ref = None

@@ -1,0 +1,249 @@
+"""Indexing ops: Gather*, Scatter*, OneHot, TopK, ArgMax/ArgMin.
+
+ONNX indices may be negative (counting from the end) and int32 or int64; torch wants
+non-negative int64, so every kernel normalizes them first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ShapeError
+from .registry import op
+from .shapes import int_list, norm_axis, prod, same_as_first
+
+
+def _norm_index(idx: torch.Tensor, dim: int) -> torch.Tensor:
+    idx = idx.to(torch.int64)
+    return torch.where(idx < 0, idx + dim, idx)
+
+
+# ---- Gather -------------------------------------------------------------------------------------
+def _gather_infer(shapes, values, *, axis=0):
+    s, q = shapes[0], shapes[1]
+    a = norm_axis(axis, len(s))
+    return [tuple(s[:a]) + tuple(q) + tuple(s[a + 1:])]
+
+
+@op("Gather", 1, infer=_gather_infer, shape_op=True)
+@op("Gather", 11, infer=_gather_infer, shape_op=True)
+@op("Gather", 13, infer=_gather_infer, shape_op=True)
+def _gather(x, indices, *, axis=0, out=None):
+    a = norm_axis(axis, x.dim())
+    flat = _norm_index(indices, x.shape[a]).reshape(-1)
+    if flat.device != x.device:
+        flat = flat.to(x.device)
+    mid = tuple(x.shape[:a]) + (flat.numel(),) + tuple(x.shape[a + 1:])
+    shape = tuple(x.shape[:a]) + tuple(indices.shape) + tuple(x.shape[a + 1:])
+    if out is None:
+        return torch.index_select(x, a, flat).reshape(shape)
+    torch.index_select(x, a, flat, out=out.view(mid))
+    return out
+
+
+@op("GatherElements", 11, infer=lambda shapes, values, axis=0: [shapes[1]])
+@op("GatherElements", 13, infer=lambda shapes, values, axis=0: [shapes[1]])
+def _gather_elements(x, indices, *, axis=0, out=None):
+    a = norm_axis(axis, x.dim())
+    idx = _norm_index(indices, x.shape[a])
+    return torch.gather(x, a, idx) if out is None else torch.gather(x, a, idx, out=out)
+
+
+def _gather_nd_infer(shapes, values, *, batch_dims=0):
+    s, q = shapes[0], shapes[1]
+    m = q[-1]
+    if not isinstance(m, int):
+        raise ValueError("GatherND: last indices dim unknown")
+    if batch_dims + m > len(s):
+        raise ShapeError(f"GatherND: indices of depth {m} with batch_dims {batch_dims} exceed "
+                         f"data rank {len(s)}")
+    return [tuple(q[:-1]) + tuple(s[batch_dims + m:])]
+
+
+@op("GatherND", 11, infer=_gather_nd_infer)
+@op("GatherND", 12, infer=_gather_nd_infer)
+@op("GatherND", 13, infer=_gather_nd_infer)
+def _gather_nd(x, indices, *, batch_dims=0, out=None):
+    b = batch_dims
+    m = indices.shape[-1]
+    bshape = tuple(x.shape[:b])
+    nb = prod(bshape)
+    idx_dims = tuple(x.shape[b:b + m])
+    rest = tuple(x.shape[b + m:])
+    # linear index over the m indexed dims, per batch entry
+    idx = indices.to(device=x.device, dtype=torch.int64).reshape(nb, -1, m)
+    lin = torch.zeros(idx.shape[:2], dtype=torch.int64, device=x.device)
+    for j, d in enumerate(idx_dims):
+        ij = idx[..., j]
+        lin = lin * d + torch.where(ij < 0, ij + d, ij)
+    data = x.reshape(nb, prod(idx_dims), *rest)
+    r = data[torch.arange(nb, device=x.device).unsqueeze(1), lin]  # (nb, k, *rest)
+    shape = tuple(indices.shape[:-1]) + rest
+    if out is None:
+        return r.reshape(shape)
+    out.view(r.shape).copy_(r)
+    return out
+
+
+# ---- Scatter ------------------------------------------------------------------------------------
+_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+def _scatter_elements(x, indices, updates, *, axis=0, reduction="none", out=None):
+    a = norm_axis(axis, x.dim())
+    idx = _norm_index(indices, x.shape[a])
+    r = x.clone() if out is None else out.copy_(x)
+    if reduction == "none":
+        r.scatter_(a, idx, updates)
+    elif reduction in _REDUCE:
+        r.scatter_reduce_(a, idx, updates, _REDUCE[reduction], include_self=True)
+    else:
+        raise ValueError(f"ScatterElements: unknown reduction {reduction!r}")
+    return r
+
+
+for _s in (11, 13, 16, 18):
+    op("ScatterElements", _s, infer=same_as_first)(_scatter_elements)
+
+
+@op("Scatter", 9, infer=same_as_first)
+def _scatter(x, indices, updates, *, axis=0, out=None):
+    return _scatter_elements(x, indices, updates, axis=axis, out=out)
+
+
+def _scatter_nd(x, indices, updates, *, reduction="none", out=None):
+    m = indices.shape[-1]
+    idx_dims = tuple(x.shape[:m])
+    rest = tuple(x.shape[m:])
+    idx = indices.to(device=x.device, dtype=torch.int64).reshape(-1, m)
+    lin = torch.zeros(idx.shape[0], dtype=torch.int64, device=x.device)
+    for j, d in enumerate(idx_dims):
+        ij = idx[:, j]
+        lin = lin * d + torch.where(ij < 0, ij + d, ij)
+    r = x.clone() if out is None else out.copy_(x)
+    flat = r.view(prod(idx_dims), *rest)
+    upd = updates.reshape(lin.numel(), *rest)
+    if reduction == "none":
+        flat.index_copy_(0, lin, upd)
+    elif reduction == "add":
+        flat.index_add_(0, lin, upd)
+    elif reduction in _REDUCE:
+        # scatter_reduce_ wants an index as large as the source: repeat each row's index
+        full = lin.reshape(-1, *[1] * len(rest)).expand(upd.shape)
+        flat.scatter_reduce_(0, full, upd, _REDUCE[reduction], include_self=True)
+    else:
+        raise ValueError(f"ScatterND: unknown reduction {reduction!r}")
+    return r
+
+
+for _s in (11, 13, 16, 18):
+    op("ScatterND", _s, infer=same_as_first)(_scatter_nd)
+
+
+# ---- OneHot -------------------------------------------------------------------------------------
+def _depth(v) -> int:
+    d = int(v.reshape(-1)[0].item())
+    if d < 1:
+        raise ShapeError(f"OneHot: depth must be positive, got {d}")
+    return d
+
+
+def _onehot_infer(shapes, values, *, axis=-1):
+    if values[1] is None:
+        raise ValueError("OneHot: depth unknown")
+    s = list(shapes[0])
+    s.insert(norm_axis(axis, len(s) + 1), _depth(values[1]))
+    return [tuple(s)]
+
+
+@op("OneHot", 9, infer=_onehot_infer, shape_deps=(1,))
+@op("OneHot", 11, infer=_onehot_infer, shape_deps=(1,))
+@op("OneHot", 28, infer=_onehot_infer, shape_deps=(1,))
+def _onehot(indices, depth, values, *, axis=-1, out=None):
+    d = _depth(depth)
+    a = norm_axis(axis, indices.dim() + 1)
+    idx = indices.to(device=values.device)
+    if idx.dtype.is_floating_point:
+        idx = idx.trunc()
+    idx = idx.to(torch.int64)
+    idx = torch.where(idx < 0, idx + d, idx)  # out-of-range indices match nothing: all off
+    hot = idx.unsqueeze(-1) == torch.arange(d, device=values.device)
+    off, on = values.reshape(-1)[0], values.reshape(-1)[1]
+    r = torch.where(hot, on, off).movedim(-1, a)
+    return r.contiguous() if out is None else out.copy_(r)
+
+
+# ---- TopK ---------------------------------------------------------------------------------------
+def _topk_shape(s, k, axis):
+    a = norm_axis(axis, len(s))
+    if isinstance(s[a], int) and not 0 <= k <= s[a]:
+        raise ShapeError(f"TopK: k={k} is outside [0, {s[a]}] for axis {axis} of shape {tuple(s)}")
+    t = tuple(k if i == a else d for i, d in enumerate(s))
+    return [t, t]
+
+
+def _topk_kernel(x, k, axis, largest, out):
+    a = norm_axis(axis, x.dim())
+    # a stable sort keeps equal values in index order, which is the order ONNX asks for
+    # (torch.topk does not promise any order among ties)
+    vals, idx = torch.sort(x, dim=a, descending=bool(largest), stable=True)
+    vals, idx = vals.narrow(a, 0, k), idx.narrow(a, 0, k)
+    if out is None:
+        return vals.contiguous(), idx.contiguous()
+    ov, oi = out
+    if ov is not None:
+        ov.copy_(vals)
+    if oi is not None:
+        oi.copy_(idx)
+    return ov, oi
+
+
+@op("TopK", 1, infer=lambda shapes, values, k, axis=-1: _topk_shape(shapes[0], k, axis))
+def _topk1(x, *, k, axis=-1, out=None):
+    return _topk_kernel(x, k, axis, 1, out)
+
+
+def _topk10_infer(shapes, values, *, axis=-1, largest=1, sorted=1):
+    if values[1] is None:
+        raise ValueError("TopK: k unknown")
+    return _topk_shape(shapes[0], int_list(values[1])[0], axis)
+
+
+@op("TopK", 10, infer=lambda shapes, values, axis=-1: _topk10_infer(shapes, values, axis=axis),
+    shape_deps=(1,))
+def _topk10(x, k, *, axis=-1, out=None):
+    return _topk_kernel(x, int_list(k)[0], axis, 1, out)
+
+
+@op("TopK", 11, infer=_topk10_infer, shape_deps=(1,))
+@op("TopK", 24, infer=_topk10_infer, shape_deps=(1,))
+def _topk11(x, k, *, axis=-1, largest=1, sorted=1, out=None):
+    # sorted=0 leaves the order unspecified; sorted output is one valid answer
+    return _topk_kernel(x, int_list(k)[0], axis, largest, out)
+
+
+# ---- ArgMax / ArgMin ----------------------------------------------------------------------------
+def _arg_infer(shapes, values, *, axis=0, keepdims=1, select_last_index=0):
+    s = shapes[0]
+    a = norm_axis(axis, len(s))
+    if keepdims:
+        return [tuple(1 if i == a else d for i, d in enumerate(s))]
+    return [tuple(d for i, d in enumerate(s) if i != a)]
+
+
+def _arg(fn):
+    def kernel(x, *, axis=0, keepdims=1, select_last_index=0, out=None):
+        a = norm_axis(axis, x.dim())
+        if select_last_index:
+            # torch returns the first extreme: search the flipped axis and map back
+            n = x.shape[a]
+            r = fn(x.flip(a), a, keepdim=bool(keepdims))
+            r = (n - 1) - r
+            return r if out is None else out.copy_(r)
+        return fn(x, a, keepdim=bool(keepdims)) if out is None else fn(x, a, keepdim=bool(keepdims), out=out)
+    return kernel
+
+
+for _name, _fn in (("ArgMax", torch.argmax), ("ArgMin", torch.argmin)):
+    for _s in (1, 11, 12, 13):
+        op(_name, _s, infer=_arg_infer)(_arg(_fn))
