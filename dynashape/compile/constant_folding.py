@@ -41,6 +41,8 @@ def fold_node(node: Node) -> bool:
     except Exception:  # noqa: BLE001  leave it to run time, which reports errors with context
         return False
     res = res if isinstance(res, (tuple, list)) else (res,)
+    if len(res) < sum(v is not None for v in node.outputs):
+        return False  # a kernel that cannot tell how many outputs the node has: leave it to run time
     for v, r in zip(node.outputs, res):
         if v is not None:
             if not isinstance(r, torch.Tensor):

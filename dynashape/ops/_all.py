@@ -1,3 +1,15 @@
 """Imports every op module so that their registrations run."""
 
-from . import elementwise, generators  # noqa: F401
+from . import (  # noqa: F401
+    conv,
+    data_dependent,
+    elementwise,
+    generators,
+    indexing,
+    linalg,
+    norm,
+    pool,
+    reduce,
+    softmax,
+    tensor,
+)

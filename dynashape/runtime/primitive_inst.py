@@ -46,7 +46,8 @@ class PrimitiveInst:
         self.view, self.data_dependent = od.view, od.data_dependent
         # shape_of nodes hand out a new tensor object whenever they re-run, so consumers can tell
         # a changed value by identity; they never write into a reused buffer.
-        self.writes_out = od.writes_out and not self.shape_of and all(d is not None for d in self.out_dtypes)
+        self.writes_out = od.writes_out and not self.shape_of and all(
+            d is not None for d, slot in zip(self.out_dtypes, out_slots) if slot is not None)
         self.in_shapes = None
         self.dep_vals: tuple = ()
         self.out_shapes: list | None = None
@@ -98,7 +99,8 @@ class PrimitiveInst:
         except ShapeError as e:
             self.in_shapes = None
             raise ShapeError(f"node {self.name!r} ({self.op_type}) with input shapes {list(shapes)}: {e}") from e
-        self.out_shapes = [None if s is None else tuple(map(int, s)) for s in inferred]
+        # a shape function may describe optional outputs this node does not have: keep the node's
+        self.out_shapes = [None if s is None else tuple(map(int, s)) for s in inferred[:len(self.out_slots)]]
         return True
 
     def update_impl(self) -> None:

@@ -8,9 +8,8 @@ shape of the sequence), feeds fresh random data each step, and compares every ou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import os
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx

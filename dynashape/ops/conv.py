@@ -1,0 +1,198 @@
+"""Convolutions: Conv and ConvTranspose (1-D, 2-D, 3-D) on torch's convNd kernels.
+
+The spatial helpers here (pads from auto_pad, output sizes) also serve the pools. They take
+ints at run time and Dimensions at compile time, so a dynamic H or W keeps a range.
+Kernels return torch's fresh result (writes_out=False): torch has no conv with out=, and its
+generated ``convolution.out`` only copies, so adopting the result is the cheaper path.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from ..shape import dim_ceildiv
+from .registry import op
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def spatial_attrs(n: int, kernel: list, strides, dilations, pads, what: str):
+    """Defaults filled in and lengths checked: (kernel, strides, dilations, pads[2n])."""
+    strides = list(strides) if strides else [1] * n
+    dilations = list(dilations) if dilations else [1] * n
+    pads = list(pads) if pads else [0] * (2 * n)
+    if len(kernel) != n or len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
+        raise ShapeError(f"{what}: {n} spatial dims but kernel_shape={kernel}, strides={strides}, "
+                         f"dilations={dilations}, pads={pads}")
+    return [int(k) for k in kernel], strides, dilations, pads
+
+
+def window_pads(in_sizes, kernel, strides, dilations, pads, auto_pad: str):
+    """Begin and end pads per spatial dim. SAME_* depend on the input size, so they are
+    computed here at run time; at compile time they may be Dimensions (only sizes need them)."""
+    n = len(in_sizes)
+    if auto_pad in ("", "NOTSET"):
+        return list(pads[:n]), list(pads[n:])
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"unknown auto_pad {auto_pad!r}")
+    begin, end = [], []
+    for i in range(n):
+        ek = (kernel[i] - 1) * dilations[i] + 1
+        out = dim_ceildiv(in_sizes[i], strides[i])
+        total = (out - 1) * strides[i] + ek - in_sizes[i]
+        if not isinstance(total, int):
+            raise ShapeError("SAME pads of a dynamic dim are known at run time only")
+        total = max(total, 0)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else big)
+        end.append(big if auto_pad == "SAME_UPPER" else small)
+    return begin, end
+
+
+def window_out_sizes(in_sizes, kernel, strides, dilations, pads, auto_pad: str, ceil_mode: int = 0):
+    """Output size per spatial dim of a sliding window (Conv, pools)."""
+    n = len(in_sizes)
+    out = []
+    for i in range(n):
+        size, s = in_sizes[i], strides[i]
+        ek = (kernel[i] - 1) * dilations[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(dim_ceildiv(size, s))
+            continue
+        pb, pe = (0, 0) if auto_pad == "VALID" else (pads[i], pads[n + i])
+        span = size + (pb + pe) - ek
+        if isinstance(span, int) and span < 0:
+            raise ShapeError(f"input spatial size {size} (pads {pb}+{pe}) is smaller than the window {ek} "
+                             f"of dim {i}")
+        o = (dim_ceildiv(span, s) if ceil_mode else span // s) + 1
+        # ceil_mode: a last window that starts in the end padding is dropped (ONNX, as torch)
+        if ceil_mode and isinstance(o, int) and (o - 1) * s >= size + pb:
+            o -= 1
+        out.append(o)
+    return out
+
+
+def _conv_params(x_shape, w_shape, kernel_shape, strides, dilations, pads, what):
+    n = len(x_shape) - 2
+    if n < 1:
+        raise ShapeError(f"{what}: input must have rank >= 3 (N, C, spatial...), got shape {tuple(x_shape)}")
+    kernel = list(kernel_shape) if kernel_shape else list(w_shape[2:])
+    return n, *spatial_attrs(n, kernel, strides, dilations, pads, what)
+
+
+# Conv ---------------------------------------------------------------------------------------
+def _conv_infer(shapes, values, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                strides=None):
+    x, w = shapes[0], shapes[1]
+    n, k, s, d, p = _conv_params(x, w, kernel_shape, strides, dilations, pads, "Conv")
+    if len(w) != n + 2:
+        raise ShapeError(f"Conv: weight shape {tuple(w)} does not match input shape {tuple(x)}")
+    if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * group:
+        raise ShapeError(f"Conv: input has {x[1]} channels but weight {tuple(w)} with group={group} "
+                         f"expects {w[1] * group}")
+    return [(x[0], w[0], *window_out_sizes(x[2:], k, s, d, p, auto_pad))]
+
+
+def _split_pads(begin, end):
+    """Symmetric part for the conv call, and an F.pad list for the rest (None when symmetric)."""
+    sym = [min(b, e) for b, e in zip(begin, end)]
+    if list(begin) == list(end):
+        return sym, None
+    extra = []
+    for b, e, m in zip(reversed(begin), reversed(end), reversed(sym)):  # F.pad wants the last dim first
+        extra += [b - m, e - m]
+    return sym, extra
+
+
+@op("Conv", 1, infer=_conv_infer, writes_out=False)
+@op("Conv", 11, infer=_conv_infer, writes_out=False)
+@op("Conv", 22, infer=_conv_infer, writes_out=False)
+def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+          strides=None, out=None):
+    n, k, s, d, p = _conv_params(x.shape, w.shape, kernel_shape, strides, dilations, pads, "Conv")
+    fn = _CONV.get(n)
+    if fn is None:
+        raise NotImplementedError(f"Conv with {n} spatial dims (torch has 1-D to 3-D)")
+    begin, end = window_pads(list(x.shape[2:]), k, s, d, p, auto_pad)
+    sym, extra = _split_pads(begin, end)
+    if extra is not None:
+        x = F.pad(x, extra)
+    return fn(x, w, b, s, sym, d, group)
+
+
+# ConvTranspose ------------------------------------------------------------------------------
+def _convt_plan(x_shape, w_shape, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads,
+                strides):
+    """(n, kernel, strides, dilations, output_padding, pads begin, pads end, output sizes)."""
+    n, k, s, d, p = _conv_params(x_shape, w_shape, kernel_shape, strides, dilations, pads, "ConvTranspose")
+    op_ = list(output_padding) if output_padding else [0] * n
+    ins = list(x_shape[2:])
+    full = [s[i] * (ins[i] - 1) + op_[i] + (k[i] - 1) * d[i] + 1 for i in range(n)]
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(output_shape)[-n:] if output_shape else [ins[i] * s[i] for i in range(n)]
+        begin, end = [], []
+        for i in range(n):
+            total = full[i] - target[i]
+            if not isinstance(total, int):
+                begin.append(None)
+                end.append(None)
+                continue
+            if total < 0:  # an output_shape beyond the full result: zeros (+ bias) at the end,
+                op_[i] -= total  # as onnxruntime does; that is more output_padding
+                total = 0
+            small, big = total // 2, total - total // 2
+            # ONNX: SAME_UPPER puts the odd pad at the end; SAME_LOWER and NOTSET (an explicit
+            # output_shape) at the begin
+            begin.append(small if auto_pad == "SAME_UPPER" else big)
+            end.append(big if auto_pad == "SAME_UPPER" else small)
+        return n, k, s, d, op_, begin, end, target
+    if auto_pad == "VALID":
+        p = [0] * (2 * n)
+    return n, k, s, d, op_, p[:n], p[n:], [full[i] - p[i] - p[n + i] for i in range(n)]
+
+
+def _convt_infer(shapes, values, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 output_padding=None, output_shape=None, pads=None, strides=None):
+    x, w = shapes[0], shapes[1]
+    if isinstance(x[1], int) and isinstance(w[0], int) and x[1] != w[0]:
+        raise ShapeError(f"ConvTranspose: input has {x[1]} channels but weight has shape {tuple(w)}")
+    *_, sizes = _convt_plan(x, w, auto_pad, dilations, group, kernel_shape, output_padding, output_shape,
+                            pads, strides)
+    return [(x[0], w[1] * group, *sizes)]
+
+
+@op("ConvTranspose", 1, infer=_convt_infer, writes_out=False)
+@op("ConvTranspose", 11, infer=_convt_infer, writes_out=False)
+@op("ConvTranspose", 22, infer=_convt_infer, writes_out=False)
+def _conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                    output_padding=None, output_shape=None, pads=None, strides=None, out=None):
+    n, k, s, d, op_, begin, end, sizes = _convt_plan(x.shape, w.shape, auto_pad, dilations, group, kernel_shape,
+                                                     output_padding, output_shape, pads, strides)
+    fn = _CONV_T.get(n)
+    if fn is None:
+        raise NotImplementedError(f"ConvTranspose with {n} spatial dims (torch has 1-D to 3-D)")
+    # torch takes symmetric pads and an output_padding added at the end; asymmetric pads are the
+    # symmetric part plus a crop of the result (a copy only in that uncommon case)
+    sym = [min(bb, e) for bb, e in zip(begin, end)]
+    op_t = [max(0, op_[i] - (end[i] - sym[i])) for i in range(n)]
+    limit = [max(s[i], d[i]) for i in range(n)]
+    if any(op_t[i] >= limit[i] for i in range(n)):
+        # torch refuses an output_padding this large: compute without it and pad zeros (+ bias) on
+        y = fn(x, w, None, s, sym, [0] * n, group, d)
+        grow = []
+        for i in reversed(range(n)):
+            grow += [0, op_t[i]]
+        y = F.pad(y, grow)
+        if b is not None:
+            y = y + b.reshape(1, -1, *([1] * n))
+    else:
+        y = fn(x, w, b, s, sym, op_t, group, d)
+    if sym != list(begin) or list(y.shape[2:]) != list(sizes):
+        for i in range(n):
+            y = y.narrow(2 + i, begin[i] - sym[i], sizes[i])
+        y = y.contiguous()
+    return y

@@ -1,0 +1,65 @@
+"""Softmax, LogSoftmax, Hardmax.
+
+Before opset 13 the input is coerced to 2-D at ``axis`` (default 1): (prod(shape[:axis]),
+prod(shape[axis:])) and the op runs over the second dim; from 13 it runs over the one
+dimension ``axis`` (default -1). Softmax and LogSoftmax write into the buffer with aten's
+out= kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .registry import op
+from .shapes import norm_axis, same_as_first
+
+
+def _softmax_into(fn, x, dim, out):
+    if x.dtype in (torch.float16, torch.bfloat16) and x.device.type == "cpu":
+        r = fn(x.float(), dim, False).to(x.dtype)  # accumulate in float32 on the host
+        return r if out is None else out.copy_(r)
+    if out is None:
+        return fn(x, dim, False)
+    return fn.out(x, dim, False, out=out)
+
+
+def _coerced(fn):
+    """Opsets 1 and 11: the 2-D coercion at ``axis``."""
+    def kernel(x, *, axis=1, out=None):
+        a = norm_axis(axis, x.dim()) if x.dim() else 0
+        rows = math.prod(x.shape[:a])
+        x2 = x.reshape(rows, -1) if x.numel() else x.reshape(rows, math.prod(x.shape[a:]))
+        o2 = None if out is None else out.view(x2.shape)
+        r = fn(x2, 1, o2)
+        return r.reshape(x.shape) if out is None else out
+    return kernel
+
+
+def _plain(fn):
+    """Opset 13: along one axis."""
+    def kernel(x, *, axis=-1, out=None):
+        return fn(x, norm_axis(axis, x.dim()), out)
+    return kernel
+
+
+def _softmax(x, dim, out):
+    return _softmax_into(torch.ops.aten._softmax, x, dim, out)
+
+
+def _log_softmax(x, dim, out):
+    return _softmax_into(torch.ops.aten._log_softmax, x, dim, out)
+
+
+def _hardmax(x, dim, out):
+    # one-hot of the first maximum along dim (torch.argmax returns the first one)
+    idx = torch.argmax(x, dim, keepdim=True)
+    r = torch.zeros_like(x) if out is None else out.zero_()
+    return r.scatter_(dim, idx, 1)
+
+
+for _name, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
+    for _s in (1, 11):
+        op(_name, _s, infer=same_as_first)(_coerced(_fn))
+    op(_name, 13, infer=same_as_first)(_plain(_fn))
