@@ -41,7 +41,9 @@ def device() -> str:
 
 
 def ort_session(model) -> ort.InferenceSession:
-    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    """``model``: a path or a serialized ModelProto."""
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+                                providers=["CPUExecutionProvider"])
 
 
 def to_numpy(x) -> np.ndarray:
@@ -96,9 +98,9 @@ def _cnn_param(name: str, variant: str):
 @pytest.mark.parametrize("name,variant", [_cnn_param(n, v) for v in cnn.VARIANTS for n in CNN_NAMES])
 def test_cnn_dynamic_batch(name, variant, device):
     _, inp = cnn.light_models()[name]
-    sess = dynashape.InferenceSession(str(cnn.dynashape_path(name, variant)), device=device,
+    sess = dynashape.InferenceSession(str(cnn.model_path(name, variant)), device=device,
                                       dynamic_dims=cnn.dynamic_dims(name))
-    ref = ort_session(cnn.ort_path(name, variant))
+    ref = ort_session(cnn.ort_model(name, variant))
     rng = np.random.default_rng(1)
     batches = HEAVY_BATCHES if name in cnn.HEAVY else LIGHT_BATCHES
     for step, b in enumerate(batches):
@@ -112,7 +114,7 @@ def test_cnn_dynamic_batch(name, variant, device):
 def test_cnn_rejects_batch_outside_range(device):
     name = "squeezenet"
     _, inp = cnn.light_models()[name]
-    sess = dynashape.InferenceSession(str(cnn.dynashape_path(name)), device=device,
+    sess = dynashape.InferenceSession(str(cnn.model_path(name)), device=device,
                                       dynamic_dims=cnn.dynamic_dims(name))
     x = np.zeros((cnn.MAX_BATCH + 1, 3, 224, 224), np.float32)
     with pytest.raises(dynashape.errors.InputShapeError):

@@ -60,7 +60,8 @@ def make_model(op_type: str, n_inputs: int, in_types: Sequence[int], attrs: dict
     model = helper.make_model(g, opset_imports=imports, ir_version=8)
     # onnxruntime wants typed outputs: take the element types from ONNX's own inference
     inferred = onnx.shape_inference.infer_shapes(model)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    infos = list(inferred.graph.value_info) + list(inferred.graph.output)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in infos}
     for o in model.graph.output:
         if types.get(o.name):
             o.type.tensor_type.elem_type = types[o.name]
