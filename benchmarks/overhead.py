@@ -49,6 +49,41 @@ def openvino_model(model: onnx.ModelProto, threads: int):
     return core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": threads})
 
 
+def cuda_chain_part(n: int, calls: int, rounds: int, device: str) -> tuple[list, dict]:
+    """On a GPU the peers that run there: PyTorch eager on the same device (onnxruntime here is a
+    CPU build). Every call ends with a synchronize so that the time is the whole call's."""
+    model = add_chain(n, shape=("N", 16))
+    dev = torch.device(device)
+    x, b = torch.rand(4, 16, device=dev), torch.rand(1, 16, device=dev)
+    x2 = torch.rand(5, 16, device=dev)
+    ds = dynashape.InferenceSession(model, device=device)
+    ds_chg = dynashape.InferenceSession(model, device=device)
+    flip = [0]
+
+    def sync(f):
+        def g():
+            f()
+            torch.cuda.synchronize(dev)
+        return g
+
+    def changing():
+        flip[0] ^= 1
+        ds_chg.run(None, {"x": x if flip[0] else x2, "b": b})
+
+    def eager():
+        y = x
+        for _ in range(n):
+            y = torch.add(y, b)
+        return y
+
+    engines = {f"dynashape {device} (torch feeds)": sync(lambda: ds.run(None, {"x": x, "b": b})),
+               f"dynashape {device}, shape changes every call": sync(changing),
+               f"PyTorch eager loop {device}": sync(eager)}
+    res = interleaved(engines, calls, rounds)
+    rows = [[k, v["median_s"] / n * 1e6, v["min_s"] / n * 1e6, v["median_s"] * 1e3] for k, v in res.items()]
+    return rows, {k: v["median_s"] / n * 1e6 for k, v in res.items()}
+
+
 def chain_part(n: int, calls: int, rounds: int) -> tuple[list, dict]:
     torch.set_num_threads(1)
     model = add_chain(n, shape=("N", 16))
@@ -127,7 +162,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--skip-models", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--device", default="cpu", help="cuda: the chain on the GPU against PyTorch eager there")
     args = ap.parse_args()
+    if args.device != "cpu":
+        rows, chain = cuda_chain_part(args.nodes, args.calls, args.rounds, args.device)
+        print_table(f"{args.nodes}-node Add chain on {args.device}, shape [4,16]",
+                    ["engine", "us/node (median)", "us/node (best round)", "ms/call"], rows)
+        write_json(args.json, {"chain_us_per_node": chain, "nodes": args.nodes, "torch": torch.__version__,
+                               "device": torch.cuda.get_device_name()})
+        return
     rows, chain = chain_part(args.nodes, args.calls, args.rounds)
     print_table(f"{args.nodes}-node Add chain, shape [4,16], one thread",
                 ["engine", "us/node (median)", "us/node (best round)", "ms/call"], rows)
