@@ -136,7 +136,7 @@ for _name, _tfn, _since, _sop in (
     ("Sinh", torch.sinh, (9,), False), ("Cosh", torch.cosh, (9,), False), ("Asinh", torch.asinh, (9,), False),
     ("Acosh", torch.acosh, (9,), False), ("Atanh", torch.atanh, (9,), False), ("Erf", torch.erf, (9, 13), False),
     ("Sigmoid", torch.sigmoid, (6, 13), False), ("Tanh", torch.tanh, (6, 13), False),
-    ("Not", torch.logical_not, (1,), True), ("IsNaN", torch.isnan, (9, 13, 20), False),
+    ("Not", torch.logical_not, (1,), True),
     ("BitwiseNot", torch.bitwise_not, (18,), False),
 ):
     _unary(_name, _with_out(_tfn), _since, shape_op=_sop)
@@ -146,6 +146,7 @@ def _act(name: str, fn, since=(6,)) -> None:
     _unary(name, fn, since, writes_out=False)
 
 
+_act("IsNaN", lambda x, *, out=None: torch.isnan(x), (9, 13, 20))  # torch.isnan has no out=
 _act("Relu", lambda x, *, out=None: torch.relu(x), (6, 13, 14))
 _act("Softplus", lambda x, *, out=None: F.softplus(x), (1, 22))
 _act("Softsign", lambda x, *, out=None: F.softsign(x), (1, 22))
@@ -161,16 +162,16 @@ _act("Selu", lambda x, *, alpha=1.67326319217681884765625, gamma=1.0507010221481
 _act("Gelu", lambda x, *, approximate="none", out=None: F.gelu(x, approximate=approximate), (20,))
 
 
-@op("IsInf", 10, infer=same_as_first)
-@op("IsInf", 20, infer=same_as_first)
+@op("IsInf", 10, infer=same_as_first, writes_out=False)  # torch.isinf has no out=
+@op("IsInf", 20, infer=same_as_first, writes_out=False)
 def _isinf(x, *, detect_negative=1, detect_positive=1, out=None):
     if detect_negative and detect_positive:
-        return torch.isinf(x, out=out)
+        return torch.isinf(x)
     if detect_negative:
-        return torch.isneginf(x, out=out)
+        return torch.isneginf(x)
     if detect_positive:
-        return torch.isposinf(x, out=out)
-    return torch.zeros_like(x, dtype=torch.bool) if out is None else out.fill_(False)
+        return torch.isposinf(x)
+    return torch.zeros_like(x, dtype=torch.bool)
 
 
 @op("PRelu", 9, infer=broadcast, writes_out=False)

@@ -38,6 +38,17 @@ def test_unary(op):
     check_op(op, [[(3, 4)], [(1, 9)], [(6, 2)], [(3, 4)], [(2, 5)]])
 
 
+def test_isnan_isinf():
+    def mk(i, shape, rng):
+        x = rng.uniform(-2, 2, size=shape).astype(np.float32)
+        x.reshape(-1)[:: 3] = np.nan
+        x.reshape(-1)[1:: 4] = np.inf
+        return x
+    seq = [[(3, 4)], [(1, 9)], [(6, 2)], [(3, 4)], [(2, 5)]]
+    check_op("IsNaN", seq, make_input=mk)
+    check_op("IsInf", seq, make_input=mk)
+
+
 def test_where_broadcast():
     check_op("Where", [[(2, 3), (2, 3), (1, 3)], [(4, 1), (1, 5), (4, 5)], [(3,), (2, 3), (1,)],
                        [(2, 3), (2, 3), (1, 3)], [(1,), (6, 2), (6, 1)]],
