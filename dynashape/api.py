@@ -19,7 +19,25 @@ from .runtime.feeds import InputSpec, prepare_feeds
 from .runtime.network import Network
 from .shape import PartialShape
 
-_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose"}
+_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32"}
+
+
+class _Precision:
+    """fp32 means fp32: cuDNN convolutions use TF32 on Ampere and later unless told otherwise,
+    which moves results by ~1e-3 relative. A run turns TF32 off (unless the session allows it)
+    and restores the caller's global flags afterwards."""
+
+    def __init__(self, allow_tf32: bool) -> None:
+        self.allow = allow_tf32
+        self.prev = None
+
+    def __enter__(self):
+        b = torch.backends
+        self.prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+        b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = self.allow
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.prev
 
 
 @dataclass(frozen=True)
@@ -63,7 +81,8 @@ class InferenceSession:
 
     Options: ``default_dynamic_dim``, ``dynamic_dims`` (input -> list of dims) and
     ``dim_params`` (symbol -> Dimension) set the ranges of dynamic dimensions; ``verbose``
-    sets the log level of the memory engine (as DYNASHAPE_VERBOSE does).
+    sets the log level of the memory engine (as DYNASHAPE_VERBOSE does); ``allow_tf32`` lets
+    CUDA matrix products and convolutions use TF32 (faster, ~1e-3 relative error; off by default).
     """
 
     def __init__(self, model, device: str | torch.device = "cpu", **options) -> None:
@@ -74,6 +93,7 @@ class InferenceSession:
         parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")
+        self.precision = _Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
         proto = prepare_proto(load_model_proto(model))
         self.program: Program = compile_graph(parse_model(proto, parse))
         g = self.program.graph
@@ -116,7 +136,11 @@ class InferRequest:
     def run(self, output_names, feeds) -> list:
         tensors, numpy_mode = prepare_feeds(feeds, self.session._specs, self.session.device)
         idx = self._select(output_names)
-        outs = self.network.run(tensors)
+        if self.session.precision is not None:
+            with self.session.precision:
+                outs = self.network.run(tensors)
+        else:
+            outs = self.network.run(tensors)
         picked = [outs[i] for i in idx]
         return [_to_numpy(o) for o in picked] if numpy_mode else picked
 
