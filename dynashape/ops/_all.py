@@ -1,6 +1,7 @@
 """Imports every op module so that their registrations run."""
 
 from . import (  # noqa: F401
+    control_flow,
     conv,
     data_dependent,
     elementwise,
