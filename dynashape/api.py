@@ -51,10 +51,9 @@ class NodeArg:
 
 
 def _node_arg(v) -> NodeArg:
-    kind = "tensor" if v.kind == "tensor" else f"{v.kind}(tensor"
-    t = f"{kind}({elem_type_name(v.elem_type).replace('float', 'float', 1)})" + (")" if v.kind != "tensor" else "")
-    if v.elem_type == 1:
-        t = t.replace("(float)", "(float)")
+    t = f"tensor({elem_type_name(v.elem_type)})"  # onnxruntime's spelling: tensor(float)
+    if v.kind != "tensor":
+        t = f"{v.kind}({t})"
     shape = [] if v.shape is None else [d.min if d.is_static else (d.symbol or None) for d in v.shape]
     return NodeArg(v.name, t, shape, v.shape)
 
