@@ -140,8 +140,11 @@ class InferRequest:
                 outs = self.network.run(tensors)
         else:
             outs = self.network.run(tensors)
-        picked = [outs[i] for i in idx]
-        return [_to_numpy(o) for o in picked] if numpy_mode else picked
+        if not numpy_mode:
+            return [outs[i] for i in idx]
+        # the graph's output types name what a held tensor stands for (an int8 tensor of an INT4)
+        g_outs = self.session.program.graph.outputs
+        return [_to_numpy(outs[i], g_outs[i].elem_type) for i in idx]
 
     def infer(self, feeds) -> dict:
         names = [a.name for a in self.session._outputs]
@@ -161,11 +164,13 @@ class InferRequest:
         return {**self.network.stats, **self.engine.stats()}
 
 
-def _to_numpy(x):
+def _to_numpy(x, elem_type: int = 0):
+    """An output as numpy; ``elem_type`` (a sequence's element type for a list) picks the
+    ml_dtypes type of a tensor that holds an INT4, FLOAT4E2M1 ... (see ir.dtypes)."""
     if isinstance(x, torch.Tensor):
-        return to_numpy(x)
+        return to_numpy(x, elem_type)
     if isinstance(x, list):
-        return [_to_numpy(t) for t in x]
+        return [_to_numpy(t, elem_type) for t in x]
     if isinstance(x, np.ndarray) or x is None:
         return x
     return x

@@ -18,3 +18,14 @@ def test_readme_starts_with_the_two_commands():
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     test_cmd = next(line.split("#")[0].strip() for line in lines[:6] if "pytest" in line)
     assert test_cmd in ci  # CI runs the README's test command, as written
+
+
+def test_recorded_conformance_run_agrees_with_expected_failures():
+    """docs/conformance_cpu.json (what operators.md reports) must be a run of the current list."""
+    import json
+
+    from tests.conformance.suite import expected_failures
+    run = json.load(open(os.path.join(ROOT, "docs", "conformance_cpu.json")))
+    failed = {name for name, r in run["results"].items() if r["error"] is not None}
+    assert failed == set(expected_failures("cpu")), "re-record: python -m tests.conformance.suite --json " \
+                                                     "docs/conformance_cpu.json"

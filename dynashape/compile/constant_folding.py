@@ -25,6 +25,8 @@ def fold_node(node: Node) -> bool:
     """Fold ``node`` if possible; returns whether its outputs became constants."""
     if node.op_type in NONDETERMINISTIC or node.subgraphs or node.opdef.host and node.op_type != "Constant":
         return False
+    if any(v is not None and v.kind != "tensor" for v in (*node.inputs, *node.outputs)):
+        return False  # sequences and optionals are built at run time: a list is not a constant
     if node.op_type in ("Shape", "Size"):
         return _fold_shape(node)
     if any(v is not None and not v.is_const for v in node.inputs):
@@ -40,13 +42,15 @@ def fold_node(node: Node) -> bool:
         res = node.opdef.fn(*ins, **node.attrs)
     except Exception:  # noqa: BLE001  leave it to run time, which reports errors with context
         return False
+    if isinstance(res, list) and len(node.outputs) == 1:
+        return False  # a sequence, where ONNX's inference did not say so
     res = res if isinstance(res, (tuple, list)) else (res,)
     if len(res) < sum(v is not None for v in node.outputs):
         return False  # a kernel that cannot tell how many outputs the node has: leave it to run time
+    if not all(isinstance(r, torch.Tensor) for v, r in zip(node.outputs, res) if v is not None):
+        return False
     for v, r in zip(node.outputs, res):
         if v is not None:
-            if not isinstance(r, torch.Tensor):
-                return False
             v.const = r.contiguous().clone()
             from ..shape import PartialShape
             v.shape = PartialShape(r.shape)

@@ -1,16 +1,27 @@
 """Imports every op module so that their registrations run."""
 
 from . import (  # noqa: F401
+    attention,
     control_flow,
     conv,
     data_dependent,
     elementwise,
     generators,
+    image,
     indexing,
     linalg,
+    loss,
+    ml,
     norm,
     pool,
+    quant,
     reduce,
+    resize,
+    rnn,
+    sequence,
+    signal,
     softmax,
+    strings,
     tensor,
+    training,
 )

@@ -1,9 +1,19 @@
-"""Control flow. A body runs as a nested Network (runtime/subgraph.py) that reads outer-scope
-values from the parent's slots at call time. Loop and Scan come with the conformance issue."""
+"""Control flow: If, Loop, Scan, SequenceMap.
+
+A body runs as a nested Network (runtime/subgraph.py) that reads outer-scope values from the
+parent's slots at call time and hands its outputs over (fresh tensors each call), so a value
+carried from one iteration to the next is never overwritten by the iteration that reads it.
+All four are data-dependent: how often a body runs, and so the output shapes, is known only
+at run time.
+"""
 
 from __future__ import annotations
 
+import torch
+
+from ..errors import ShapeError
 from .registry import op
+from .shapes import norm_axis
 
 
 def _if(cond, *, then_branch, else_branch, out=None):
@@ -14,3 +24,117 @@ def _if(cond, *, then_branch, else_branch, out=None):
 
 for _s in (1, 11, 13, 16, 19, 21, 23):
     op("If", _s, infer=None)(_if)
+
+
+def _result(outs: list):
+    return tuple(outs) if len(outs) != 1 else outs[0]
+
+
+def _stack(items: list, axis: int = 0, reverse: bool = False) -> torch.Tensor:
+    if reverse:
+        items = items[::-1]
+    return torch.stack(items, norm_axis(axis, items[0].dim() + 1))
+
+
+def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=None):
+    """for (i = 0; i < M && keep_going; ++i): the body's condition output counts only when the
+    loop has a condition input; without one it is ignored (the spec's 'for loop' forms)."""
+    trips = None if M is None else int(M.reshape(-1)[0])
+    keep = True if cond is None else bool(cond.reshape(-1)[0])
+    carried = list(v_initial)
+    n_scan = _n_outputs - len(carried)
+    scans: list[list] = [[] for _ in range(n_scan)]
+    i = 0
+    while keep and (trips is None or i < trips):
+        it = torch.tensor(i, dtype=torch.int64, device=_device)
+        c = torch.tensor(keep, device=_device)
+        outs = body(it, c, *carried)
+        if cond is not None:
+            keep = bool(outs[0].reshape(-1)[0])
+        carried = list(outs[1:1 + len(carried)])
+        for k, s in enumerate(outs[1 + len(carried):]):
+            scans[k].append(s)
+        i += 1
+    if i == 0:  # the initial values pass through: the caller must not get aliases of them
+        carried = [c.clone() if isinstance(c, torch.Tensor) else c for c in carried]
+    stacked = [_stack(s) if s else torch.empty((0,), device=_device) for s in scans]
+    return _result(carried + stacked)
+
+
+for _s in (1, 11, 13, 16, 19, 21, 23):
+    op("Loop", _s, infer=None)(_loop)
+
+
+def _scan_run(body, states: list, xs: list, in_axes, in_dirs, out_axes, out_dirs, n_out: int):
+    """One scan over the slices of ``xs``; returns final states and stacked scan outputs."""
+    length = xs[0].shape[in_axes[0]] if xs else 0
+    for x, a in zip(xs, in_axes):
+        if x.shape[a] != length:
+            raise ShapeError(f"scan inputs disagree on the scan length: {x.shape[a]} vs {length}")
+    scans: list[list] = [[] for _ in range(n_out - len(states))]
+    for t in range(length):
+        sl = [x.select(a, length - 1 - t if d else t) for x, a, d in zip(xs, in_axes, in_dirs)]
+        outs = body(*states, *sl)
+        states = list(outs[:len(states)])
+        for k, s in enumerate(outs[len(states):]):
+            scans[k].append(s)
+    if length == 0:
+        raise ShapeError("Scan over a length-0 axis: the scan outputs' shapes are not defined")
+    stacked = [_stack(s, out_axes[k], bool(out_dirs[k])) for k, s in enumerate(scans)]
+    return states, stacked
+
+
+@op("Scan", 9, infer=None)
+@op("Scan", 11, infer=None)
+@op("Scan", 16, infer=None)
+@op("Scan", 19, infer=None)
+@op("Scan", 21, infer=None)
+@op("Scan", 23, infer=None)
+def _scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
+          scan_output_axes=None, scan_output_directions=None, _n_outputs=1, out=None):
+    n_state = len(inputs) - num_scan_inputs
+    states, xs = list(inputs[:n_state]), list(inputs[n_state:])
+    n_scan_out = _n_outputs - n_state
+    in_axes = [norm_axis(a, x.dim()) for a, x in zip(scan_input_axes or [0] * len(xs), xs)]
+    in_dirs = scan_input_directions or [0] * len(xs)
+    out_axes = scan_output_axes or [0] * n_scan_out
+    out_dirs = scan_output_directions or [0] * n_scan_out
+    states, stacked = _scan_run(body, states, xs, in_axes, in_dirs, out_axes, out_dirs, _n_outputs)
+    return _result(states + stacked)
+
+
+@op("Scan", 8, infer=None)
+def _scan8(sequence_lens, *inputs, body, num_scan_inputs, directions=None, _n_outputs=1, out=None):
+    """Opset 8: axis 0 of every input is a batch; each batch item scans its own sequence
+    (of length sequence_lens[b] when given, the rest of the scan outputs being zeros)."""
+    n_state = len(inputs) - num_scan_inputs
+    dirs = directions or [0] * num_scan_inputs
+    batch = inputs[0].shape[0]
+    per_item = []
+    for b in range(batch):
+        xs = [x[b] for x in inputs[n_state:]]
+        if sequence_lens is not None:
+            n = int(sequence_lens.reshape(-1)[b])
+            xs = [x[:n] for x in xs]
+        n_scan_out = _n_outputs - n_state
+        per_item.append(_scan_run(body, [s[b] for s in inputs[:n_state]], xs, [0] * len(xs), dirs,
+                                  [0] * n_scan_out, [0] * n_scan_out, _n_outputs))
+    states = [torch.stack([p[0][k] for p in per_item]) for k in range(n_state)]
+    longest = max(p[1][0].shape[0] for p in per_item) if _n_outputs > n_state else 0
+    scans = []
+    for k in range(_n_outputs - n_state):
+        items = [torch.nn.functional.pad(p[1][k], (0, 0) * (p[1][k].dim() - 1) + (0, longest - p[1][k].shape[0]))
+                 for p in per_item]
+        scans.append(torch.stack(items))
+    return _result(states + scans)
+
+
+@op("SequenceMap", 17, infer=None)
+def _sequence_map(seq, *additional, body, _n_outputs=1, out=None):
+    """Run the body on element i of every sequence input (tensor inputs are passed whole)."""
+    results: list[list] = [[] for _ in range(_n_outputs)]
+    for i in range(len(seq)):
+        extra = [a[i] if isinstance(a, list) else a for a in additional]
+        for k, o in enumerate(body(seq[i], *extra)):
+            results[k].append(o)
+    return _result(results)

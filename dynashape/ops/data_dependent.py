@@ -54,3 +54,74 @@ def _compress(x, condition, *, axis=None, out=None):
     if axis is None:
         return x.reshape(-1).index_select(0, idx)
     return x.index_select(norm_axis(axis, x.dim()), idx)
+
+
+# ---- NonMaxSuppression --------------------------------------------------------------------------
+def _scalar_or(t, default, cast):
+    """An optional scalar input: absent or empty means the spec's default."""
+    if t is None or t.numel() == 0:
+        return default
+    return cast(t.reshape(-1)[0].item())
+
+
+def _box_corners(boxes, center_point_box: int):
+    """Boxes as (y_min, x_min, y_max, x_max) whatever their format."""
+    if center_point_box:
+        xc, yc, w, h = boxes.unbind(-1)
+        return torch.stack((yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2), -1)
+    y1, x1, y2, x2 = boxes.unbind(-1)  # any two diagonal corners
+    return torch.stack((torch.minimum(y1, y2), torch.minimum(x1, x2), torch.maximum(y1, y2), torch.maximum(x1, x2)), -1)
+
+
+def _overlaps(c, iou_threshold: float):
+    """(M, M) bool: IoU of boxes i and j strictly above the threshold. Empty boxes overlap nothing:
+    their IoU is 0, or 0/0 = NaN, which compares False."""
+    area = (c[:, 2] - c[:, 0]) * (c[:, 3] - c[:, 1])
+    lo = torch.maximum(c[:, None, :2], c[None, :, :2])
+    hi = torch.minimum(c[:, None, 2:], c[None, :, 2:])
+    inter = (hi - lo).clamp_min(0).prod(-1)
+    return inter / (area[:, None] + area[None, :] - inter) > iou_threshold
+
+
+def _greedy(over, limit: int) -> list[int]:
+    """Greedy selection over candidates sorted by score: take the best one left, drop what it
+    overlaps, repeat. ``over`` is a CPU bool matrix; one vectorized step per selected box."""
+    m = over.shape[0]
+    alive = torch.ones(m, dtype=torch.bool)
+    keep, i = [], 0
+    while True:
+        keep.append(i)
+        if len(keep) >= limit:
+            return keep
+        alive &= ~over[i]
+        rest = torch.nonzero(alive[i + 1:])
+        if rest.numel() == 0:
+            return keep
+        i += 1 + int(rest[0, 0])
+
+
+@op("NonMaxSuppression", 10, infer=None)
+@op("NonMaxSuppression", 11, infer=None)
+def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *,
+         center_point_box=0, out=None):
+    limit = _scalar_or(max_output_boxes_per_class, 0, int)
+    iou_thr = _scalar_or(iou_threshold, 0.0, float)
+    score_thr = _scalar_or(score_threshold, None, float)
+    n_batches, n_classes, _ = scores.shape
+    corners = _box_corners(boxes, center_point_box)
+    rows: list[tuple[int, int, int]] = []
+    for b in range(n_batches if limit > 0 else 0):
+        for c in range(n_classes):
+            s = scores[b, c]
+            # best score first; equal scores keep the lower box index first
+            order = torch.argsort(s, descending=True, stable=True)
+            if score_thr is not None:
+                order = order[s[order] > score_thr]
+            if order.numel() == 0:
+                continue
+            # The selection is sequential and its size decides the output shape: the overlaps are
+            # computed where the boxes are and brought to the host once per class.
+            over = _overlaps(corners[b, order], iou_thr).cpu()
+            idx = order.cpu().tolist()
+            rows.extend((b, c, idx[k]) for k in _greedy(over, limit))
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3).to(scores.device)

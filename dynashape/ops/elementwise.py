@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -12,27 +13,95 @@ _INT_TYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
               torch.uint16, torch.uint32, torch.uint64)
 
 
+# ---- unsigned integers ------------------------------------------------------------------------
+# torch has few kernels for uint16/32/64 (copies, eq/ne, where; mul and bitwise and/or/xor on the
+# CPU only): the ops below compute them on int64 instead. uint16/32 values fit int64 exactly.
+# uint64 is viewed as int64 with the same bits: add, sub, mul, the bitwise ops and shift-left
+# give the same bits there, while ordering, division and shift-right need the unsigned helpers.
+# Kernels test the dtype once per call (one set lookup), so the float path pays nothing per
+# element.
+_UINT = frozenset((torch.uint16, torch.uint32, torch.uint64))
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+def _i64(x: torch.Tensor) -> torch.Tensor:
+    """uint16/32: the same values as int64; uint64: the same bits."""
+    return x.view(torch.int64) if x.dtype == torch.uint64 else x.to(torch.int64)
+
+
+def _from_i64(r: torch.Tensor, dtype: torch.dtype, out=None) -> torch.Tensor:
+    """int64 results back to ``dtype``, wrapping modulo 2**bits like C unsigned arithmetic."""
+    if out is not None:
+        (out.view(torch.int64) if dtype == torch.uint64 else out).copy_(r)
+        return out
+    return r.view(torch.uint64) if dtype == torch.uint64 else r.to(dtype)
+
+
+def _ukey(x: torch.Tensor) -> torch.Tensor:
+    """An int64 whose signed order is the unsigned order of ``x`` (uint64: sign bit flipped)."""
+    return x.view(torch.int64) ^ _I64_MIN if x.dtype == torch.uint64 else x.to(torch.int64)
+
+
+def _from_key(k: torch.Tensor, dtype: torch.dtype, out=None) -> torch.Tensor:
+    return _from_i64(k ^ _I64_MIN if dtype == torch.uint64 else k, dtype, out)
+
+
+def _lshr(x: torch.Tensor, s) -> torch.Tensor:
+    """Logical shift right of int64 bit patterns: one logical step clears the sign bit, then the
+    arithmetic shift of a non-negative value is logical too."""
+    one = (x >> 1) & _I64_MAX
+    return torch.where(s == 0, x, one >> (s - 1).clamp_min(0))
+
+
+def _udiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Unsigned quotient as int64 (the bits, for uint64)."""
+    x, y = _i64(a), _i64(b)
+    if a.dtype != torch.uint64:
+        return torch.div(x, y, rounding_mode="trunc")  # both non-negative: exact
+    # Divide the halved dividend (non-negative as int64), double it, then correct by one: the
+    # remainder left is below 2*y. Divisors >= 2**63 (negative here) give a quotient of 0 or 1.
+    big = y < 0
+    ys = torch.where(big, 1, y)
+    q = torch.div((x >> 1) & _I64_MAX, ys, rounding_mode="trunc") << 1
+    r = x - q * ys
+    q = q + ((r ^ _I64_MIN) >= (ys ^ _I64_MIN))
+    return torch.where(big, ((x ^ _I64_MIN) >= (y ^ _I64_MIN)).to(torch.int64), q)
+
+
+def _umod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _i64(a) - _udiv(a, b) * _i64(b)
+
+
 def _binary(name: str, fn, since=(1,), shape_op: bool = True) -> None:
     for s in since:
         op(name, s, infer=broadcast, shape_op=shape_op)(fn)
 
 
 def _add(a, b, *, out=None):
+    if a.dtype in _UINT:
+        return _from_i64(_i64(a) + _i64(b), a.dtype, out)
     return torch.add(a, b, out=out)
 
 
 def _sub(a, b, *, out=None):
+    if a.dtype in _UINT:
+        return _from_i64(_i64(a) - _i64(b), a.dtype, out)
     return torch.sub(a, b, out=out)
 
 
 def _mul(a, b, *, out=None):
     if a.dtype == torch.bool:  # torch.mul on bools is logical and; keep it
         return torch.logical_and(a, b, out=out)
+    if a.dtype in _UINT:  # torch's CPU has mul for them, CUDA has not
+        return _from_i64(_i64(a) * _i64(b), a.dtype, out)
     return torch.mul(a, b, out=out)
 
 
 def _div(a, b, *, out=None):
     if a.dtype in _INT_TYPES:  # ONNX integer division truncates toward zero, like C
+        if a.dtype in _UINT:
+            return _from_i64(_udiv(a, b), a.dtype, out)
         return torch.div(a, b, rounding_mode="trunc", out=out)
     return torch.div(a, b, out=out)
 
@@ -52,8 +121,18 @@ def _pow(a, b, *, out=None):
 
 @op("Mod", 10, infer=broadcast, shape_op=True)
 def _mod(a, b, *, fmod=0, out=None):
-    if fmod or a.dtype.is_floating_point:
+    if a.dtype in _UINT:  # no signs: fmod makes no difference
+        return _from_i64(_umod(a, b), a.dtype, out)
+    if fmod:
         return torch.fmod(a, b, out=out)
+    if a.dtype.is_floating_point:
+        # The result takes the divisor's sign. fmod is exact; moving a remainder of the other sign
+        # over by one divisor rounds once, like numpy (torch.remainder's a - floor(a/b)*b rounds
+        # more), and a zero result takes the divisor's sign.
+        r = torch.fmod(a, b)
+        r = torch.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+        r = torch.where(r == 0, torch.copysign(r, b), r)
+        return r if out is None else out.copy_(r)
     return torch.remainder(a, b, out=out)
 
 
@@ -71,9 +150,21 @@ def _variadic(name: str, reduce_fn, since=(8, 12, 13)):
         op(name, s, infer=broadcast, writes_out=False, shape_op=True)(kernel)
 
 
-_variadic("Sum", torch.add)
-_variadic("Max", torch.maximum)
-_variadic("Min", torch.minimum)
+def _maximum(a, b):
+    if a.dtype in _UINT:
+        return _from_key(torch.maximum(_ukey(a), _ukey(b)), a.dtype)
+    return torch.maximum(a, b)
+
+
+def _minimum(a, b):
+    if a.dtype in _UINT:
+        return _from_key(torch.minimum(_ukey(a), _ukey(b)), a.dtype)
+    return torch.minimum(a, b)
+
+
+_variadic("Sum", _add)
+_variadic("Max", _maximum)
+_variadic("Min", _minimum)
 
 
 @op("Mean", 8, infer=broadcast, writes_out=False)
@@ -92,14 +183,43 @@ def _cmp(fn):
     return kernel
 
 
+def _ordered(fn):
+    """An ordering comparison; unsigned inputs compare through their order-preserving int64 keys."""
+    def kernel(a, b, *, out=None):
+        if a.dtype in _UINT:
+            return fn(_ukey(a), _ukey(b), out=out)
+        return fn(a, b, out=out)
+    return kernel
+
+
+def _bitwise(fn):
+    """A bitwise op; unsigned inputs go through int64, where the bits they hold are the same."""
+    def kernel(a, b, *, out=None):
+        if a.dtype in _UINT:
+            return _from_i64(fn(_i64(a), _i64(b)), a.dtype, out)
+        return fn(a, b, out=out)
+    return kernel
+
+
+def _equal(a, b, *, out=None):
+    if isinstance(a, np.ndarray):  # strings stay numpy object arrays on the host
+        r = torch.from_numpy(np.asarray(a == b, dtype=np.bool_))
+        return r if out is None else out.copy_(r)
+    return torch.eq(a, b, out=out)
+
+
+for _s in (7, 11, 13, 19):
+    op("Equal", _s, infer=broadcast, shape_op=True)(_equal)
+
 for _name, _fn, _since in (
-    ("Equal", torch.eq, (7, 11, 13, 19)), ("Less", torch.lt, (7, 9, 13)), ("Greater", torch.gt, (7, 9, 13)),
-    ("LessOrEqual", torch.le, (12, 16)), ("GreaterOrEqual", torch.ge, (12, 16)),
-    ("And", torch.logical_and, (7,)), ("Or", torch.logical_or, (7,)), ("Xor", torch.logical_xor, (7,)),
-    ("BitwiseAnd", torch.bitwise_and, (18,)), ("BitwiseOr", torch.bitwise_or, (18,)),
-    ("BitwiseXor", torch.bitwise_xor, (18,)),
+    ("Less", _ordered(torch.lt), (7, 9, 13)), ("Greater", _ordered(torch.gt), (7, 9, 13)),
+    ("LessOrEqual", _ordered(torch.le), (12, 16)), ("GreaterOrEqual", _ordered(torch.ge), (12, 16)),
+    ("And", _cmp(torch.logical_and), (7,)), ("Or", _cmp(torch.logical_or), (7,)),
+    ("Xor", _cmp(torch.logical_xor), (7,)),
+    ("BitwiseAnd", _bitwise(torch.bitwise_and), (18,)), ("BitwiseOr", _bitwise(torch.bitwise_or), (18,)),
+    ("BitwiseXor", _bitwise(torch.bitwise_xor), (18,)),
 ):
-    _binary(_name, _cmp(_fn), since=_since)
+    _binary(_name, _fn, since=_since)
 
 
 @op("Where", 9, infer=broadcast, shape_op=True)
@@ -110,8 +230,21 @@ def _where(c, x, y, *, out=None):
 
 @op("BitShift", 11, infer=broadcast)
 def _bitshift(a, b, *, direction, out=None):
-    f = torch.bitwise_left_shift if direction == "LEFT" else torch.bitwise_right_shift
+    left = direction == "LEFT"
+    if a.dtype in _UINT:
+        # bits shifted past the type's width are dropped when the int64 result wraps back
+        x, s = _i64(a), _i64(b)
+        r = x << s if left else _lshr(x, s) if a.dtype == torch.uint64 else x >> s
+        return _from_i64(r, a.dtype, out)
+    f = torch.bitwise_left_shift if left else torch.bitwise_right_shift
     return f(a, b, out=out)
+
+
+@op("BitwiseNot", 18, infer=same_as_first)
+def _bitwise_not(x, *, out=None):
+    if x.dtype in _UINT:
+        return _from_i64(~_i64(x), x.dtype, out)
+    return torch.bitwise_not(x, out=out)
 
 
 # unary --------------------------------------------------------------------------------------
@@ -137,7 +270,6 @@ for _name, _tfn, _since, _sop in (
     ("Acosh", torch.acosh, (9,), False), ("Atanh", torch.atanh, (9,), False), ("Erf", torch.erf, (9, 13), False),
     ("Sigmoid", torch.sigmoid, (6, 13), False), ("Tanh", torch.tanh, (6, 13), False),
     ("Not", torch.logical_not, (1,), True),
-    ("BitwiseNot", torch.bitwise_not, (18,), False),
 ):
     _unary(_name, _with_out(_tfn), _since, shape_op=_sop)
 
@@ -186,6 +318,9 @@ def _prelu(x, slope, *, out=None):
 def _clip(x, lo=None, hi=None, *, out=None):
     if lo is None and hi is None:
         return x.clone() if out is None else out.copy_(x)
+    if x.dtype in _UINT:
+        k = torch.clamp(_ukey(x), None if lo is None else _ukey(lo), None if hi is None else _ukey(hi))
+        return _from_key(k, x.dtype, out)
     return torch.clamp(x, lo, hi, out=out)
 
 

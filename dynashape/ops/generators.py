@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..ir.dtypes import to_torch, torch_dtype
+from ..ir.dtypes import TP, cast_tensor, onnx_elem_type, to_numpy
 from ..shape import Dimension
 from .registry import op
 from .shapes import dim_ceildiv_or_dyn, int_list, same_as_first
@@ -114,31 +114,38 @@ def _range(start, limit, delta, *, out=None):
 
 def _cast_kernel(x, *, to, saturate=1, round_mode="up", out=None):
     if isinstance(x, np.ndarray):  # strings in
-        return to_torch(np.asarray(x, dtype=np.float64).astype(_np(to)), to) if to != 8 else x
-    if to == 8:  # to string
-        return np.vectorize(_fmt, otypes=[object])(x.cpu().numpy())
-    dt = torch_dtype(to)
-    if out is not None:
-        return out.copy_(x)
-    return x.to(dt)
+        if to == TP.STRING:
+            return x
+        x = torch.from_numpy(np.asarray(x, dtype=np.float64))
+    elif to == TP.STRING:
+        return np.vectorize(_fmt, otypes=[object])(to_numpy(x))
+    if out is not None and to in _PLAIN_CAST:
+        return out.copy_(x)  # torch's conversion is ONNX's for these: one pass, straight into out
+    r = cast_tensor(x, to, bool(saturate), round_mode)
+    return r if out is None else out.copy_(r)
 
 
-def _np(to):
-    from ..ir.dtypes import np_dtype
-    return np_dtype(to)
+# Targets whose conversion needs no rounding / saturation / wrap-around of ours: not float8
+# (saturate), not the types held in a wider dtype (ir.dtypes.HELD).
+_PLAIN_CAST = frozenset(t for t in range(1, 17) if t != TP.STRING)
 
 
 def _fmt(v) -> str:
     return str(v)
 
 
-for _s in (6, 9, 13, 19, 21, 23):
+for _s in (6, 9, 13, 19, 21, 23, 24, 25, 28):
     op("Cast", _s, infer=same_as_first, shape_op=True)(_cast_kernel)
 
 
 @op("CastLike", 15, infer=same_as_first)
 @op("CastLike", 19, infer=same_as_first)
 @op("CastLike", 21, infer=same_as_first)
-def _cast_like(x, like, *, saturate=1, round_mode="up", out=None):
-    r = x.to(like.dtype)
-    return r if out is None else out.copy_(r)
+@op("CastLike", 23, infer=same_as_first)
+@op("CastLike", 24, infer=same_as_first)
+@op("CastLike", 25, infer=same_as_first)
+def _cast_like(x, like, *, saturate=1, round_mode="up", _out_types=None, out=None):
+    # The target is the output's ONNX type, which the runtime passes in _out_types: like's torch
+    # dtype cannot tell an INT4 (held as int8) from an INT8. Without it, like's dtype decides.
+    to = _out_types[0] if _out_types and _out_types[0] else onnx_elem_type(like)
+    return _cast_kernel(x, to=to, saturate=saturate, round_mode=round_mode, out=out)

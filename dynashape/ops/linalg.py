@@ -199,3 +199,21 @@ def _matmul_integer(a, b, a_zero_point=None, b_zero_point=None, *, out=None):
         r = torch.matmul(a32.double(), b32.double()).to(torch.int32)
         return r if out is None else out.copy_(r)
     return torch.matmul(a32, b32, out=out)
+
+
+# Det ----------------------------------------------------------------------------------------
+def _det_infer(shapes, values):
+    x = shapes[0]
+    if len(x) < 2 or _known_differ(x[-1], x[-2]):
+        raise ShapeError(f"Det: input must be [*, M, M], got shape {tuple(x)}")
+    return [tuple(x[:-2])]
+
+
+@op("Det", 11, infer=_det_infer)
+@op("Det", 22, infer=_det_infer)
+def _det(x, *, out=None):
+    if x.dtype in (torch.float16, torch.bfloat16):
+        # LU has no half kernels: factor in float32, round the determinant once
+        r = torch.linalg.det(x.float()).to(x.dtype)
+        return r if out is None else out.copy_(r)
+    return torch.linalg.det(x) if out is None else torch.linalg.det(x, out=out)

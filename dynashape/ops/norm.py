@@ -222,3 +222,30 @@ def _dropout(x, ratio=None, training_mode=None, *, seed=None, out=None):
     r = 0.5 if ratio is None else float(ratio.reshape(()).item())
     training = training_mode is not None and bool(training_mode.reshape(()).item())
     return _dropout_apply(x, r, training, out, seed)
+
+
+# LpNormalization ----------------------------------------------------------------------------
+@op("LpNormalization", 1, infer=same_as_first)
+@op("LpNormalization", 22, infer=same_as_first)
+def _lp_normalization(x, *, axis=-1, p=2, out=None):
+    if p not in (1, 2):
+        raise ValueError(f"LpNormalization: p must be 1 or 2, got {p}")
+    a = norm_axis(axis, x.dim())
+    norm = torch.linalg.vector_norm(x, ord=p, dim=a, keepdim=True)
+    # a zero vector stays zero (0/0 taken as 0), as the ONNX spec's examples say
+    r = torch.where(norm == 0, torch.zeros((), dtype=x.dtype, device=x.device), x / norm)
+    return r if out is None else out.copy_(r)
+
+
+# Shrink -------------------------------------------------------------------------------------
+@op("Shrink", 9, infer=same_as_first)
+def _shrink(x, *, bias=0.0, lambd=0.5, out=None):
+    # y = x + bias below -lambd, x - bias above lambd, 0 between. Integer inputs compute in
+    # float and convert back (truncating), as a C++ static_cast of the float result does.
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    if x.is_floating_point():
+        r = torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, zero))
+    else:
+        xf = x.double()
+        r = torch.where(xf < -lambd, xf + bias, torch.where(xf > lambd, xf - bias, 0.0)).to(x.dtype)
+    return r if out is None else out.copy_(r)

@@ -167,3 +167,31 @@ _register("ReduceL2", _l2, (1, 11, 13), (18,))
 _register("ReduceSumSquare", _sum_square, (1, 11, 13), (18,))
 _register("ReduceLogSum", _log_sum, (1, 11, 13), (18,))
 _register("ReduceLogSumExp", _log_sum_exp, (1, 11, 13), (18,))
+
+
+# CumProd ------------------------------------------------------------------------------------
+# As CumSum (ops/tensor.py): the axis is a 0-D/1-element input, ``exclusive`` shifts by one
+# (the first element becomes the identity, 1), ``reverse`` accumulates from the end.
+def _cumprod_infer(shapes, values, **_attrs):
+    return [shapes[0]]
+
+
+@op("CumProd", 26, infer=_cumprod_infer)
+def _cumprod(x, axis, *, exclusive=0, reverse=0, out=None):
+    a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
+    # no unsigned cumprod/flip kernels: run on int64 and keep the low bits, which is the
+    # product modulo 2**32 / 2**64 the unsigned type wraps to
+    src = x.to(torch.int64) if x.dtype in (torch.uint32, torch.uint64) else x
+    src = src.flip(a) if reverse else src
+    n = x.shape[a]
+    if exclusive:
+        r = torch.ones_like(src)
+        if n > 1:
+            # the product of the elements strictly before each position
+            r.narrow(a, 1, n - 1).copy_(torch.cumprod(src.narrow(a, 0, n - 1), a, dtype=src.dtype))
+    else:
+        r = torch.cumprod(src, a, dtype=src.dtype)
+    if reverse:
+        r = r.flip(a)
+    r = r.to(x.dtype)
+    return r if out is None else out.copy_(r)

@@ -655,3 +655,21 @@ def _reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0, out=None):
     idx = idx.reshape(view).expand(x.shape)
     return torch.gather(x, time_axis, idx) if out is None else torch.gather(x, time_axis, idx, out=out)
 
+
+
+# ---- BitCast ----------------------------------------------------------------------------------
+@op("BitCast", 26, infer=same_as_first, view=True)
+def _bitcast(x, *, to, out=None):
+    try:
+        dt = torch_dtype(to)
+    except KeyError:
+        from ..ir.dtypes import elem_type_name  # only for this message
+        raise NotImplementedError(f"BitCast to {elem_type_name(to)}: the type has no torch dtype") from None
+    if not isinstance(x, torch.Tensor):
+        raise NotImplementedError(f"BitCast from {x.dtype}: the type has no torch dtype")
+    if x.element_size() != dt.itemsize:
+        raise TypeError(f"BitCast: {x.dtype} has {8 * x.element_size()} bits but {dt} has {8 * dt.itemsize}; "
+                        "the widths must match")
+    # the same bits seen as another type of the same width: torch keeps the shape, and a view
+    # copies nothing
+    return x.view(dt)

@@ -41,13 +41,19 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[
     symbols: dict[str, tuple[str, int, int]] = {}
     for s in specs:
         x = feeds[s.name]
+        if s.kind == "optional" and x is None:
+            out[s.name] = None  # an empty optional
+            continue
+        if s.kind != "tensor" and isinstance(x, list):
+            # a sequence (or an optional holding one): each element is checked and converted
+            items = [_element(s, i, t, device) for i, t in enumerate(x)]
+            numpy_mode = numpy_mode and not any(isinstance(t, torch.Tensor) for t in x)
+            out[s.name] = items
+            continue
         if isinstance(x, torch.Tensor):
             numpy_mode = False
         elif isinstance(x, (np.ndarray, np.generic)):
             x = np.asarray(x)
-        elif s.kind != "tensor" and isinstance(x, list):
-            out[s.name] = x  # sequence inputs: a list of arrays
-            continue
         else:
             raise InputTypeError(f"input {s.name!r}: expected a numpy array or torch tensor of "
                                  f"{elem_type_name(s.elem_type)}, got {type(x).__name__}")
@@ -58,6 +64,19 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[
         _check_shape(s, tuple(x.shape), symbols)
         out[s.name] = _to_tensor(x, device)
     return out, numpy_mode
+
+
+def _element(s: InputSpec, i: int, x, device: torch.device):
+    """Element i of a sequence input: an array of the sequence's element type (any shape)."""
+    if not isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
+        raise InputTypeError(f"input {s.name!r} element {i}: expected a numpy array or torch tensor, "
+                             f"got {type(x).__name__}")
+    x = x if isinstance(x, torch.Tensor) else np.asarray(x)
+    et = onnx_elem_type(x)
+    if s.elem_type and et != s.elem_type:
+        raise InputTypeError(f"input {s.name!r} element {i}: dtype {elem_type_name(et)} given, "
+                             f"{elem_type_name(s.elem_type)} expected")
+    return _to_tensor(x, device)
 
 
 def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
@@ -83,9 +102,10 @@ def _to_tensor(x, device: torch.device):
         return x if x.device == device else x.to(device)
     if x.dtype == object or x.dtype.kind in "US":
         return x.astype(object)  # strings stay on the host as numpy
-    if onnx_elem_type(x) in _ML_DTYPES:
+    et = onnx_elem_type(x)
+    if et in _ML_DTYPES:
         from ..ir.dtypes import to_torch
-        t = to_torch(x)
+        t = to_torch(x, et)  # int4 & co. become int8 / uint8 / float8 tensors (see ir.dtypes)
     else:
         if not x.flags.writeable or any(st < 0 for st in x.strides):
             x = x.copy()
@@ -93,4 +113,6 @@ def _to_tensor(x, device: torch.device):
     return t if device.type == "cpu" else t.to(device, non_blocking=False)
 
 
-_ML_DTYPES = {16, 17, 18, 19, 20}  # bfloat16 and the float8 types come from ml_dtypes arrays
+# ml_dtypes arrays: bfloat16, the float8 types (17-20, 24), the 4- and 2-bit types (21-23, 25, 26)
+# and the float6 types (27, 28)
+_ML_DTYPES = {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28}

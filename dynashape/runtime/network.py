@@ -11,7 +11,7 @@ from ..compile.program import Program
 from ..ir import Graph, Value
 from ..ir.dtypes import torch_dtype
 from ..memory import Engine
-from .primitive_inst import PrimitiveInst
+from .primitive_inst import PrimitiveInst, shape_key
 
 
 class Network:
@@ -106,13 +106,16 @@ class Network:
         out_slots = [None if v is None else self._slot_for(v, "value") for v in node.outputs]
         if host:
             host_values.update(id(v) for v in node.outputs if v is not None)
-        kernel = partial(od.fn, **node.attrs) if node.attrs else od.fn
+        attrs = dict(node.attrs)
+        if "_device" in od.attrs:  # kernels that create values from nothing (SequenceEmpty) need it
+            attrs["_device"] = torch.device("cpu") if host else self.device
+        kernel = partial(od.fn, **attrs) if attrs else od.fn
         if node.subgraphs:
             from .subgraph import SubgraphRunner
             runners = {}
             for key, sub in node.subgraphs.items():
                 runners.setdefault(key.split(".")[0], []).append(SubgraphRunner(sub, self))
-            kernel = partial(od.fn, **node.attrs, **{k: r if len(r) > 1 else r[0] for k, r in runners.items()})
+            kernel = partial(od.fn, **attrs, **{k: r if len(r) > 1 else r[0] for k, r in runners.items()})
         inst = PrimitiveInst(node, self, in_slots, out_slots, kernel, tuple(xfer))
         inst.volatile_deps = any(
             (v := node.inputs[i]) is not None and not v.is_const and (
@@ -125,7 +128,7 @@ class Network:
         vals = self.vals
         for name, t in feeds.items():
             vals[self.input_slots[name]] = t
-        shapes = tuple(tuple(t.shape) for t in feeds.values())
+        shapes = tuple(map(shape_key, feeds.values()))
         try:
             if self.shapes_follow_inputs and shapes == self.last_in_shapes:
                 self.stats["fast_runs"] += 1
@@ -165,6 +168,9 @@ class Network:
             # caller owns: the caller gets a copy, never an alias it could see change.
             if isinstance(t, torch.Tensor) and (s not in self.fresh_output_slots or t._base is not None):
                 outs[j] = t.clone()
+            elif isinstance(t, list):
+                # a sequence may hold tensors that are node buffers the next run overwrites
+                outs[j] = [x.clone() if isinstance(x, torch.Tensor) else x for x in t]
         return outs
 
     def reset(self) -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..errors import ExecutionError, ShapeError
 from ..ir import Node
 from ..ops.shapes import prod
+
+_STRING = 8  # onnx.TensorProto.STRING
 
 if TYPE_CHECKING:
     from .network import Network
@@ -44,9 +47,12 @@ class PrimitiveInst:
         self.host = self.shape_of or od.host
         self.device = torch.device("cpu") if self.host else net.device
         self.view, self.data_dependent = od.view, od.data_dependent
+        if any(v is not None and v.kind != "tensor" for v in (*node.inputs, *node.outputs)):
+            # Sequences and optionals have no shape to infer: the kernel's result is the truth.
+            self.infer, self.data_dependent, self.view = None, True, False
         # shape_of nodes hand out a new tensor object whenever they re-run, so consumers can tell
         # a changed value by identity; they never write into a reused buffer.
-        self.writes_out = od.writes_out and not self.shape_of and all(
+        self.writes_out = od.writes_out and self.infer is not None and not self.shape_of and all(
             d is not None for d, slot in zip(self.out_dtypes, out_slots) if slot is not None)
         self.in_shapes = None
         self.dep_vals: tuple = ()
@@ -67,7 +73,7 @@ class PrimitiveInst:
         if self.xfer is not None:
             for i, need in enumerate(self.xfer):
                 t = ins[i]
-                if need and t is not None and t.device != self.device:
+                if need and isinstance(t, torch.Tensor) and t.device != self.device:
                     hit = self.xfer_cache.get(i)
                     if hit is not None and hit[0] is t:
                         ins[i] = hit[1]
@@ -80,7 +86,7 @@ class PrimitiveInst:
     # ---- the flow -------------------------------------------------------------------------
     def update_shape(self, ins: list) -> bool:
         """Recompute output shapes if an input shape or a shape-defining value changed."""
-        shapes = tuple(None if t is None else t.shape for t in ins)  # torch.Size compares as a tuple
+        shapes = tuple(map(shape_key, ins))
         deps = tuple(ins[i] for i in self.shape_deps)
         if (shapes == self.in_shapes and not self.volatile_deps and not self.data_dependent
                 and all(a is b for a, b in zip(deps, self.dep_vals))):
@@ -142,12 +148,23 @@ class PrimitiveInst:
         except Exception as e:
             raise ExecutionError(f"node {self.name!r} ({self.op_type}) failed with input shapes "
                                  f"{list(self.in_shapes or ())}: {type(e).__name__}: {e}") from e
+        if not self.writes_out:
+            res = self._on_device(res)
         if self.single_out:
             vals[self.out_slot0] = res
             return
         for s, r in zip(self.out_slots, res):
             if s is not None:
                 vals[s] = r
+
+    def _on_device(self, res):
+        """An adopted result must live where the node runs: a kernel that built it from host
+        values (Range with no element type known, so no buffer) hands back a CPU tensor."""
+        if isinstance(res, torch.Tensor):
+            return res if res.device == self.device else res.to(self.device)
+        if isinstance(res, tuple):
+            return tuple(self._on_device(r) for r in res)
+        return res
 
     def step(self, vals: list) -> None:
         """The full per-node flow, used whenever some shape in the network may have changed."""
@@ -179,7 +196,11 @@ class PrimitiveInst:
     def _emit_empty(self, vals: list) -> None:
         self.net.stats["empty_skips"] += 1
         for k, s in enumerate(self.out_slots):
-            if s is not None:
+            if s is None:
+                continue
+            if self.node.outputs[k].elem_type == _STRING:  # strings live in numpy object arrays
+                vals[s] = np.empty(self.out_shapes[k], dtype=object)
+            else:
                 vals[s] = torch.empty(self.out_shapes[k], dtype=self.out_dtypes[k] or torch.float32,
                                       device=self.device)
 
@@ -194,6 +215,16 @@ class PrimitiveInst:
     def reset(self) -> None:
         """Forget cached shapes so the next run redoes the whole flow (after an error)."""
         self.in_shapes, self.dep_vals, self.impl_key = None, (), None
+
+
+def shape_key(t):
+    """What update_shape compares: a tensor's shape (torch.Size compares as a tuple), a
+    sequence's length, None for an absent input or an empty optional."""
+    if t is None:
+        return None
+    if isinstance(t, list):
+        return ("sequence", len(t))
+    return t.shape
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

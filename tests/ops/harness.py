@@ -69,6 +69,11 @@ def make_model(op_type: str, n_inputs: int, in_types: Sequence[int], attrs: dict
 
 
 def compare(got, want, what: str, rtol=RTOL, atol=ATOL) -> None:
+    if isinstance(want, list):  # a sequence: element by element
+        assert isinstance(got, list) and len(got) == len(want), f"{what}: {got!r} is not a sequence of {len(want)}"
+        for j, (g, w) in enumerate(zip(got, want)):
+            compare(g, w, f"{what}[{j}]", rtol, atol)
+        return
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}"
     if want.dtype == object or want.dtype.kind in "biuSU":
@@ -101,8 +106,12 @@ def run_sequence(model: onnx.ModelProto, feeds_seq: Sequence[dict], references=(
             want = engine.run(None, feeds)
             for name, g, w in zip(names, got, want):
                 compare(g, w, f"step {step} {label} output {name} (input shapes "
-                              f"{[np.shape(v) for v in feeds.values()]})", rtol, atol)
+                              f"{[_shape(v) for v in feeds.values()]})", rtol, atol)
     return sess
+
+
+def _shape(v):
+    return [np.shape(x) for x in v] if isinstance(v, list) else np.shape(v)
 
 
 def check_op(op_type: str, shape_seq: Sequence[Sequence[tuple]], attrs: dict | None = None, opset: int = 17,

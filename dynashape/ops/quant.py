@@ -1,0 +1,250 @@
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul,
+QLinearConv and ConvInteger (MatMulInteger lives with the matrix products in linalg.py).
+
+Quantized values of every type are handled as their *values*: an int4 / float4 tensor is held
+unpacked in an int8 / float8 tensor (ir/dtypes.py), so reading one is a plain conversion. Writing
+one needs the target's rules: integers round half to even and saturate to the type's range,
+float types go through ir.dtypes.cast_tensor (round to nearest even, saturation per the Cast
+spec). Integer products and convolutions run in float64, exact for every sum of int8 / int16
+products these ops see (below 2**53), on the CPU and on CUDA alike (CUDA has no integer GEMM).
+
+The type written is the node's output type: ``_out_types`` (the graph's element types of the
+outputs, passed in by the runtime) names an INT4 that the held int8 of a zero point cannot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ShapeError
+from ..ir.dtypes import SUBBYTE_INT, TP, cast_tensor, onnx_elem_type, torch_dtype
+from .conv import _conv, _conv_infer
+from .linalg import _matmul_shape
+from .registry import op
+from .shapes import norm_axis, same_as_first
+
+# Integer quantized types: (lowest, highest) value.
+_INT_RANGE = {
+    TP.UINT8: (0, 255), TP.INT8: (-128, 127), TP.UINT16: (0, 65535), TP.INT16: (-32768, 32767),
+    **{t: ((-(1 << (b - 1)), (1 << (b - 1)) - 1) if signed else (0, (1 << b) - 1))
+       for t, (b, signed) in SUBBYTE_INT.items()},
+}
+_FLOATS = (TP.FLOAT, TP.FLOAT16, TP.BFLOAT16, TP.DOUBLE)
+
+
+def _out_type(out_types, k: int = 0) -> int:
+    """The graph's element type of output k, 0 when the runtime did not say."""
+    return out_types[k] if out_types and len(out_types) > k and out_types[k] else 0
+
+
+def _param(p: torch.Tensor, x: torch.Tensor, axis: int, block_size: int, what: str) -> torch.Tensor:
+    """A scale or zero point shaped to broadcast against ``x``: per tensor (one element), per
+    axis (1-D along ``axis``) or blocked (x's rank, each element covering ``block_size``
+    consecutive elements along ``axis``, the last block possibly shorter)."""
+    if p.numel() == 1:
+        return p.reshape(())
+    ax = norm_axis(axis, x.dim())
+    if block_size > 0:
+        if p.dim() != x.dim() or any(p.shape[i] != x.shape[i] for i in range(x.dim()) if i != ax):
+            raise ShapeError(f"{what} of shape {tuple(p.shape)} does not fit blocked quantization of input "
+                             f"{tuple(x.shape)} along axis {axis}")
+        if p.shape[ax] != -(-x.shape[ax] // block_size):
+            raise ShapeError(f"{what} has {p.shape[ax]} blocks along axis {axis}, but an input of size "
+                             f"{x.shape[ax]} in blocks of {block_size} has {-(-x.shape[ax] // block_size)}")
+        return p.repeat_interleave(block_size, dim=ax).narrow(ax, 0, x.shape[ax])
+    if p.dim() != 1 or p.shape[0] != x.shape[ax]:
+        raise ShapeError(f"{what} of shape {tuple(p.shape)}: per-axis quantization along axis {axis} of input "
+                         f"{tuple(x.shape)} needs a 1-D tensor of {x.shape[ax]} elements")
+    shape = [1] * x.dim()
+    shape[ax] = -1
+    return p.reshape(shape)
+
+
+def _requantize(v: torch.Tensor, to: int, saturate: bool = True) -> torch.Tensor:
+    """Values (already divided by the scale, zero point added) written as type ``to``."""
+    rng = _INT_RANGE.get(to)
+    if rng is None:
+        return cast_tensor(v, to, saturate)  # float8 / float4: the Cast rules round and saturate
+    return torch.round(v).clamp_(*rng).to(torch_dtype(to))  # torch.round: half to even
+
+
+# QuantizeLinear -----------------------------------------------------------------------------
+def _division_dtype(precision: int, scale: torch.Tensor) -> torch.dtype:
+    """The precision of x / y_scale: the ``precision`` attribute, else the scale's type; float32
+    for an int32 or float8e8m0 scale, whose own type cannot hold a quotient."""
+    et = precision or onnx_elem_type(scale)
+    return torch_dtype(et) if et in _FLOATS else torch.float32
+
+
+def _quantize(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, precision=0, saturate=1,
+              _out_types=None, out=None):
+    # output_dtype, else the graph's type of y (an INT4 zero point is held as int8: only the
+    # graph tells), else the zero point's type, else uint8
+    to = output_dtype or _out_type(_out_types)
+    if not to:
+        to = TP.UINT8 if y_zero_point is None else onnx_elem_type(y_zero_point)
+    dt = _division_dtype(precision, y_scale)
+    q = x.to(dt) / _param(y_scale, x, axis, block_size, "y_scale").to(dt)
+    if to in _INT_RANGE:
+        q = torch.round(q)  # rounded in the division's precision, before the zero point is added
+    q = q.to(torch.float32)  # exact for every integer a quantized type holds
+    if y_zero_point is not None:
+        q = q + _param(y_zero_point, x, axis, block_size, "y_zero_point").to(q.dtype)
+    r = _requantize(q, to, bool(saturate))
+    return r if out is None else out.copy_(r)
+
+
+for _s in (10, 13, 19, 21, 23, 24, 25, 28):
+    op("QuantizeLinear", _s, infer=same_as_first)(_quantize)
+
+
+# DequantizeLinear ---------------------------------------------------------------------------
+def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0, _out_types=None,
+                out=None):
+    to = output_dtype or _out_type(_out_types) or onnx_elem_type(x_scale)
+    if to not in _FLOATS:
+        to = TP.FLOAT  # a float8e8m0 scale is no output type (T3 lacks it): without output_dtype, float
+    if x.dtype.is_floating_point:  # float8 / float4 values: exact in float32
+        v = x.to(torch.float32)
+        if x_zero_point is not None:
+            v = v - _param(x_zero_point, x, axis, block_size, "x_zero_point").to(torch.float32)
+    else:  # the difference in integers (int32 inputs), then to float
+        v = x.to(torch.int64)
+        if x_zero_point is not None:
+            v = v - _param(x_zero_point, x, axis, block_size, "x_zero_point").to(torch.int64)
+        v = v.to(torch.float32)
+    r = (v * _param(x_scale, x, axis, block_size, "x_scale").to(torch.float32)).to(torch_dtype(to))
+    return r if out is None else out.copy_(r)
+
+
+for _s in (10, 13, 19, 21, 23, 24, 25, 28):
+    op("DequantizeLinear", _s, infer=same_as_first)(_dequantize)
+
+
+# DynamicQuantizeLinear ----------------------------------------------------------------------
+def _dql_infer(shapes, values):
+    return [shapes[0], (), ()]
+
+
+@op("DynamicQuantizeLinear", 11, infer=_dql_infer)
+def _dynamic_quantize(x, *, out=None):
+    """uint8 over [min(0, x), max(0, x)]: scale = range / 255, zero point = round(-min / scale)."""
+    xf = x.to(torch.float32)
+    if xf.numel():
+        lo, hi = torch.aminmax(xf)
+        lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    else:
+        lo = hi = torch.zeros((), device=x.device)
+    scale = (hi - lo) / 255
+    # an all-zero x has scale 0: divide by 1 instead, so that y and the zero point come out 0
+    div = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zp = torch.round(-lo / div).clamp(0, 255)
+    y = _requantize(torch.round(xf / div) + zp, TP.UINT8)
+    res = (y, scale, zp.to(torch.uint8))
+    if out is None:
+        return res
+    return tuple(o.copy_(r) for o, r in zip(out, res))
+
+
+# QLinearMatMul ------------------------------------------------------------------------------
+def _qmm_infer(shapes, values, **_attrs):
+    return [_matmul_shape(shapes[0], shapes[3], "QLinearMatMul")]
+
+
+def _per_row(p: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """A's scale / zero point: one per row (1-D of A's rows) or one for all."""
+    if p.numel() == 1:
+        return p.reshape(())
+    if p.dim() != 1 or a.dim() < 2 or p.shape[0] != a.shape[-2]:
+        raise ShapeError(f"a's scale / zero point of shape {tuple(p.shape)} is neither one value nor one per "
+                         f"row of a {tuple(a.shape)}")
+    return p.reshape(-1, 1)
+
+
+def _per_col(p: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """B's scale / zero point: one per column (1-D of B's columns) or one for all."""
+    if p.numel() == 1:
+        return p.reshape(())
+    if p.dim() != 1 or p.shape[0] != b.shape[-1]:
+        raise ShapeError(f"b's scale / zero point of shape {tuple(p.shape)} is neither one value nor one per "
+                         f"column of b {tuple(b.shape)}")
+    return p
+
+
+def _centered(x: torch.Tensor, zp: torch.Tensor | None) -> torch.Tensor:
+    v = x.to(torch.float64)
+    return v if zp is None else v - zp.to(torch.float64)
+
+
+def _qlinear_out(acc, multiplier, y_zero_point, to: int) -> torch.Tensor:
+    """acc * multiplier + y_zero_point written as ``to`` (the multiplier in float32, as the
+    scales are; the product in float64 so a large accumulator keeps its low digits)."""
+    v = acc * multiplier.to(torch.float64)
+    if y_zero_point is not None:
+        v = v + y_zero_point.to(torch.float64).reshape(())  # per tensor only
+    return _requantize(v, to)
+
+
+@op("QLinearMatMul", 10, infer=_qmm_infer)
+@op("QLinearMatMul", 21, infer=_qmm_infer)
+def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
+                    _out_types=None, out=None):
+    acc = torch.matmul(_centered(a, None if a_zero_point is None else _per_row(a_zero_point, a)),
+                       _centered(b, None if b_zero_point is None else _per_col(b_zero_point, b)))
+    f32 = torch.float32
+    multiplier = _per_row(a_scale, a).to(f32) * _per_col(b_scale, b).to(f32) / y_scale.to(f32).reshape(())
+    to = _out_type(_out_types) or onnx_elem_type(y_zero_point if y_zero_point is not None else a)
+    r = _qlinear_out(acc, multiplier, y_zero_point, to)
+    return r if out is None else out.copy_(r)
+
+
+# QLinearConv, ConvInteger -------------------------------------------------------------------
+def _per_out_channel(p: torch.Tensor, n_out: int, trailing: int, what: str) -> torch.Tensor:
+    """A weight scale / zero point: one value, or one per output channel shaped (M, 1, ...) with
+    ``trailing`` ones, to broadcast over a weight (channel first) or an output (channel second)."""
+    if p.numel() == 1:
+        return p.reshape(())
+    if p.dim() != 1 or p.shape[0] != n_out:
+        raise ShapeError(f"{what} of shape {tuple(p.shape)} is neither one value nor one per output channel "
+                         f"({n_out})")
+    return p.reshape(-1, *([1] * trailing))
+
+
+def _int_conv(x, x_zero_point, w, w_zero_point, attrs, what: str) -> torch.Tensor:
+    """The exact integer convolution of (x - x_zero_point) and (w - w_zero_point), in float64;
+    padding adds zeros to the centered input, as ONNX pads with the zero point."""
+    if x_zero_point is not None and x_zero_point.numel() != 1:
+        raise ShapeError(f"{what}: x_zero_point must be one value, got shape {tuple(x_zero_point.shape)}")
+    wz = None if w_zero_point is None else _per_out_channel(w_zero_point, w.shape[0], w.dim() - 1,
+                                                             f"{what} w_zero_point")
+    return _conv(_centered(x, None if x_zero_point is None else x_zero_point.reshape(())), _centered(w, wz), **attrs)
+
+
+def _qconv_infer(shapes, values, **attrs):
+    return _conv_infer([shapes[0], shapes[3]], values, **attrs)
+
+
+@op("QLinearConv", 10, infer=_qconv_infer)
+def _qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None, B=None, *,
+                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+                  out=None):
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
+                 strides=strides)
+    acc = _int_conv(x, x_zero_point, w, w_zero_point, attrs, "QLinearConv")
+    if B is not None:
+        acc = acc + B.to(torch.float64).reshape(-1, *([1] * (acc.dim() - 2)))
+    f32 = torch.float32
+    w_s = _per_out_channel(w_scale, w.shape[0], acc.dim() - 2, "QLinearConv w_scale").to(f32)
+    multiplier = x_scale.to(f32).reshape(()) * w_s / y_scale.to(f32).reshape(())
+    to = onnx_elem_type(y_zero_point if y_zero_point is not None else x)
+    r = _qlinear_out(acc, multiplier, y_zero_point, to)
+    return r if out is None else out.copy_(r)
+
+
+@op("ConvInteger", 10, infer=_conv_infer)
+def _conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                  kernel_shape=None, pads=None, strides=None, out=None):
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
+                 strides=strides)
+    r = _int_conv(x, x_zero_point, w, w_zero_point, attrs, "ConvInteger").round().to(torch.int32)
+    return r if out is None else out.copy_(r)

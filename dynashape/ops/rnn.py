@@ -1,0 +1,299 @@
+"""Recurrent layers: RNN, GRU, LSTM (opsets 7, 14, 22).
+
+One shared shape: the input projection X*W^T + biases is computed for every time step at once
+(one batched matmul), then a time loop does the recurrent matmul and the gates. The directions
+of a bidirectional layer run in the same loop as a batch of two: the reverse direction reads
+its input flipped in time, so step s of the loop is time s forward and time T-1-s backward,
+and one ``baddbmm`` serves both directions per step.
+
+``sequence_lens`` is a per-batch-entry mask: a step at or past an entry's length leaves its
+state unchanged and writes zeros to Y. Backward, the masked steps come first (the tail of the
+padded sequence), so the state stays at initial_h until the entry's last valid element, which
+is exactly "reverse each sequence within its own length". As onnxruntime does, an entry of
+length 0 gets zeros for Y_h (and Y_c).
+
+``layout`` (opset 14 on) 1 means batch-major X, Y, initial/final states; the kernels transpose
+to time-major and back. ``clip`` bounds the pre-activation of every gate, as onnxruntime does
+(the LSTM cell state C fed to h() is not clipped there, and not here).
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import wraps
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from .registry import op
+
+# Activation functions --------------------------------------------------------------------
+# name (lowercase) -> (function of (x, alpha, beta), uses alpha, uses beta, default alpha, default beta).
+# Defaults are those of the ONNX ops of the same name (Affine and ScaledTanh: the identity scale).
+_ACTS = {
+    "relu": (lambda x, a, b: torch.relu(x), False, False, 0.0, 0.0),
+    "tanh": (lambda x, a, b: torch.tanh(x), False, False, 0.0, 0.0),
+    "sigmoid": (lambda x, a, b: torch.sigmoid(x), False, False, 0.0, 0.0),
+    "affine": (lambda x, a, b: x * a + b, True, True, 1.0, 0.0),
+    "leakyrelu": (lambda x, a, b: F.leaky_relu(x, a), True, False, 0.01, 0.0),
+    "thresholdedrelu": (lambda x, a, b: torch.where(x > a, x, torch.zeros((), dtype=x.dtype, device=x.device)),
+                        True, False, 1.0, 0.0),
+    "scaledtanh": (lambda x, a, b: torch.tanh(x * b) * a, True, True, 1.0, 1.0),
+    "hardsigmoid": (lambda x, a, b: (x * a + b).clamp(0, 1), True, True, 0.2, 0.5),
+    "elu": (lambda x, a, b: F.elu(x, a), True, False, 1.0, 0.0),
+    "softsign": (lambda x, a, b: x / (1 + x.abs()), False, False, 0.0, 0.0),
+    "softplus": (lambda x, a, b: F.softplus(x), False, False, 0.0, 0.0),
+}
+
+
+def _activations(names, alphas, betas, defaults: list[str], num_dir: int) -> list[list[tuple]]:
+    """Per direction, the list of (fn, alpha, beta) the gates use.
+
+    alpha/beta values are consumed in the order of the activations, each activation taking
+    one only if it uses it (so [LeakyRelu, Tanh, Elu] with alphas [0.1, 0.5] gives Elu 0.5),
+    as onnxruntime reads them; a missing one takes the op's default.
+    """
+    per_dir = len(defaults)
+    names = list(names) if names else defaults * num_dir
+    if num_dir == 2 and len(names) == per_dir:
+        names = names * 2  # one set given for a bidirectional layer: the same for both directions
+    if len(names) != per_dir * num_dir:
+        raise ValueError(f"activations: expected {per_dir * num_dir} names for {num_dir} direction(s), "
+                         f"got {names}")
+    alphas, betas = list(alphas or []), list(betas or [])
+    parsed = []
+    for name in names:
+        key = name.lower()
+        if key not in _ACTS:
+            raise ValueError(f"unsupported activation {name!r}; supported: {sorted(_ACTS)}")
+        fn, use_a, use_b, da, db = _ACTS[key]
+        a = (alphas.pop(0) if alphas else da) if use_a else da
+        b = (betas.pop(0) if betas else db) if use_b else db
+        parsed.append((key, fn, float(a), float(b)))
+    return [parsed[d * per_dir:(d + 1) * per_dir] for d in range(num_dir)]
+
+
+def _act(acts: list[list[tuple]], k: int, x: torch.Tensor, clip) -> torch.Tensor:
+    """Gate k's activation on x (directions on dim 0), after clipping its input."""
+    if clip is not None:
+        x = x.clamp(-clip, clip)
+    first = acts[0][k]
+    if all(a[k][0] == first[0] and a[k][2:] == first[2:] for a in acts):
+        return first[1](x, first[2], first[3])
+    return torch.stack([a[k][1](x[d], a[k][2], a[k][3]) for d, a in enumerate(acts)])
+
+
+# Shapes ----------------------------------------------------------------------------------
+_NUM_DIR = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+
+def _num_dir(direction: str) -> int:
+    if direction not in _NUM_DIR:
+        raise ShapeError(f"direction must be forward, reverse or bidirectional, got {direction!r}")
+    return _NUM_DIR[direction]
+
+
+def _rnn_infer(n_states: int):
+    def infer(shapes, values, *, direction="forward", hidden_size=None, layout=0, **_attrs):
+        x, r = shapes[0], shapes[2]
+        if len(x) != 3 or len(r) != 3:
+            raise ShapeError(f"X and R must be 3-D, got shapes {tuple(x)} and {tuple(r)}")
+        d = _num_dir(direction)
+        h = hidden_size if hidden_size is not None else r[2]
+        if layout:
+            b, t = x[0], x[1]
+            return [(b, t, d, h)] + [(b, d, h)] * n_states
+        t, b = x[0], x[1]
+        return [(t, d, b, h)] + [(d, b, h)] * n_states
+    return infer
+
+
+# The shared loop ----------------------------------------------------------------------------
+class _Setup:
+    """Inputs brought to time-major, per-direction, time-ordered form."""
+
+    def __init__(self, x, w, r, b, sequence_lens, initial_states, direction, layout, gates):
+        if layout:
+            x = x.transpose(0, 1)
+            initial_states = [None if s is None else s.transpose(0, 1) for s in initial_states]
+        self.num_dir = _num_dir(direction)
+        self.reverse = direction == "reverse"
+        self.t, self.batch = x.shape[0], x.shape[1]
+        self.hidden = r.shape[2]
+        self.dtype, self.device = x.dtype, x.device
+        gh = gates * self.hidden
+        if w.shape[0] != self.num_dir or w.shape[1] != gh or r.shape[1] != gh:
+            raise ShapeError(f"W {tuple(w.shape)} / R {tuple(r.shape)} do not match {self.num_dir} direction(s) "
+                             f"of {gates} gates of hidden size {self.hidden}")
+        # step s of direction d reads time s (forward) or T-1-s (backward)
+        if self.num_dir == 2:
+            xs = torch.stack([x, x.flip(0)])
+        else:
+            xs = (x.flip(0) if self.reverse else x).unsqueeze(0)
+        self.xs = xs  # (D, T, B, I)
+        self.wb = b[:, :gh] if b is not None else None
+        self.rb = b[:, gh:] if b is not None else None
+        self.rt = r.transpose(1, 2)  # (D, H, G*H)
+        self.w = w
+        self.states = [self._state(s) for s in initial_states]
+        self.lens = None
+        self.mask = None
+        if sequence_lens is not None:
+            self.lens = sequence_lens.to(device=self.device, dtype=torch.int64)
+            m = torch.arange(self.t, device=self.device).unsqueeze(1) < self.lens.unsqueeze(0)  # (T, B)
+            m = m.unsqueeze(-1)
+            self.mask = torch.stack([m, m.flip(0)]) if self.num_dir == 2 else (
+                m.flip(0) if self.reverse else m).unsqueeze(0)  # (D, T, B, 1) in step order
+
+    def _state(self, s):
+        if s is None:
+            return torch.zeros(self.num_dir, self.batch, self.hidden, dtype=self.dtype, device=self.device)
+        return s.to(self.dtype)
+
+    def project(self, bias):
+        """X*W^T + bias for all steps: (D, T, B, G*H)."""
+        d, t, b, i = self.xs.shape
+        x2 = self.xs.reshape(d, t * b, i)
+        wt = self.w.transpose(1, 2)
+        p = torch.bmm(x2, wt) if bias is None else torch.baddbmm(bias.unsqueeze(1), x2, wt)
+        return p.reshape(d, t, b, -1)
+
+    def keep(self, s, new, old):
+        """The state after step s: new where the step is inside the sequence, else old."""
+        return new if self.mask is None else torch.where(self.mask[:, s], new, old)
+
+    def emit(self, s, h):
+        return h if self.mask is None else torch.where(self.mask[:, s], h, torch.zeros_like(h))
+
+    def finish(self, ys, finals, layout, out):
+        """Stack the per-step outputs into Y (T, D, B, H), undo the time flip, apply layout."""
+        if ys:
+            y = torch.stack(ys)
+        else:
+            y = torch.empty(0, self.num_dir, self.batch, self.hidden, dtype=self.dtype, device=self.device)
+        if self.num_dir == 2:
+            y = torch.stack([y[:, 0], y[:, 1].flip(0)], 1)
+        elif self.reverse:
+            y = y.flip(0)
+        if self.lens is not None:
+            # onnxruntime's convention: an empty sequence has zero final states
+            nz = (self.lens > 0).reshape(1, -1, 1)
+            finals = [torch.where(nz, f, torch.zeros_like(f)) for f in finals]
+        if layout:
+            y = y.permute(2, 0, 1, 3)
+            finals = [f.transpose(0, 1) for f in finals]
+        return _put(out, [y, *finals])
+
+
+def _put(out, results):
+    """Write results into the runtime's buffers: ``out`` is a tensor for a node with Y only,
+    a tuple (None where the node lacks an output) otherwise, None when folding."""
+    if isinstance(out, torch.Tensor):
+        return out.copy_(results[0])
+    if out is None:
+        return tuple(results)
+    res = list(results)
+    for i, o in enumerate(out[:len(res)]):
+        if o is not None:
+            res[i] = o.copy_(res[i])
+    return tuple(res)
+
+
+def _no_layout(fn):
+    """The opset-7 form of a kernel: the same, without the ``layout`` attribute (added in 14)."""
+    @wraps(fn)
+    def kernel(*args, **kw):
+        return fn(*args, layout=0, **kw)
+    sig = inspect.signature(fn)
+    kernel.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "layout"])
+    return kernel
+
+
+# RNN ---------------------------------------------------------------------------------------
+def _rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+         activations=None, clip=None, direction="forward", hidden_size=None, layout=0, out=None):
+    st = _Setup(X, W, R, B, sequence_lens, [initial_h], direction, layout, 1)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], st.num_dir)
+    bias = None if B is None else st.wb + st.rb
+    proj = st.project(bias)
+    h = st.states[0]
+    ys = []
+    for s in range(st.t):
+        h_new = _act(acts, 0, torch.baddbmm(proj[:, s], h, st.rt), clip)
+        ys.append(st.emit(s, h_new))
+        h = st.keep(s, h_new, h)
+    return st.finish(ys, [h], layout, out)
+
+
+# GRU ---------------------------------------------------------------------------------------
+def _gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
+         activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0,
+         out=None):
+    st = _Setup(X, W, R, B, sequence_lens, [initial_h], direction, layout, 3)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], st.num_dir)
+    n = st.hidden
+    bias = rbh = None
+    if B is not None:
+        if linear_before_reset:
+            # Rbh sits inside r * (H*Rh^T + Rbh): only the z and r recurrent biases fold into the projection
+            bias = st.wb + torch.cat([st.rb[:, :2 * n], torch.zeros_like(st.rb[:, 2 * n:])], 1)
+            rbh = st.rb[:, 2 * n:].unsqueeze(1)
+        else:
+            bias = st.wb + st.rb
+    proj = st.project(bias)
+    rt_zr, rt_h = st.rt[:, :, :2 * n], st.rt[:, :, 2 * n:]
+    h = st.states[0]
+    ys = []
+    for s in range(st.t):
+        p = proj[:, s]
+        if linear_before_reset:
+            rec = torch.bmm(h, st.rt)
+            z = _act(acts, 0, p[..., :n] + rec[..., :n], clip)
+            r = _act(acts, 0, p[..., n:2 * n] + rec[..., n:2 * n], clip)
+            rh = rec[..., 2 * n:] if rbh is None else rec[..., 2 * n:] + rbh
+            hh = _act(acts, 1, p[..., 2 * n:] + r * rh, clip)
+        else:
+            zr = torch.baddbmm(p[..., :2 * n], h, rt_zr)
+            z = _act(acts, 0, zr[..., :n], clip)
+            r = _act(acts, 0, zr[..., n:], clip)
+            hh = _act(acts, 1, torch.baddbmm(p[..., 2 * n:], r * h, rt_h), clip)
+        h_new = hh + z * (h - hh)  # (1 - z) * hh + z * h
+        ys.append(st.emit(s, h_new))
+        h = st.keep(s, h_new, h)
+    return st.finish(ys, [h], layout, out)
+
+
+# LSTM --------------------------------------------------------------------------------------
+def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, activation_alpha=None,
+          activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
+          layout=0, out=None):
+    st = _Setup(X, W, R, B, sequence_lens, [initial_h, initial_c], direction, layout, 4)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], st.num_dir)
+    n = st.hidden
+    proj = st.project(None if B is None else st.wb + st.rb)
+    pi = pf = po = None
+    if P is not None:
+        pp = P.to(st.dtype).unsqueeze(1)  # (D, 1, 3H): peepholes of the gates i, o, f
+        pi, po, pf = pp[..., :n], pp[..., n:2 * n], pp[..., 2 * n:]
+    h, c = st.states
+    ys = []
+    for s in range(st.t):
+        g = torch.baddbmm(proj[:, s], h, st.rt)  # gates in the order i, o, f, c
+        gi, go, gf, gc = g[..., :n], g[..., n:2 * n], g[..., 2 * n:3 * n], g[..., 3 * n:]
+        i = _act(acts, 0, gi if pi is None else gi + pi * c, clip)
+        f = 1 - i if input_forget else _act(acts, 0, gf if pf is None else gf + pf * c, clip)
+        c_new = f * c + i * _act(acts, 1, gc, clip)
+        o = _act(acts, 0, go if po is None else go + po * c_new, clip)
+        h_new = o * _act(acts, 2, c_new, None)
+        ys.append(st.emit(s, h_new))
+        h = st.keep(s, h_new, h)
+        c = st.keep(s, c_new, c)
+    return st.finish(ys, [h, c], layout, out)
+
+
+for _name, _fn, _n_states in (("RNN", _rnn, 1), ("GRU", _gru, 1), ("LSTM", _lstm, 2)):
+    _infer = _rnn_infer(_n_states)
+    op(_name, 7, infer=_infer)(_no_layout(_fn))
+    op(_name, 14, infer=_infer)(_fn)
+    op(_name, 22, infer=_infer)(_fn)
