@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ShapeError
+from .elementwise import _ukey
 from .registry import op
 from .shapes import int_list, norm_axis, prod, same_as_first
 
@@ -182,12 +183,23 @@ def _topk_shape(s, k, axis):
     return [t, t]
 
 
+_UNSIGNED_WIDE = (torch.uint16, torch.uint32, torch.uint64)
+
+
 def _topk_kernel(x, k, axis, largest, out):
     a = norm_axis(axis, x.dim())
     # a stable sort keeps equal values in index order, which is the order ONNX asks for
     # (torch.topk does not promise any order among ties)
-    vals, idx = torch.sort(x, dim=a, descending=bool(largest), stable=True)
-    vals, idx = vals.narrow(a, 0, k), idx.narrow(a, 0, k)
+    if x.dtype in _UNSIGNED_WIDE:
+        # torch has no sort kernel for these on CUDA: sort an int64 key of the same order and
+        # read the values back through the indices
+        _, idx = torch.sort(_ukey(x), dim=a, descending=bool(largest), stable=True)
+        idx = idx.narrow(a, 0, k)
+        vals = torch.gather(x.view(torch.int64) if x.dtype == torch.uint64 else x.to(torch.int64), a, idx)
+        vals = vals.view(torch.uint64) if x.dtype == torch.uint64 else vals.to(x.dtype)
+    else:
+        vals, idx = torch.sort(x, dim=a, descending=bool(largest), stable=True)
+        vals, idx = vals.narrow(a, 0, k), idx.narrow(a, 0, k)
     if out is None:
         return vals.contiguous(), idx.contiguous()
     ov, oi = out
