@@ -179,3 +179,15 @@ def test_external_data(tmp_path):
     (tmp_path / "w.bin").write_bytes(b"12")  # truncated external data
     with pytest.raises(InvalidModelError):
         dynashape.InferenceSession(p)
+
+
+def test_unsupported_standard_op_is_a_load_error():
+    """ImageDecoder is a real ONNX op we do not run (no image codec): refused at load, by name."""
+    node = helper.make_node("ImageDecoder", ["x"], ["y"], name="decode")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TP.UINT8, ["n"])],
+                          [helper.make_tensor_value_info("y", TP.UINT8, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    with pytest.raises(UnsupportedOpError) as info:
+        dynashape.InferenceSession(m)
+    for w in ("'ImageDecoder'", "opset 20", "'decode'", "docs/operators.md"):
+        assert w in str(info.value)

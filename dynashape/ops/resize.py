@@ -315,26 +315,21 @@ def _resize(x, roi, scales, sizes, *, allowed_ctm, antialias=0, axes=None,
                      extrapolation_value=extrapolation_value, roi=roi_pairs)
 
 
-@op("Resize", 19, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)
-def _resize19(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
-              coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
-              extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
-              nearest_mode="round_prefer_floor", out=None):
-    return _resize(x, roi, scales, sizes, allowed_ctm=_CTM_19, antialias=antialias, axes=axes,
-                   coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=cubic_coeff_a,
-                   exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
-                   keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode, nearest_mode=nearest_mode)
+def _resize_from_18(allowed_ctm):
+    """Opsets 18 and 19 differ only in the coordinate modes they allow (19 adds half_pixel_symmetric)."""
+    def kernel(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
+               coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+               extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+               nearest_mode="round_prefer_floor", out=None):
+        return _resize(x, roi, scales, sizes, allowed_ctm=allowed_ctm, antialias=antialias, axes=axes,
+                       coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=cubic_coeff_a,
+                       exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
+                       keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode, nearest_mode=nearest_mode)
+    return kernel
 
 
-@op("Resize", 18, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)
-def _resize18(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
-              coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
-              extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
-              nearest_mode="round_prefer_floor", out=None):
-    return _resize(x, roi, scales, sizes, allowed_ctm=_CTM_18, antialias=antialias, axes=axes,
-                   coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=cubic_coeff_a,
-                   exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
-                   keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode, nearest_mode=nearest_mode)
+op("Resize", 18, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)(_resize_from_18(_CTM_18))
+op("Resize", 19, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)(_resize_from_18(_CTM_19))
 
 
 @op("Resize", 11, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from .norm import _put
 from .registry import op
 
 # Activation functions --------------------------------------------------------------------
@@ -184,20 +185,6 @@ class _Setup:
             y = y.permute(2, 0, 1, 3)
             finals = [f.transpose(0, 1) for f in finals]
         return _put(out, [y, *finals])
-
-
-def _put(out, results):
-    """Write results into the runtime's buffers: ``out`` is a tensor for a node with Y only,
-    a tuple (None where the node lacks an output) otherwise, None when folding."""
-    if isinstance(out, torch.Tensor):
-        return out.copy_(results[0])
-    if out is None:
-        return tuple(results)
-    res = list(results)
-    for i, o in enumerate(out[:len(res)]):
-        if o is not None:
-            res[i] = o.copy_(res[i])
-    return tuple(res)
 
 
 def _no_layout(fn):
