@@ -16,10 +16,14 @@ from .ir import elem_type_name
 from .ir.dtypes import to_numpy
 from .memory import Engine
 from .runtime.feeds import InputSpec, prepare_feeds
+from .runtime.memory_setup import MemoryConfig
 from .runtime.network import Network
 from .shape import PartialShape
 
-_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32"}
+_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32",
+            # memory (docs/memory.md)
+            "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
+            "kv_growth"}
 
 
 class _Precision:
@@ -92,6 +96,9 @@ class InferenceSession:
         parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")
+        self.memory = MemoryConfig.make(options)
+        self.allocator = options.get("allocator", "direct")
+        self.device_memory_limit = options.get("device_memory_limit")
         self.precision = _Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
         proto = prepare_proto(load_model_proto(model))
         self.program: Program = compile_graph(parse_model(proto, parse))
@@ -122,14 +129,22 @@ class InferenceSession:
     def stats(self) -> dict:
         return {} if self._default is None else self._default.stats()
 
+    def memory_stats(self) -> dict:
+        """Memory counters of the default request (see InferRequest.memory_stats)."""
+        with self._lock:
+            if self._default is None:
+                self._default = InferRequest(self)
+            return self._default.memory_stats()
+
 
 class InferRequest:
     """Per-request state: a Network (buffers, cached shapes) over the session's program."""
 
     def __init__(self, session: InferenceSession) -> None:
         self.session = session
-        self.engine = Engine(session.verbose)
-        self.network = Network(session.program, session.device, self.engine)
+        self.engine = Engine(session.device, allocator=session.allocator, verbose=session.verbose,
+                             device_memory_limit=session.device_memory_limit)
+        self.network = Network(session.program, session.device, self.engine, memory=session.memory)
         self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
 
     def run(self, output_names, feeds) -> list:
@@ -137,9 +152,9 @@ class InferRequest:
         idx = self._select(output_names)
         if self.session.precision is not None:
             with self.session.precision:
-                outs = self.network.run(tensors)
+                outs = self.network.run(tensors, hand_out=not numpy_mode)
         else:
-            outs = self.network.run(tensors)
+            outs = self.network.run(tensors, hand_out=not numpy_mode)
         if not numpy_mode:
             return [outs[i] for i in idx]
         # the graph's output types name what a held tensor stands for (an int8 tensor of an INT4)
@@ -163,12 +178,31 @@ class InferRequest:
     def stats(self) -> dict:
         return {**self.network.stats, **self.engine.stats()}
 
+    def memory_stats(self) -> dict:
+        """allocations, frees, allocated_bytes_total, current_bytes, peak_bytes, per-type
+        current/peak, alloc_time_s, reuses (buffers reused by a node or by the pool),
+        predictions_made, predictions_used, concat bytes copied, ..."""
+        net = self.network.stats
+        pool = self.network.pool.stats() if self.network.pool is not None else {}
+        pred = self.network.predictor.stats() if self.network.predictor is not None else {}
+        return {**self.engine.stats(),
+                "reuses": net["buffer_reuses"] + pool.get("reuses", 0),
+                "buffer_reuses": net["buffer_reuses"], "pool_reuses": pool.get("reuses", 0),
+                "pool_records": pool.get("records", 0), "pool_record_bytes": pool.get("record_bytes", 0),
+                "predictions_made": pred.get("predictions_made", 0),
+                "predictions_used": net["predictions_used"],
+                "buffer_grows": net["buffer_grows"], "buffer_reclaims": net["buffer_reclaims"],
+                "concat_bytes_copied": net["concat_bytes_copied"], "concat_past_in_place": net["concat_past_in_place"],
+                "concat_storages": net["concat_storages"], "input_bytes_staged": net["input_bytes_staged"]}
+
 
 def _to_numpy(x, elem_type: int = 0):
     """An output as numpy; ``elem_type`` (a sequence's element type for a list) picks the
     ml_dtypes type of a tensor that holds an INT4, FLOAT4E2M1 ... (see ir.dtypes)."""
     if isinstance(x, torch.Tensor):
-        return to_numpy(x, elem_type)
+        # the network keeps its output buffers in numpy mode: a CPU tensor's numpy view would
+        # change with the next run, so it is copied (a device tensor is copied by .cpu() anyway)
+        return np.array(to_numpy(x, elem_type), copy=True) if x.device.type == "cpu" else to_numpy(x, elem_type)
     if isinstance(x, list):
         return [_to_numpy(t, elem_type) for t in x]
     if isinstance(x, np.ndarray) or x is None:

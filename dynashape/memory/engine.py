@@ -1,45 +1,266 @@
-"""Engine: owns the memory a network allocates and counts it.
+"""Engine: owns the memory a network allocates, by allocation type, and counts it.
 
-Every output buffer of every node comes from here, so the counters say what a run really
-allocated. (The allocation types, the pool and the predictor of the memory issue build on it.)
+Every buffer a network uses comes from ``Engine.allocate`` and goes back through
+``Engine.release``, so the counters say what a run really allocated. Where the memory comes from
+is the allocator's business (see ``allocators.py``: "direct", the default, or "torch").
+
+Allocation types, as in OpenVINO's GPU plugin: "device" (device memory), "host" (pinned host
+memory the device reads and writes directly) and "shared" (managed memory that migrates on
+demand). On CUDA all three are CUDA tensors that kernels take as they are.
+
+Host fallback: a device allocation bigger than the device (``device_total()``), one that would
+take the device usage past ``device_memory_limit``, or one the allocator refuses with
+OutOfDeviceMemory is made as "host" memory instead; ``stats()["fallbacks_to_host"]`` counts it and
+the verbose log says it.
+
+Verbose log (``verbose=``, else the environment variable DYNASHAPE_VERBOSE): from level 1 each host
+fallback, from level 2 one line per allocation, free and hand-out, in OpenVINO's form::
+
+    Allocate 400 bytes of device allocation type (current=400; max=400)
+    Free 400 bytes of device allocation type (current=0; max=400)
+    Hand out 400 bytes of device allocation type (current=0; max=400)
+
+where current and max are the totals over all types. The lines go to the ``logging`` logger
+``dynashape.memory`` (level INFO) when the application's logging would show them (a handler is
+configured and INFO is enabled for that logger); otherwise they are printed to stderr as
+``dynashape.memory: <line>``, as OpenVINO prints its GPU_Debug lines. Asking for verbose output
+is enough to see it, and it is never printed twice.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
-from collections import Counter
+import sys
+import time
+import weakref
 
 import torch
 
-log = logging.getLogger(__name__)
+from ..errors import OptionsError
+from .allocators import ALLOC_TYPES, OutOfDeviceMemory, make_allocator
+
+__all__ = ["ALLOC_TYPES", "Engine", "OutOfDeviceMemory"]
+
+log = logging.getLogger("dynashape.memory")
+
+# share of the device a preallocation may fill, as OpenVINO's can_preallocate
+_PREALLOCATION_SHARE = 0.9
+
+
+def _say(msg: str) -> None:
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(msg)
+    else:
+        print(f"dynashape.memory: {msg}", file=sys.stderr, flush=True)
+
+
+def _verbose_level(verbose: int | None) -> int:
+    if verbose is not None:
+        return int(verbose)
+    text = os.environ.get("DYNASHAPE_VERBOSE", "").strip() or "0"
+    try:
+        return int(text)
+    except ValueError:
+        raise OptionsError(f"DYNASHAPE_VERBOSE={text!r}: expected an integer level (0, 1, 2)") from None
+
+
+def _device(device: torch.device | str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as e:
+        raise OptionsError(f"device {device!r}: {e}") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise OptionsError(f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+    return dev
+
+
+def _limit(device_memory_limit) -> int | None:
+    if device_memory_limit is None:
+        return None
+    try:
+        limit = operator.index(device_memory_limit)
+    except TypeError:
+        limit = 0
+    if limit <= 0:
+        raise OptionsError(f"device_memory_limit={device_memory_limit!r}: expected a positive number of bytes")
+    return limit
 
 
 class Engine:
-    def __init__(self, verbose: int | None = None) -> None:
-        self.verbose = int(os.environ.get("DYNASHAPE_VERBOSE", "0")) if verbose is None else verbose
-        self.counters: Counter = Counter()
-        self.current_bytes = 0
-        self.peak_bytes = 0
+    """Allocates, frees and counts the buffers of one device (one engine per infer request).
 
-    def allocate(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        nbytes = buf.numel() * buf.element_size()
-        self.counters["allocations"] += 1
-        self.counters["allocated_bytes_total"] += nbytes
-        self.current_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        if self.verbose >= 2:
-            log.info("Allocate %d bytes of %s allocation type (current=%d; max=%d)", nbytes,
-                     device.type, self.current_bytes, self.peak_bytes)
+    ``allocator``: "direct" (default), "torch", or an object following the protocol of
+    ``allocators.py``. ``device_memory_limit``: bytes the device is taken to hold (default: all
+    of it). Not thread-safe: like the request that owns it, use it from one thread at a time.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, allocator="direct", verbose: int | None = None,
+                 device_memory_limit: int | None = None) -> None:
+        self.device_memory_limit = _limit(device_memory_limit)
+        self.device = _device(device)
+        self.allocator = make_allocator(allocator, self.device)
+        self.allocator_name = getattr(self.allocator, "name", type(self.allocator).__name__)
+        self.verbose = _verbose_level(verbose)
+        self._total: int | None = None
+        # live buffers by storage address: (bytes counted, allocation type, allocator handle)
+        self._live: dict[int, tuple[int, str, object]] = {}
+        self._current = dict.fromkeys(ALLOC_TYPES, 0)
+        self._caller = 0  # bytes handed to callers whose tensors are still alive
+        self.reset_stats()
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def allocate(self, numel: int, dtype: torch.dtype, alloc_type: str = "device") -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements of ``dtype`` on the engine's device."""
+        if alloc_type not in ALLOC_TYPES:
+            raise ValueError(f"allocation type {alloc_type!r}; expected one of {ALLOC_TYPES}")
+        nbytes = int(numel) * dtype.itemsize
+        start = time.perf_counter()
+        alloc_type, base, handle = self._alloc(nbytes, alloc_type)
+        # a fresh tensor on the allocator's storage, like torch.empty's (not a view: _base is None)
+        buf = torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), 0, (int(numel),), (1,))
+        self._live[buf.untyped_storage().data_ptr()] = (nbytes, alloc_type, handle)
+        self._time += time.perf_counter() - start
+        self._count_allocation(nbytes, alloc_type)
         return buf
 
-    def release(self, buf: torch.Tensor, handed_out: bool = False) -> None:
-        nbytes = buf.numel() * buf.element_size()
-        self.counters["handed_out" if handed_out else "frees"] += 1
-        self.current_bytes -= nbytes
-        if self.verbose >= 2:
-            log.info("Free %d bytes (current=%d; max=%d)", nbytes, self.current_bytes, self.peak_bytes)
+    def _alloc(self, nbytes: int, alloc_type: str) -> tuple[str, torch.Tensor, object]:
+        # a zero-element buffer still gets a byte of its own: buffers are known by their address
+        size = max(nbytes, 1)
+        if alloc_type == "device":
+            reason = self._device_refusal(nbytes)
+            if reason is None:
+                try:
+                    return ("device", *self._checked(self.allocator.alloc(size, "device"), size))
+                except OutOfDeviceMemory as e:
+                    reason = f"the device is out of memory ({e})"
+            self._stats["fallbacks_to_host"] += 1
+            if self.verbose >= 1:
+                _say(f"Allocation of {nbytes} bytes of device allocation type falls back to host: {reason}")
+            alloc_type = "host"
+        return (alloc_type, *self._checked(self.allocator.alloc(size, alloc_type), size))
 
+    def _device_refusal(self, nbytes: int) -> str | None:
+        """Why a device allocation of ``nbytes`` must not even be tried, or None."""
+        total = self.device_total()
+        if nbytes > total:
+            return f"bigger than the device ({total} bytes)"
+        limit = self.device_memory_limit
+        if limit is not None and self._current["device"] + nbytes > limit:
+            return f"device usage would exceed device_memory_limit ({self._current['device']} + {nbytes} > {limit})"
+        return None
+
+    def _checked(self, got: tuple[torch.Tensor, object], size: int) -> tuple[torch.Tensor, object]:
+        base, handle = got
+        if base.dtype != torch.uint8 or base.dim() != 1 or base.numel() < size or base.storage_offset() != 0 \
+                or base.device != self.device:
+            raise TypeError(f"allocator {self.allocator_name!r} returned {base.dtype} {tuple(base.shape)} at offset "
+                            f"{base.storage_offset()} on {base.device}; expected 1-D uint8 of >= {size} bytes at "
+                            f"offset 0 on {self.device}")
+        return base, handle
+
+    def release(self, buf: torch.Tensor, handed_out: bool = False) -> None:
+        """Give ``buf`` (a tensor from ``allocate``, or a view of it) back.
+
+        ``handed_out``: the caller keeps the tensor and becomes its owner; the memory lives as
+        long as the caller's tensors on it and is freed after. Otherwise it is freed now, and
+        the tensor must not be used any more.
+        """
+        rec = self._live.pop(buf.untyped_storage().data_ptr(), None)
+        if rec is None:
+            raise ValueError("release() of a buffer this engine did not allocate, or already released")
+        nbytes, alloc_type, handle = rec
+        if not handed_out:
+            start = time.perf_counter()
+            self.allocator.free(handle, alloc_type)
+            self._time += time.perf_counter() - start
+        self._stats["handed_out" if handed_out else "frees"] += 1
+        self._current[alloc_type] -= nbytes
+        if handed_out:
+            # the memory lives on with the caller: counted in caller_held_bytes until its last
+            # tensor dies, so that the peak of what really exists can be told
+            self._caller += nbytes
+            root = buf._base if buf._base is not None else buf
+            weakref.finalize(root, self._caller_dropped, nbytes)
+        if self.verbose >= 2:
+            verb = "Hand out" if handed_out else "Free"
+            _say(f"{verb} {nbytes} bytes of {alloc_type} allocation type "
+                 f"(current={self.current_bytes}; max={self._peak_total})")
+
+    def _count_allocation(self, nbytes: int, alloc_type: str) -> None:
+        st = self._stats
+        st["allocations"] += 1
+        st[f"{alloc_type}_allocations"] += 1
+        st["allocated_bytes_total"] += nbytes
+        self._current[alloc_type] += nbytes
+        self._peak[alloc_type] = max(self._peak[alloc_type], self._current[alloc_type])
+        self._peak_total = max(self._peak_total, self.current_bytes)
+        self._peak_with_caller = max(self._peak_with_caller, self.current_bytes + self._caller)
+        if self.verbose >= 2:
+            _say(f"Allocate {nbytes} bytes of {alloc_type} allocation type "
+                 f"(current={self.current_bytes}; max={self._peak_total})")
+
+    def _caller_dropped(self, nbytes: int) -> None:
+        self._caller -= nbytes
+
+    # ---- queries ------------------------------------------------------------------------------
+    def alloc_type_of(self, buf: torch.Tensor) -> str:
+        rec = self._live.get(buf.untyped_storage().data_ptr())
+        if rec is None:
+            raise ValueError("alloc_type_of() of a buffer this engine does not hold")
+        return rec[1]
+
+    def device_total(self) -> int:
+        """Bytes the device can hold: device_memory_limit when set, else what the allocator or the
+        device says (on CPU: the physical memory)."""
+        if self.device_memory_limit is not None:
+            return self.device_memory_limit
+        if self._total is None:
+            total = getattr(self.allocator, "device_total", lambda: None)()
+            if total is None and self.device.type == "cuda":
+                total = torch.cuda.get_device_properties(self.device).total_memory
+            if total is None:
+                total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            self._total = int(total)
+        return self._total
+
+    def used(self, alloc_type: str = "device") -> int:
+        """Bytes of ``alloc_type`` this engine holds now."""
+        return self._current[alloc_type]
+
+    @property
+    def current_bytes(self) -> int:
+        return sum(self._current.values())
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._peak_total
+
+    def can_preallocate(self, nbytes: int) -> bool:
+        """OpenVINO's rule: no bigger than one allocation can be, and the device stays below 90%."""
+        total = self.device_total()
+        if nbytes > total:
+            return False
+        return self.used("device") + nbytes < _PREALLOCATION_SHARE * total
+
+    # ---- counters -----------------------------------------------------------------------------
     def stats(self) -> dict:
-        return {**self.counters, "current_bytes": self.current_bytes, "peak_bytes": self.peak_bytes}
+        out = {**self._stats, "alloc_time_s": self._time, "current_bytes": self.current_bytes,
+               "peak_bytes": self._peak_total, "caller_held_bytes": self._caller,
+               "peak_with_caller_bytes": self._peak_with_caller}
+        for t in ALLOC_TYPES:
+            out[f"{t}_current_bytes"] = self._current[t]
+            out[f"{t}_peak_bytes"] = self._peak[t]
+        return out
+
+    def reset_stats(self) -> None:
+        """Counters to zero; peaks start again from what is allocated now."""
+        keys = ("allocations", "frees", "handed_out", "allocated_bytes_total", "fallbacks_to_host")
+        self._stats = dict.fromkeys(keys + tuple(f"{t}_allocations" for t in ALLOC_TYPES), 0)
+        self._time = 0.0
+        self._peak = dict(self._current)
+        self._peak_total = self.current_bytes
+        self._peak_with_caller = self.current_bytes + self._caller

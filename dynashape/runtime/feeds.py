@@ -62,7 +62,7 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[
             raise InputTypeError(f"input {s.name!r}: dtype {elem_type_name(et)} given, "
                                  f"{elem_type_name(s.elem_type)} expected")
         _check_shape(s, tuple(x.shape), symbols)
-        out[s.name] = _to_tensor(x, device)
+        out[s.name] = _to_tensor(x, device, staged=True)
     return out, numpy_mode
 
 
@@ -97,9 +97,11 @@ def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
                                       f"{seen[1]} is {seen[2]}; both are dimension {d.symbol!r} and must agree")
 
 
-def _to_tensor(x, device: torch.device):
+def _to_tensor(x, device: torch.device, staged: bool = False):
+    """``staged``: a host tensor for a device session is left on the host; the Network copies it
+    into a device buffer of its own (sized by the predictor) instead of a fresh one per run."""
     if isinstance(x, torch.Tensor):
-        return x if x.device == device else x.to(device)
+        return x if x.device == device or staged else x.to(device)
     if x.dtype == object or x.dtype.kind in "US":
         return x.astype(object)  # strings stay on the host as numpy
     et = onnx_elem_type(x)
@@ -110,7 +112,7 @@ def _to_tensor(x, device: torch.device):
         if not x.flags.writeable or any(st < 0 for st in x.strides):
             x = x.copy()
         t = torch.from_numpy(x)
-    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+    return t if device.type == "cpu" or staged else t.to(device, non_blocking=False)
 
 
 # ml_dtypes arrays: bfloat16, the float8 types (17-20, 24), the 4- and 2-bit types (21-23, 25, 26)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from functools import partial
 
@@ -11,6 +12,8 @@ from ..compile.program import Program
 from ..ir import Graph, Value
 from ..ir.dtypes import torch_dtype
 from ..memory import Engine
+from ..ops.shapes import prod
+from .memory_setup import MemoryConfig, setup_memory
 from .primitive_inst import PrimitiveInst, shape_key
 
 
@@ -18,11 +21,14 @@ class Network:
     """Executable form of a graph for one device; holds per-request state (shapes, buffers)."""
 
     def __init__(self, graph: Graph | Program, device: torch.device, engine: Engine | None = None,
-                 outer_slots: dict[int, int] | None = None) -> None:
+                 outer_slots: dict[int, int] | None = None, memory: MemoryConfig | None = None) -> None:
         self.graph = graph.graph if isinstance(graph, Program) else graph
         self.device = device
-        self.engine = engine or Engine()
+        self.engine = engine or Engine(device)
+        self.memory = memory or MemoryConfig()
         self.stats: Counter = Counter()
+        self.predictor = self.memory.make_predictor(self.engine)
+        self.input_buffers: dict[str, tuple] = {}
         self._slot: dict[tuple[int, str], int] = {}
         self.vals: list = []
         g = self.graph
@@ -45,6 +51,7 @@ class Network:
             if inst is not None and inst.writes_out:
                 self.output_insts.append((inst, inst.out_slots.index(s)))
         self.fresh_output_slots = {s for i in self.insts if not i.view for s in i.out_slots if s is not None}
+        self.pool = setup_memory(self)
         self._fast_fns = {id(i): i.step if any(i is o for o, _ in self.output_insts) else _fast_fn(i)
                           for i in self.insts}
         self.fast_steps: list = []
@@ -123,10 +130,41 @@ class Network:
             for i in inst.shape_deps)
         return inst
 
+    def _stage(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A host feed for a device network goes into a device buffer kept per input, sized by
+        the predictor like any other buffer (inputs that grow are predicted too)."""
+        n, key = t.numel(), f"input:{name}"
+        buf, cap = self.input_buffers.get(name, (None, 0))
+        if buf is None or n > cap or n * 10 < cap or buf.dtype != t.dtype:
+            if buf is not None:
+                self.engine.release(buf)
+            want = n
+            ok, predicted = self.predict(key, tuple(t.shape), t.dtype, False)
+            if ok and prod(predicted) > n:
+                want = prod(predicted)
+                self.stats["predictions_used"] += 1
+            buf, cap = self.engine.allocate(want, t.dtype), want
+            self.input_buffers[name] = (buf, cap)
+        else:
+            self.predict(key, tuple(t.shape), t.dtype, True)
+        self.stats["input_bytes_staged"] += n * t.element_size()
+        return buf[:n].view(t.shape).copy_(t, non_blocking=t.is_pinned())
+
+    def predict(self, key: str, shape: tuple, dtype: torch.dtype, can_reuse: bool) -> tuple[bool, tuple]:
+        """The ShapePredictor's advice for a buffer about to be (re)allocated."""
+        if self.predictor is None:
+            return False, ()
+        return self.predictor.predict(key, tuple(shape), _bits(dtype), can_reuse)
+
     # ---- running --------------------------------------------------------------------------
-    def run(self, feeds: dict[str, torch.Tensor]) -> list:
+    def run(self, feeds: dict[str, torch.Tensor], hand_out: bool = True) -> list:
+        """Run on ``feeds``. ``hand_out``: the outputs' buffers go to the caller (torch outputs);
+        when False (the caller copies them, as numpy outputs are) the network keeps them for the
+        next run, where the predictor can grow them ahead."""
         vals = self.vals
         for name, t in feeds.items():
+            if isinstance(t, torch.Tensor) and t.device != self.device:
+                t = self._stage(name, t)
             vals[self.input_slots[name]] = t
         shapes = tuple(map(shape_key, feeds.values()))
         try:
@@ -147,25 +185,39 @@ class Network:
                 for inst in self.insts:
                     inst.step(vals)
                 self.last_in_shapes = shapes
+                if self.pool is not None:
+                    # records every user left during this run (they moved to larger ones) go back
+                    # now: within the run they could still serve another growing value
+                    self.pool.free_unused()
                 # the nodes the unchanged-shape path runs: not shape_of ones, not empty ones
                 self.fast_steps = [self._fast_fns[id(i)] for i in self.insts if not i.shape_of and not i.skipped]
         except BaseException:
             self.reset()
             raise
-        return self._collect_outputs(vals)
+        return self._collect_outputs(vals, hand_out)
 
-    def _collect_outputs(self, vals: list) -> list:
+    def _collect_outputs(self, vals: list, hand_out: bool = True) -> list:
         outs = [vals[s] for _, s in self.output_slots]
+        if not hand_out:
+            return outs
         handed = set()
+        inplace_slots = set()
+        for inst in self.inplace_outputs:
+            inst.inplace.hand_out()
+            inplace_slots.add(inst.out_slot0)
+        handed_slots = set()
         for inst, k in self.output_insts:
             buf = inst.buffers[k]
             if buf is not None and id(buf) not in handed:
                 handed.add(id(buf))
+                handed_slots.add(inst.out_slots[k])
                 inst.release_output(k)
         for j, (_, s) in enumerate(self.output_slots):
             t = outs[j]
             # Views, constants and pass-through inputs alias memory the network keeps or the
             # caller owns: the caller gets a copy, never an alias it could see change.
+            if s in inplace_slots or s in handed_slots:
+                continue  # the buffer (or concat storage) was just handed to the caller: theirs now
             if isinstance(t, torch.Tensor) and (s not in self.fresh_output_slots or t._base is not None):
                 outs[j] = t.clone()
             elif isinstance(t, list):
@@ -179,10 +231,20 @@ class Network:
             inst.reset()
 
 
+@functools.cache
+def _bits(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size() * 8
+
+
 def _fast_fn(inst: PrimitiveInst):
     """The unchanged-shape path of one node: no shape work at all, just the kernel into its
     buffer. A closure per node keeps the per-call Python work to a minimum."""
     kernel, slots, o = inst.kernel, inst.in_slots, inst.out_slot0
+    if inst.feeds is not None:  # the Concat's storage may have changed: find our slot again
+        def feed(vals):
+            inst.plan_feed(vals)
+            inst.execute(inst.gather(vals), vals)
+        return feed
     if inst.xfer is not None or not inst.single_out or None in slots or o is None:
         return lambda vals: inst.execute(inst.gather(vals), vals)
     if len(slots) == 2:

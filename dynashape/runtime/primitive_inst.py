@@ -30,7 +30,7 @@ class PrimitiveInst:
         "node", "name", "op_type", "net", "kernel", "infer", "in_slots", "out_slots", "shape_deps",
         "volatile_deps", "out_dtypes", "device", "view", "writes_out", "data_dependent", "shape_of", "host",
         "in_shapes", "dep_vals", "out_shapes", "buffers", "capacity", "out", "skipped", "impl_key",
-        "xfer", "xfer_cache", "single_out", "out_slot0",
+        "xfer", "xfer_cache", "single_out", "out_slot0", "pool_keys", "pred_keys", "inplace", "feeds",
     )
 
     def __init__(self, node: Node, net: Network, in_slots: list[int | None], out_slots: list[int | None],
@@ -66,6 +66,11 @@ class PrimitiveInst:
         self.xfer_cache: dict[int, tuple] = {}
         self.single_out = len(out_slots) == 1
         self.out_slot0 = out_slots[0] if out_slots else None
+        # memory: the pool's requester name per output (None: not pooled), the predictor's keys
+        self.pool_keys: list[str | None] = [None] * len(out_slots)
+        self.pred_keys = [self.name if k == 0 else f"{self.name}_out{k}" for k in range(len(out_slots))]
+        self.inplace = None  # InplaceConcat, for a Concat whose inputs may sit in its buffer
+        self.feeds = None  # (InplaceConcat, slots of the inputs before ours): we write into its slot
 
     # ---- inputs ---------------------------------------------------------------------------
     def gather(self, vals: list) -> list:
@@ -123,7 +128,10 @@ class PrimitiveInst:
         return
 
     def realloc_if_needed(self) -> None:
-        """Give each output a buffer large enough; reuse the old one when its capacity suffices."""
+        """Give each output a buffer large enough: reuse the old one when its capacity (in
+        elements) suffices, unless it is more than 10x what is needed (reclaim); otherwise the old
+        buffer goes back first, and the new one is sized as the ShapePredictor expects the shape to
+        grow (when it predicts, and the engine has room)."""
         if not self.writes_out or self.out_shapes is None:
             self.out = None
             return
@@ -133,14 +141,40 @@ class PrimitiveInst:
                 outs.append(None)
                 continue
             n = prod(shape)
-            if self.buffers[k] is None or self.capacity[k] < n:
-                self.buffers[k] = self.net.engine.allocate(n, self.out_dtypes[k], self.device)
-                self.capacity[k] = n
-            else:
+            dtype = self.out_dtypes[k]
+            fits = self.buffers[k] is not None and n <= self.capacity[k]
+            if fits and n * 10 >= self.capacity[k]:
                 self.net.stats["buffer_reuses"] += 1
+                self.net.predict(self.pred_keys[k], shape, dtype, True)  # the history records every shape
+            else:
+                if self.buffers[k] is not None:
+                    self.net.stats["buffer_reclaims" if fits else "buffer_grows"] += 1
+                    self._give_back(k)
+                want = n
+                ok, predicted = self.net.predict(self.pred_keys[k], shape, dtype, False)
+                if ok and prod(predicted) > n:
+                    want = prod(predicted)
+                    self.net.stats["predictions_used"] += 1
+                self.buffers[k] = self._take(k, want, dtype)
+                self.capacity[k] = want
             # as_strided: one op for "the first n elements, seen with this shape"
             outs.append(self.buffers[k].as_strided(shape, _contiguous_strides(shape)))
         self.out = outs[0] if self.single_out else tuple(outs)
+
+    def _take(self, k: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        key = self.pool_keys[k]
+        if key is not None and self.net.pool is not None:
+            return self.net.pool.get(key, numel, dtype, dynamic=True)
+        return self.net.engine.allocate(numel, dtype)
+
+    def _give_back(self, k: int) -> None:
+        key = self.pool_keys[k]
+        if key is not None and self.net.pool is not None:
+            self.net.pool.release(key, self.buffers[k])
+        else:
+            self.net.engine.release(self.buffers[k])
+        self.buffers[k] = None
+        self.capacity[k] = 0
 
     def execute(self, ins: list, vals: list) -> None:
         try:
@@ -191,7 +225,18 @@ class PrimitiveInst:
             return  # same shapes in, so the same values out: keep them
         elif self.skipped:
             return
+        if self.feeds is not None:
+            self.plan_feed(vals)
         self.execute(ins, vals)
+
+    def plan_feed(self, vals: list) -> None:
+        """Write straight into our slot of the Concat's storage when it can take us."""
+        concat, prefix_slots = self.feeds
+        slot = concat.slot_for_feeder([vals[s] for s in prefix_slots], self.out_shapes[0], self.out_dtypes[0])
+        if slot is not None:
+            self.out = slot
+        elif self.buffers[0] is not None:
+            self.out = self.buffers[0].as_strided(self.out_shapes[0], _contiguous_strides(self.out_shapes[0]))
 
     def _emit_empty(self, vals: list) -> None:
         self.net.stats["empty_skips"] += 1

@@ -25,7 +25,7 @@ class SubgraphRunner:
     def net(self) -> Network:
         if self._net is None:  # built on first use: many bodies never run (an If's other branch)
             from .network import Network
-            self._net = Network(self.graph, self.parent.device, self.parent.engine)
+            self._net = Network(self.graph, self.parent.device, self.parent.engine, memory=self.parent.memory)
         return self._net
 
     def __call__(self, *inputs) -> list:

@@ -1,0 +1,195 @@
+"""Memory of a Llama-style decode loop: predictor off vs on vs in-place concat, in one process.
+
+    python benchmarks/decode_memory.py [--device cpu|cuda] [--steps 512] [--batches 1 4]
+                                       [--model decoder.onnx] [--json out.json] [--plot out.png]
+
+A prefill of 8 tokens, then ``steps`` decode steps of one token, the KV cache growing by one
+position per step (present -> past). Settings (each a fresh session on the same model and the
+same token ids):
+- off        predictor off ("0 0 0 1.0"), no in-place concat, numpy feeds (buffers kept by the
+             network, outputs copied out);
+- predictor  the ShapePredictor with its defaults, numpy feeds;
+- off/torch, predictor/torch: the same with torch feeds: outputs are handed to the caller each
+             step (so present buffers are new each step) and past goes back in as a tensor;
+- inplace    predictor + in-place concat, torch feeds: the cache is one storage per layer with
+             spare room along the sequence axis; a step appends without copying the past.
+Per setting: allocations and frees, bytes allocated, seconds spent allocating, peak bytes, the
+largest live set any step needs (from the memory dependencies: what must exist at once), median
+step latency, bytes moved per step (concat copies of the past + host->device feed copies), and
+whether the logits of every step equal those of ``off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import dynashape  # noqa: E402
+from benchmarks.common import print_table, write_json  # noqa: E402
+
+SETTINGS = {
+    "off": dict(mode="numpy", preallocation="0 0 0 1.0", inplace_concat=False),
+    "predictor": dict(mode="numpy", preallocation=None, inplace_concat=False),
+    "off/torch": dict(mode="torch", preallocation="0 0 0 1.0", inplace_concat=False),
+    "predictor/torch": dict(mode="torch", preallocation=None, inplace_concat=False),
+    "inplace": dict(mode="torch", preallocation=None, inplace_concat=True),
+}
+BENCH_CFG = dict(layers=4, hidden=256, heads=8, kv_heads=4, head_dim=32, ffn=512, vocab=4096,
+                 rope_theta=10000.0, eps=1e-5, seed=0)
+PREFILL = 8
+
+
+def model_path(arg: str | None) -> str:
+    if arg:
+        return arg
+    from tests.models import llama
+    from tests.models.cache import cached
+    return str(cached("llama_bench", {**BENCH_CFG, "max_past": 1024},
+                      lambda p: llama.export(p, BENCH_CFG), module=llama))
+
+
+def live_set_bytes(net) -> int:
+    """The most bytes that must exist at once during the last run: every value the network
+    produced (views count with their base) from its producer to its last reader, plus the
+    inputs for the whole run; the maximum over the node positions. A value on the same memory
+    as an input (an in-place KV cache: present extends past) counts only what it adds."""
+    from dynashape.compile.memory_deps import basic_memory_dependencies
+    deps = getattr(net, "_bench_deps", None) or basic_memory_dependencies(net.graph)
+    net._bench_deps = deps
+    n = len(net.insts)
+    delta = [0] * (n + 2)
+    seen: dict[tuple, int] = {}
+    inputs = 0
+    for t in (net.vals[s] for s in net.input_slots.values()):
+        if isinstance(t, torch.Tensor):
+            seen[(t.untyped_storage().data_ptr(), t.data_ptr())] = t.numel() * t.element_size()
+            inputs += t.numel() * t.element_size()
+    for i, inst in enumerate(net.insts):
+        for v, s in zip(inst.node.outputs, inst.out_slots):
+            t = None if s is None else net.vals[s]
+            if v is None or not isinstance(t, torch.Tensor) or inst.view:
+                continue
+            key = (t.untyped_storage().data_ptr(), t.data_ptr())
+            size = t.numel() * t.element_size()
+            extra = size - seen.get(key, 0)
+            if extra <= 0:
+                continue
+            seen[key] = size
+            first, last = deps.live_interval(v.name) if v.name in deps.roots else (i, n)
+            delta[first] += extra
+            delta[last + 1] -= extra
+    best = acc = 0
+    for d in delta:
+        acc += d
+        best = max(best, acc)
+    return best + inputs
+
+
+def run_setting(path: str, device: str, batch: int, steps: int, setting: dict, ids: np.ndarray, trace: bool):
+    opts = {"preallocation": setting["preallocation"]} if setting["preallocation"] else {}
+    sess = dynashape.InferenceSession(path, device=device, inplace_concat=setting["inplace_concat"], **opts)
+    names = [a.name for a in sess.get_inputs()]
+    cfg = BENCH_CFG
+    kv_shape = (batch, cfg["kv_heads"], 0, cfg["head_dim"])
+    torch_mode = setting["mode"] == "torch"
+    dev = torch.device(device)
+    past = [torch.zeros(kv_shape, device=dev) if torch_mode else np.zeros(kv_shape, np.float32)
+            for _ in names[1:]]
+    req = sess.create_infer_request()
+    logits_all, times, memory_trace, live = [], [], [], 0
+    req.engine.reset_stats()
+    for step in range(steps + 1):
+        tok = ids[:, :PREFILL] if step == 0 else ids[:, PREFILL + step - 1:PREFILL + step]
+        feed_ids = torch.from_numpy(tok).to(dev) if torch_mode else tok
+        feeds = {names[0]: feed_ids, **dict(zip(names[1:], past))}
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = req.run(None, feeds)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        logits, past = outs[0], outs[1:]
+        logits_all.append(logits.cpu().numpy() if torch_mode else logits)
+        live = max(live, live_set_bytes(req.network))
+        if trace:
+            st = req.engine.stats()
+            memory_trace.append(st["current_bytes"] + st["caller_held_bytes"])
+    m = req.memory_stats()
+    moved = (m["concat_bytes_copied"] + m["input_bytes_staged"]) / (steps + 1)
+    return {
+        "allocations": m["allocations"], "frees": m["frees"], "handed_out": m["handed_out"],
+        "allocated_MB": m["allocated_bytes_total"] / 2**20, "alloc_ms": m["alloc_time_s"] * 1e3,
+        "peak_MB": m["peak_with_caller_bytes"] / 2**20, "peak_network_MB": m["peak_bytes"] / 2**20,
+        "live_set_MB": live / 2**20,
+        "step_ms": statistics.median(times[1:]) * 1e3, "moved_KB_per_step": moved / 1024,
+        "predictions_made": m["predictions_made"], "predictions_used": m["predictions_used"],
+        "reuses": m["reuses"], "memory_trace": memory_trace,
+    }, logits_all
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=512)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--model")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)  # steadier step times on a shared machine; the memory figures do not depend on it
+    path = model_path(a.model)
+    results = {"device": a.device, "steps": a.steps, "torch": torch.__version__, "config": BENCH_CFG, "runs": {}}
+    rng = np.random.default_rng(0)
+    for batch in a.batches:
+        ids = rng.integers(0, BENCH_CFG["vocab"], size=(batch, PREFILL + a.steps)).astype(np.int64)
+        ref = None
+        rows = []
+        for name, setting in SETTINGS.items():
+            r, logits = run_setting(path, a.device, batch, a.steps, setting, ids, trace=bool(a.plot))
+            if ref is None:
+                ref = logits
+            diffs = [float(np.abs(x - y).max()) for x, y in zip(logits, ref)]
+            r["max_abs_diff_vs_off"] = max(diffs)
+            r["identical"] = all(np.array_equal(x, y) for x, y in zip(logits, ref))
+            results["runs"][f"b{batch}/{name}"] = r
+            rows.append([name, r["allocations"], r["allocated_MB"], r["alloc_ms"], r["peak_MB"], r["live_set_MB"],
+                         r["peak_MB"] / r["live_set_MB"], r["step_ms"], r["moved_KB_per_step"],
+                         r["predictions_used"], r["max_abs_diff_vs_off"]])
+        print_table(f"decode {a.steps} steps, batch {batch}, {a.device}",
+                    ["setting", "allocs", "alloc MB", "alloc ms", "peak MB", "live MB", "peak/live", "step ms",
+                     "moved KB/step", "pred. used", "max |diff|"], rows)
+    if a.plot:
+        plot(results, a.plot)
+    for r in results["runs"].values():
+        r.pop("memory_trace", None) if not a.json else None
+    write_json(a.json, results)
+    return 0
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, r in results["runs"].items():
+        if key.startswith("b1/") and r["memory_trace"]:
+            ax.plot(np.array(r["memory_trace"]) / 2**20, label=key[3:])
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("engine bytes held after the step (MiB)")
+    ax.set_title(f"Llama-style decoder, batch 1, {results['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""MemoryPool: one per network; node outputs share raw byte records when they never conflict.
+
+A record is a 1-D uint8 buffer from the engine, so one record serves requests of any dtype.
+Each record has a set of users (value names, the roots of ``MemoryDeps``); every user sees the
+record from offset 0, which is sound because users of one record pairwise have no memory
+dependency. A request takes the smallest record that fits and whose users all have no conflict
+with the requester; for dynamic requests the record must also be less than twice the request,
+so that a small output does not pin a huge record (and a huge one stays available for a huge
+request). Otherwise the engine allocates a new record of exactly the requested bytes.
+
+A requester holds at most one record at a time: asking again (its output grew) first gives the
+old record back to the pool. The old bytes are not touched by that, so a caller that wants to
+keep contents (a growing cache) copies them right after ``get``, before any other node runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compile.memory_deps import MemoryDeps
+
+
+@dataclass(eq=False)
+class _Record:
+    buf: torch.Tensor  # uint8, exactly nbytes long
+    nbytes: int
+    alloc_type: str
+    seq: int  # creation order: ties between records of one size go to the oldest
+    users: set[str] = field(default_factory=set)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.nbytes, self.seq
+
+
+class MemoryPool:
+    def __init__(self, engine, deps: MemoryDeps) -> None:
+        self.engine = engine
+        self.deps = deps
+        # per allocation type: records sorted by (nbytes, seq), with their keys beside for bisect
+        self._records: dict[str, list[_Record]] = {}
+        self._keys: dict[str, list[tuple[int, int]]] = {}
+        self._held: dict[str, _Record] = {}  # requester -> its record
+        self._seq = itertools.count()
+        self._reuses = 0
+        self._new_records = 0
+        self._freed_records = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def get(self, requester: str, numel: int, dtype: torch.dtype, dynamic: bool = True,
+            alloc_type: str = "device") -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements of ``dtype``, on memory only non-conflicting users share."""
+        if numel < 0:
+            raise ValueError(f"{requester!r}: negative element count {numel}")
+        if requester not in self.deps.owned:
+            raise KeyError(f"{requester!r} owns no memory in this graph; the pool serves root values only")
+        nbytes = numel * dtype.itemsize
+        self._drop(requester)
+        rec = self._find(requester, nbytes, dynamic, alloc_type)
+        if rec is None:
+            rec = self._new_record(nbytes, alloc_type)
+            self._new_records += 1
+        else:
+            self._reuses += 1
+        rec.users.add(requester)
+        self._held[requester] = rec
+        # offset 0: no slicing alignment to care about, and view(dtype) needs none
+        return rec.buf[:nbytes].view(dtype)
+
+    def release(self, requester: str, buf: torch.Tensor) -> None:
+        """``requester`` stops using its record; the record stays in the pool for others."""
+        rec = self._held.get(requester)
+        if rec is None:
+            raise KeyError(f"{requester!r} holds no record of this pool")
+        if buf.numel() and not _inside(buf, rec):
+            raise ValueError(f"{requester!r} releases a buffer that is not its record's memory")
+        self._drop(requester)
+
+    def free_unused(self) -> int:
+        """Give every record without users back to the engine; returns the bytes freed."""
+        freed = 0
+        for alloc_type, recs in self._records.items():
+            keep = [r for r in recs if r.users]
+            for r in recs:
+                if not r.users:
+                    self.engine.release(r.buf)
+                    freed += r.nbytes
+                    self._freed_records += 1
+            self._records[alloc_type] = keep
+            self._keys[alloc_type] = [r.key for r in keep]
+        return freed
+
+    def stats(self) -> dict:
+        recs = [r for rs in self._records.values() for r in rs]
+        return {
+            "records": len(recs),
+            "record_bytes": sum(r.nbytes for r in recs),
+            "used_records": sum(1 for r in recs if r.users),
+            "reuses": self._reuses,
+            "new_records": self._new_records,
+            "freed_records": self._freed_records,
+        }
+
+    def holder_record_bytes(self, requester: str) -> int | None:
+        """Size of the record ``requester`` holds (None when it holds none)."""
+        rec = self._held.get(requester)
+        return None if rec is None else rec.nbytes
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _drop(self, requester: str) -> None:
+        rec = self._held.pop(requester, None)
+        if rec is not None:
+            rec.users.discard(requester)
+
+    def _find(self, requester: str, nbytes: int, dynamic: bool, alloc_type: str) -> _Record | None:
+        recs, keys = self._records.get(alloc_type, []), self._keys.get(alloc_type, [])
+        conflicts = self.deps.conflicts
+        for k in range(bisect.bisect_left(keys, (nbytes, -1)), len(recs)):
+            rec = recs[k]
+            # dynamic: request > 0.5 * record, i.e. record < 2 * request; sizes only grow from here
+            if dynamic and rec.nbytes >= 2 * nbytes and rec.nbytes > 0:
+                return None
+            if all(not conflicts(requester, u) for u in rec.users):
+                return rec
+        return None
+
+    def _new_record(self, nbytes: int, alloc_type: str) -> _Record:
+        buf = self.engine.allocate(nbytes, torch.uint8, alloc_type=alloc_type)
+        rec = _Record(buf, nbytes, alloc_type, next(self._seq))
+        keys = self._keys.setdefault(alloc_type, [])
+        k = bisect.bisect_right(keys, rec.key)
+        keys.insert(k, rec.key)
+        self._records.setdefault(alloc_type, []).insert(k, rec)
+        return rec
+
+
+def _inside(buf: torch.Tensor, rec: _Record) -> bool:
+    start = rec.buf.data_ptr()
+    return start <= buf.data_ptr() < start + max(rec.nbytes, 1)

@@ -1,0 +1,135 @@
+"""How a Network gets its memory: the options, and the wiring of pool, predictor and in-place concat.
+
+Kept out of network.py so that the run loop stays readable: this file decides, once per
+Network, which outputs the pool serves (from the memory dependencies of the compile pass),
+which Concats work in place and which producers feed them, and preallocates the outputs whose
+shapes are static in descending size order (the order that lets the pool reuse the most).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..compile.memory_deps import basic_memory_dependencies, out_of_order_memory_dependencies
+from ..errors import OptionsError
+from ..memory.pool import MemoryPool
+from ..memory.predictor import PredictorOptions, ShapePredictor
+from ..ops.shapes import prod
+from .inplace_concat import GROWTH, STRIDED_OUT_OK, InplaceConcat
+
+if TYPE_CHECKING:
+    from .network import Network
+
+DEPS = {"in_order": basic_memory_dependencies, "out_of_order": out_of_order_memory_dependencies}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Session options of the memory issue (all have defaults)."""
+
+    pool: bool = True
+    memory_deps: str = "in_order"
+    predictor: PredictorOptions = field(default_factory=PredictorOptions.from_env_or)
+    inplace_concat: bool = True
+    kv_growth: str = "geometric"
+
+    @staticmethod
+    def make(options: dict) -> MemoryConfig:
+        deps = options.get("memory_deps", "in_order")
+        if deps not in DEPS:
+            raise OptionsError(f"memory_deps={deps!r}: expected one of {sorted(DEPS)}")
+        growth = options.get("kv_growth", "geometric")
+        if growth not in GROWTH:
+            raise OptionsError(f"kv_growth={growth!r}: expected one of {sorted(GROWTH)}")
+        return MemoryConfig(pool=bool(options.get("memory_pool", True)), memory_deps=deps,
+                            predictor=PredictorOptions.from_env_or(options.get("preallocation")),
+                            inplace_concat=bool(options.get("inplace_concat", True)), kv_growth=growth)
+
+    def make_predictor(self, engine) -> ShapePredictor | None:
+        if not self.predictor.enabled:
+            return None
+        return ShapePredictor(self.predictor, engine.can_preallocate)
+
+
+def setup_memory(net: Network) -> MemoryPool | None:
+    cfg = net.memory
+    net.inplace_outputs = []
+    if cfg.inplace_concat:
+        _setup_inplace_concats(net)
+    _count_concat_copies(net)
+    pool = None
+    if cfg.pool:
+        deps = DEPS[cfg.memory_deps](net.graph)
+        pool = MemoryPool(net.engine, deps)
+        roots = set(deps.roots)
+        for inst in net.insts:
+            if inst.host or not inst.writes_out or inst.inplace is not None:
+                continue
+            for k, v in enumerate(inst.node.outputs):
+                if v is not None and v.name in roots:
+                    inst.pool_keys[k] = v.name
+    net.pool = pool
+    _preallocate_static(net)
+    return pool
+
+
+def _setup_inplace_concats(net: Network) -> None:
+    """A Concat of device tensors works in place; the producer of its last input, when it is an
+    element-wise kernel whose only reader is the Concat, writes into the Concat's storage."""
+    producer = {id(v): inst for inst in net.insts for v in inst.node.outputs if v is not None}
+    order = {id(inst): i for i, inst in enumerate(net.insts)}
+    outputs = {id(v) for v in net.graph.outputs}
+    index = 0
+    for inst in net.insts:
+        node = inst.node
+        if node.op_type != "Concat" or inst.host or inst.shape_of or not inst.writes_out:
+            continue
+        if any(v is None or v.is_const or v.kind != "tensor" for v in node.inputs):
+            continue
+        inst.inplace = InplaceConcat(inst, index, net.memory.kv_growth)
+        index += 1
+        plan = inst.inplace
+        inst.kernel = lambda *xs, out=None, _plan=plan: _plan.run(list(xs))
+        inst.writes_out = False
+        if id(node.outputs[0]) in outputs:
+            net.inplace_outputs.append(inst)
+        last = node.inputs[-1]
+        feeder = producer.get(id(last))
+        if (feeder is None or feeder.op_type not in STRIDED_OUT_OK or not feeder.single_out
+                or not feeder.writes_out or feeder.host or len(last.users) != 1 or id(last) in outputs
+                or node.inputs.count(last) != 1):
+            continue
+        before = node.inputs[:-1]
+        # every input before ours must exist when our producer runs
+        if all(id(v) not in producer or order[id(producer[id(v)])] < order[id(feeder)] for v in before):
+            feeder.feeds = (plan, [inst.in_slots[i] for i in range(len(before))])
+            plan.feeder = feeder
+
+
+def _count_concat_copies(net: Network) -> None:
+    """A plain Concat copies every input: counted like the in-place one's copies, so that the
+    bytes moved per step compare (a KV cache without in-place concat copies the whole past)."""
+    for inst in net.insts:
+        if inst.op_type != "Concat" or inst.inplace is not None or inst.shape_of or inst.host:
+            continue
+        def counted(*xs, out=None, _k=inst.kernel, _stats=net.stats):
+            _stats["concat_bytes_copied"] += sum(x.numel() * x.element_size() for x in xs if x is not None)
+            return _k(*xs, out=out)
+        inst.kernel = counted
+
+
+def _preallocate_static(net: Network) -> None:
+    """Outputs whose shapes are static at compile time get their buffers now, largest first."""
+    todo = []
+    for inst in net.insts:
+        if not inst.writes_out or inst.host or inst.shape_of:
+            continue
+        for k, v in enumerate(inst.node.outputs):
+            if v is None or v.shape is None or not v.shape.is_static or inst.out_dtypes[k] is None:
+                continue
+            n = prod(v.shape.to_static())
+            todo.append((n * inst.out_dtypes[k].itemsize, inst, k, n))
+    for _, inst, k, n in sorted(todo, key=lambda t: -t[0]):
+        inst.buffers[k] = inst._take(k, n, inst.out_dtypes[k])
+        inst.capacity[k] = n
