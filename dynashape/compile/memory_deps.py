@@ -141,11 +141,14 @@ def _non_tensor(node: Node) -> bool:
     return any(v is not None and v.kind != "tensor" for v in (*node.inputs, *node.outputs))
 
 
-def _may_hold_inputs(node: Node) -> bool:
+def _may_hold_inputs(node: Node, od: OpDef) -> bool:
     """Whether the node's result may contain its input tensors themselves: a sequence or optional
-    holds the tensors put into it, and a body may return an outer value as is. Plain tensor
-    kernels return fresh tensors (or write into the given buffer)."""
-    return bool(node.subgraphs) or _non_tensor(node)
+    holds the tensors put into it, and a body may return an outer value as is. A kernel written
+    to fill ``out`` is called without one when an output's dtype is unknown, and may then return
+    a view of an input (a transpose, a same-type cast). Other kernels return fresh tensors."""
+    if node.subgraphs or _non_tensor(node):
+        return True
+    return od.writes_out and not all(_known_dtype(v) for v in node.outputs if v is not None)
 
 
 def _is_view(node: Node, od: OpDef) -> bool:
@@ -164,7 +167,7 @@ def _known_dtype(v: Value) -> bool:
 def _pooled(v: Value, node: Node, od: OpDef) -> bool:
     """Whether the runtime writes ``v`` into a buffer it asks the pool for."""
     return (od.writes_out and od.infer is not None and not od.data_dependent and not od.host
-            and not _may_hold_inputs(node) and v.kind == "tensor" and _known_dtype(v))
+            and not _may_hold_inputs(node, od) and v.kind == "tensor" and _known_dtype(v))
 
 
 def _analyse(graph: Graph) -> tuple[dict[str, OwnedValue], dict[str, frozenset[str]], dict[str, int]]:
@@ -190,7 +193,7 @@ def _analyse(graph: Graph) -> tuple[dict[str, OwnedValue], dict[str, frozenset[s
             touch(v, bit)
         view = _is_view(node, od)
         shape_of = bool(getattr(node, "shape_of", False))
-        held = frozenset().union(*(alias.get(id(v), ()) for v in reads)) if _may_hold_inputs(node) else frozenset()
+        held = frozenset().union(*(alias.get(id(v), ()) for v in reads)) if _may_hold_inputs(node, od) else frozenset()
         for v in node.outputs:
             if v is None:
                 continue

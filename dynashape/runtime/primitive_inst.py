@@ -171,6 +171,9 @@ class PrimitiveInst:
         key = self.pool_keys[k]
         if key is not None and self.net.pool is not None:
             self.net.pool.release(key, self.buffers[k])
+            # a record nobody uses any more goes back now (OpenVINO's pool drops it too): kept,
+            # the old and the new buffers of every growing value would coexist until the run ends
+            self.net.pool.free_unused()
         else:
             self.net.engine.release(self.buffers[k])
         self.buffers[k] = None

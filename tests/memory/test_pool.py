@@ -197,6 +197,19 @@ def test_subgraph_reads_count_for_the_outer_lifetime():
     assert not d.is_pooled("o") and d.aliases_of("o") == {"a", "o"}
 
 
+def test_a_kernel_without_out_may_return_its_input():
+    # an output of unknown dtype: the runtime calls the kernel with out=None, and a same-type Cast
+    # then returns its input tensor itself
+    g = compiled([helper.make_node("Sigmoid", ["x"], ["a"]), helper.make_node("Cast", ["a"], ["t"], to=TP.FLOAT),
+                  helper.make_node("Tanh", ["x"], ["b"]), helper.make_node("Add", ["t", "b"], ["y"])],
+                 [("x", [3])], [("y", [3])])
+    assert basic_memory_dependencies(g).live_interval("a") == (0, 1)
+    g.values["t"].elem_type = 0
+    d = basic_memory_dependencies(g)
+    assert not d.is_pooled("t") and d.aliases_of("t") == {"a", "t"}
+    assert d.live_interval("a") == (0, node_index(g, "y")) and d.conflicts("a", "b")
+
+
 # ---- the out-of-order pass ----------------------------------------------------------------------
 
 
@@ -230,19 +243,19 @@ def test_out_of_order_allows_reuse_along_a_path():
 
 
 def test_out_of_order_scales_to_thousands_of_nodes():
-    # a long chain with a skip connection every 10 nodes: 3000 nodes
+    # a long chain with a skip connection every 10 nodes: 2000 nodes
     nodes, prev = [], "x"
-    for i in range(3000):
+    for i in range(2000):
         ins = [prev, f"v{i - 10}"] if i >= 10 and i % 10 == 0 else [prev]
         nodes.append(helper.make_node("Add" if len(ins) == 2 else "Neg", ins, [f"v{i}"]))
         prev = f"v{i}"
     nodes.append(helper.make_node("Neg", [prev], ["y"]))
     g = compiled(nodes, [("x", [4])], [("y", [4])])
     ooo, basic = out_of_order_memory_dependencies(g), basic_memory_dependencies(g)
-    assert len(ooo.roots) == 3000
+    assert len(ooo.roots) == 2000
     assert ooo.conflicts("v10", "v20")  # v10 is read by the Add at 20
     assert not ooo.conflicts("v11", "v13")
-    assert ooo.conflict_set("v1500") == basic.conflict_set("v1500")  # a chain has no concurrency
+    assert ooo.conflict_set("v1000") == basic.conflict_set("v1000")  # a chain has no concurrency
 
 
 # ---- the pool -----------------------------------------------------------------------------------
@@ -453,7 +466,7 @@ def intervals_overlap(deps):
     return rel
 
 
-_PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_PROPERTY

@@ -1,0 +1,188 @@
+"""Memory through the session: in-place concat of a KV cache, the predictor's effect, memory_stats,
+the verbose log, options; results always equal to onnxruntime's."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape.errors import OptionsError
+
+from ..ops.harness import DEVICE, rand
+
+H, D = 2, 8  # heads, head dim
+
+
+def kv_model() -> onnx.ModelProto:
+    """present = Concat(past, x * w) along the sequence axis, y = present summed over it: a
+    one-layer caricature of a KV-cache decoder (the Mul feeds the Concat and nothing else)."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["k"]),
+             helper.make_node("Concat", ["past", "k"], ["present"], axis=2),
+             helper.make_node("ReduceSum", ["present", "axes"], ["y"], keepdims=0)]
+    g = helper.make_graph(nodes, "kv", [helper.make_tensor_value_info("past", TP.FLOAT, ["b", H, "p", D]),
+                                        helper.make_tensor_value_info("x", TP.FLOAT, ["b", H, "s", D])],
+                          [helper.make_tensor_value_info("present", TP.FLOAT, ["b", H, "t", D]),
+                           helper.make_tensor_value_info("y", TP.FLOAT, ["b", H, D])],
+                          initializer=[onnx.numpy_helper.from_array(rand((1, H, 1, D)), "w"),
+                                       onnx.numpy_helper.from_array(np.array([2], np.int64), "axes")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def ort_run(model, feeds):
+    import onnxruntime as ort
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in feeds.items()})
+
+
+def decode(sess, model, steps, batch=1, check=True, rng=None):
+    rng = rng or np.random.default_rng(0)
+    dev = torch.device(DEVICE)
+    past = torch.from_numpy(rand((batch, H, 3, D), rng=rng)).to(dev)
+    for _ in range(steps):
+        x = torch.from_numpy(rand((batch, H, 1, D), rng=rng)).to(dev)
+        present, y = sess.run(None, {"past": past, "x": x})
+        if check:
+            want = ort_run(model, {"past": past, "x": x})
+            np.testing.assert_allclose(present.cpu().numpy(), want[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y.cpu().numpy(), want[1], rtol=1e-5, atol=1e-5)
+        past = present
+    return past
+
+
+def test_kv_cache_appends_in_place_without_copying_the_past():
+    m = kv_model()
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    decode(sess, m, 40)
+    st = sess.memory_stats()
+    # the first step copies the caller's initial past; after it, the past is already in place and
+    # only the new position is written (by the Mul, straight into its slot)
+    assert st["concat_past_in_place"] == 39
+    assert st["concat_bytes_copied"] == 3 * H * D * 4
+    assert st["concat_storages"] == 1  # 43 positions fit in the first storage's spare room
+
+
+def test_kv_cache_without_in_place_concat_copies_the_past_every_step():
+    m = kv_model()
+    sess = dynashape.InferenceSession(m, device=DEVICE, inplace_concat=False)
+    decode(sess, m, 10)
+    st = sess.memory_stats()
+    assert st["concat_past_in_place"] == 0
+    # every step copies the whole past and the new position: 3+i+1 positions at step i
+    assert st["concat_bytes_copied"] == sum(3 + i + 1 for i in range(10)) * H * D * 4
+
+
+def test_feeding_the_same_past_twice_never_overwrites_a_present():
+    """Beam search: two continuations of one past. The second must not write over the first."""
+    m = kv_model()
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    past = decode(sess, m, 3, check=False)
+    dev = torch.device(DEVICE)
+    xa, xb = (torch.from_numpy(rand((1, H, 1, D))).to(dev) for _ in range(2))
+    pa, _ = sess.run(None, {"past": past, "x": xa})
+    pa_copy = pa.clone()
+    pb, _ = sess.run(None, {"past": past, "x": xb})
+    torch.testing.assert_close(pa, pa_copy)  # untouched
+    np.testing.assert_allclose(pb.cpu().numpy(), ort_run(m, {"past": past, "x": xb})[0], rtol=1e-5)
+    assert sess.memory_stats()["concat_past_in_place"] == 3  # the second continuation was copied
+
+
+def test_growth_rules_and_numpy_feeds_agree():
+    m = kv_model()
+    for growth in ("openvino", "geometric"):
+        sess = dynashape.InferenceSession(m, device=DEVICE, kv_growth=growth)
+        decode(sess, m, 12)
+    # numpy feeds: outputs are copied out, so nothing is in place, and results are the same
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    rng = np.random.default_rng(5)
+    past = rand((2, H, 1, D), rng=rng)
+    for _ in range(6):
+        x = rand((2, H, 1, D), rng=rng)
+        got = sess.run(None, {"past": past, "x": x})
+        for g, w in zip(got, ort_run(m, {"past": past, "x": x})):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        past = got[0]
+
+
+def chain(n=6):
+    nodes = [helper.make_node("Abs" if i % 2 else "Neg", ["x" if i == 0 else f"t{i - 1}"],
+                              [f"t{i}" if i < n - 1 else "y"]) for i in range(n)]
+    g = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TP.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n"])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_predictor_cuts_allocations_of_a_growing_chain():
+    def allocations(**opts):
+        s = dynashape.InferenceSession(chain(), device=DEVICE, **opts)
+        for n in range(1, 42):
+            x = rand((n,))
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)
+        return s.memory_stats()
+    off, on = allocations(preallocation="0 0 0 1.0"), allocations()
+    assert on["predictions_used"] > 0 and off["predictions_used"] == 0
+    assert on["allocations"] * 4 <= off["allocations"]
+    assert on["reuses"] > off["reuses"]
+
+
+def _chain_ref(x):
+    y = x
+    for i in range(6):
+        y = np.abs(y) if i % 2 else -y
+    return y
+
+
+def test_pool_shares_buffers_between_values_that_do_not_overlap():
+    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0")
+    s.run(None, {"x": rand((16,))})
+    st = s.memory_stats()
+    # 7 inner values in a chain: each conflicts only with its neighbours, so 2 records serve them
+    assert st["pool_records"] == 2
+    s2 = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_pool=False)
+    s2.run(None, {"x": rand((16,))})
+    assert s2.memory_stats()["allocations"] > st["allocations"]
+
+
+def test_out_of_order_deps_option_runs_and_matches():
+    s = dynashape.InferenceSession(chain(), device=DEVICE, memory_deps="out_of_order")
+    for n in (3, 9, 2):
+        x = rand((n,))
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)
+
+
+def test_memory_stats_keys_and_verbose_log(capfd):
+    s = dynashape.InferenceSession(chain(), device=DEVICE, verbose=2)
+    s.run(None, {"x": rand((5,))})
+    st = s.memory_stats()
+    for key in ("allocations", "frees", "allocated_bytes_total", "current_bytes", "peak_bytes",
+                "device_current_bytes", "device_peak_bytes", "host_current_bytes", "host_peak_bytes",
+                "shared_current_bytes", "shared_peak_bytes", "reuses", "predictions_made", "predictions_used"):
+        assert key in st, key
+    assert st["allocations"] > 0 and st["peak_bytes"] >= st["current_bytes"] > 0
+    err = capfd.readouterr().err
+    assert "Allocate " in err and " bytes of device allocation type (current=" in err
+
+
+@pytest.mark.parametrize("opts, words", [
+    ({"preallocation": "ten 0 0 1"}, ["ten 0 0 1", "iters max_iter_bytes max_dim_diff ratio"]),
+    ({"memory_deps": "sideways"}, ["sideways", "in_order"]),
+    ({"kv_growth": "huge"}, ["huge", "geometric"]),
+    ({"allocator": "magic"}, ["magic"]),
+])
+def test_bad_memory_options_are_option_errors(opts, words):
+    with pytest.raises(OptionsError) as info:
+        dynashape.InferenceSession(chain(), device=DEVICE, **opts).run(None, {"x": rand((2,))})
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_device_memory_limit_sends_big_buffers_to_host():
+    s = dynashape.InferenceSession(chain(), device=DEVICE, device_memory_limit=1024)
+    x = rand((4096,))
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)
+    st = s.memory_stats()
+    assert st["fallbacks_to_host"] > 0 and st["host_peak_bytes"] > 0
