@@ -71,28 +71,31 @@ class MemoryPool:
         # offset 0: no slicing alignment to care about, and view(dtype) needs none
         return rec.buf[:nbytes].view(dtype)
 
-    def release(self, requester: str, buf: torch.Tensor) -> None:
-        """``requester`` stops using its record; the record stays in the pool for others."""
+    def release(self, requester: str, buf: torch.Tensor, free_if_unused: bool = False) -> None:
+        """``requester`` stops using its record; the record stays in the pool for others, unless
+        ``free_if_unused`` and nobody else uses it: then it goes back to the engine now."""
         rec = self._held.get(requester)
         if rec is None:
             raise KeyError(f"{requester!r} holds no record of this pool")
         if buf.numel() and not _inside(buf, rec):
             raise ValueError(f"{requester!r} releases a buffer that is not its record's memory")
         self._drop(requester)
+        if free_if_unused and not rec.users:
+            self._free(rec)
 
     def free_unused(self) -> int:
         """Give every record without users back to the engine; returns the bytes freed."""
-        freed = 0
-        for alloc_type, recs in self._records.items():
-            keep = [r for r in recs if r.users]
-            for r in recs:
-                if not r.users:
-                    self.engine.release(r.buf)
-                    freed += r.nbytes
-                    self._freed_records += 1
-            self._records[alloc_type] = keep
-            self._keys[alloc_type] = [r.key for r in keep]
-        return freed
+        unused = [r for recs in self._records.values() for r in recs if not r.users]
+        for r in unused:
+            self._free(r)
+        return sum(r.nbytes for r in unused)
+
+    def _free(self, rec: _Record) -> None:
+        recs, keys = self._records[rec.alloc_type], self._keys[rec.alloc_type]
+        k = bisect.bisect_left(keys, rec.key)
+        del recs[k], keys[k]
+        self.engine.release(rec.buf)
+        self._freed_records += 1
 
     def stats(self) -> dict:
         recs = [r for rs in self._records.values() for r in rs]

@@ -57,10 +57,7 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[
         else:
             raise InputTypeError(f"input {s.name!r}: expected a numpy array or torch tensor of "
                                  f"{elem_type_name(s.elem_type)}, got {type(x).__name__}")
-        et = onnx_elem_type(x)
-        if s.elem_type and et != s.elem_type:
-            raise InputTypeError(f"input {s.name!r}: dtype {elem_type_name(et)} given, "
-                                 f"{elem_type_name(s.elem_type)} expected")
+        _check_dtype(s, x, f"input {s.name!r}")
         _check_shape(s, tuple(x.shape), symbols)
         out[s.name] = _to_tensor(x, device, staged=True)
     return out, numpy_mode
@@ -72,11 +69,14 @@ def _element(s: InputSpec, i: int, x, device: torch.device):
         raise InputTypeError(f"input {s.name!r} element {i}: expected a numpy array or torch tensor, "
                              f"got {type(x).__name__}")
     x = x if isinstance(x, torch.Tensor) else np.asarray(x)
+    _check_dtype(s, x, f"input {s.name!r} element {i}")
+    return _to_tensor(x, device)
+
+
+def _check_dtype(s: InputSpec, x, what: str) -> None:
     et = onnx_elem_type(x)
     if s.elem_type and et != s.elem_type:
-        raise InputTypeError(f"input {s.name!r} element {i}: dtype {elem_type_name(et)} given, "
-                             f"{elem_type_name(s.elem_type)} expected")
-    return _to_tensor(x, device)
+        raise InputTypeError(f"{what}: dtype {elem_type_name(et)} given, {elem_type_name(s.elem_type)} expected")
 
 
 def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:

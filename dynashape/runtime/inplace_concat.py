@@ -60,7 +60,6 @@ class InplaceConcat:
         # storages written lately: (weak root tensor, capacity shape, watermark along the axis)
         self.known: list[tuple[weakref.ref, tuple, int]] = []
         self.planned: tuple | None = None  # (storage, prefix) chosen for the feeder this run
-        self.feeder: PrimitiveInst | None = None
 
     # ---- choosing the storage ----------------------------------------------------------------
     def _past_storage(self, first: torch.Tensor, a: int, total: int, shape: tuple) -> torch.Tensor | None:
@@ -100,7 +99,7 @@ class InplaceConcat:
         cap[a] = shape[a] + self.growth(shape[a], self.index)
         n = math.prod(cap)
         engine = inst.net.engine
-        if not engine.can_preallocate(n * _itemsize(dtype)):
+        if not engine.can_preallocate(n * dtype.itemsize):
             cap[a] = shape[a]  # no room for spare capacity: exact
             n = math.prod(cap)
         # the old storage may hold the past we are about to copy: it goes back after the copy
@@ -159,7 +158,3 @@ class InplaceConcat:
         if self.owned is not None:
             self.inst.net.engine.release(self.owned, handed_out=True)
             self.owned = None
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()

@@ -104,7 +104,6 @@ def _setup_inplace_concats(net: Network) -> None:
         # every input before ours must exist when our producer runs
         if all(id(v) not in producer or order[id(producer[id(v)])] < order[id(feeder)] for v in before):
             feeder.feeds = (plan, [inst.in_slots[i] for i in range(len(before))])
-            plan.feeder = feeder
 
 
 def _count_concat_copies(net: Network) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from functools import partial
 
@@ -154,7 +153,7 @@ class Network:
         """The ShapePredictor's advice for a buffer about to be (re)allocated."""
         if self.predictor is None:
             return False, ()
-        return self.predictor.predict(key, tuple(shape), _bits(dtype), can_reuse)
+        return self.predictor.predict(key, tuple(shape), dtype.itemsize * 8, can_reuse)
 
     # ---- running --------------------------------------------------------------------------
     def run(self, feeds: dict[str, torch.Tensor], hand_out: bool = True) -> list:
@@ -185,10 +184,6 @@ class Network:
                 for inst in self.insts:
                     inst.step(vals)
                 self.last_in_shapes = shapes
-                if self.pool is not None:
-                    # records every user left during this run (they moved to larger ones) go back
-                    # now: within the run they could still serve another growing value
-                    self.pool.free_unused()
                 # the nodes the unchanged-shape path runs: not shape_of ones, not empty ones
                 self.fast_steps = [self._fast_fns[id(i)] for i in self.insts if not i.shape_of and not i.skipped]
         except BaseException:
@@ -229,11 +224,6 @@ class Network:
         self.last_in_shapes = None
         for inst in self.insts:
             inst.reset()
-
-
-@functools.cache
-def _bits(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size() * 8
 
 
 def _fast_fn(inst: PrimitiveInst):

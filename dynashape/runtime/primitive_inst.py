@@ -170,10 +170,9 @@ class PrimitiveInst:
     def _give_back(self, k: int) -> None:
         key = self.pool_keys[k]
         if key is not None and self.net.pool is not None:
-            self.net.pool.release(key, self.buffers[k])
             # a record nobody uses any more goes back now (OpenVINO's pool drops it too): kept,
             # the old and the new buffers of every growing value would coexist until the run ends
-            self.net.pool.free_unused()
+            self.net.pool.release(key, self.buffers[k], free_if_unused=True)
         else:
             self.net.engine.release(self.buffers[k])
         self.buffers[k] = None
@@ -185,7 +184,7 @@ class PrimitiveInst:
         except Exception as e:
             raise ExecutionError(f"node {self.name!r} ({self.op_type}) failed with input shapes "
                                  f"{list(self.in_shapes or ())}: {type(e).__name__}: {e}") from e
-        if not self.writes_out:
+        if not self.writes_out and not self.view:
             res = self._on_device(res)
         if self.single_out:
             vals[self.out_slot0] = res

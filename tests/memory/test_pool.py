@@ -336,6 +336,21 @@ def test_a_second_get_moves_the_requester_and_free_unused_returns_records():
     assert pool.stats()["records"] == 0 and pool.free_unused() == 0
 
 
+def test_release_free_if_unused_frees_only_an_emptied_record():
+    deps = interval_deps({"a": (0, 1), "b": (2, 3), "c": (0, 3)})
+    eng = FakeEngine()
+    pool = MemoryPool(eng, deps)
+    a = pool.get("a", 100, torch.uint8)
+    b = pool.get("b", 80, torch.uint8)  # shares a's record: their lifetimes do not overlap
+    c = pool.get("c", 50, torch.uint8)
+    assert b.data_ptr() == a.data_ptr() and pool.stats()["records"] == 2
+    pool.release("a", a, free_if_unused=True)  # b still uses the record: it stays
+    assert eng.released == [] and pool.stats()["records"] == 2
+    pool.release("b", b, free_if_unused=True)  # now empty: back to the engine at once
+    assert eng.released == [100] and pool.stats()["records"] == 1
+    assert pool.get("c", 50, torch.uint8).data_ptr() == c.data_ptr()  # the other record is intact
+
+
 def test_allocation_types_keep_separate_records():
     deps = interval_deps({"a": (0, 1), "b": (2, 3)})
     eng = FakeEngine()

@@ -156,3 +156,19 @@ def test_optional_present_and_empty():
     # the reference evaluator reports an element in the empty optional of the else branch
     run_sequence(m, [{"c": np.array(c), "x": rand((n,), rng=rng)} for c, n in [(True, 2), (False, 3), (True, 5)]],
                  references=("ort",))
+
+
+def test_bad_sequence_feed_is_a_typed_error_then_the_session_works():
+    import dynashape
+    from dynashape.errors import InputTypeError
+    m = _model([helper.make_node("SequenceLength", ["s"], ["n"])], [_seq("s")], [_t("n", TP.INT64, [])])
+    sess = dynashape.InferenceSession(m)
+    for bad, words in (([rand((2,)), rand((3,)).astype(np.float64)], ["'s'", "element 1", "double", "float"]),
+                       ([rand((2,)), "text"], ["'s'", "element 1", "str"])):
+        try:
+            sess.run(None, {"s": bad})
+        except InputTypeError as e:
+            assert all(w in str(e) for w in words), str(e)
+        else:
+            raise AssertionError("no error for a bad sequence element")
+    assert int(sess.run(None, {"s": [rand((2,)), rand((4,))]})[0]) == 2
