@@ -8,9 +8,14 @@ with the requester; for dynamic requests the record must also be less than twice
 so that a small output does not pin a huge record (and a huge one stays available for a huge
 request). Otherwise the engine allocates a new record of exactly the requested bytes.
 
-A requester holds at most one record at a time: asking again (its output grew) first gives the
-old record back to the pool. The old bytes are not touched by that, so a caller that wants to
-keep contents (a growing cache) copies them right after ``get``, before any other node runs.
+A requester holds at most one record at a time. Asking again (its output grew or shrank)
+leaves the old record: freed at once when nobody else uses it. When the old record has other
+users and no record fits, the old record *grows* for all of them instead of a second record
+being made: its users pairwise never conflict, so while the requester is being produced none of
+them has live data in it (each is either finished or not yet produced). The pool then tells the
+owner of every other user (``on_move``) where its memory is now. Without this, every growing
+step of a decode loop would hold each shared record twice: the old one, pinned by users that
+grow later in the run, next to the new one. Contents are not kept across a ``get``.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ class _Record:
 
 
 class MemoryPool:
-    def __init__(self, engine, deps: MemoryDeps) -> None:
+    def __init__(self, engine, deps: MemoryDeps, on_move=None) -> None:
         self.engine = engine
         self.deps = deps
+        # on_move(user, record_buf): a record another user shares was reallocated
+        self.on_move = on_move
         # per allocation type: records sorted by (nbytes, seq), with their keys beside for bisect
         self._records: dict[str, list[_Record]] = {}
         self._keys: dict[str, list[tuple[int, int]]] = {}
@@ -49,6 +56,7 @@ class MemoryPool:
         self._reuses = 0
         self._new_records = 0
         self._freed_records = 0
+        self._grown_records = 0
 
     # ---- requests ---------------------------------------------------------------------------
     def get(self, requester: str, numel: int, dtype: torch.dtype, dynamic: bool = True,
@@ -59,13 +67,24 @@ class MemoryPool:
         if requester not in self.deps.owned:
             raise KeyError(f"{requester!r} owns no memory in this graph; the pool serves root values only")
         nbytes = numel * dtype.itemsize
-        self._drop(requester)
+        old = self._held.pop(requester, None)
+        if old is not None:
+            old.users.discard(requester)
+            if old.alloc_type == alloc_type and old.nbytes >= nbytes and not (dynamic and old.nbytes >= 2 * nbytes):
+                old.users.add(requester)  # its own record still fits: keep it
+                self._held[requester] = old
+                return old.buf[:nbytes].view(dtype)
+            if not old.users:  # the old buffer goes back before a new one is made
+                self._free(old)
+                old = None
         rec = self._find(requester, nbytes, dynamic, alloc_type)
-        if rec is None:
+        if rec is not None:
+            self._reuses += 1
+        elif old is not None and old.alloc_type == alloc_type and old.nbytes < nbytes:
+            rec = self._grow(old, nbytes)
+        else:
             rec = self._new_record(nbytes, alloc_type)
             self._new_records += 1
-        else:
-            self._reuses += 1
         rec.users.add(requester)
         self._held[requester] = rec
         # offset 0: no slicing alignment to care about, and view(dtype) needs none
@@ -91,11 +110,27 @@ class MemoryPool:
         return sum(r.nbytes for r in unused)
 
     def _free(self, rec: _Record) -> None:
+        self._unlist(rec)
+        self.engine.release(rec.buf)
+        self._freed_records += 1
+
+    def _unlist(self, rec: _Record) -> None:
         recs, keys = self._records[rec.alloc_type], self._keys[rec.alloc_type]
         k = bisect.bisect_left(keys, rec.key)
         del recs[k], keys[k]
+
+    def _grow(self, rec: _Record, nbytes: int) -> _Record:
+        """Reallocate ``rec`` at ``nbytes`` for all its users (see the module docstring)."""
+        self._unlist(rec)
         self.engine.release(rec.buf)
-        self._freed_records += 1
+        rec.buf = self.engine.allocate(nbytes, torch.uint8, alloc_type=rec.alloc_type)
+        rec.nbytes = nbytes
+        self._list(rec)
+        self._grown_records += 1
+        if self.on_move is not None:
+            for user in rec.users:
+                self.on_move(user, rec.buf)
+        return rec
 
     def stats(self) -> dict:
         recs = [r for rs in self._records.values() for r in rs]
@@ -106,6 +141,7 @@ class MemoryPool:
             "reuses": self._reuses,
             "new_records": self._new_records,
             "freed_records": self._freed_records,
+            "grown_records": self._grown_records,
         }
 
     def holder_record_bytes(self, requester: str) -> int | None:
@@ -134,11 +170,14 @@ class MemoryPool:
     def _new_record(self, nbytes: int, alloc_type: str) -> _Record:
         buf = self.engine.allocate(nbytes, torch.uint8, alloc_type=alloc_type)
         rec = _Record(buf, nbytes, alloc_type, next(self._seq))
-        keys = self._keys.setdefault(alloc_type, [])
+        self._list(rec)
+        return rec
+
+    def _list(self, rec: _Record) -> None:
+        keys = self._keys.setdefault(rec.alloc_type, [])
         k = bisect.bisect_right(keys, rec.key)
         keys.insert(k, rec.key)
-        self._records.setdefault(alloc_type, []).insert(k, rec)
-        return rec
+        self._records.setdefault(rec.alloc_type, []).insert(k, rec)
 
 
 def _inside(buf: torch.Tensor, rec: _Record) -> bool:

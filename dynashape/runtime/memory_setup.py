@@ -61,17 +61,24 @@ def setup_memory(net: Network) -> MemoryPool | None:
     pool = None
     if cfg.pool:
         deps = DEPS[cfg.memory_deps](net.graph)
-        pool = MemoryPool(net.engine, deps)
         roots = set(deps.roots)
+        owner = {}
         for inst in net.insts:
             if inst.host or not inst.writes_out or inst.inplace is not None:
                 continue
             for k, v in enumerate(inst.node.outputs):
                 if v is not None and v.name in roots:
                     inst.pool_keys[k] = v.name
+                    owner[v.name] = (inst, k)
+        pool = MemoryPool(net.engine, deps, on_move=lambda user, buf: _rebind(owner[user], buf))
     net.pool = pool
     _preallocate_static(net)
     return pool
+
+
+def _rebind(owner: tuple, record) -> None:
+    inst, k = owner
+    inst.rebind(k, record)
 
 
 def _setup_inplace_concats(net: Network) -> None:

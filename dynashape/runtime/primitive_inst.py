@@ -168,15 +168,23 @@ class PrimitiveInst:
         return self.net.engine.allocate(numel, dtype)
 
     def _give_back(self, k: int) -> None:
-        key = self.pool_keys[k]
-        if key is not None and self.net.pool is not None:
-            # a record nobody uses any more goes back now (OpenVINO's pool drops it too): kept,
-            # the old and the new buffers of every growing value would coexist until the run ends
-            self.net.pool.release(key, self.buffers[k], free_if_unused=True)
-        else:
+        # A pooled buffer is left inside the pool's next get(), which frees its record when
+        # nobody else uses it, or grows it for all its users when nothing else fits.
+        if self.pool_keys[k] is None or self.net.pool is None:
             self.net.engine.release(self.buffers[k])
         self.buffers[k] = None
         self.capacity[k] = 0
+
+    def rebind(self, k: int, record: torch.Tensor) -> None:
+        """The pool moved the record output k shares (another user grew it): point the buffer,
+        and the ``out`` views the kernel writes through, at the new memory."""
+        dtype = self.out_dtypes[k]
+        self.buffers[k] = record[:self.capacity[k] * dtype.itemsize].view(dtype)
+        if self.out_shapes is None or self.out is None:
+            return
+        outs = [None if b is None or s is None else b.as_strided(s, _contiguous_strides(s))
+                for b, s in zip(self.buffers, self.out_shapes)]
+        self.out = outs[0] if self.single_out else tuple(outs)
 
     def execute(self, ins: list, vals: list) -> None:
         try:

@@ -147,6 +147,62 @@ def test_pool_shares_buffers_between_values_that_do_not_overlap():
     assert s2.memory_stats()["allocations"] > st["allocations"]
 
 
+def _node_buffers_are_engine_memory(net):
+    """Every buffer a node would write into is memory the engine holds now (not a record the pool
+    gave back while a user still pointed at it)."""
+    held = net.engine._live
+    for inst in net.insts:
+        outs = inst.out if isinstance(inst.out, tuple) else (inst.out,)
+        for t in (*inst.buffers, *outs):
+            if isinstance(t, torch.Tensor):
+                assert t.untyped_storage().data_ptr() in held, inst.name
+
+
+@pytest.mark.parametrize("deps", ["in_order", "out_of_order"])
+def test_shared_records_grow_once_for_all_their_users(deps):
+    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_deps=deps)
+    req = s.create_infer_request()
+    cap, peaks = 0, []
+    for n in (4, 4, 64, 64, 8, 300, 300, 1000, 2, 2):  # grow, repeat (fast path), shrink (reclaim)
+        x = rand((n,))
+        req.engine.reset_stats()
+        np.testing.assert_allclose(req.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)
+        _node_buffers_are_engine_memory(req.network)
+        cap = n if n > cap or n * 10 < cap else cap  # realloc_if_needed's rule
+        st = req.memory_stats()
+        # the 7 inner values take turns in 2 records, each regrown in place for all its users
+        # (not a new record beside an old one some user still pins)
+        assert st["pool_records"] == 2 and st["pool_record_bytes"] == 2 * cap * 4
+        peaks.append(st["peak_bytes"])
+    assert req.network.pool.stats()["grown_records"] > 0
+    # during the growth to 1000: the 2 records and the output, never old and new records together
+    assert peaks[7] <= (2 * 1000 + 1000) * 4
+
+
+def test_a_value_of_unchanged_shape_follows_its_record_when_another_user_grows_it():
+    """zn (always 16 long) and xa (as long as x) never live at once, so they share a record. When
+    x grows, xa regrows the record; zn's shape did not change, so zn's node does not reallocate:
+    it must have been pointed at the new record, not left on the freed one."""
+    nodes = [helper.make_node("Neg", ["z"], ["zn"]),
+             helper.make_node("ReduceSum", ["zn"], ["zr"], keepdims=1),
+             helper.make_node("Sigmoid", ["x"], ["xa"]),
+             helper.make_node("Tanh", ["xa"], ["xb"]),
+             helper.make_node("Mul", ["xb", "zr"], ["y"])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("z", TP.FLOAT, ["m"]),
+                                       helper.make_tensor_value_info("x", TP.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    s = dynashape.InferenceSession(m, device=DEVICE, preallocation="0 0 0 1.0")
+    req = s.create_infer_request()
+    z = rand((16,))
+    for n in (16, 16, 30, 30, 64, 64):
+        x = rand((n,))
+        got = req.run(None, {"z": z, "x": x})[0]
+        np.testing.assert_allclose(got, np.tanh(1 / (1 + np.exp(-x))) * -z.sum(), rtol=1e-5)
+        _node_buffers_are_engine_memory(req.network)
+    assert req.network.pool.stats()["grown_records"] >= 2
+
+
 def test_out_of_order_deps_option_runs_and_matches():
     s = dynashape.InferenceSession(chain(), device=DEVICE, memory_deps="out_of_order")
     for n in (3, 9, 2):
