@@ -193,7 +193,8 @@ class InferRequest:
                 "predictions_used": net["predictions_used"],
                 "buffer_grows": net["buffer_grows"], "buffer_reclaims": net["buffer_reclaims"],
                 "concat_bytes_copied": net["concat_bytes_copied"], "concat_past_in_place": net["concat_past_in_place"],
-                "concat_storages": net["concat_storages"], "input_bytes_staged": net["input_bytes_staged"]}
+                "concat_inputs_in_place": net["concat_inputs_in_place"], "concat_storages": net["concat_storages"],
+                "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"]}
 
 
 def _to_numpy(x, elem_type: int = 0):

@@ -113,8 +113,11 @@ class OutOfOrderMemoryDeps(MemoryDeps):
         return not (self._before(a, b) or self._before(b, a))
 
 
-def basic_memory_dependencies(graph: Graph) -> BasicMemoryDeps:
-    owned, aliases, _ = _analyse(graph)
+def basic_memory_dependencies(graph: Graph, written_into: dict[str, str] | None = None) -> BasicMemoryDeps:
+    """``written_into``: value -> the owned value whose memory its producer writes it into (a
+    producer writing into its slot of an in-place Concat's storage): that memory then lives
+    from the earliest such producer on."""
+    owned, aliases, _ = _analyse(graph, written_into or {})
     return BasicMemoryDeps(owned, aliases, len(graph.nodes))
 
 
@@ -170,7 +173,8 @@ def _pooled(v: Value, node: Node, od: OpDef) -> bool:
             and not _may_hold_inputs(node, od) and v.kind == "tensor" and _known_dtype(v))
 
 
-def _analyse(graph: Graph) -> tuple[dict[str, OwnedValue], dict[str, frozenset[str]], dict[str, int]]:
+def _analyse(graph: Graph, written_into: dict[str, str] | None = None
+             ) -> tuple[dict[str, OwnedValue], dict[str, frozenset[str]], dict[str, int]]:
     """Owned values with their lifetimes, each value's alias set, and the bitset of the nodes
     touching each owned value's memory (producer, readers through aliases, end of graph)."""
     n = len(graph.nodes)
@@ -209,6 +213,10 @@ def _analyse(graph: Graph) -> tuple[dict[str, OwnedValue], dict[str, frozenset[s
             alias[id(v)] = mine
     for v in graph.outputs:
         touch(v, end_bit)
+    for v, into in (written_into or {}).items():
+        if v in first and into in first:
+            first[into] = min(first[into], first[v])
+            touches[into] |= touches[v]
 
     owned = {name: OwnedValue(name, f, touches[name].bit_length() - 1, pooled[name]) for name, f in first.items()}
     aliases = {v.name: alias[id(v)] for v in graph.values.values() if alias.get(id(v))}

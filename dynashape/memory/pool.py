@@ -15,7 +15,9 @@ being made: its users pairwise never conflict, so while the requester is being p
 them has live data in it (each is either finished or not yet produced). The pool then tells the
 owner of every other user (``on_move``) where its memory is now. Without this, every growing
 step of a decode loop would hold each shared record twice: the old one, pinned by users that
-grow later in the run, next to the new one. Contents are not kept across a ``get``.
+grow later in the run, next to the new one. (Growing any non-conflicting smaller record, not
+only the requester's, packed worse on the CNNs tried: Inception v1 23.7 against 23.1 MB.)
+Contents are not kept across a ``get``.
 """
 
 from __future__ import annotations

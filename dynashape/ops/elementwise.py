@@ -279,7 +279,8 @@ def _act(name: str, fn, since=(6,)) -> None:
 
 
 _act("IsNaN", lambda x, *, out=None: torch.isnan(x), (9, 13, 20))  # torch.isnan has no out=
-_act("Relu", lambda x, *, out=None: torch.relu(x), (6, 13, 14))
+# clamp_min writes into ``out`` (torch.relu cannot): a Relu feeding a Concat writes into its slot
+_unary("Relu", lambda x, *, out=None: torch.clamp_min(x, 0, out=out), (6, 13, 14))
 _act("Softplus", lambda x, *, out=None: F.softplus(x), (1, 22))
 _act("Softsign", lambda x, *, out=None: F.softsign(x), (1, 22))
 _act("Mish", lambda x, *, out=None: F.mish(x), (18, 22))

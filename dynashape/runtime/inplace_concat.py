@@ -6,10 +6,16 @@ Two ways an input gets there:
   ``past``), the storage has room for the rest along the axis, and nothing was written past the
   input's end since (a watermark per storage). Then the Concat's output is the same storage,
   one step longer, and the past is not copied.
-- *a producer writes into its slot*: the last input's producer, when it is an element-wise
-  kernel whose only user is this Concat, gets a view of its slot in the storage as its output
-  buffer (OpenVINO's "producers write at their offset").
-Whatever is not in place is copied into its slot (counted in ``concat_bytes_copied``).
+- *producers write into their slots* (OpenVINO's "producers write at their offset"): an input
+  whose producer writes into a given ``out`` and whose only reader is this Concat gets a view of
+  its slot as that ``out``. The first such producer of a run lays the storage out: the shapes of
+  inputs made before it are known, its own is just inferred, and those of inputs made after it
+  are taken from the Concat's last run. Every later producer checks that the layout still holds
+  for it (else it writes its own buffer). A slot that is not contiguous (the axis is not the
+  outermost non-trivial one) is offered only to kernels that write strided outputs correctly.
+Whatever is not in place when the Concat runs is copied into its slot (counted in
+``concat_bytes_copied``); an input that lies in the storage at another place than its slot (the
+layout changed during the run) is copied out first, so no copy overwrites another's data.
 
 A new storage has spare room along the axis (``growth``): a KV cache then appends for many steps
 before it needs a larger one. Storages handed to the caller (a graph output in torch mode) stay
@@ -52,14 +58,21 @@ GROWTH = {"openvino": growth_openvino, "geometric": growth_geometric}
 class InplaceConcat:
     """Attached to a Concat PrimitiveInst; ``index`` staggers the growth of the model's caches."""
 
-    def __init__(self, inst: PrimitiveInst, index: int, growth: str = "geometric") -> None:
-        self.inst, self.index, self.growth = inst, index, GROWTH[growth]
+    def __init__(self, inst: PrimitiveInst, index: int, growth: str | None = "geometric") -> None:
+        """``growth``: a rule of GROWTH for spare room along the axis, or None (exact storages)."""
+        self.inst, self.index = inst, index
+        self.growth = GROWTH[growth] if growth is not None else None
+        self.pool_key: str | None = None  # set when the storage comes from the network's pool
         self.axis = inst.node.attrs.get("axis", 0)
         self.owned: torch.Tensor | None = None  # a storage this Concat keeps between runs
-        self.retire: torch.Tensor | None = None  # the previous one, freed once the copy is done
+        self.retire: list[torch.Tensor] = []  # earlier ones, freed once the Concat has copied from them
         # storages written lately: (weak root tensor, capacity shape, watermark along the axis)
         self.known: list[tuple[weakref.ref, tuple, int]] = []
-        self.planned: tuple | None = None  # (storage, prefix) chosen for the feeder this run
+        # producers writing into their slots: id(producer) -> (its input index, the input indices
+        # whose values exist when it runs); set up by memory_setup
+        self.feeders_of: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.first_feeder: PrimitiveInst | None = None
+        self.plan: tuple | None = None  # (run, storage, input shapes, offsets) laid out for a run
 
     # ---- choosing the storage ----------------------------------------------------------------
     def _past_storage(self, first: torch.Tensor, a: int, total: int, shape: tuple) -> torch.Tensor | None:
@@ -79,11 +92,11 @@ class InplaceConcat:
             return storage
         return None
 
-    def storage_for(self, first: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    def storage_for(self, first: torch.Tensor | None, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """The storage the output of ``shape`` goes into: the past's, our own, or a new one."""
         a = norm_axis(self.axis, len(shape))
         total = shape[a]
-        s = self._past_storage(first, a, total, shape)
+        s = None if first is None else self._past_storage(first, a, total, shape)
         if s is not None:
             self.inst.net.stats["concat_past_in_place"] += 1
             return s
@@ -96,33 +109,91 @@ class InplaceConcat:
     def _new_storage(self, shape: tuple, a: int, dtype: torch.dtype) -> torch.Tensor:
         inst = self.inst
         cap = list(shape)
-        cap[a] = shape[a] + self.growth(shape[a], self.index)
+        if self.growth is not None:
+            cap[a] = shape[a] + self.growth(shape[a], self.index)
         n = math.prod(cap)
         engine = inst.net.engine
-        if not engine.can_preallocate(n * dtype.itemsize):
+        if n > math.prod(shape) and not engine.can_preallocate(n * dtype.itemsize):
             cap[a] = shape[a]  # no room for spare capacity: exact
             n = math.prod(cap)
-        # the old storage may hold the past we are about to copy: it goes back after the copy
-        self.retire, self.owned = self.owned, None
-        flat = engine.allocate(n, dtype)
+        if self.pool_key is not None:
+            # the pool takes the old record back itself (inputs were moved out of it before)
+            self.owned = None
+            flat = inst.net.pool.get(self.pool_key, n, dtype, dynamic=True)
+        else:
+            # the old storage may hold the past we are about to copy: it goes back after the copy
+            if self.owned is not None:
+                self.retire.append(self.owned)
+                self.owned = None
+            flat = engine.allocate(n, dtype)
         storage = flat.view(cap)
         self.owned = storage
         inst.net.stats["concat_storages"] += 1
         return storage
 
-    # ---- the feeder: the last input's producer writes into its slot --------------------------
-    def slot_for_feeder(self, ins_before: list, own_shape: tuple, dtype: torch.dtype) -> torch.Tensor | None:
-        first = ins_before[0] if ins_before else None
-        if first is None or any(not isinstance(x, torch.Tensor) for x in ins_before):
-            self.planned = None
+    # ---- producers writing into their slots --------------------------------------------------
+    def slot_for_feeder(self, feeder: PrimitiveInst, vals: list, own_shape: tuple,
+                        dtype: torch.dtype) -> torch.Tensor | None:
+        """The view of the storage ``feeder`` writes its output into, or None (its own buffer)."""
+        i, ready = self.feeders_of[id(feeder)]
+        run = self.inst.net.runs
+        if feeder is self.first_feeder:
+            layout = self._lay_out(i, ready, vals, own_shape, dtype)
+            self.plan = None if layout is None else (run, *layout)
+        plan = self.plan
+        if plan is None or plan[0] != run:  # none, or one of a run whose first producer did not come here
             return None
+        _, storage, shapes, offsets = plan
+        slots = self.inst.in_slots
+        if shapes[i] != tuple(own_shape) or any(_shape(vals[slots[j]]) != shapes[j] for j in ready):
+            return None  # the layout does not hold for us: write our own buffer, the Concat copies
         a = norm_axis(self.axis, len(own_shape))
-        prefix = sum(x.shape[a] for x in ins_before)
-        shape = list(own_shape)
-        shape[a] = prefix + own_shape[a]
-        storage = self.storage_for(first, tuple(shape), dtype)
-        self.planned = (storage, prefix)
-        return storage.narrow(a, prefix, own_shape[a])
+        slot = storage.narrow(a, offsets[i], own_shape[a])
+        if not slot.is_contiguous() and feeder.op_type not in STRIDED_OUT_OK:
+            return None
+        return slot
+
+    def _lay_out(self, i: int, ready: tuple, vals: list, own_shape: tuple, dtype: torch.dtype) -> tuple | None:
+        """Input shapes, offsets and the storage for this run, as the first producer sees them.
+        An input made after it is guessed: Concat forces its other dims to equal ours, and its
+        length along the axis is taken from the Concat's last run or from the graph's static
+        shape (right whenever that length is fixed, as the channels of a CNN's branches are)."""
+        last = self.inst.in_shapes  # the Concat's input shapes of its last run
+        a = norm_axis(self.axis, len(own_shape))
+        slots, shapes = self.inst.in_slots, []
+        for j in range(len(slots)):
+            if j == i:
+                shapes.append(tuple(own_shape))
+            elif j in ready:
+                shapes.append(_shape(vals[slots[j]]))
+            else:
+                length = self._length_of(j, a, len(own_shape), last)
+                if length is None:
+                    return None  # no guess for an input made after us
+                guess = list(own_shape)
+                guess[a] = length
+                shapes.append(tuple(guess))
+        if any(s is None or len(s) != len(own_shape) for s in shapes):
+            return None
+        if any(s[d] != own_shape[d] for s in shapes for d in range(len(own_shape)) if d != a):
+            return None
+        offsets = [0]
+        for s in shapes[:-1]:
+            offsets.append(offsets[-1] + s[a])
+        total = list(own_shape)
+        total[a] = offsets[-1] + shapes[-1][a]
+        first = vals[slots[0]] if 0 in ready else None
+        return self.storage_for(first, tuple(total), dtype), shapes, offsets
+
+    def _length_of(self, j: int, a: int, rank: int, last) -> int | None:
+        """Input j's length along the axis: as in the last run, else as compile-time shape
+        inference fixed it (the channels of a CNN branch are known before any run)."""
+        if last is not None and last[j] is not None and len(last[j]) == rank:
+            return last[j][a]
+        shape = self.inst.node.inputs[j].shape
+        if shape is None or len(shape) != rank or not shape[a].is_static:
+            return None
+        return shape[a].min
 
     # ---- the Concat itself --------------------------------------------------------------------
     def run(self, xs: list) -> torch.Tensor:
@@ -130,23 +201,50 @@ class InplaceConcat:
         a = norm_axis(self.axis, xs[0].dim())
         shape = list(xs[0].shape)
         shape[a] = sum(x.shape[a] for x in xs)
-        planned, self.planned = self.planned, None
-        storage = planned[0] if planned is not None and planned[0].shape[a] >= shape[a] else None
-        if storage is None:
-            storage = self.storage_for(xs[0], tuple(shape), xs[0].dtype)
+        plan, self.plan = self.plan, None
         stats = self.inst.net.stats
-        offset = 0
+        if plan is not None and plan[0] == self.inst.net.runs and plan[2] == [tuple(x.shape) for x in xs]:
+            storage = plan[1]
+        else:
+            if self.owned is not None:  # a new storage may take this one's place: what is in it moves out
+                xs = self._moved_out(xs, self.owned.untyped_storage().data_ptr())
+            storage = self.storage_for(xs[0], tuple(shape), xs[0].dtype)
+        offset, slots = 0, []
         for x in xs:
-            slot = storage.narrow(a, offset, x.shape[a])
-            if x.numel() and not (x.data_ptr() == slot.data_ptr() and x.stride() == slot.stride()):
+            slots.append(storage.narrow(a, offset, x.shape[a]))
+            offset += x.shape[a]
+        placed = [x.numel() == 0 or (x.data_ptr() == s.data_ptr() and x.stride() == s.stride())
+                  for x, s in zip(xs, slots)]
+        # an input left in the storage at another place would be overwritten by the copies: move it out first
+        xs = self._moved_out(xs, storage.untyped_storage().data_ptr(), placed)
+        for x, slot, ok in zip(xs, slots, placed):
+            if ok:
+                stats["concat_inputs_in_place"] += 1
+            else:
                 slot.copy_(x)
                 stats["concat_bytes_copied"] += x.numel() * x.element_size()
-            offset += x.shape[a]
         self._mark(storage, shape[a])
-        if self.retire is not None and self.retire is not storage:
-            self.inst.net.engine.release(self.retire)
-        self.retire = None
+        for old in self.retire:
+            self.inst.net.engine.release(old)
+        self.retire = []
         return storage.narrow(a, 0, shape[a])
+
+    def _moved_out(self, xs: list, mem: int, placed: list | None = None) -> list:
+        """``xs`` with the inputs that lie in storage ``mem`` (and are not at their slot) cloned."""
+        out = []
+        for k, x in enumerate(xs):
+            if x.numel() and x.untyped_storage().data_ptr() == mem and not (placed and placed[k]):
+                x = x.clone()
+                self.inst.net.stats["concat_bytes_copied"] += x.numel() * x.element_size()
+            out.append(x)
+        return out
+
+    def rebind(self, record: torch.Tensor) -> None:
+        """The pool moved the record our storage shares (another user grew it, at a time none of
+        our producers or readers runs): the storage is there now."""
+        if self.owned is not None:
+            own = self.owned
+            self.owned = record[:own.numel() * own.element_size()].view(own.dtype).view(own.shape)
 
     def _mark(self, storage: torch.Tensor, filled: int) -> None:
         root = storage._base if storage._base is not None else storage
@@ -158,3 +256,11 @@ class InplaceConcat:
         if self.owned is not None:
             self.inst.net.engine.release(self.owned, handed_out=True)
             self.owned = None
+
+    def reset(self) -> None:
+        """A run failed: a layout made for it must not be used by the next one."""
+        self.plan = None
+
+
+def _shape(t) -> tuple | None:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else None

@@ -16,7 +16,7 @@ from ..errors import OptionsError
 from ..memory.pool import MemoryPool
 from ..memory.predictor import PredictorOptions, ShapePredictor
 from ..ops.shapes import prod
-from .inplace_concat import GROWTH, STRIDED_OUT_OK, InplaceConcat
+from .inplace_concat import GROWTH, InplaceConcat
 
 if TYPE_CHECKING:
     from .network import Network
@@ -60,7 +60,7 @@ def setup_memory(net: Network) -> MemoryPool | None:
     _count_concat_copies(net)
     pool = None
     if cfg.pool:
-        deps = DEPS[cfg.memory_deps](net.graph)
+        deps = _deps(net)
         roots = set(deps.roots)
         owner = {}
         for inst in net.insts:
@@ -70,10 +70,25 @@ def setup_memory(net: Network) -> MemoryPool | None:
                 if v is not None and v.name in roots:
                     inst.pool_keys[k] = v.name
                     owner[v.name] = (inst, k)
+        for inst in net.insts:
+            # the storage of a Concat inside the graph comes from the pool too, under its output's
+            # name: its lifetime (from its first producer on) is in the in-order dependencies
+            name = inst.node.outputs[0].name if inst.inplace is not None else None
+            if name in roots and cfg.memory_deps == "in_order":
+                inst.inplace.pool_key = name
+                owner[name] = (inst, 0)
         pool = MemoryPool(net.engine, deps, on_move=lambda user, buf: _rebind(owner[user], buf))
     net.pool = pool
     _preallocate_static(net)
     return pool
+
+
+def _deps(net: Network):
+    if net.memory.memory_deps != "in_order":
+        return DEPS[net.memory.memory_deps](net.graph)
+    written_into = {inst.node.outputs[0].name: inst.feeds.inst.node.outputs[0].name
+                    for inst in net.insts if inst.feeds is not None}
+    return basic_memory_dependencies(net.graph, written_into)
 
 
 def _rebind(owner: tuple, record) -> None:
@@ -82,8 +97,8 @@ def _rebind(owner: tuple, record) -> None:
 
 
 def _setup_inplace_concats(net: Network) -> None:
-    """A Concat of device tensors works in place; the producer of its last input, when it is an
-    element-wise kernel whose only reader is the Concat, writes into the Concat's storage."""
+    """A Concat of device tensors works in place; each input's producer that writes into a given
+    ``out`` and whose result only this Concat reads writes into the Concat's storage."""
     producer = {id(v): inst for inst in net.insts for v in inst.node.outputs if v is not None}
     order = {id(inst): i for i, inst in enumerate(net.insts)}
     outputs = {id(v) for v in net.graph.outputs}
@@ -94,23 +109,29 @@ def _setup_inplace_concats(net: Network) -> None:
             continue
         if any(v is None or v.is_const or v.kind != "tensor" for v in node.inputs):
             continue
-        inst.inplace = InplaceConcat(inst, index, net.memory.kv_growth)
-        index += 1
-        plan = inst.inplace
+        output = id(node.outputs[0]) in outputs
+        # spare room along the axis only where a later run may extend the storage in place: an
+        # output the caller may feed back (a KV cache's present); inside the graph, exact
+        inst.inplace = plan = InplaceConcat(inst, index, net.memory.kv_growth if output else None)
+        index += output
         inst.kernel = lambda *xs, out=None, _plan=plan: _plan.run(list(xs))
         inst.writes_out = False
-        if id(node.outputs[0]) in outputs:
+        if output:
             net.inplace_outputs.append(inst)
-        last = node.inputs[-1]
-        feeder = producer.get(id(last))
-        if (feeder is None or feeder.op_type not in STRIDED_OUT_OK or not feeder.single_out
-                or not feeder.writes_out or feeder.host or len(last.users) != 1 or id(last) in outputs
-                or node.inputs.count(last) != 1):
-            continue
-        before = node.inputs[:-1]
-        # every input before ours must exist when our producer runs
-        if all(id(v) not in producer or order[id(producer[id(v)])] < order[id(feeder)] for v in before):
-            feeder.feeds = (plan, [inst.in_slots[i] for i in range(len(before))])
+        # when each input exists: graph inputs from the start, the others after their producer
+        made_at = [order[id(producer[id(v)])] if id(v) in producer else -1 for v in node.inputs]
+        for i, v in enumerate(node.inputs):
+            feeder = producer.get(id(v))
+            if (feeder is None or not feeder.single_out or not feeder.writes_out or feeder.host
+                    or feeder.feeds is not None or len(v.users) != 1 or id(v) in outputs
+                    or node.inputs.count(v) != 1):
+                continue
+            at = order[id(feeder)]
+            ready = tuple(j for j, t in enumerate(made_at) if t < at)
+            feeder.feeds = plan
+            plan.feeders_of[id(feeder)] = (i, ready)
+            if plan.first_feeder is None or at < order[id(plan.first_feeder)]:
+                plan.first_feeder = feeder
 
 
 def _count_concat_copies(net: Network) -> None:

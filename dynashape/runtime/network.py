@@ -40,6 +40,7 @@ class Network:
             self.insts.append(self._make_inst(node, host_values))
         self.output_slots = [(v.name, self._output_slot(v)) for v in g.outputs]
         self.last_in_shapes = None
+        self.runs = 0  # runs started: stamps what is laid out for one run only (in-place concat)
         # Without data-dependent shapes, the network's shapes are a function of its input shapes:
         # if those did not change, no node's did, and one comparison stands for all of them.
         self.shapes_follow_inputs = not any(i.data_dependent or i.volatile_deps for i in self.insts)
@@ -161,6 +162,7 @@ class Network:
         when False (the caller copies them, as numpy outputs are) the network keeps them for the
         next run, where the predictor can grow them ahead."""
         vals = self.vals
+        self.runs += 1
         for name, t in feeds.items():
             if isinstance(t, torch.Tensor) and t.device != self.device:
                 t = self._stage(name, t)

@@ -70,7 +70,7 @@ class PrimitiveInst:
         self.pool_keys: list[str | None] = [None] * len(out_slots)
         self.pred_keys = [self.name if k == 0 else f"{self.name}_out{k}" for k in range(len(out_slots))]
         self.inplace = None  # InplaceConcat, for a Concat whose inputs may sit in its buffer
-        self.feeds = None  # (InplaceConcat, slots of the inputs before ours): we write into its slot
+        self.feeds = None  # the InplaceConcat whose storage we write our output into
 
     # ---- inputs ---------------------------------------------------------------------------
     def gather(self, vals: list) -> list:
@@ -131,35 +131,35 @@ class PrimitiveInst:
         """Give each output a buffer large enough: reuse the old one when its capacity (in
         elements) suffices, unless it is more than 10x what is needed (reclaim); otherwise the old
         buffer goes back first, and the new one is sized as the ShapePredictor expects the shape to
-        grow (when it predicts, and the engine has room)."""
+        grow (when it predicts, and the engine has room). A producer that writes into a Concat's
+        storage gets its own buffer only when the storage has no slot for it (``plan_feed``)."""
         if not self.writes_out or self.out_shapes is None:
             self.out = None
             return
-        outs = []
-        for k, shape in enumerate(self.out_shapes):
-            if shape is None or self.out_slots[k] is None:
-                outs.append(None)
-                continue
-            n = prod(shape)
-            dtype = self.out_dtypes[k]
-            fits = self.buffers[k] is not None and n <= self.capacity[k]
-            if fits and n * 10 >= self.capacity[k]:
-                self.net.stats["buffer_reuses"] += 1
-                self.net.predict(self.pred_keys[k], shape, dtype, True)  # the history records every shape
-            else:
-                if self.buffers[k] is not None:
-                    self.net.stats["buffer_reclaims" if fits else "buffer_grows"] += 1
-                    self._give_back(k)
-                want = n
-                ok, predicted = self.net.predict(self.pred_keys[k], shape, dtype, False)
-                if ok and prod(predicted) > n:
-                    want = prod(predicted)
-                    self.net.stats["predictions_used"] += 1
-                self.buffers[k] = self._take(k, want, dtype)
-                self.capacity[k] = want
-            # as_strided: one op for "the first n elements, seen with this shape"
-            outs.append(self.buffers[k].as_strided(shape, _contiguous_strides(shape)))
+        outs = [None if s is None or self.out_slots[k] is None or (k == 0 and self.feeds is not None)
+                else self._buffer_for(k, s) for k, s in enumerate(self.out_shapes)]
         self.out = outs[0] if self.single_out else tuple(outs)
+
+    def _buffer_for(self, k: int, shape: tuple) -> torch.Tensor:
+        n = prod(shape)
+        dtype = self.out_dtypes[k]
+        fits = self.buffers[k] is not None and n <= self.capacity[k]
+        if fits and n * 10 >= self.capacity[k]:
+            self.net.stats["buffer_reuses"] += 1
+            self.net.predict(self.pred_keys[k], shape, dtype, True)  # the history records every shape
+        else:
+            if self.buffers[k] is not None:
+                self.net.stats["buffer_reclaims" if fits else "buffer_grows"] += 1
+                self._give_back(k)
+            want = n
+            ok, predicted = self.net.predict(self.pred_keys[k], shape, dtype, False)
+            if ok and prod(predicted) > n:
+                want = prod(predicted)
+                self.net.stats["predictions_used"] += 1
+            self.buffers[k] = self._take(k, want, dtype)
+            self.capacity[k] = want
+        # as_strided: one op for "the first n elements, seen with this shape"
+        return self.buffers[k].as_strided(shape, _contiguous_strides(shape))
 
     def _take(self, k: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         key = self.pool_keys[k]
@@ -178,12 +178,17 @@ class PrimitiveInst:
     def rebind(self, k: int, record: torch.Tensor) -> None:
         """The pool moved the record output k shares (another user grew it): point the buffer,
         and the ``out`` views the kernel writes through, at the new memory."""
+        if self.inplace is not None:
+            self.inplace.rebind(record)
+            return
         dtype = self.out_dtypes[k]
         self.buffers[k] = record[:self.capacity[k] * dtype.itemsize].view(dtype)
         if self.out_shapes is None or self.out is None:
             return
-        outs = [None if b is None or s is None else b.as_strided(s, _contiguous_strides(s))
-                for b, s in zip(self.buffers, self.out_shapes)]
+        # a producer that wrote into a Concat's slot this run may have a shape its own (older,
+        # smaller) buffer cannot view: plan_feed picks its ``out`` before each run anyway
+        outs = [None if b is None or s is None or prod(s) > cap else b.as_strided(s, _contiguous_strides(s))
+                for b, s, cap in zip(self.buffers, self.out_shapes, self.capacity)]
         self.out = outs[0] if self.single_out else tuple(outs)
 
     def execute(self, ins: list, vals: list) -> None:
@@ -241,12 +246,17 @@ class PrimitiveInst:
 
     def plan_feed(self, vals: list) -> None:
         """Write straight into our slot of the Concat's storage when it can take us."""
-        concat, prefix_slots = self.feeds
-        slot = concat.slot_for_feeder([vals[s] for s in prefix_slots], self.out_shapes[0], self.out_dtypes[0])
-        if slot is not None:
-            self.out = slot
-        elif self.buffers[0] is not None:
-            self.out = self.buffers[0].as_strided(self.out_shapes[0], _contiguous_strides(self.out_shapes[0]))
+        slot = self.feeds.slot_for_feeder(self, vals, self.out_shapes[0], self.out_dtypes[0])
+        if slot is None:
+            self.out = self._buffer_for(0, self.out_shapes[0])
+            return
+        self.out = slot
+        if self.buffers[0] is not None:  # our own buffer (from a run without a slot) is not needed now
+            if self.pool_keys[0] is not None and self.net.pool is not None:
+                self.net.pool.release(self.pool_keys[0], self.buffers[0], free_if_unused=True)
+            else:
+                self.net.engine.release(self.buffers[0])
+            self.buffers[0], self.capacity[0] = None, 0
 
     def _emit_empty(self, vals: list) -> None:
         self.net.stats["empty_skips"] += 1
@@ -270,6 +280,8 @@ class PrimitiveInst:
     def reset(self) -> None:
         """Forget cached shapes so the next run redoes the whole flow (after an error)."""
         self.in_shapes, self.dep_vals, self.impl_key = None, (), None
+        if self.inplace is not None:
+            self.inplace.reset()
 
 
 def shape_key(t):

@@ -173,9 +173,24 @@ def test_shape_of_values_and_constants_own_no_memory():
     assert "df" in d.owned
 
 
+def test_a_value_written_into_a_concat_storage_starts_the_storage_lifetime():
+    g = compiled([helper.make_node("Sigmoid", ["x"], ["a"]),
+                  helper.make_node("Neg", ["x"], ["b"]),
+                  helper.make_node("Tanh", ["x"], ["c"]),
+                  helper.make_node("Concat", ["a", "c"], ["cat"], axis=0),
+                  helper.make_node("Sigmoid", ["cat"], ["y"])],
+                 [("x", [4])], [("y", [8]), ("b", [4])])
+    plain = basic_memory_dependencies(g)
+    assert plain.live_interval("cat") == (3, 4)
+    merged = basic_memory_dependencies(g, written_into={"a": "cat", "c": "cat"})
+    # a is written into cat's storage at node 0: the storage lives from there (a itself, when
+    # it has no slot and a buffer of its own, keeps its interval)
+    assert merged.live_interval("cat") == (0, 4) and merged.live_interval("a") == (0, 3)
+
+
 def test_fresh_result_ops_own_memory_but_bypass_the_pool():
-    # Relu's kernel returns torch's result (writes_out False); NonZero is data-dependent
-    g = compiled([helper.make_node("Relu", ["x"], ["a"]),
+    # LeakyRelu's kernel returns torch's result (writes_out False); NonZero is data-dependent
+    g = compiled([helper.make_node("LeakyRelu", ["x"], ["a"]),
                   helper.make_node("NonZero", ["a"], ["nz"]),
                   helper.make_node("Cast", ["nz"], ["c"], to=TP.FLOAT),
                   helper.make_node("Sigmoid", ["c"], ["y"])],
@@ -447,7 +462,7 @@ def test_pool_over_a_compiled_graph_shares_along_a_chain():
 
 # ---- property: random DAGs ----------------------------------------------------------------------
 
-_UNARY = ("Sigmoid", "Neg", "Relu")  # Relu's result is adopted: an owned value the pool never sees
+_UNARY = ("Sigmoid", "Neg", "LeakyRelu")  # LeakyRelu's result is adopted: an owned value the pool never sees
 _DTYPES = (torch.float32, torch.uint8, torch.float16, torch.int64)
 
 
@@ -604,7 +619,7 @@ def test_property_release_after_last_use_is_safe_in_order(spec, data):
 # ---- property: execute with pooled buffers and compare with fresh tensors ------------------------
 
 _KERNELS = {
-    "Sigmoid": torch.sigmoid, "Neg": torch.neg, "Relu": torch.relu, "Add": torch.add,
+    "Sigmoid": torch.sigmoid, "Neg": torch.neg, "LeakyRelu": torch.nn.functional.leaky_relu, "Add": torch.add,
     "Concat": lambda *xs: torch.cat(xs, 0), "Split": lambda x: torch.chunk(x, 2),
     "Reshape": lambda x: x.reshape(-1), "Identity": lambda x: x,
 }
