@@ -217,17 +217,23 @@ class InplaceConcat:
                   for x, s in zip(xs, slots)]
         # an input left in the storage at another place would be overwritten by the copies: move it out first
         xs = self._moved_out(xs, storage.untyped_storage().data_ptr(), placed)
-        for x, slot, ok in zip(xs, slots, placed):
-            if ok:
-                stats["concat_inputs_in_place"] += 1
-            else:
-                slot.copy_(x)
-                stats["concat_bytes_copied"] += x.numel() * x.element_size()
-        self._mark(storage, shape[a])
+        result = storage.narrow(a, 0, shape[a])
+        if not any(x.numel() for x, ok in zip(xs, placed) if ok):
+            torch.cat(xs, dim=a, out=result)  # nothing in place: one kernel, not one copy per input
+            stats["concat_bytes_copied"] += sum(x.numel() * x.element_size() for x in xs)
+        else:
+            for x, slot, ok in zip(xs, slots, placed):
+                if ok:
+                    stats["concat_inputs_in_place"] += 1
+                else:
+                    slot.copy_(x)
+                    stats["concat_bytes_copied"] += x.numel() * x.element_size()
+        if self.pool_key is None:  # only a storage the caller may feed back needs its watermark
+            self._mark(storage, shape[a])
         for old in self.retire:
             self.inst.net.engine.release(old)
         self.retire = []
-        return storage.narrow(a, 0, shape[a])
+        return result
 
     def _moved_out(self, xs: list, mem: int, placed: list | None = None) -> list:
         """``xs`` with the inputs that lie in storage ``mem`` (and are not at their slot) cloned."""

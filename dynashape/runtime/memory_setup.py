@@ -147,10 +147,12 @@ def _count_concat_copies(net: Network) -> None:
 
 
 def _preallocate_static(net: Network) -> None:
-    """Outputs whose shapes are static at compile time get their buffers now, largest first."""
+    """Outputs whose shapes are static at compile time get their buffers now, largest first (in
+    place Concats served by the pool too: their storage is their output)."""
     todo = []
     for inst in net.insts:
-        if not inst.writes_out or inst.host or inst.shape_of:
+        pooled_concat = inst.inplace is not None and inst.inplace.pool_key is not None
+        if not (inst.writes_out or pooled_concat) or inst.host or inst.shape_of:
             continue
         for k, v in enumerate(inst.node.outputs):
             if v is None or v.shape is None or not v.shape.is_static or inst.out_dtypes[k] is None:
@@ -158,5 +160,10 @@ def _preallocate_static(net: Network) -> None:
             n = prod(v.shape.to_static())
             todo.append((n * inst.out_dtypes[k].itemsize, inst, k, n))
     for _, inst, k, n in sorted(todo, key=lambda t: -t[0]):
+        if inst.inplace is not None:
+            plan = inst.inplace
+            flat = net.pool.get(plan.pool_key, n, inst.out_dtypes[k], dynamic=True)
+            plan.owned = flat.view(tuple(inst.node.outputs[k].shape.to_static()))
+            continue
         inst.buffers[k] = inst._take(k, n, inst.out_dtypes[k])
         inst.capacity[k] = n

@@ -73,6 +73,21 @@ def test_a_branch_of_unknown_length_is_laid_out_from_the_last_run():
     assert per_run == [3 * 4 * n, 0, 0, (1 + 3) * 5 * n, 0]
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_producers_that_cannot_write_into_a_slot_are_copied_in_one_go(batch):
+    """LeakyRelu returns torch's own tensor: nothing is in place, the Concat copies every input
+    (one torch.cat into a strided view of the storage when batch > 1)."""
+    m = model([helper.make_node("LeakyRelu", ["x"], ["a"]),
+               helper.make_node("LeakyRelu", ["x"], ["b"], alpha=0.5),
+               helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+               helper.make_node("Tanh", ["cat"], ["y"])],
+              [("x", ["N", 3, "W"])], [("y", ["N", 6, "W"])])
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    per_run = run_sequence(sess, m, [(batch, 3, 4), (batch, 3, 7), (batch, 3, 7)], lambda s: {"x": rand(s)})
+    assert per_run == [2 * batch * 3 * w * 4 for w in (4, 7, 7)]
+    assert sess.memory_stats()["concat_inputs_in_place"] == 0
+
+
 def test_without_inplace_concat_every_run_copies_the_branches():
     m = branches()
     sess = dynashape.InferenceSession(m, device=DEVICE, inplace_concat=False)
