@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -32,7 +33,8 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
         t.add_column(c, justify="right" if c != columns[0] else "left")
     for r in rows:
         t.add_row(*[f"{x:.3g}" if isinstance(x, float) else str(x) for x in r])
-    Console().print(t)
+    # a log (not a terminal) gets the whole table, not columns cut to 80 characters
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
 
 
 def write_json(path: str | None, data: dict) -> None:

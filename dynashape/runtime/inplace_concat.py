@@ -65,6 +65,7 @@ class InplaceConcat:
         self.pool_key: str | None = None  # set when the storage comes from the network's pool
         self.axis = inst.node.attrs.get("axis", 0)
         self.owned: torch.Tensor | None = None  # a storage this Concat keeps between runs
+        self.flat: torch.Tensor | None = None  # the pool's 1-D buffer under ``owned`` (pooled storages)
         self.retire: list[torch.Tensor] = []  # earlier ones, freed once the Concat has copied from them
         # storages written lately: (weak root tensor, capacity shape, watermark along the axis)
         self.known: list[tuple[weakref.ref, tuple, int]] = []
@@ -72,7 +73,8 @@ class InplaceConcat:
         # whose values exist when it runs); set up by memory_setup
         self.feeders_of: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.first_feeder: PrimitiveInst | None = None
-        self.plan: tuple | None = None  # (run, storage, input shapes, offsets) laid out for a run
+        self.plan: _Layout | None = None  # laid out by the first producer, for one run
+        self._kept: _Layout | None = None  # the last layout on our own storage, for the next runs
 
     # ---- choosing the storage ----------------------------------------------------------------
     def _past_storage(self, first: torch.Tensor, a: int, total: int, shape: tuple) -> torch.Tensor | None:
@@ -104,6 +106,12 @@ class InplaceConcat:
         if own is not None and own.shape[a] >= total and all(
                 own.shape[d] == shape[d] for d in range(len(shape)) if d != a) and own.dtype == dtype:
             return own
+        flat, n = self.flat, math.prod(shape)
+        if flat is not None and flat.dtype == dtype and n <= flat.numel() <= 10 * n:
+            # a pooled storage is reused by capacity in elements, as realloc_if_needed does (a
+            # batch that shrinks or comes back needs no new one): the same memory, another shape
+            self.owned = flat[:n].view(shape)
+            return self.owned
         return self._new_storage(shape, a, dtype)
 
     def _new_storage(self, shape: tuple, a: int, dtype: torch.dtype) -> torch.Tensor:
@@ -119,7 +127,7 @@ class InplaceConcat:
         if self.pool_key is not None:
             # the pool takes the old record back itself (inputs were moved out of it before)
             self.owned = None
-            flat = inst.net.pool.get(self.pool_key, n, dtype, dynamic=True)
+            flat = self.flat = inst.net.pool.get(self.pool_key, n, dtype, dynamic=True)
         else:
             # the old storage may hold the past we are about to copy: it goes back after the copy
             if self.owned is not None:
@@ -138,26 +146,26 @@ class InplaceConcat:
         i, ready = self.feeders_of[id(feeder)]
         run = self.inst.net.runs
         if feeder is self.first_feeder:
-            layout = self._lay_out(i, ready, vals, own_shape, dtype)
-            self.plan = None if layout is None else (run, *layout)
-        plan = self.plan
-        if plan is None or plan[0] != run:  # none, or one of a run whose first producer did not come here
+            self.plan = self._lay_out(i, ready, vals, own_shape, dtype)
+            if self.plan is not None:
+                self.plan.run = run
+        lay = self.plan
+        if lay is None or lay.run != run:  # none, or one of a run whose first producer did not come here
             return None
-        _, storage, shapes, offsets = plan
-        slots = self.inst.in_slots
-        if shapes[i] != tuple(own_shape) or any(_shape(vals[slots[j]]) != shapes[j] for j in ready):
+        slots, shapes = self.inst.in_slots, lay.shapes
+        if shapes[i] != own_shape or any(vals[slots[j]].shape != shapes[j] for j in ready):
             return None  # the layout does not hold for us: write our own buffer, the Concat copies
-        a = norm_axis(self.axis, len(own_shape))
-        slot = storage.narrow(a, offsets[i], own_shape[a])
+        slot = lay.slots[i]
         if not slot.is_contiguous() and feeder.op_type not in STRIDED_OUT_OK:
             return None
         return slot
 
-    def _lay_out(self, i: int, ready: tuple, vals: list, own_shape: tuple, dtype: torch.dtype) -> tuple | None:
+    def _lay_out(self, i: int, ready: tuple, vals: list, own_shape: tuple, dtype: torch.dtype) -> _Layout | None:
         """Input shapes, offsets and the storage for this run, as the first producer sees them.
         An input made after it is guessed: Concat forces its other dims to equal ours, and its
         length along the axis is taken from the Concat's last run or from the graph's static
-        shape (right whenever that length is fixed, as the channels of a CNN's branches are)."""
+        shape (right whenever that length is fixed, as the channels of a CNN's branches are).
+        The same shapes on our own storage give the same layout: it is kept, views and all."""
         last = self.inst.in_shapes  # the Concat's input shapes of its last run
         a = norm_axis(self.axis, len(own_shape))
         slots, shapes = self.inst.in_slots, []
@@ -173,17 +181,20 @@ class InplaceConcat:
                 guess = list(own_shape)
                 guess[a] = length
                 shapes.append(tuple(guess))
+        kept = self._kept
+        if kept is not None and kept.shapes == shapes and kept.storage is self.owned:
+            return kept
         if any(s is None or len(s) != len(own_shape) for s in shapes):
             return None
         if any(s[d] != own_shape[d] for s in shapes for d in range(len(own_shape)) if d != a):
             return None
-        offsets = [0]
-        for s in shapes[:-1]:
-            offsets.append(offsets[-1] + s[a])
         total = list(own_shape)
-        total[a] = offsets[-1] + shapes[-1][a]
+        total[a] = sum(s[a] for s in shapes)
         first = vals[slots[0]] if 0 in ready else None
-        return self.storage_for(first, tuple(total), dtype), shapes, offsets
+        lay = _Layout(self.storage_for(first, tuple(total), dtype), shapes, a)
+        # only a layout on a storage we keep can serve again (a past's storage changes every step)
+        self._kept = lay if lay.storage is self.owned else None
+        return lay
 
     def _length_of(self, j: int, a: int, rank: int, last) -> int | None:
         """Input j's length along the axis: as in the last run, else as compile-time shape
@@ -201,10 +212,15 @@ class InplaceConcat:
         a = norm_axis(self.axis, xs[0].dim())
         shape = list(xs[0].shape)
         shape[a] = sum(x.shape[a] for x in xs)
-        plan, self.plan = self.plan, None
+        lay, self.plan = self.plan, None
         stats = self.inst.net.stats
-        if plan is not None and plan[0] == self.inst.net.runs and plan[2] == [tuple(x.shape) for x in xs]:
-            storage = plan[1]
+        if lay is not None and lay.run == self.inst.net.runs and all(
+                x.shape == s for x, s in zip(xs, lay.shapes)) and len(xs) == len(lay.shapes):
+            if all(x.data_ptr() == p and x.stride() == st for x, (p, st) in zip(xs, lay.where)):
+                # every input is already in its slot: nothing to do (the common case)
+                stats["concat_inputs_in_place"] += len(xs)
+                return self._done(lay.storage, lay.result, a)
+            storage = lay.storage
         else:
             if self.owned is not None:  # a new storage may take this one's place: what is in it moves out
                 xs = self._moved_out(xs, self.owned.untyped_storage().data_ptr())
@@ -228,8 +244,11 @@ class InplaceConcat:
                 else:
                     slot.copy_(x)
                     stats["concat_bytes_copied"] += x.numel() * x.element_size()
+        return self._done(storage, result, a)
+
+    def _done(self, storage: torch.Tensor, result: torch.Tensor, a: int) -> torch.Tensor:
         if self.pool_key is None:  # only a storage the caller may feed back needs its watermark
-            self._mark(storage, shape[a])
+            self._mark(storage, result.shape[a])
         for old in self.retire:
             self.inst.net.engine.release(old)
         self.retire = []
@@ -248,9 +267,13 @@ class InplaceConcat:
     def rebind(self, record: torch.Tensor) -> None:
         """The pool moved the record our storage shares (another user grew it, at a time none of
         our producers or readers runs): the storage is there now."""
+        self._kept = None  # its views are of the old memory
+        if self.flat is not None:
+            flat = self.flat
+            self.flat = record[:flat.numel() * flat.element_size()].view(flat.dtype)
         if self.owned is not None:
             own = self.owned
-            self.owned = record[:own.numel() * own.element_size()].view(own.dtype).view(own.shape)
+            self.owned = self.flat[:own.numel()].view(own.shape)
 
     def _mark(self, storage: torch.Tensor, filled: int) -> None:
         root = storage._base if storage._base is not None else storage
@@ -265,7 +288,22 @@ class InplaceConcat:
 
     def reset(self) -> None:
         """A run failed: a layout made for it must not be used by the next one."""
-        self.plan = None
+        self.plan = self._kept = None
+
+
+class _Layout:
+    """Where each input of one Concat goes in a storage: shapes, slot views, the output view."""
+
+    __slots__ = ("storage", "shapes", "slots", "where", "result", "run")
+
+    def __init__(self, storage: torch.Tensor, shapes: list[tuple], a: int) -> None:
+        self.storage, self.shapes, self.run = storage, shapes, 0
+        self.slots, offset = [], 0
+        for s in shapes:
+            self.slots.append(storage.narrow(a, offset, s[a]))
+            offset += s[a]
+        self.where = [(t.data_ptr(), t.stride()) for t in self.slots]
+        self.result = storage.narrow(a, 0, offset)
 
 
 def _shape(t) -> tuple | None:

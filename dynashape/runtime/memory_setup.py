@@ -162,8 +162,8 @@ def _preallocate_static(net: Network) -> None:
     for _, inst, k, n in sorted(todo, key=lambda t: -t[0]):
         if inst.inplace is not None:
             plan = inst.inplace
-            flat = net.pool.get(plan.pool_key, n, inst.out_dtypes[k], dynamic=True)
-            plan.owned = flat.view(tuple(inst.node.outputs[k].shape.to_static()))
+            plan.flat = net.pool.get(plan.pool_key, n, inst.out_dtypes[k], dynamic=True)
+            plan.owned = plan.flat.view(tuple(inst.node.outputs[k].shape.to_static()))
             continue
         inst.buffers[k] = inst._take(k, n, inst.out_dtypes[k])
         inst.capacity[k] = n
