@@ -74,7 +74,9 @@ class InplaceConcat:
         self.feeders_of: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.first_feeder: PrimitiveInst | None = None
         self.plan: _Layout | None = None  # laid out by the first producer, for one run
-        self._kept: _Layout | None = None  # the last layout on our own storage, for the next runs
+        # layouts on our own storage by input shapes, for the next runs (a batch that comes back
+        # finds its views made); emptied whenever that storage changes
+        self._kept: dict[tuple, _Layout] = {}
 
     # ---- choosing the storage ----------------------------------------------------------------
     def _past_storage(self, first: torch.Tensor, a: int, total: int, shape: tuple) -> torch.Tensor | None:
@@ -116,6 +118,7 @@ class InplaceConcat:
 
     def _new_storage(self, shape: tuple, a: int, dtype: torch.dtype) -> torch.Tensor:
         inst = self.inst
+        self._kept = {}  # layouts on the storage this one replaces
         cap = list(shape)
         if self.growth is not None:
             cap[a] = shape[a] + self.growth(shape[a], self.index)
@@ -181,8 +184,10 @@ class InplaceConcat:
                 guess = list(own_shape)
                 guess[a] = length
                 shapes.append(tuple(guess))
-        kept = self._kept
-        if kept is not None and kept.shapes == shapes and kept.storage is self.owned:
+        key = tuple(shapes)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self.owned = kept.storage
             return kept
         if any(s is None or len(s) != len(own_shape) for s in shapes):
             return None
@@ -193,7 +198,8 @@ class InplaceConcat:
         first = vals[slots[0]] if 0 in ready else None
         lay = _Layout(self.storage_for(first, tuple(total), dtype), shapes, a)
         # only a layout on a storage we keep can serve again (a past's storage changes every step)
-        self._kept = lay if lay.storage is self.owned else None
+        if lay.storage is self.owned and len(self._kept) < 16:
+            self._kept[key] = lay
         return lay
 
     def _length_of(self, j: int, a: int, rank: int, last) -> int | None:
@@ -267,7 +273,7 @@ class InplaceConcat:
     def rebind(self, record: torch.Tensor) -> None:
         """The pool moved the record our storage shares (another user grew it, at a time none of
         our producers or readers runs): the storage is there now."""
-        self._kept = None  # its views are of the old memory
+        self._kept = {}  # their views are of the old memory
         if self.flat is not None:
             flat = self.flat
             self.flat = record[:flat.numel() * flat.element_size()].view(flat.dtype)
@@ -284,11 +290,11 @@ class InplaceConcat:
         """The output goes to the caller: the storage is theirs now (remembered weakly)."""
         if self.owned is not None:
             self.inst.net.engine.release(self.owned, handed_out=True)
-            self.owned = None
+            self.owned, self._kept = None, {}
 
     def reset(self) -> None:
         """A run failed: a layout made for it must not be used by the next one."""
-        self.plan = self._kept = None
+        self.plan, self._kept = None, {}
 
 
 class _Layout:
