@@ -22,8 +22,7 @@ def _if(cond, *, then_branch, else_branch, out=None):
     return tuple(outs) if len(outs) > 1 else outs[0]
 
 
-for _s in (1, 11, 13, 16, 19, 21, 23):
-    op("If", _s, infer=None)(_if)
+op("If", (1, 11, 13, 16, 19, 21, 23), infer=None)(_if)
 
 
 def _result(outs: list):
@@ -61,8 +60,7 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
     return _result(carried + stacked)
 
 
-for _s in (1, 11, 13, 16, 19, 21, 23):
-    op("Loop", _s, infer=None)(_loop)
+op("Loop", (1, 11, 13, 16, 19, 21, 23), infer=None)(_loop)
 
 
 def _scan_run(body, states: list, xs: list, in_axes, in_dirs, out_axes, out_dirs, n_out: int):
@@ -84,12 +82,7 @@ def _scan_run(body, states: list, xs: list, in_axes, in_dirs, out_axes, out_dirs
     return states, stacked
 
 
-@op("Scan", 9, infer=None)
-@op("Scan", 11, infer=None)
-@op("Scan", 16, infer=None)
-@op("Scan", 19, infer=None)
-@op("Scan", 21, infer=None)
-@op("Scan", 23, infer=None)
+@op("Scan", (9, 11, 16, 19, 21, 23), infer=None)
 def _scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
           scan_output_axes=None, scan_output_directions=None, _n_outputs=1, out=None):
     n_state = len(inputs) - num_scan_inputs

@@ -108,9 +108,7 @@ def _split_pads(begin, end):
     return sym, extra
 
 
-@op("Conv", 1, infer=_conv_infer, writes_out=False)
-@op("Conv", 11, infer=_conv_infer, writes_out=False)
-@op("Conv", 22, infer=_conv_infer, writes_out=False)
+@op("Conv", (1, 11, 22), infer=_conv_infer, writes_out=False)
 def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
           strides=None, out=None):
     n, k, s, d, p = _conv_params(x.shape, w.shape, kernel_shape, strides, dilations, pads, "Conv")
@@ -165,9 +163,7 @@ def _convt_infer(shapes, values, *, auto_pad="NOTSET", dilations=None, group=1, 
     return [(x[0], w[1] * group, *sizes)]
 
 
-@op("ConvTranspose", 1, infer=_convt_infer, writes_out=False)
-@op("ConvTranspose", 11, infer=_convt_infer, writes_out=False)
-@op("ConvTranspose", 22, infer=_convt_infer, writes_out=False)
+@op("ConvTranspose", (1, 11, 22), infer=_convt_infer, writes_out=False)
 def _conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                     output_padding=None, output_shape=None, pads=None, strides=None, out=None):
     n, k, s, d, op_, begin, end, sizes = _convt_plan(x.shape, w.shape, auto_pad, dilations, group, kernel_shape,

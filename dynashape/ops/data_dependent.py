@@ -12,16 +12,14 @@ from .registry import op
 from .shapes import norm_axis
 
 
-@op("NonZero", 9, infer=None)
-@op("NonZero", 13, infer=None)
+@op("NonZero", (9, 13), infer=None)
 def _nonzero(x, *, out=None):
     if x.dim() == 0:  # a scalar is treated as a 1-element vector, like numpy's nonzero of atleast_1d
         x = x.reshape(1)
     return torch.nonzero(x).t().contiguous()
 
 
-@op("Unique", 11, infer=None)
-@op("Unique", 28, infer=None)
+@op("Unique", (11, 28), infer=None)
 def _unique(x, *, axis=None, sorted=1, out=None):
     if axis is None:
         src, a = x.reshape(-1), 0
@@ -45,9 +43,7 @@ def _unique(x, *, axis=None, sorted=1, out=None):
     return y.contiguous(), first, inverse.reshape(-1), counts
 
 
-@op("Compress", 9, infer=None)
-@op("Compress", 11, infer=None)
-@op("Compress", 28, infer=None)
+@op("Compress", (9, 11, 28), infer=None)
 def _compress(x, condition, *, axis=None, out=None):
     # the condition may be shorter than the axis: elements past its end are dropped
     idx = torch.nonzero(condition.reshape(-1).to(device=x.device, dtype=torch.bool)).reshape(-1)
@@ -100,8 +96,7 @@ def _greedy(over, limit: int) -> list[int]:
         i += 1 + int(rest[0, 0])
 
 
-@op("NonMaxSuppression", 10, infer=None)
-@op("NonMaxSuppression", 11, infer=None)
+@op("NonMaxSuppression", (10, 11), infer=None)
 def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *,
          center_point_box=0, out=None):
     limit = _scalar_or(max_output_boxes_per_class, 0, int)

@@ -74,8 +74,7 @@ def _umod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _binary(name: str, fn, since=(1,), shape_op: bool = True) -> None:
-    for s in since:
-        op(name, s, infer=broadcast, shape_op=shape_op)(fn)
+    op(name, tuple(since), infer=broadcast, shape_op=shape_op)(fn)
 
 
 def _add(a, b, *, out=None):
@@ -146,8 +145,7 @@ def _variadic(name: str, reduce_fn, since=(8, 12, 13)):
             acc = reduce_fn(acc, x)
         return acc
 
-    for s in since:
-        op(name, s, infer=broadcast, writes_out=False, shape_op=True)(kernel)
+    op(name, tuple(since), infer=broadcast, writes_out=False, shape_op=True)(kernel)
 
 
 def _maximum(a, b):
@@ -167,8 +165,7 @@ _variadic("Max", _maximum)
 _variadic("Min", _minimum)
 
 
-@op("Mean", 8, infer=broadcast, writes_out=False)
-@op("Mean", 13, infer=broadcast, writes_out=False)
+@op("Mean", (8, 13), infer=broadcast, writes_out=False)
 def _mean(*xs, out=None):
     acc = xs[0]
     for x in xs[1:]:
@@ -208,8 +205,7 @@ def _equal(a, b, *, out=None):
     return torch.eq(a, b, out=out)
 
 
-for _s in (7, 11, 13, 19):
-    op("Equal", _s, infer=broadcast, shape_op=True)(_equal)
+op("Equal", (7, 11, 13, 19), infer=broadcast, shape_op=True)(_equal)
 
 for _name, _fn, _since in (
     ("Less", _ordered(torch.lt), (7, 9, 13)), ("Greater", _ordered(torch.gt), (7, 9, 13)),
@@ -222,8 +218,7 @@ for _name, _fn, _since in (
     _binary(_name, _fn, since=_since)
 
 
-@op("Where", 9, infer=broadcast, shape_op=True)
-@op("Where", 16, infer=broadcast, shape_op=True)
+@op("Where", (9, 16), infer=broadcast, shape_op=True)
 def _where(c, x, y, *, out=None):
     return torch.where(c, x, y, out=out)
 
@@ -249,8 +244,7 @@ def _bitwise_not(x, *, out=None):
 
 # unary --------------------------------------------------------------------------------------
 def _unary(name: str, fn, since=(1,), writes_out=True, shape_op=False) -> None:
-    for s in since:
-        op(name, s, infer=same_as_first, writes_out=writes_out, shape_op=shape_op)(fn)
+    op(name, tuple(since), infer=same_as_first, writes_out=writes_out, shape_op=shape_op)(fn)
 
 
 def _with_out(tfn):
@@ -307,15 +301,12 @@ def _isinf(x, *, detect_negative=1, detect_positive=1, out=None):
     return torch.zeros_like(x, dtype=torch.bool)
 
 
-@op("PRelu", 9, infer=broadcast, writes_out=False)
-@op("PRelu", 16, infer=broadcast, writes_out=False)
+@op("PRelu", (9, 16), infer=broadcast, writes_out=False)
 def _prelu(x, slope, *, out=None):
     return torch.where(x < 0, x * slope, x)
 
 
-@op("Clip", 11, infer=same_as_first)
-@op("Clip", 12, infer=same_as_first)
-@op("Clip", 13, infer=same_as_first)
+@op("Clip", (11, 12, 13), infer=same_as_first)
 def _clip(x, lo=None, hi=None, *, out=None):
     if lo is None and hi is None:
         return x.clone() if out is None else out.copy_(x)
@@ -330,5 +321,4 @@ def _clip6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38, out=None
     return torch.clamp(x, min, max, out=out)
 
 
-for _s in (1, 13, 14, 16, 19, 21):
-    op("Identity", _s, infer=same_as_first, view=True, shape_op=True)(lambda x, *, out=None: x)
+op("Identity", (1, 13, 14, 16, 19, 21), infer=same_as_first, view=True, shape_op=True)(lambda x, *, out=None: x)

@@ -45,8 +45,7 @@ def _constant(*, value=None, value_float=None, value_floats=None, value_int=None
     return v.clone() if isinstance(v, torch.Tensor) else v
 
 
-for _s in (1, 9, 11, 12, 13, 19, 21):
-    op("Constant", _s, infer=_constant_infer, writes_out=False)(_constant)
+op("Constant", (1, 9, 11, 12, 13, 19, 21), infer=_constant_infer, writes_out=False)(_constant)
 
 
 def _shape_slice(rank: int, start: int, end: int | None) -> tuple[int, int]:
@@ -61,21 +60,14 @@ def _shape_infer(shapes, values, *, start=0, end=None):
     return [(max(0, e - s),)]
 
 
-@op("Shape", 1, infer=_shape_infer, shape_op=True)
-@op("Shape", 13, infer=_shape_infer, shape_op=True)
-@op("Shape", 15, infer=_shape_infer, shape_op=True)
-@op("Shape", 19, infer=_shape_infer, shape_op=True)
-@op("Shape", 21, infer=_shape_infer, shape_op=True)
+@op("Shape", (1, 13, 15, 19, 21), infer=_shape_infer, shape_op=True)
 def _shape(x, *, start=0, end=None, out=None):
     s, e = _shape_slice(len(x.shape), start, end)
     r = torch.tensor(list(x.shape[s:e]), dtype=torch.int64)
     return r if out is None else out.copy_(r)
 
 
-@op("Size", 1, infer=lambda shapes, values: [()], shape_op=True)
-@op("Size", 13, infer=lambda shapes, values: [()], shape_op=True)
-@op("Size", 19, infer=lambda shapes, values: [()], shape_op=True)
-@op("Size", 21, infer=lambda shapes, values: [()], shape_op=True)
+@op("Size", (1, 13, 19, 21), infer=lambda shapes, values: [()], shape_op=True)
 def _size(x, *, out=None):
     n = int(np.prod(x.shape)) if x.shape else 1
     return torch.tensor(n, dtype=torch.int64) if out is None else out.fill_(n)
@@ -87,9 +79,7 @@ def _cos_infer(shapes, values, *, value=None):
     return [tuple(int_list(values[0]))]
 
 
-@op("ConstantOfShape", 9, infer=_cos_infer, shape_deps=(0,))
-@op("ConstantOfShape", 20, infer=_cos_infer, shape_deps=(0,))
-@op("ConstantOfShape", 21, infer=_cos_infer, shape_deps=(0,))
+@op("ConstantOfShape", (9, 20, 21), infer=_cos_infer, shape_deps=(0,))
 def _constant_of_shape(shape, *, value=None, out=None):
     fill = torch.zeros(1, dtype=torch.float32) if value is None else value
     if out is not None:
@@ -134,16 +124,10 @@ def _fmt(v) -> str:
     return str(v)
 
 
-for _s in (6, 9, 13, 19, 21, 23, 24, 25, 28):
-    op("Cast", _s, infer=same_as_first, shape_op=True)(_cast_kernel)
+op("Cast", (6, 9, 13, 19, 21, 23, 24, 25, 28), infer=same_as_first, shape_op=True)(_cast_kernel)
 
 
-@op("CastLike", 15, infer=same_as_first)
-@op("CastLike", 19, infer=same_as_first)
-@op("CastLike", 21, infer=same_as_first)
-@op("CastLike", 23, infer=same_as_first)
-@op("CastLike", 24, infer=same_as_first)
-@op("CastLike", 25, infer=same_as_first)
+@op("CastLike", (15, 19, 21, 23, 24, 25), infer=same_as_first)
 def _cast_like(x, like, *, saturate=1, round_mode="up", _out_types=None, out=None):
     # The target is the output's ONNX type, which the runtime passes in _out_types: like's torch
     # dtype cannot tell an INT4 (held as int8) from an INT8. Without it, like's dtype decides.

@@ -156,8 +156,7 @@ def _grid_infer(shapes, values, **_attrs):
     return [(x[0], x[1], *g[1:-1])]
 
 
-@op("GridSample", 20, infer=_grid_infer, writes_out=False)
-@op("GridSample", 22, infer=_grid_infer, writes_out=False)
+@op("GridSample", (20, 22), infer=_grid_infer, writes_out=False)
 def _grid_sample20(x, grid, *, align_corners=0, mode="linear", padding_mode="zeros", out=None):
     return _grid_sample(x, grid, mode, padding_mode, align_corners)
 
@@ -387,8 +386,7 @@ def _roi_align(x, rois, batch_indices, *, half_pixel: bool, mode: str, output_he
     return torch.cat(outs).to(x.dtype)
 
 
-@op("RoiAlign", 16, infer=_roi_infer, writes_out=False)
-@op("RoiAlign", 22, infer=_roi_infer, writes_out=False)
+@op("RoiAlign", (16, 22), infer=_roi_infer, writes_out=False)
 def _roi_align16(x, rois, batch_indices, *, coordinate_transformation_mode="half_pixel", mode="avg",
                  output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0, out=None):
     if coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
@@ -423,8 +421,7 @@ def _deform_infer(shapes, values, *, dilations=None, group=1, kernel_shape=None,
     return [(x[0], wt[0], *sizes)]
 
 
-@op("DeformConv", 19, infer=_deform_infer, writes_out=False)
-@op("DeformConv", 22, infer=_deform_infer, writes_out=False)
+@op("DeformConv", (19, 22), infer=_deform_infer, writes_out=False)
 def _deform_conv(x, weight, offset, bias=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
                  offset_group=1, pads=None, strides=None, out=None):
     n, k, s, d, p, sizes = _deform_plan(x.shape, weight.shape, dilations, kernel_shape, pads, strides)
@@ -484,9 +481,7 @@ def _unpool_infer(shapes, values, *, kernel_shape=None, pads=None, strides=None)
     return [(x[0], x[1], *_unpool_sizes(x, kernel_shape, pads, strides))]
 
 
-@op("MaxUnpool", 9, infer=_unpool_infer, shape_deps=(2,), writes_out=False)
-@op("MaxUnpool", 11, infer=_unpool_infer, shape_deps=(2,), writes_out=False)
-@op("MaxUnpool", 22, infer=_unpool_infer, shape_deps=(2,), writes_out=False)
+@op("MaxUnpool", (9, 11, 22), infer=_unpool_infer, shape_deps=(2,), writes_out=False)
 def _max_unpool(x, indices, output_shape=None, *, kernel_shape=None, pads=None, strides=None, out=None):
     if tuple(indices.shape) != tuple(x.shape):
         raise ShapeError(f"MaxUnpool: indices {tuple(indices.shape)} differ from X {tuple(x.shape)}")

@@ -26,9 +26,7 @@ def _gather_infer(shapes, values, *, axis=0):
     return [tuple(s[:a]) + tuple(q) + tuple(s[a + 1:])]
 
 
-@op("Gather", 1, infer=_gather_infer, shape_op=True)
-@op("Gather", 11, infer=_gather_infer, shape_op=True)
-@op("Gather", 13, infer=_gather_infer, shape_op=True)
+@op("Gather", (1, 11, 13), infer=_gather_infer, shape_op=True)
 def _gather(x, indices, *, axis=0, out=None):
     a = norm_axis(axis, x.dim())
     flat = _norm_index(indices, x.shape[a]).reshape(-1)
@@ -42,8 +40,7 @@ def _gather(x, indices, *, axis=0, out=None):
     return out
 
 
-@op("GatherElements", 11, infer=lambda shapes, values, axis=0: [shapes[1]])
-@op("GatherElements", 13, infer=lambda shapes, values, axis=0: [shapes[1]])
+@op("GatherElements", (11, 13), infer=lambda shapes, values, axis=0: [shapes[1]])
 def _gather_elements(x, indices, *, axis=0, out=None):
     a = norm_axis(axis, x.dim())
     idx = _norm_index(indices, x.shape[a])
@@ -61,9 +58,7 @@ def _gather_nd_infer(shapes, values, *, batch_dims=0):
     return [tuple(q[:-1]) + tuple(s[batch_dims + m:])]
 
 
-@op("GatherND", 11, infer=_gather_nd_infer)
-@op("GatherND", 12, infer=_gather_nd_infer)
-@op("GatherND", 13, infer=_gather_nd_infer)
+@op("GatherND", (11, 12, 13), infer=_gather_nd_infer)
 def _gather_nd(x, indices, *, batch_dims=0, out=None):
     b = batch_dims
     m = indices.shape[-1]
@@ -103,8 +98,7 @@ def _scatter_elements(x, indices, updates, *, axis=0, reduction="none", out=None
     return r
 
 
-for _s in (11, 13, 16, 18):
-    op("ScatterElements", _s, infer=same_as_first)(_scatter_elements)
+op("ScatterElements", (11, 13, 16, 18), infer=same_as_first)(_scatter_elements)
 
 
 @op("Scatter", 9, infer=same_as_first)
@@ -137,8 +131,7 @@ def _scatter_nd(x, indices, updates, *, reduction="none", out=None):
     return r
 
 
-for _s in (11, 13, 16, 18):
-    op("ScatterND", _s, infer=same_as_first)(_scatter_nd)
+op("ScatterND", (11, 13, 16, 18), infer=same_as_first)(_scatter_nd)
 
 
 # ---- OneHot -------------------------------------------------------------------------------------
@@ -157,9 +150,7 @@ def _onehot_infer(shapes, values, *, axis=-1):
     return [tuple(s)]
 
 
-@op("OneHot", 9, infer=_onehot_infer, shape_deps=(1,))
-@op("OneHot", 11, infer=_onehot_infer, shape_deps=(1,))
-@op("OneHot", 28, infer=_onehot_infer, shape_deps=(1,))
+@op("OneHot", (9, 11, 28), infer=_onehot_infer, shape_deps=(1,))
 def _onehot(indices, depth, values, *, axis=-1, out=None):
     d = _depth(depth)
     a = norm_axis(axis, indices.dim() + 1)
@@ -227,8 +218,7 @@ def _topk10(x, k, *, axis=-1, out=None):
     return _topk_kernel(x, int_list(k)[0], axis, 1, out)
 
 
-@op("TopK", 11, infer=_topk10_infer, shape_deps=(1,))
-@op("TopK", 24, infer=_topk10_infer, shape_deps=(1,))
+@op("TopK", (11, 24), infer=_topk10_infer, shape_deps=(1,))
 def _topk11(x, k, *, axis=-1, largest=1, sorted=1, out=None):
     # sorted=0 leaves the order unspecified; sorted output is one valid answer
     return _topk_kernel(x, int_list(k)[0], axis, largest, out)
@@ -257,5 +247,4 @@ def _arg(fn):
 
 
 for _name, _fn in (("ArgMax", torch.argmax), ("ArgMin", torch.argmin)):
-    for _s in (1, 11, 12, 13):
-        op(_name, _s, infer=_arg_infer)(_arg(_fn))
+    op(_name, (1, 11, 12, 13), infer=_arg_infer)(_arg(_fn))

@@ -60,9 +60,7 @@ def _needs_int_fallback(t: torch.Tensor) -> bool:
     return t.device.type != "cpu" and not t.dtype.is_floating_point
 
 
-@op("MatMul", 1, infer=_matmul_infer)
-@op("MatMul", 9, infer=_matmul_infer)
-@op("MatMul", 13, infer=_matmul_infer)
+@op("MatMul", (1, 9, 13), infer=_matmul_infer)
 def _matmul(a, b, *, out=None):
     if _needs_int_fallback(a):
         r = _int_matmul(a, b)
@@ -121,8 +119,7 @@ def _gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0,
     return r.mul_(alpha) if alpha != 1.0 else r
 
 
-for _s in (1, 6, 7, 9, 11, 13):
-    op("Gemm", _s, infer=_gemm_infer)(_gemm)
+op("Gemm", (1, 6, 7, 9, 11, 13), infer=_gemm_infer)(_gemm)
 
 
 # Einsum -------------------------------------------------------------------------------------
@@ -209,8 +206,7 @@ def _det_infer(shapes, values):
     return [tuple(x[:-2])]
 
 
-@op("Det", 11, infer=_det_infer)
-@op("Det", 22, infer=_det_infer)
+@op("Det", (11, 22), infer=_det_infer)
 def _det(x, *, out=None):
     if x.dtype in (torch.float16, torch.bfloat16):
         # LU has no half kernels: factor in float32, round the determinant once

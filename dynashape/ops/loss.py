@@ -69,16 +69,13 @@ def _log_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(scores, 1)
 
 
-@op("NegativeLogLikelihoodLoss", 12, infer=_nll_infer)
-@op("NegativeLogLikelihoodLoss", 13, infer=_nll_infer)
-@op("NegativeLogLikelihoodLoss", 22, infer=_nll_infer)
+@op("NegativeLogLikelihoodLoss", (12, 13, 22), infer=_nll_infer)
 def _negative_log_likelihood_loss(x, target, weight=None, *, ignore_index=None, reduction="mean", out=None):
     r = _nll(x, target, weight, ignore_index, reduction)
     return r if out is None else out.copy_(r)
 
 
-@op("SoftmaxCrossEntropyLoss", 12, infer=_sce_infer)
-@op("SoftmaxCrossEntropyLoss", 13, infer=_sce_infer)
+@op("SoftmaxCrossEntropyLoss", (12, 13), infer=_sce_infer)
 def _softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=None, reduction="mean",
                                 _n_outputs=1, out=None):
     logp = _log_softmax(scores)

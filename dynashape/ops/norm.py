@@ -85,14 +85,11 @@ def _batchnorm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, trainin
     return _put(out, [y, run_mean, run_var, bmean.to(mean.dtype), bvar.to(var.dtype)])
 
 
-for _s in (6, 7, 9, 14, 15):
-    op("BatchNormalization", _s, infer=_bn_infer)(_batchnorm)
+op("BatchNormalization", (6, 7, 9, 14, 15), infer=_bn_infer)(_batchnorm)
 
 
 # InstanceNormalization ----------------------------------------------------------------------
-@op("InstanceNormalization", 1, infer=same_as_first, writes_out=False)
-@op("InstanceNormalization", 6, infer=same_as_first, writes_out=False)
-@op("InstanceNormalization", 22, infer=same_as_first, writes_out=False)
+@op("InstanceNormalization", (1, 6, 22), infer=same_as_first, writes_out=False)
 def _instancenorm(x, scale, bias, *, epsilon=1e-5, consumed_inputs=None, out=None):
     # group_norm with one group per channel is instance norm, and unlike F.instance_norm it
     # accepts a single spatial element (1x1 maps)
@@ -163,8 +160,7 @@ def _rmsnorm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
 
 
 # LRN ----------------------------------------------------------------------------------------
-@op("LRN", 1, infer=same_as_first, writes_out=False)
-@op("LRN", 13, infer=same_as_first, writes_out=False)
+@op("LRN", (1, 13), infer=same_as_first, writes_out=False)
 def _lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size, out=None):
     # ONNX's channel window is [c - floor((size-1)/2), c + ceil((size-1)/2)]; torch's
     # local_response_norm centres even sizes the other way, so the window sum is done here
@@ -176,8 +172,7 @@ def _lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size, out=None):
 
 
 # MeanVarianceNormalization ------------------------------------------------------------------
-@op("MeanVarianceNormalization", 9, infer=same_as_first, writes_out=False)
-@op("MeanVarianceNormalization", 13, infer=same_as_first, writes_out=False)
+@op("MeanVarianceNormalization", (9, 13), infer=same_as_first, writes_out=False)
 def _mvn(x, *, axes=(0, 2, 3), out=None):
     dims = [norm_axis(a, x.dim()) for a in axes]
     mean = x.mean(dims, keepdim=True)
@@ -205,19 +200,14 @@ def _dropout_apply(x, ratio: float, training: bool, out, seed=None):
     return _put(out, [y, keep])
 
 
-@op("Dropout", 1, infer=_dropout_infer)
-@op("Dropout", 6, infer=_dropout_infer)
-@op("Dropout", 7, infer=_dropout_infer)
-@op("Dropout", 10, infer=_dropout_infer)
+@op("Dropout", (1, 6, 7, 10), infer=_dropout_infer)
 def _dropout_attr(x, *, ratio=0.5, is_test=0, consumed_inputs=None, out=None):
     # before opset 12 the op is a training op only where the model says so (is_test=0 in 1 and 6);
     # runtimes treat it as inference, as onnxruntime does
     return _dropout_apply(x, ratio, False, out)
 
 
-@op("Dropout", 12, infer=_dropout_infer)
-@op("Dropout", 13, infer=_dropout_infer)
-@op("Dropout", 22, infer=_dropout_infer)
+@op("Dropout", (12, 13, 22), infer=_dropout_infer)
 def _dropout(x, ratio=None, training_mode=None, *, seed=None, out=None):
     r = 0.5 if ratio is None else float(ratio.reshape(()).item())
     training = training_mode is not None and bool(training_mode.reshape(()).item())
@@ -225,8 +215,7 @@ def _dropout(x, ratio=None, training_mode=None, *, seed=None, out=None):
 
 
 # LpNormalization ----------------------------------------------------------------------------
-@op("LpNormalization", 1, infer=same_as_first)
-@op("LpNormalization", 22, infer=same_as_first)
+@op("LpNormalization", (1, 22), infer=same_as_first)
 def _lp_normalization(x, *, axis=-1, p=2, out=None):
     if p not in (1, 2):
         raise ValueError(f"LpNormalization: p must be 1 or 2, got {p}")

@@ -115,8 +115,7 @@ def _maxpool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     return _put(out, [y, ind])
 
 
-for _s in (1, 8, 10, 11, 12, 22):
-    op("MaxPool", _s, infer=_pool_infer("MaxPool", 2))(_maxpool)
+op("MaxPool", (1, 8, 10, 11, 12, 22), infer=_pool_infer("MaxPool", 2))(_maxpool)
 
 
 # AveragePool --------------------------------------------------------------------------------
@@ -146,8 +145,7 @@ def _avgpool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilation
     return sums / counts
 
 
-for _s in (1, 7, 10, 11, 19, 22):
-    op("AveragePool", _s, infer=_pool_infer("AveragePool"), writes_out=False)(_avgpool)
+op("AveragePool", (1, 7, 10, 11, 19, 22), infer=_pool_infer("AveragePool"), writes_out=False)(_avgpool)
 
 
 # LpPool -------------------------------------------------------------------------------------
@@ -159,8 +157,7 @@ def _lppool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
     return _window_sum(xp, k, s, d).pow(1.0 / p)
 
 
-for _s in (1, 2, 11, 18, 22):
-    op("LpPool", _s, infer=_pool_infer("LpPool"), writes_out=False)(_lppool)
+op("LpPool", (1, 2, 11, 18, 22), infer=_pool_infer("LpPool"), writes_out=False)(_lppool)
 
 
 # global pools -------------------------------------------------------------------------------
@@ -175,20 +172,16 @@ def _spatial(x):
     return list(range(2, x.dim()))
 
 
-@op("GlobalAveragePool", 1, infer=_global_infer)
-@op("GlobalAveragePool", 22, infer=_global_infer)
+@op("GlobalAveragePool", (1, 22), infer=_global_infer)
 def _global_avg(x, *, out=None):
     return torch.mean(x, _spatial(x), keepdim=True, out=out)
 
 
-@op("GlobalMaxPool", 1, infer=_global_infer)
-@op("GlobalMaxPool", 22, infer=_global_infer)
+@op("GlobalMaxPool", (1, 22), infer=_global_infer)
 def _global_max(x, *, out=None):
     return torch.amax(x, _spatial(x), keepdim=True, out=out)
 
 
-@op("GlobalLpPool", 1, infer=_global_infer)
-@op("GlobalLpPool", 2, infer=_global_infer)
-@op("GlobalLpPool", 22, infer=_global_infer)
+@op("GlobalLpPool", (1, 2, 22), infer=_global_infer)
 def _global_lp(x, *, p=2, out=None):
     return torch.linalg.vector_norm(x, float(p), _spatial(x), keepdim=True, out=out)

@@ -94,8 +94,7 @@ def _quantize(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dty
     return r if out is None else out.copy_(r)
 
 
-for _s in (10, 13, 19, 21, 23, 24, 25, 28):
-    op("QuantizeLinear", _s, infer=same_as_first)(_quantize)
+op("QuantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28), infer=same_as_first)(_quantize)
 
 
 # DequantizeLinear ---------------------------------------------------------------------------
@@ -117,8 +116,7 @@ def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_d
     return r if out is None else out.copy_(r)
 
 
-for _s in (10, 13, 19, 21, 23, 24, 25, 28):
-    op("DequantizeLinear", _s, infer=same_as_first)(_dequantize)
+op("DequantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28), infer=same_as_first)(_dequantize)
 
 
 # DynamicQuantizeLinear ----------------------------------------------------------------------
@@ -185,8 +183,7 @@ def _qlinear_out(acc, multiplier, y_zero_point, to: int) -> torch.Tensor:
     return _requantize(v, to)
 
 
-@op("QLinearMatMul", 10, infer=_qmm_infer)
-@op("QLinearMatMul", 21, infer=_qmm_infer)
+@op("QLinearMatMul", (10, 21), infer=_qmm_infer)
 def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
                     _out_types=None, out=None):
     acc = torch.matmul(_centered(a, None if a_zero_point is None else _per_row(a_zero_point, a)),

@@ -49,17 +49,20 @@ def _attr_names(fn: Callable) -> frozenset[str]:
     return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "out")
 
 
-def op(op_type: str, since: int = 1, domain: str = "", *, infer: Callable | None = None,
+def op(op_type: str, since: int | tuple[int, ...] = 1, domain: str = "", *, infer: Callable | None = None,
        shape_deps: tuple[int, ...] = (), view: bool = False, data_dependent: bool = False,
        writes_out: bool = True, host: bool = False, shape_op: bool = False, notes: str = ""):
-    """Register a kernel for ``op_type`` from opset ``since`` on (until a later registration)."""
+    """Register a kernel for ``op_type`` from opset ``since`` on (until a later registration).
+    A tuple of opsets registers it at each: the versions whose spec changed (new types, say)
+    while one kernel still serves them all, so each shows in the operators list."""
 
     def deco(fn: Callable) -> Callable:
-        d = OpDef(op_type, "" if domain == "ai.onnx" else domain, since, fn, infer, tuple(shape_deps),
-                  view, data_dependent or infer is None, writes_out and infer is not None and not view,
-                  host, shape_op, _attr_names(fn), notes)
-        versions = _REGISTRY.setdefault((d.domain, op_type), [])
-        versions[:] = sorted([v for v in versions if v.since != since] + [d], key=lambda v: v.since)
+        for s in since if isinstance(since, tuple) else (since,):
+            d = OpDef(op_type, "" if domain == "ai.onnx" else domain, s, fn, infer, tuple(shape_deps),
+                      view, data_dependent or infer is None, writes_out and infer is not None and not view,
+                      host, shape_op, _attr_names(fn), notes)
+            versions = _REGISTRY.setdefault((d.domain, op_type), [])
+            versions[:] = sorted([v for v in versions if v.since != s] + [d], key=lambda v: v.since)
         return fn
 
     return deco

@@ -332,8 +332,7 @@ op("Resize", 18, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)(_resiz
 op("Resize", 19, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)(_resize_from_18(_CTM_19))
 
 
-@op("Resize", 11, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)
-@op("Resize", 13, infer=_resize_infer, shape_deps=_DEPS, writes_out=False)
+@op("Resize", (11, 13), infer=_resize_infer, shape_deps=_DEPS, writes_out=False)
 def _resize11(x, roi=None, scales=None, sizes=None, *, coordinate_transformation_mode="half_pixel",
               cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, mode="nearest",
               nearest_mode="round_prefer_floor", out=None):

@@ -82,14 +82,12 @@ def _optional(x=None, *, type=None, out=None):
     return x
 
 
-@op("OptionalHasElement", 15, infer=None)
-@op("OptionalHasElement", 18, infer=None)
+@op("OptionalHasElement", (15, 18), infer=None)
 def _optional_has_element(x=None, *, _device=None, out=None):
     return torch.tensor(x is not None, device=_device)
 
 
-@op("OptionalGetElement", 15, infer=None)
-@op("OptionalGetElement", 18, infer=None)
+@op("OptionalGetElement", (15, 18), infer=None)
 def _optional_get_element(x, *, out=None):
     if x is None:
         raise ShapeError("OptionalGetElement of an empty optional")

@@ -60,6 +60,5 @@ def _hardmax(x, dim, out):
 
 
 for _name, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
-    for _s in (1, 11):
-        op(_name, _s, infer=same_as_first)(_coerced(_fn))
+    op(_name, (1, 11), infer=same_as_first)(_coerced(_fn))
     op(_name, 13, infer=same_as_first)(_plain(_fn))

@@ -72,14 +72,7 @@ def _reshape_infer(shapes, values, *, allowzero=0):
     return [tuple(_reshape_target(shapes[0], int_list(values[1]), allowzero))]
 
 
-@op("Reshape", 5, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 13, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 14, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 19, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 21, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 23, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 24, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Reshape", 25, infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
+@op("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
 def _reshape(x, shape, *, allowzero=0, out=None):
     return x.reshape(_reshape_target(tuple(x.shape), int_list(shape), allowzero))
 
@@ -94,14 +87,7 @@ def _flatten_infer(shapes, values, *, axis=1):
     return [(prod(s[:a]), prod(s[a:]))]
 
 
-@op("Flatten", 1, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 9, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 11, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 13, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 21, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 23, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 24, infer=_flatten_infer, view=True, shape_op=True)
-@op("Flatten", 25, infer=_flatten_infer, view=True, shape_op=True)
+@op("Flatten", (1, 9, 11, 13, 21, 23, 24, 25), infer=_flatten_infer, view=True, shape_op=True)
 def _flatten(x, *, axis=1, out=None):
     return x.reshape(_flatten_infer([tuple(x.shape)], [None], axis=axis)[0])
 
@@ -131,17 +117,12 @@ def _squeeze13_infer(shapes, values):
     return [_squeeze_shape(shapes[0], None)]
 
 
-@op("Squeeze", 1, infer=_squeeze1_infer, view=True, shape_op=True)
-@op("Squeeze", 11, infer=_squeeze1_infer, view=True, shape_op=True)
+@op("Squeeze", (1, 11), infer=_squeeze1_infer, view=True, shape_op=True)
 def _squeeze1(x, *, axes=None, out=None):
     return x.reshape(_squeeze_shape(tuple(x.shape), axes))
 
 
-@op("Squeeze", 13, infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Squeeze", 21, infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Squeeze", 23, infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Squeeze", 24, infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Squeeze", 25, infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
+@op("Squeeze", (13, 21, 23, 24, 25), infer=_squeeze13_infer, shape_deps=(1,), view=True, shape_op=True)
 def _squeeze13(x, axes=None, *, out=None):
     return x.reshape(_squeeze_shape(tuple(x.shape), None if axes is None else int_list(axes)))
 
@@ -165,17 +146,12 @@ def _unsqueeze13_infer(shapes, values):
     return [_unsqueeze_shape(shapes[0], int_list(values[1]))]
 
 
-@op("Unsqueeze", 1, infer=_unsqueeze1_infer, view=True, shape_op=True)
-@op("Unsqueeze", 11, infer=_unsqueeze1_infer, view=True, shape_op=True)
+@op("Unsqueeze", (1, 11), infer=_unsqueeze1_infer, view=True, shape_op=True)
 def _unsqueeze1(x, *, axes, out=None):
     return x.reshape(_unsqueeze_shape(tuple(x.shape), axes))
 
 
-@op("Unsqueeze", 13, infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Unsqueeze", 21, infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Unsqueeze", 23, infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Unsqueeze", 24, infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
-@op("Unsqueeze", 25, infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
+@op("Unsqueeze", (13, 21, 23, 24, 25), infer=_unsqueeze13_infer, shape_deps=(1,), view=True, shape_op=True)
 def _unsqueeze13(x, axes, *, out=None):
     return x.reshape(_unsqueeze_shape(tuple(x.shape), int_list(axes)))
 
@@ -195,12 +171,7 @@ def _transpose_infer(shapes, values, *, perm=None):
     return [tuple(s[i] for i in _perm(len(s), perm))]
 
 
-@op("Transpose", 1, infer=_transpose_infer, view=True, shape_op=True)
-@op("Transpose", 13, infer=_transpose_infer, view=True, shape_op=True)
-@op("Transpose", 21, infer=_transpose_infer, view=True, shape_op=True)
-@op("Transpose", 23, infer=_transpose_infer, view=True, shape_op=True)
-@op("Transpose", 24, infer=_transpose_infer, view=True, shape_op=True)
-@op("Transpose", 25, infer=_transpose_infer, view=True, shape_op=True)
+@op("Transpose", (1, 13, 21, 23, 24, 25), infer=_transpose_infer, view=True, shape_op=True)
 def _transpose(x, *, perm=None, out=None):
     return x.permute(_perm(x.dim(), perm))
 
@@ -225,9 +196,7 @@ def _concat_infer(shapes, values, *, axis):
     return [tuple(out)]
 
 
-@op("Concat", 4, infer=_concat_infer, shape_op=True)
-@op("Concat", 11, infer=_concat_infer, shape_op=True)
-@op("Concat", 13, infer=_concat_infer, shape_op=True)
+@op("Concat", (4, 11, 13), infer=_concat_infer, shape_op=True)
 def _concat(*xs, axis, out=None):
     xs = [x for x in xs if x is not None]
     a = norm_axis(axis, xs[0].dim())
@@ -275,8 +244,7 @@ def _split2_infer(shapes, values, *, axis=0, split=None, _n_outputs=None):
     return _split_infer_impl(shapes[0], axis, split, None if split else _n_outputs)
 
 
-@op("Split", 2, infer=_split2_infer, shape_op=True)
-@op("Split", 11, infer=_split2_infer, shape_op=True)
+@op("Split", (2, 11), infer=_split2_infer, shape_op=True)
 def _split2(x, *, axis=0, split=None, _n_outputs=None, out=None):
     a = norm_axis(axis, x.dim())
     return _split_kernel(x, a, _split_sizes(x.shape[a], split, None if split else _n_outputs), out)
@@ -388,9 +356,7 @@ def _slice10_infer(shapes, values):
     return [_slice_shape(shapes[0], _slice_params(shapes[0], *vals))]
 
 
-@op("Slice", 10, infer=_slice10_infer, shape_deps=(1, 2, 3, 4), view=True, shape_op=True)
-@op("Slice", 11, infer=_slice10_infer, shape_deps=(1, 2, 3, 4), view=True, shape_op=True)
-@op("Slice", 13, infer=_slice10_infer, shape_deps=(1, 2, 3, 4), view=True, shape_op=True)
+@op("Slice", (10, 11, 13), infer=_slice10_infer, shape_deps=(1, 2, 3, 4), view=True, shape_op=True)
 def _slice10(x, starts, ends, axes=None, steps=None, *, out=None):
     params = _slice_params(tuple(x.shape), int_list(starts), int_list(ends), _opt_list(axes),
                            _opt_list(steps))
@@ -404,8 +370,7 @@ def _expand_infer(shapes, values):
     return broadcast([shapes[0], tuple(int_list(values[1]))])
 
 
-@op("Expand", 8, infer=_expand_infer, shape_deps=(1,), shape_op=True)
-@op("Expand", 13, infer=_expand_infer, shape_deps=(1,), shape_op=True)
+@op("Expand", (8, 13), infer=_expand_infer, shape_deps=(1,), shape_op=True)
 def _expand(x, shape, *, out=None):
     target = _expand_infer([tuple(x.shape), None], [None, shape])[0] if out is None else tuple(out.shape)
     xe = x.reshape((1,) * (len(target) - x.dim()) + tuple(x.shape)).expand(target)
@@ -424,8 +389,7 @@ def _tile_infer(shapes, values):
     return [tuple(d * r for d, r in zip(s, reps))]
 
 
-@op("Tile", 6, infer=_tile_infer, shape_deps=(1,), shape_op=True)
-@op("Tile", 13, infer=_tile_infer, shape_deps=(1,), shape_op=True)
+@op("Tile", (6, 13), infer=_tile_infer, shape_deps=(1,), shape_op=True)
 def _tile(x, repeats, *, out=None):
     reps = int_list(repeats)
     if out is None:
@@ -533,8 +497,7 @@ def _pad11(x, pads, constant_value=None, axes=None, *, mode="constant", out=None
     return _pad_kernel(x, full, mode, value, out)
 
 
-for _s in (11, 13, 18, 19, 21, 23, 24, 25):
-    op("Pad", _s, infer=_pad11_infer, shape_deps=(1, 3))(_pad11)
+op("Pad", (11, 13, 18, 19, 21, 23, 24, 25), infer=_pad11_infer, shape_deps=(1, 3))(_pad11)
 
 
 # ---- DepthToSpace / SpaceToDepth ----------------------------------------------------------------
@@ -546,10 +509,7 @@ def _d2s_infer(shapes, values, *, blocksize, mode="DCR"):
     return [(n, c // (b * b), h * b, w * b)]
 
 
-@op("DepthToSpace", 1, infer=_d2s_infer)
-@op("DepthToSpace", 11, infer=_d2s_infer)
-@op("DepthToSpace", 13, infer=_d2s_infer)
-@op("DepthToSpace", 28, infer=_d2s_infer)
+@op("DepthToSpace", (1, 11, 13, 28), infer=_d2s_infer)
 def _d2s(x, *, blocksize, mode="DCR", out=None):
     n, c, h, w = x.shape
     b = blocksize
@@ -574,9 +534,7 @@ def _s2d_infer(shapes, values, *, blocksize, mode="DCR"):
     return [(n, c * b * b, h // b, w // b)]
 
 
-@op("SpaceToDepth", 1, infer=_s2d_infer)
-@op("SpaceToDepth", 13, infer=_s2d_infer)
-@op("SpaceToDepth", 28, infer=_s2d_infer)
+@op("SpaceToDepth", (1, 13, 28), infer=_s2d_infer)
 def _s2d(x, *, blocksize, mode="DCR", out=None):
     # mode arrived in opset 28; DCR is the layout of the earlier versions
     n, c, h, w = x.shape
@@ -602,8 +560,7 @@ def _trilu(x, k=None, *, upper=1, out=None):
     return f(x, kk) if out is None else f(x, kk, out=out)
 
 
-@op("CumSum", 11, infer=same_as_first)
-@op("CumSum", 14, infer=same_as_first)
+@op("CumSum", (11, 14), infer=same_as_first)
 def _cumsum(x, axis, *, exclusive=0, reverse=0, out=None):
     a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
     src = x.flip(a) if reverse else x
@@ -628,8 +585,7 @@ def _eyelike_infer(shapes, values, *, dtype=None, k=0):
     return [shapes[0]]
 
 
-@op("EyeLike", 9, infer=_eyelike_infer)
-@op("EyeLike", 22, infer=_eyelike_infer)
+@op("EyeLike", (9, 22), infer=_eyelike_infer)
 def _eyelike(x, *, dtype=None, k=0, out=None):
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype if dtype is None else torch_dtype(dtype), device=x.device)
@@ -640,8 +596,7 @@ def _eyelike(x, *, dtype=None, k=0, out=None):
     return out
 
 
-@op("ReverseSequence", 10, infer=same_as_first)
-@op("ReverseSequence", 28, infer=same_as_first)
+@op("ReverseSequence", (10, 28), infer=same_as_first)
 def _reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0, out=None):
     t, b = x.shape[time_axis], x.shape[batch_axis]
     lens = sequence_lens.to(device=x.device, dtype=torch.int64).reshape(1, b)

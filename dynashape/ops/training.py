@@ -131,16 +131,14 @@ def _shape_attr_infer(shapes, values, *, shape=None, **_attrs):
     return [tuple(int(d) for d in shape)]
 
 
-@op("RandomUniform", 1, infer=_shape_attr_infer)
-@op("RandomUniform", 22, infer=_shape_attr_infer)
+@op("RandomUniform", (1, 22), infer=_shape_attr_infer)
 def _random_uniform(*, shape=None, dtype=1, high=1.0, low=0.0, seed=None, _device=None, out=None):
     dt = _float_dtype("RandomUniform", dtype, None)
     res = _target(shape, dt, _device, out)
     return res.uniform_(low, high, generator=_generator(seed, res.device))
 
 
-@op("RandomNormal", 1, infer=_shape_attr_infer)
-@op("RandomNormal", 22, infer=_shape_attr_infer)
+@op("RandomNormal", (1, 22), infer=_shape_attr_infer)
 def _random_normal(*, shape=None, dtype=1, mean=0.0, scale=1.0, seed=None, _device=None, out=None):
     dt = _float_dtype("RandomNormal", dtype, None)
     res = _target(shape, dt, _device, out)
@@ -152,24 +150,21 @@ def _like_dtype(x):
     return x.dtype if isinstance(x, torch.Tensor) else None
 
 
-@op("RandomUniformLike", 1, infer=same_as_first)
-@op("RandomUniformLike", 22, infer=same_as_first)
+@op("RandomUniformLike", (1, 22), infer=same_as_first)
 def _random_uniform_like(x, *, dtype=None, high=1.0, low=0.0, seed=None, _device=None, out=None):
     dt = _float_dtype("RandomUniformLike", dtype, _like_dtype(x))
     res = _target(x.shape, dt, _device, out)
     return res.uniform_(low, high, generator=_generator(seed, res.device))
 
 
-@op("RandomNormalLike", 1, infer=same_as_first)
-@op("RandomNormalLike", 22, infer=same_as_first)
+@op("RandomNormalLike", (1, 22), infer=same_as_first)
 def _random_normal_like(x, *, dtype=None, mean=0.0, scale=1.0, seed=None, _device=None, out=None):
     dt = _float_dtype("RandomNormalLike", dtype, _like_dtype(x))
     res = _target(x.shape, dt, _device, out)
     return res.normal_(mean, scale, generator=_generator(seed, res.device))
 
 
-@op("Bernoulli", 15, infer=same_as_first)
-@op("Bernoulli", 22, infer=same_as_first)
+@op("Bernoulli", (15, 22), infer=same_as_first)
 def _bernoulli(p, *, dtype=None, seed=None, out=None):
     # draws in float32 at least: torch's bernoulli has no half kernels on every device
     pf = p if p.dtype in (torch.float32, torch.float64) else p.float()
