@@ -72,7 +72,7 @@ class MemoryPool:
         old = self._held.pop(requester, None)
         if old is not None:
             old.users.discard(requester)
-            if old.alloc_type == alloc_type and old.nbytes >= nbytes and not (dynamic and old.nbytes >= 2 * nbytes):
+            if old.alloc_type == alloc_type and old.nbytes >= nbytes and not _too_big(old, nbytes, dynamic):
                 old.users.add(requester)  # its own record still fits: keep it
                 self._held[requester] = old
                 return old.buf[:nbytes].view(dtype)
@@ -162,8 +162,7 @@ class MemoryPool:
         conflicts = self.deps.conflicts
         for k in range(bisect.bisect_left(keys, (nbytes, -1)), len(recs)):
             rec = recs[k]
-            # dynamic: request > 0.5 * record, i.e. record < 2 * request; sizes only grow from here
-            if dynamic and rec.nbytes >= 2 * nbytes and rec.nbytes > 0:
+            if _too_big(rec, nbytes, dynamic):  # sizes only grow from here
                 return None
             if all(not conflicts(requester, u) for u in rec.users):
                 return rec
@@ -180,6 +179,12 @@ class MemoryPool:
         k = bisect.bisect_right(keys, rec.key)
         keys.insert(k, rec.key)
         self._records.setdefault(rec.alloc_type, []).insert(k, rec)
+
+
+def _too_big(rec: _Record, nbytes: int, dynamic: bool) -> bool:
+    """The rule for dynamic requests: the request must be more than half the record (record <
+    2 * request), so that a small output does not pin a large record."""
+    return dynamic and rec.nbytes >= 2 * nbytes and rec.nbytes > 0
 
 
 def _inside(buf: torch.Tensor, rec: _Record) -> bool:

@@ -253,10 +253,9 @@ class PrimitiveInst:
         self.out = slot
         if self.buffers[0] is not None:  # our own buffer (from a run without a slot) is not needed now
             if self.pool_keys[0] is not None and self.net.pool is not None:
+                # no get() follows to take it back: the record is released (freed if emptied) now
                 self.net.pool.release(self.pool_keys[0], self.buffers[0], free_if_unused=True)
-            else:
-                self.net.engine.release(self.buffers[0])
-            self.buffers[0], self.capacity[0] = None, 0
+            self._give_back(0)
 
     def _emit_empty(self, vals: list) -> None:
         self.net.stats["empty_skips"] += 1
