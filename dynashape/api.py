@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,12 +17,15 @@ from .frontend.options import ParseOptions
 from .ir import elem_type_name
 from .ir.dtypes import to_numpy
 from .memory import Engine
+from .runtime.bodies import BodyKernel
+from .runtime.compiled import CompiledModel, CompiledRunner
 from .runtime.feeds import InputSpec, prepare_feeds
 from .runtime.memory_setup import MemoryConfig
 from .runtime.network import Network
+from .runtime.staging import InputStager
 from .shape import PartialShape
 
-_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32",
+_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor",
             # memory (docs/memory.md)
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
             "kv_growth"}
@@ -62,6 +67,18 @@ def _node_arg(v) -> NodeArg:
     return NodeArg(v.name, t, shape, v.shape)
 
 
+EXECUTORS = ("compiled", "interpreter")
+
+
+def _executor(value) -> str:
+    """``executor=``: "compiled" (generated code per specialization; the default) or
+    "interpreter" (the per-node flow for every run); DYNASHAPE_EXECUTOR sets the default."""
+    v = value if value is not None else os.environ.get("DYNASHAPE_EXECUTOR", "compiled")
+    if v not in EXECUTORS:
+        raise OptionsError(f"executor={v!r}: expected one of {list(EXECUTORS)}")
+    return v
+
+
 def _device(device) -> torch.device:
     try:
         dev = torch.device(device)
@@ -93,6 +110,7 @@ class InferenceSession:
         if unknown:
             raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(_OPTIONS)}")
         self.device = _device(device)
+        self.executor = _executor(options.get("executor"))
         parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")
@@ -108,6 +126,20 @@ class InferenceSession:
         self._outputs = [_node_arg(v) for v in g.outputs]
         self._default: InferRequest | None = None
         self._lock = threading.Lock()
+        # the specializations of the generated code, shared by the requests (and one per body)
+        self.compiled = (CompiledModel(g, self.device, inplace_concat=self.memory.inplace_concat)
+                         if self.executor == "compiled" else None)
+        self._bodies: dict[int, CompiledModel] = {}
+        self._bodies_lock = threading.Lock()
+
+    def body_model(self, graph) -> CompiledModel:
+        """The compiled form of a control-flow body: its outer-scope reads are extra inputs."""
+        with self._bodies_lock:  # not the run lock: a run holding it compiles its bodies
+            m = self._bodies.get(id(graph))
+            if m is None:
+                m = self._bodies[id(graph)] = CompiledModel(graph, self.device, list(graph.inputs) + list(graph.outer),
+                                                            self.memory.inplace_concat)
+            return m
 
     def get_inputs(self) -> list[NodeArg]:
         return list(self._inputs)
@@ -138,23 +170,61 @@ class InferenceSession:
 
 
 class InferRequest:
-    """Per-request state: a Network (buffers, cached shapes) over the session's program."""
+    """Per-request state: the compiled runner (arena, views, buffers) over the session's
+    specializations, and the interpreter Network, made when something needs it."""
 
     def __init__(self, session: InferenceSession) -> None:
         self.session = session
         self.engine = Engine(session.device, allocator=session.allocator, verbose=session.verbose,
                              device_memory_limit=session.device_memory_limit)
-        self.network = Network(session.program, session.device, self.engine, memory=session.memory)
+        self._network: Network | None = None
+        self._stats: Counter = Counter()
+        self.runner = None
+        if session.compiled is not None:
+            self.predictor = session.memory.make_predictor(self.engine)
+            self.stage = InputStager(session.device, self.engine, self.predictor, self._stats)
+            growth = session.memory.kv_growth if session.memory.inplace_concat else None
+            self.runner = CompiledRunner(session.compiled, self.engine, self.predictor, self._stats, growth,
+                                         make_body=self._body_kernel)
+        self._input_names = [v.name for v in session.program.graph.inputs]
         self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
+
+    @property
+    def network(self) -> Network:
+        """The interpreter: the reference flow, and what runs where no specialization serves."""
+        if self._network is None:
+            self._network = Network(self.session.program, self.session.device, self.engine,
+                                    memory=self.session.memory)
+        return self._network
+
+    def _body_kernel(self, node) -> BodyKernel:
+        s = self.session
+
+        def runner(graph):
+            return CompiledRunner(s.body_model(graph), self.engine, self.predictor, self._stats, None,
+                                  make_body=self._body_kernel)
+
+        def network(graph):
+            return Network(graph, s.device, self.engine, memory=s.memory)
+        return BodyKernel(node, runner, network, s.device)
+
+    def _run(self, tensors: dict, hand_out: bool) -> list:
+        if self.runner is not None:
+            inputs = [self.stage(n, tensors[n]) for n in self._input_names]
+            outs = self.runner.run(inputs, hand_out)
+            if outs is not None:
+                return outs
+            self._stats["interpreter_runs"] += 1
+        return self.network.run(tensors, hand_out=hand_out)
 
     def run(self, output_names, feeds) -> list:
         tensors, numpy_mode = prepare_feeds(feeds, self.session._specs, self.session.device)
         idx = self._select(output_names)
         if self.session.precision is not None:
             with self.session.precision:
-                outs = self.network.run(tensors, hand_out=not numpy_mode)
+                outs = self._run(tensors, hand_out=not numpy_mode)
         else:
-            outs = self.network.run(tensors, hand_out=not numpy_mode)
+            outs = self._run(tensors, hand_out=not numpy_mode)
         if not numpy_mode:
             return [outs[i] for i in idx]
         # the graph's output types name what a held tensor stands for (an int8 tensor of an INT4)
@@ -175,16 +245,31 @@ class InferRequest:
             idx.append(self._out_index[n])
         return idx
 
+    def _counters(self) -> Counter:
+        c = Counter(self._stats)
+        if self._network is not None:
+            c.update(self._network.stats)
+        return c
+
     def stats(self) -> dict:
-        return {**self.network.stats, **self.engine.stats()}
+        out = {**self._counters(), **self.engine.stats()}
+        if self.session.compiled is not None:
+            out.update(self.session.compiled.stats)
+            out["specializations"] = len(self.session.compiled.specs)
+        return out
 
     def memory_stats(self) -> dict:
         """allocations, frees, allocated_bytes_total, current_bytes, peak_bytes, per-type
         current/peak, alloc_time_s, reuses (buffers reused by a node or by the pool),
-        predictions_made, predictions_used, concat bytes copied, ..."""
-        net = self.network.stats
-        pool = self.network.pool.stats() if self.network.pool is not None else {}
-        pred = self.network.predictor.stats() if self.network.predictor is not None else {}
+        predictions_made, predictions_used, concat bytes copied, arena bytes, ..."""
+        net = self._counters()
+        pool = self._network.pool.stats() if self._network is not None and self._network.pool is not None else {}
+        pred = {}
+        for p in (getattr(self, "predictor", None), self._network.predictor if self._network is not None else None):
+            if p is not None:
+                for k, v in p.stats().items():
+                    pred[k] = pred.get(k, 0) + v
+        arena = self.runner.arena.numel() if self.runner is not None and self.runner.arena is not None else 0
         return {**self.engine.stats(),
                 "reuses": net["buffer_reuses"] + pool.get("reuses", 0),
                 "buffer_reuses": net["buffer_reuses"], "pool_reuses": pool.get("reuses", 0),
@@ -194,7 +279,8 @@ class InferRequest:
                 "buffer_grows": net["buffer_grows"], "buffer_reclaims": net["buffer_reclaims"],
                 "concat_bytes_copied": net["concat_bytes_copied"], "concat_past_in_place": net["concat_past_in_place"],
                 "concat_inputs_in_place": net["concat_inputs_in_place"], "concat_storages": net["concat_storages"],
-                "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"]}
+                "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"],
+                "arena_bytes": arena, "arena_plans": net["arena_plans"], "arena_grows": net["arena_grows"]}
 
 
 def _to_numpy(x, elem_type: int = 0):

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ..errors import ShapeError
 from ..shape import Dimension, broadcast_dims
+from ..shape.symint import SymInt
 
 Dim = "int | Dimension"
 
@@ -26,7 +27,9 @@ def same_as_first(shapes, values, **_attrs):
 
 def broadcast(shapes, values=None, **_attrs):
     first = shapes[0]
-    if all(s == first for s in shapes):  # the common case, and cheap: no per-dim work
+    # the common case, and cheap: no per-dim work (lengths first: a tuple compares its items up to
+    # the shorter length before it looks at lengths, and a symbolic dim compared with 1 is a guard)
+    if all(s is first or (s is not None and len(s) == len(first) and s == first) for s in shapes):
         return [first]
     out: tuple = ()
     for s in shapes:
@@ -47,8 +50,9 @@ def is_static(dims) -> bool:
 
 
 def int_list(value) -> list[int]:
-    """A shape-input value (CPU tensor) as a list of Python ints."""
-    return [int(v) for v in value.reshape(-1).tolist()]
+    """A shape-input value (CPU tensor, or a symbolic one at compile time) as a list of ints.
+    Ints (SymInts included) are kept as they are: ``int()`` would pin a symbolic dim."""
+    return [v if type(v) is int or isinstance(v, SymInt) else int(v) for v in value.reshape(-1).tolist()]
 
 
 def dyn() -> Dimension:
@@ -58,4 +62,5 @@ def dyn() -> Dimension:
 def dim_ceildiv_or_dyn(start, limit, delta) -> int:
     """Number of elements of Range(start, limit, delta)."""
     import math
-    return max(int(math.ceil((limit - start) / delta)), 0)
+    n = math.ceil((limit - start) / delta)  # an int for ints and floats; symbolic for SymInts
+    return max(n, 0)

@@ -11,9 +11,9 @@ from ..compile.program import Program
 from ..ir import Graph, Value
 from ..ir.dtypes import torch_dtype
 from ..memory import Engine
-from ..ops.shapes import prod
 from .memory_setup import MemoryConfig, setup_memory
 from .primitive_inst import PrimitiveInst, shape_key
+from .staging import InputStager
 
 
 class Network:
@@ -27,7 +27,7 @@ class Network:
         self.memory = memory or MemoryConfig()
         self.stats: Counter = Counter()
         self.predictor = self.memory.make_predictor(self.engine)
-        self.input_buffers: dict[str, tuple] = {}
+        self.stage = InputStager(device, self.engine, self.predictor, self.stats)
         self._slot: dict[tuple[int, str], int] = {}
         self.vals: list = []
         g = self.graph
@@ -130,26 +130,6 @@ class Network:
             for i in inst.shape_deps)
         return inst
 
-    def _stage(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """A host feed for a device network goes into a device buffer kept per input, sized by
-        the predictor like any other buffer (inputs that grow are predicted too)."""
-        n, key = t.numel(), f"input:{name}"
-        buf, cap = self.input_buffers.get(name, (None, 0))
-        if buf is None or n > cap or n * 10 < cap or buf.dtype != t.dtype:
-            if buf is not None:
-                self.engine.release(buf)
-            want = n
-            ok, predicted = self.predict(key, tuple(t.shape), t.dtype, False)
-            if ok and prod(predicted) > n:
-                want = prod(predicted)
-                self.stats["predictions_used"] += 1
-            buf, cap = self.engine.allocate(want, t.dtype), want
-            self.input_buffers[name] = (buf, cap)
-        else:
-            self.predict(key, tuple(t.shape), t.dtype, True)
-        self.stats["input_bytes_staged"] += n * t.element_size()
-        return buf[:n].view(t.shape).copy_(t, non_blocking=t.is_pinned())
-
     def predict(self, key: str, shape: tuple, dtype: torch.dtype, can_reuse: bool) -> tuple[bool, tuple]:
         """The ShapePredictor's advice for a buffer about to be (re)allocated."""
         if self.predictor is None:
@@ -164,9 +144,7 @@ class Network:
         vals = self.vals
         self.runs += 1
         for name, t in feeds.items():
-            if isinstance(t, torch.Tensor) and t.device != self.device:
-                t = self._stage(name, t)
-            vals[self.input_slots[name]] = t
+            vals[self.input_slots[name]] = self.stage(name, t)
         shapes = tuple(map(shape_key, feeds.values()))
         try:
             if self.shapes_follow_inputs and shapes == self.last_in_shapes:

@@ -103,6 +103,11 @@ class PartialShape:
 def broadcast_dim(a: Dimension | int, b: Dimension | int) -> Dimension | int:
     """Broadcast of two dims, each an int or a Dimension; ints in give an int out."""
     if isinstance(a, int) and isinstance(b, int):
+        # a literal 1 first: against it nothing needs deciding (no guard on a symbolic dim)
+        if type(b) is int and b == 1:
+            return a
+        if type(a) is int and a == 1:
+            return b
         if a == b or b == 1:
             return a
         if a == 1:

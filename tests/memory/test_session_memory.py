@@ -136,13 +136,17 @@ def _chain_ref(x):
     return y
 
 
+# The pool serves the interpreter (the generated code plans an arena instead: tests/memory/test_arena.py).
+INTERP = {"executor": "interpreter"}
+
+
 def test_pool_shares_buffers_between_values_that_do_not_overlap():
-    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0")
+    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", **INTERP)
     s.run(None, {"x": rand((16,))})
     st = s.memory_stats()
     # 7 inner values in a chain: each conflicts only with its neighbours, so 2 records serve them
     assert st["pool_records"] == 2
-    s2 = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_pool=False)
+    s2 = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_pool=False, **INTERP)
     s2.run(None, {"x": rand((16,))})
     assert s2.memory_stats()["allocations"] > st["allocations"]
 
@@ -160,7 +164,7 @@ def _node_buffers_are_engine_memory(net):
 
 @pytest.mark.parametrize("deps", ["in_order", "out_of_order"])
 def test_shared_records_grow_once_for_all_their_users(deps):
-    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_deps=deps)
+    s = dynashape.InferenceSession(chain(8), device=DEVICE, preallocation="0 0 0 1.0", memory_deps=deps, **INTERP)
     req = s.create_infer_request()
     cap, peaks = 0, []
     for n in (4, 4, 64, 64, 8, 300, 300, 1000, 2, 2):  # grow, repeat (fast path), shrink (reclaim)
@@ -193,7 +197,7 @@ def test_a_value_of_unchanged_shape_follows_its_record_when_another_user_grows_i
                                        helper.make_tensor_value_info("x", TP.FLOAT, ["n"])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, ["n"])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-    s = dynashape.InferenceSession(m, device=DEVICE, preallocation="0 0 0 1.0")
+    s = dynashape.InferenceSession(m, device=DEVICE, preallocation="0 0 0 1.0", **INTERP)
     req = s.create_infer_request()
     z = rand((16,))
     for n in (16, 16, 30, 30, 64, 64):
@@ -205,7 +209,7 @@ def test_a_value_of_unchanged_shape_follows_its_record_when_another_user_grows_i
 
 
 def test_out_of_order_deps_option_runs_and_matches():
-    s = dynashape.InferenceSession(chain(), device=DEVICE, memory_deps="out_of_order")
+    s = dynashape.InferenceSession(chain(), device=DEVICE, memory_deps="out_of_order", **INTERP)
     for n in (3, 9, 2):
         x = rand((n,))
         np.testing.assert_allclose(s.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)

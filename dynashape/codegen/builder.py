@@ -1,0 +1,605 @@
+"""Generated code for one specialization: a straight-line runner, its guard check and its groups.
+
+From the shape program (``compile/shape_program.py``) and the memory plan
+(``compile/memory_plan.py``) of one specialization this writes Python source, as torch.fx's
+codegen does, and compiles it:
+
+``accepts(shapes)``
+    whether input shapes meet the specialization's guards (ranks, shared dims, the guards).
+``run(st, *inputs)``
+    reads the input symbols, and when they changed since the last call asks the request state
+    to ``enter`` the new signature (that is ``update_shape`` / ``update_impl`` /
+    ``realloc_if_needed`` for the whole network: arena growth, new views); then one line per
+    kernel, writing into the buffers of the memory plan, and returns the outputs.
+``g<i>(st, sig)``, one per *group*
+    everything that depends only on the values of a set of input symbols and not on data: views
+    of arena buffers, views of those views (Reshape, Transpose, Slice ...), shape values that
+    kernels read as tensors, host nodes computing from shapes only. A group is rebuilt only when
+    its symbols change, and the request keeps a few builds per group, so a shape that comes back
+    finds its views made, and a decode step rebuilds only what depends on the past length.
+
+The source is readable (``dynashape show --code``, ``DYNASHAPE_DUMP_CODE``); each line that runs
+a node is mapped back to it, so an exception names the node.
+"""
+
+from __future__ import annotations
+
+import keyword
+import linecache
+import re
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import count
+
+import torch
+
+from ..compile.memory_plan import AS_VIEW, ArenaBuffer, MemoryPlan, plan_memory
+from ..compile.shape_program import Trace
+from ..ir import Node, Value
+from ..shape import expr as E
+from ..shape.symint import SymInt
+from .emitters import Emit, emit
+
+_ids = count()
+
+
+@dataclass
+class Group:
+    symbols: frozenset[str]
+    members: list[str] = field(default_factory=list)
+    lines: list[tuple[str, Node | None]] = field(default_factory=list)
+    first: int = 0  # creation order, for a stable order among groups of one size
+    index: int = -1
+    key: tuple[int, ...] = ()  # positions of its symbols in the signature
+
+
+@dataclass
+class SpecCode:
+    trace: Trace
+    plan: MemoryPlan
+    source: str
+    filename: str
+    run: object
+    accepts: object
+    refresh: list
+    groups: list[Group]
+    sig_symbols: list[str]
+    arena: list[ArenaBuffer]
+    arena_dtypes: list[torch.dtype]
+    arena_dtype_index: list[int]  # per arena buffer: its dtype's index
+    output_values: list[Value]  # values of class "output", by the index st.out() takes
+    kv_nodes: list[Node]
+    sub_nodes: list[Node]  # nodes with subgraphs: their kernel is per request
+    outputs: list[str]  # per graph output: keep | clone | check (see _output_action)
+    line_nodes: dict[int, Node]
+    namespace: dict
+    inplace_inputs: int = 0  # Concat inputs written in place by their producers, per run
+    size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
+
+
+def _ident(name: str, prefix: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    if not s or s[0].isdigit() or keyword.iskeyword(s):
+        s = f"_{s}"
+    return f"{prefix}{s}"
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.used: set[str] = {"st", "sig", "torch", "DEV", "cur", "off", "A"}
+
+    def new(self, base: str, prefix: str = "") -> str:
+        name = _ident(base, prefix)[:48]
+        cand, k = name, 1
+        while cand in self.used:
+            cand, k = f"{name}_{k}", k + 1
+        self.used.add(cand)
+        return cand
+
+
+class _Builder:
+    def __init__(self, trace: Trace, device: torch.device, consts_device, consts_host, inplace: bool) -> None:
+        self.t = trace
+        self.env = trace.env
+        self.device = device
+        self.plan = plan_memory(trace, inplace)
+        self.names = _Names()
+        self.ns: dict = {"torch": torch, "DEV": device}
+        self.consts_device, self.consts_host = consts_device, consts_host
+        self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
+        self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)
+        self.groups: dict[frozenset, Group] = {}
+        self.body: list[tuple[str, Node | None]] = []
+        self.symvar: dict[str, str] = {}
+        self.sig_symbols: list[str] = []
+        self.output_values: list[Value] = []
+        self.kv_nodes: list[Node] = []
+        self.sub_nodes: list[Node] = []
+        self.inplace_inputs = 0  # Concat inputs their producers write in place, per run
+        self.arena_index: dict[int, int] = {id(b.value): i for i, b in enumerate(self.plan.arena)}
+        self.arena_dtypes: list[torch.dtype] = []
+        for b in self.plan.arena:
+            dt = self.t.of(b.value).dtype
+            if dt not in self.arena_dtypes:
+                self.arena_dtypes.append(dt)
+        self.input_symbols = {d.symbol for d in trace.input_dims if d.defines}
+        self.contig: dict[int, bool] = {}  # group members known to be contiguous (arena views)
+
+    # ---- sources of dims -----------------------------------------------------------------------
+    def src(self, d) -> str:
+        if isinstance(d, SymInt):
+            return E.source(self.env.canon(d.expr), self._symname)
+        if isinstance(d, E.Expr):
+            return E.source(self.env.canon(d), self._symname)
+        return str(int(d))
+
+    def _symname(self, s: str) -> str:
+        return self.symvar[s]
+
+    def free(self, d) -> frozenset[str]:
+        if isinstance(d, SymInt):
+            return self.env.canon(d.expr).free
+        if isinstance(d, E.Expr):
+            return self.env.canon(d).free
+        return frozenset()
+
+    def dims_free(self, dims) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for d in dims or ():
+            out |= self.free(d)
+        return out
+
+    def is_input_only(self, syms: frozenset[str]) -> bool:
+        return syms <= self.input_symbols
+
+    # ---- groups ------------------------------------------------------------------------------------
+    def group(self, syms: frozenset[str]) -> Group:
+        g = self.groups.get(syms)
+        if g is None:
+            g = self.groups[syms] = Group(syms, first=len(self.groups))
+        return g
+
+    def add_member(self, key: tuple, syms: frozenset[str], base: str, lines_fn, node: Node | None = None) -> str:
+        hit = self.member.get(key)
+        if hit is not None:
+            return hit[1]
+        g = self.group(syms)
+        name = self.names.new(base)
+        for line in lines_fn(name):
+            g.lines.append((line, node))
+        g.members.append(name)
+        self.member[key] = (g, name)
+        return name
+
+    def member_syms(self, key: tuple) -> frozenset[str] | None:
+        hit = self.member.get(key)
+        return None if hit is None else hit[0].symbols
+
+    # ---- values as sources -----------------------------------------------------------------------
+    def const(self, v: Value, host: bool) -> str:
+        table, prefix = (self.consts_host, "h_") if host else (self.consts_device, "c_")
+        name = _ident(v.name, prefix)
+        if name not in self.ns:
+            self.ns[name] = table(v) if callable(table) else table[v.name]
+        return name
+
+    def sval_tensor(self, v: Value, host: bool, inline: list) -> str:
+        """A symbolic value as a tensor (a kernel reads it): a group member when it depends on
+        input symbols only, else made inline where it is used."""
+        info = self.t.of(v)
+        sv = info.sval
+        elems = sv.flat()
+        syms = frozenset().union(*(self.free(x) for x in elems)) if elems else frozenset()
+        dt = repr(sv.dtype).replace("torch.", "torch.")
+        shape = tuple(sv.shape)
+        dev = "" if host else ", device=DEV"
+
+        def lines(name: str) -> list[str]:
+            items = "[" + ", ".join(self.src(x) if not isinstance(x, bool) else repr(x) for x in elems) + "]"
+            return [f"{name} = torch.tensor({items}, dtype={dt}{dev}).reshape({shape!r})"]
+        if self.is_input_only(syms):
+            return self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines)
+        name = self.names.new(f"{v.name}_val")
+        inline.extend(lines(name))
+        return name
+
+    def use(self, v: Value | None, host: bool, inline: list, in_group: bool = False) -> str | None:
+        """Source of value ``v`` read by a node running on the host (``host``) or the device."""
+        if v is None:
+            return None
+        if v.is_const:
+            return self.const(v, host)
+        c = self.plan.cls.get(id(v))
+        if c == "sym":
+            return self.sval_tensor(v, host, inline)
+        key = ("value", id(v))
+        hit = self.member.get(key)
+        lives_on_host = self._on_host(v)
+        if hit is not None:
+            g, name = hit
+            if lives_on_host == host:
+                return name
+            base = f"{v.name}_{'h' if host else 'd'}"
+            to = ".cpu()" if host else ".to(DEV, non_blocking=True)"
+            return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"])
+        name = self.local[id(v)]
+        if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype):
+            return name
+        moved = self.names.new(f"{v.name}_{'h' if host else 'd'}")
+        inline.append(f"{moved} = {name}.cpu()" if host else f"{moved} = {name}.to(DEV, non_blocking=True)")
+        return moved
+
+    def _on_host(self, v: Value) -> bool:
+        c = self.plan.cls.get(id(v))
+        if c == "input":
+            return False
+        return self.t.of(v).host
+
+    # ---- the steps ---------------------------------------------------------------------------------
+    def build(self) -> None:
+        for d in self.t.input_dims:
+            if d.defines:
+                self.symvar[d.symbol] = self.names.new(d.symbol, "s_")
+                self.sig_symbols.append(d.symbol)
+        for v in self.t.input_values:
+            self.local[id(v)] = self.names.new(v.name, "x_")
+        for step, ni in enumerate(self.t.nodes):
+            getattr(self, f"_{ni.kind}")(step, ni)
+        self.results = []
+        for v in self.t.graph.outputs:
+            if v.is_const:
+                self.results.append(self.const(v, False))
+            elif id(v) in self.local:
+                self.results.append(self.local[id(v)])
+            else:  # a group member, or a value only the program knows (a shape value)
+                inline: list[str] = []
+                self.results.append(self.use(v, self._on_host(v), inline))
+                self._body(inline, None)
+
+    def _sym(self, step, ni) -> None:
+        return  # part of the program: made a tensor only where a kernel reads it
+
+    def _memo(self, step, ni) -> None:
+        node = ni.node
+        inline: list[str] = []
+        ins = [self.use(v, True, inline, in_group=True) for v in node.inputs]
+        syms = frozenset()
+        for v in node.inputs:
+            if v is None or v.is_const:
+                continue
+            ms = self.member_syms(("value", id(v)))
+            if ms is None:
+                ms = self.dims_free(self.t.of(v).sval.flat() if self.t.of(v).sval is not None else ())
+            syms |= ms
+        assert not inline, "memo inputs are group members"
+        kname = self.kernel(node, host=True)
+        outs = [v for v in node.outputs]
+        args = ", ".join(a or "None" for a in ins)
+
+        def lines(name: str) -> list[str]:
+            if len(outs) == 1:
+                return [f"{name} = {kname}({args})"]
+            return [f"{name} = {kname}({args})"]
+        if len(outs) == 1:
+            self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node)
+        else:
+            tup = self.add_member(("node", id(node)), syms, f"{node.name}_res", lines, node)
+            for k, v in enumerate(outs):
+                if v is not None:
+                    self.add_member(("value", id(v)), syms, v.name, lambda n, k=k: [f"{n} = {tup}[{k}]"], node)
+
+    def kernel(self, node: Node, host: bool) -> str:
+        name = self.names.new(node.name or node.op_type, "k_")
+        od = node.opdef
+        attrs = dict(node.attrs)
+        if "_device" in od.attrs:
+            attrs["_device"] = torch.device("cpu") if host else self.device
+        self.ns[name] = partial(od.fn, **attrs) if attrs else od.fn
+        return name
+
+    def _emit_ctx(self, node: Node, ins: list, outs: list, bufs: list, kname: str, more: bool = False) -> Emit:
+        t = self.t
+        info = [None if v is None else t.info.get(id(v)) for v in node.inputs]
+        oinfo = [None if v is None else t.info.get(id(v)) for v in node.outputs]
+        return Emit(node, ins, outs, bufs, kname,
+                    [None if i is None else i.dims for i in info], [None if i is None else i.dims for i in oinfo],
+                    [None if i is None else i.dtype for i in info], [None if i is None else i.dtype for i in oinfo],
+                    [None if i is None else i.sval for i in info], self.src, more)
+
+    def _view(self, step, ni) -> None:
+        node = ni.node
+        v = node.outputs[0]
+        src = node.inputs[0]
+        info = self.t.of(v)
+        hit = self.member.get(("value", id(src)))
+        deps_ok = all(i == 0 or x is None or x.is_const or self.plan.cls.get(id(x)) == "sym"
+                      for i, x in enumerate(node.inputs))
+        syms = self.dims_free(info.dims)
+        for x in node.inputs[1:]:
+            if x is not None and not x.is_const:
+                sv = self.t.of(x).sval
+                syms |= self.dims_free(sv.flat()) if sv is not None else frozenset({"<data>"})
+        # a reshape of a tensor that is not contiguous copies: a copy made once would go stale
+        reshapes = node.op_type in _RESHAPES
+        layout_ok = not reshapes or self.contig.get(id(src), False)
+        if hit is not None and deps_ok and layout_ok and self.is_input_only(syms | hit[0].symbols):
+            g, sname = hit
+            scratch: list[str] = []
+            ins = [sname] + [self.use(x, ni.host, scratch, True) for x in node.inputs[1:]]
+            if not scratch:
+                kname = self.kernel(node, ni.host)  # an emitter may decline (a negative Slice step)
+
+                def lines(name: str) -> list[str]:
+                    return emit(self._emit_ctx(node, ins, [name], [None], kname), as_view=True)
+                self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node)
+                self.contig[id(v)] = reshapes and self.contig.get(id(src), False)
+                return
+        inline: list[str] = []
+        ins = [self.use(x, ni.host, inline) for x in node.inputs]
+        name = self.local[id(v)] = self.names.new(v.name, "t_")
+        kname = self.kernel(node, ni.host)
+        self._body(inline, None)
+        self._body(emit(self._emit_ctx(node, ins, [name], [None], kname), as_view=True), node)
+
+    def _data(self, step, ni) -> None:
+        node = ni.node
+        if node.op_type in AS_VIEW and node.domain in ("", "ai.onnx"):
+            return self._view(step, ni)
+        inline: list[str] = []
+        ins = [self.use(x, ni.host, inline) for x in node.inputs]
+        outs, bufs = [], []
+        for v in node.outputs:
+            if v is None:
+                outs.append(None)
+                bufs.append(None)
+                continue
+            c = self.plan.cls[id(v)]
+            if c in ("arena", "slot"):  # the (arena) view is the value: the kernel writes into it
+                name = self.local[id(v)] = self._arena_member(v) if c == "arena" else self._slot_member(v)
+                outs.append(name)
+                bufs.append(name)
+                continue
+            name = self.local[id(v)] = self.names.new(v.name, "t_")
+            outs.append(name)
+            if c == "kvslot":  # the KV cache's storage is found (the past in place, or copied) first
+                concat, _ = self.plan.slots[id(v)]
+                past = self.use(concat.inputs[0], False, inline)
+                inline.append(f"{name} = st.kv[{self.kv_index(concat)}].prepare({past}, {self._dims_tuple(v)})")
+                bufs.append(name)
+                self.inplace_inputs += 1
+            elif c == "output":
+                k = len(self.output_values)
+                self.output_values.append(v)
+                inline.append(f"{name} = st.out({k}, {self._dims_tuple(v)})")
+                bufs.append(name)
+            else:
+                bufs.append(None)
+        self._body(inline, None)
+        if len(node.outputs) == 1 and self.plan.cls[id(node.outputs[0])] == "kv":
+            args = ", ".join(x for x in ins if x is not None)
+            self._body([f"{outs[0]} = st.kv[{self.kv_index(node)}]({args})"], node)
+            return
+        fed = [i for i, x in enumerate(node.inputs) if x is not None and id(x) in self.plan.slots]
+        concat = node.op_type == "Concat" and node.domain in ("", "ai.onnx") and not ni.host
+        if fed and concat:  # producers wrote into their slots: copy the rest
+            self.inplace_inputs += len(fed)
+            lines = [f"{self._slot_view(node, i)}.copy_({ins[i]})" for i, x in enumerate(node.inputs)
+                     if x is not None and i not in fed]
+            self._body(lines + self._count_copied(node, fed), node)
+            return
+        kname = self.kernel(node, ni.host)
+        self._body(emit(self._emit_ctx(node, ins, outs, bufs, kname, ni.more_results), as_view=False), node)
+        if concat:
+            self._body(self._count_copied(node, ()), node)
+
+    def _count_copied(self, node: Node, fed) -> list[str]:
+        """The bytes a Concat copies this run (memory_stats' concat_bytes_copied)."""
+        total: E.Expr = E.const(0)
+        for i, x in enumerate(node.inputs):
+            info = None if x is None or i in fed else self.t.of(x)
+            if info is None or info.dims is None or info.dtype is None:
+                continue
+            n: E.Expr = E.const(info.dtype.itemsize)
+            for d in info.dims:
+                n = E.mul(n, d.expr if isinstance(d, SymInt) else E.const(d))
+            total = E.add(total, n)
+        if E.as_int(total) == 0:
+            return []
+        return [f"st.stats['concat_bytes_copied'] += {self.src(total)}"]
+
+    def kv_index(self, node: Node) -> int:
+        if node not in self.kv_nodes:
+            self.kv_nodes.append(node)
+        return self.kv_nodes.index(node)
+
+    def _slot_view(self, concat: Node, i: int) -> str:
+        """Source of input ``i``'s slot in the Concat's buffer (along its axis)."""
+        out = concat.outputs[0]
+        buf = self._arena_member(out)
+        dims = self.t.of(out).dims
+        axis = concat.attrs["axis"] % len(dims)
+        offset: E.Expr = E.const(0)
+        for x in concat.inputs[:i]:
+            if x is not None:
+                d = self.t.of(x).dims[axis]
+                offset = E.add(offset, d.expr if isinstance(d, SymInt) else E.const(d))
+        d = self.t.of(concat.inputs[i]).dims[axis]
+        return f"{buf}.narrow({axis}, {self.src(offset)}, {self.src(d)})"
+
+    def _slot_member(self, v: Value) -> str:
+        concat, i = self.plan.slots[id(v)]
+        view = self._slot_view(concat, i)
+        syms = self.dims_free(self.t.of(concat.outputs[0]).dims)
+        return self.add_member(("value", id(v)), syms, f"t_{v.name}", lambda n: [f"{n} = {view}"])
+
+    def _dims_tuple(self, v: Value) -> str:
+        items = [self.src(d) for d in self.t.of(v).dims]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def _arena_member(self, v: Value) -> str:
+        i = self.arena_index[id(v)]
+        info = self.t.of(v)
+        dims = [self.src(d) for d in info.dims]
+        acc, strides = E.const(1), []
+        for d in reversed(info.dims):
+            strides.append(self.src(acc))
+            acc = E.mul(acc, d.expr if isinstance(d, SymInt) else E.const(d))
+        strides.reverse()
+        a = self.arena_dtypes.index(info.dtype)
+        shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+        stride = "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
+        syms = self.dims_free(info.dims)
+        self.contig[id(v)] = True
+        return self.add_member(("value", id(v)), syms, f"t_{v.name}",
+                               lambda n: [f"{n} = A[{a}].as_strided({shape}, {stride}, off[{i}])"])
+
+    def _dyn(self, step, ni) -> None:
+        node = ni.node
+        inline: list[str] = []
+        ins = [self.use(x, ni.host, inline) for x in node.inputs]
+        outs = []
+        for v in node.outputs:
+            outs.append(None if v is None else self.names.new(v.name, "t_"))
+            if v is not None:
+                self.local[id(v)] = outs[-1]
+        self._body(inline, None)
+        args = ", ".join(a if a is not None else "None" for a in ins)
+        targets = _unpack(outs)
+        if node.subgraphs:
+            k = len(self.sub_nodes)
+            self.sub_nodes.append(node)
+            outer: dict[str, str] = {}
+            for sub in node.subgraphs.values():
+                for v in sub.outer:
+                    if v.name not in outer:
+                        outer[v.name] = self.use(v, ni.host, inline)
+            self._body(inline, None)
+            pairs = ", ".join(f"{n!r}: {src}" for n, src in outer.items())
+            sep = ", " if args else ""
+            self._body([f"{targets} = st.sub[{k}]({args}{sep}_outer={{{pairs}}})"], node)
+        else:
+            self._body([f"{targets} = {self.kernel(node, ni.host)}({args})"], node)
+        # the dims of the result are runtime symbols from here on
+        binds = []
+        for sym, (v, axis) in self.t.runtime_symbols.items():
+            if any(v is o for o in node.outputs):
+                self.symvar[sym] = self.names.new(sym, "u_")
+                binds.append(f"{self.symvar[sym]} = {self.local[id(v)]}.shape[{axis}]")
+        self._body(binds, node)
+
+    def _body(self, lines: list[str], node: Node | None) -> None:
+        for line in lines:
+            self.body.append((line, node))
+
+    # ---- assembling the source ------------------------------------------------------------------
+    def assemble(self) -> tuple[str, dict[int, Node], list[Group]]:
+        groups = sorted(self.groups.values(), key=lambda g: (len(g.symbols), g.first))
+        pos = {s: i for i, s in enumerate(self.sig_symbols)}
+        for i, g in enumerate(groups):
+            g.index = i
+            g.key = tuple(sorted(pos[s] for s in g.symbols))
+        out: list[str] = []
+        line_nodes: dict[int, Node] = {}
+
+        def put(line: str, node: Node | None = None, indent: int = 1) -> None:
+            out.append("    " * indent + line)
+            if node is not None:
+                line_nodes[len(out)] = node
+        sig_unpack = ", ".join(self.symvar[s] for s in self.sig_symbols)
+        # groups
+        for g in groups:
+            out.append(f"def g{g.index}(st, sig):")
+            put(f"# group {g.index}: depends on {sorted(g.symbols) or 'no symbol'}")
+            if self.sig_symbols:
+                put(f"{sig_unpack}{',' if len(self.sig_symbols) == 1 else ''} = sig")
+            put("A, off, cur = st.typed, st.off, st.cur")
+            for h in groups[:g.index]:
+                if h.symbols < g.symbols or not h.symbols:
+                    if h.members:
+                        put(f"{', '.join(h.members)}{',' if len(h.members) == 1 else ''} = cur[{h.index}]")
+            for line, node in g.lines:
+                put(line, node)
+            put(f"return ({', '.join(g.members)}{',' if len(g.members) == 1 else ''})")
+            out.append("")
+        # accepts
+        out.append("def accepts(shapes):")
+        ranks = self.t.input_ranks
+        conds = []
+        for i, r in enumerate(ranks):
+            conds.append(f"shapes[{i}] is None" if r is None else f"shapes[{i}] is not None and len(shapes[{i}]) == {r}")
+        put("if not (" + " and ".join(conds or ["True"]) + "):")
+        put("return False", indent=2)
+        for d in self.t.input_dims:
+            if d.defines:
+                put(f"{self.symvar[d.symbol]} = shapes[{d.input}][{d.axis}]")
+        eq = [f"shapes[{d.input}][{d.axis}] == {self.symvar[d.symbol]}" for d in self.t.input_dims if not d.defines]
+        guards = [g for g in self.t.guards if g.expr.free <= self.input_symbols]
+        conds = eq + [f"({gd.source(self._symname)})" for gd in guards]
+        put("return " + (" and ".join(conds) if conds else "True"))
+        out.append("")
+        # run
+        params = ", ".join(self.local[id(v)] for v in self.t.input_values)
+        out.append(f"def run(st{', ' if params else ''}{params}):")
+        for d in self.t.input_dims:
+            if d.defines:
+                put(f"{self.symvar[d.symbol]} = {self.local[id(self.t.input_values[d.input])]}.shape[{d.axis}]")
+        put(f"sig = ({sig_unpack}{',' if len(self.sig_symbols) == 1 else ''})")
+        put("if sig != st.sig:")
+        put("st.enter(sig)", indent=2)
+        if any(g.members for g in groups):
+            put("cur = st.cur")
+        for g in groups:
+            if g.members:
+                put(f"{', '.join(g.members)}{',' if len(g.members) == 1 else ''} = cur[{g.index}]")
+        for line, node in self.body:
+            put(line, node)
+        results = self.results
+        put(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
+        return "\n".join(out) + "\n", line_nodes, groups
+
+
+def _unpack(outs: list) -> str:
+    """Targets of a call: kernels of several outputs may return more than the node has."""
+    if len(outs) == 1:
+        return outs[0] or "_"
+    return ", ".join(o or "_" for o in outs) + ", *_"
+
+
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _output_action(plan: MemoryPlan, v: Value) -> str:
+    """What the caller's copy of output ``v`` needs: ``keep`` (its memory is the caller's),
+    ``clone`` (it is memory the request keeps, an input or a constant), ``check`` (a kernel result
+    that may be an input or a view of one: decided at run time)."""
+    c = plan.cls.get(id(v), "const" if v.is_const else "input")
+    if c in ("input", "const", "sym", "memo"):
+        return "clone"
+    if c == "view":
+        kept = ("arena", "input", "const", "memo", "sym")
+        return "clone" if any(plan.cls.get(r) in kept for r in plan.roots.get(id(v), ())) else "keep"
+    if c == "adopt" and id(v) in plan.outputs_needing_check:
+        return "check"
+    return "keep"
+
+
+def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, inplace: bool = True) -> SpecCode:
+    """Generate and compile the code of one specialization (see the module docstring).
+    ``consts_device(v)`` / ``consts_host(v)`` give a constant's tensor on the device / host;
+    ``inplace``: producers write into their slot of a Concat's buffer."""
+    b = _Builder(trace, device, consts_device, consts_host, inplace)
+    b.build()
+    source, line_nodes, groups = b.assemble()
+    filename = f"<dynashape:{trace.graph.name}:{next(_ids)}>"
+    code = compile(source, filename, "exec")
+    ns = b.ns
+    exec(code, ns)  # noqa: S102  our own generated source
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    ns["__symvars__"] = dict(b.symvar)
+    outputs = [_output_action(b.plan, v) for v in trace.graph.outputs]
+    return SpecCode(trace, b.plan, source, filename, ns["run"], ns["accepts"], [ns[f"g{g.index}"] for g in groups],
+                    groups, b.sig_symbols, b.plan.arena, b.arena_dtypes,
+                    [b.arena_dtypes.index(trace.of(a.value).dtype) for a in b.plan.arena], b.output_values,
+                    b.kv_nodes, b.sub_nodes, outputs, line_nodes, ns, b.inplace_inputs,
+                    tuple(i for i, name in enumerate(b.sig_symbols)
+                          if any(name in a.nbytes.free for a in b.plan.arena)))

@@ -1,0 +1,188 @@
+"""Per-op source emitters: the line of generated code that runs one node.
+
+The default calls the op's registered kernel (``k_<node>(a, b, out=buf)``), which is correct
+for every op. The emitters below write the hot ops as direct torch calls instead, with their
+parameters as ints from the shape program: a view op never reads a shape tensor back with
+``.tolist()``, an Add of two float tensors is ``torch.add`` without the kernel's dtype checks.
+An emitter returns None when it does not apply (another dtype, a negative Slice step ...): the
+default then serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..ir import Node
+from ..ops.shapes import norm_axes
+from ..ops.tensor import _perm, _slice_params
+from ..shape import expr as E
+from ..shape.symint import SymInt
+
+_FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+@dataclass
+class Emit:
+    """What an emitter knows of its node: sources of inputs, targets, out= buffers, dims."""
+
+    node: Node
+    ins: list[str | None]  # source of each input tensor, None for an absent optional input
+    outs: list[str | None]  # local each output is bound to (None: the node lacks that output)
+    bufs: list[str | None]  # out= buffer per output (None: the kernel allocates)
+    kernel: str  # global name of the op's kernel, attributes bound
+    in_dims: list[tuple | None]  # dims of each input (ints and SymInts)
+    out_dims: list[tuple | None]
+    in_dtypes: list[torch.dtype | None]
+    out_dtypes: list[torch.dtype | None]
+    values: list  # symbolic value of each input (SymValue) or None
+    src: Callable  # int | SymInt -> Python source
+    more_results: bool = False  # a kernel without out= returns a tuple even for one output
+
+    def dims_src(self, dims) -> str:
+        items = [self.src(d) for d in dims]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def default(e: Emit) -> list[str]:
+    args = ", ".join(a if a is not None else "None" for a in e.ins)
+    targets = _targets(e)
+    if any(b is not None for b in e.bufs):
+        out = e.bufs[0] if len(e.bufs) == 1 else "(" + ", ".join(b or "None" for b in e.bufs) + ",)"
+        sep = ", " if args else ""
+        return [f"{targets} = {e.kernel}({args}{sep}out={out})"]
+    if e.more_results and len(e.outs) == 1:
+        return [f"{targets} = {e.kernel}({args})[0]"]
+    return [f"{targets} = {e.kernel}({args})"]
+
+
+def _targets(e: Emit) -> str:
+    """Kernels of several outputs may return more than the node has (LSTM's Y_c): ``*_``."""
+    if len(e.outs) == 1:
+        return e.outs[0] or "_"
+    return ", ".join(o or "_" for o in e.outs) + ", *_"
+
+
+def _reshape(e: Emit) -> list[str] | None:
+    return [f"{e.outs[0]} = {e.ins[0]}.reshape({e.dims_src(e.out_dims[0])})"]
+
+
+def _transpose(e: Emit) -> list[str] | None:
+    perm = _perm(len(e.in_dims[0]), e.node.attrs.get("perm"))
+    return [f"{e.outs[0]} = {e.ins[0]}.permute({tuple(perm)!r})"]
+
+
+def _identity(e: Emit) -> list[str] | None:
+    return [f"{e.outs[0]} = {e.ins[0]}"]
+
+
+def _expand(e: Emit) -> list[str] | None:
+    # the output dims are the broadcast of input and target; torch.expand prepends new axes itself
+    return [f"{e.outs[0]} = {e.ins[0]}.expand({e.dims_src(e.out_dims[0])})"]
+
+
+def _ints(v) -> list | None:
+    return None if v is None else v.flat()
+
+
+def _slice(e: Emit) -> list[str] | None:
+    x = e.ins[0]
+    if e.node.opset >= 10:
+        starts, ends = _ints(e.values[1]), _ints(e.values[2])
+        axes = _ints(e.values[3]) if len(e.values) > 3 else None
+        steps = _ints(e.values[4]) if len(e.values) > 4 else None
+        if starts is None or ends is None or (len(e.ins) > 3 and e.ins[3] is not None and axes is None) or (
+                len(e.ins) > 4 and e.ins[4] is not None and steps is None):
+            return None
+    else:
+        a = e.node.attrs
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    params = _slice_params(tuple(e.in_dims[0]), starts, ends, axes, steps)
+    if any(not isinstance(sp, int) or sp <= 0 or isinstance(sp, SymInt) and E.as_int(sp.expr) is None
+           for _, _, _, sp in params):
+        return None  # a negative or symbolic step: the kernel flips
+    idx = [":"] * len(e.in_dims[0])
+    for a, st, _en, sp in params:
+        length = e.out_dims[0][a]
+        step = "" if sp == 1 else f":{e.src(sp)}"
+        idx[a] = f"{e.src(st)}:{e.src(st + (length - 1) * sp + 1 if sp != 1 else st + length)}{step}"
+    while idx and idx[-1] == ":":
+        idx.pop()
+    if not idx:
+        return [f"{e.outs[0]} = {x}"]
+    return [f"{e.outs[0]} = {x}[{', '.join(idx)}]"]
+
+
+def _squeeze_like(e: Emit) -> list[str] | None:
+    return _reshape(e)
+
+
+def _binary(fn: str) -> Callable[[Emit], list[str] | None]:
+    def emit(e: Emit) -> list[str] | None:
+        dts = e.in_dtypes
+        if dts[0] not in _FLOATS or dts[0] != dts[1] or e.out_dtypes[0] != dts[0]:
+            return None
+        if e.bufs[0] is None:
+            return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]})"]
+        return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}, out={e.bufs[0]})"]
+    return emit
+
+
+def _matmul(e: Emit) -> list[str] | None:
+    if e.in_dtypes[0] not in _FLOATS or e.in_dtypes[0] != e.in_dtypes[1]:
+        return None
+    if len(e.in_dims[0]) < 2 or len(e.in_dims[1]) < 2:
+        return None  # 1-D operands: the kernel knows how torch resizes their out=
+    if e.bufs[0] is None:
+        return [f"{e.outs[0]} = torch.matmul({e.ins[0]}, {e.ins[1]})"]
+    return [f"{e.outs[0]} = torch.matmul({e.ins[0]}, {e.ins[1]}, out={e.bufs[0]})"]
+
+
+def _unary(fn: str) -> Callable[[Emit], list[str] | None]:
+    def emit(e: Emit) -> list[str] | None:
+        if e.in_dtypes[0] not in _FLOATS or e.out_dtypes[0] != e.in_dtypes[0]:
+            return None
+        if e.bufs[0] is None:
+            return [f"{e.outs[0]} = {fn}({e.ins[0]})"]
+        return [f"{e.outs[0]} = {fn}({e.ins[0]}, out={e.bufs[0]})"]
+    return emit
+
+
+def _concat(e: Emit) -> list[str] | None:
+    xs = [x for x in e.ins if x is not None]
+    dims = [d for d in e.in_dims if d is not None]
+    axis = norm_axes([e.node.attrs["axis"]], len(dims[0]))[0]
+    args = "[" + ", ".join(xs) + "]"
+    if e.bufs[0] is None:
+        return [f"{e.outs[0]} = torch.cat({args}, {axis})"]
+    return [f"{e.outs[0]} = torch.cat({args}, {axis}, out={e.bufs[0]})"]
+
+
+VIEW_EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
+    "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _squeeze_like, "Unsqueeze": _squeeze_like,
+    "Transpose": _transpose, "Identity": _identity, "Expand": _expand, "Slice": _slice,
+}
+
+EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
+    "Add": _binary("torch.add"), "Sub": _binary("torch.sub"), "Mul": _binary("torch.mul"),
+    "Div": _binary("torch.div"), "MatMul": _matmul, "Concat": _concat,
+    "Sigmoid": _unary("torch.sigmoid"), "Tanh": _unary("torch.tanh"), "Exp": _unary("torch.exp"),
+    "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
+    "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
+    "Abs": _unary("torch.abs"), "Log": _unary("torch.log"),
+}
+
+
+def emit(e: Emit, as_view: bool) -> list[str]:
+    """The lines for one node; ``as_view``: the node's output is a view of its first input."""
+    op = e.node.op_type
+    if e.node.domain in ("", "ai.onnx"):
+        table = VIEW_EMITTERS if as_view else EMITTERS
+        fn = table.get(op)
+        if fn is not None:
+            lines = fn(e)
+            if lines is not None:
+                return lines
+    return default(e)

@@ -1,0 +1,200 @@
+"""The memory plan of one specialization: where each value's memory comes from, and for how long.
+
+A pure function of the shape program. Classes:
+
+- ``arena``: an intermediate with a planned size (an expression of the input symbols that never
+  shrinks when a symbol grows): a slice of the request's arena, whose offset the runtime gets
+  from ``compile/arena.py`` for the sizes at the symbols' current capacity;
+- ``output``: the memory of a graph output (or the root a graph output is a view of): a buffer
+  of its own, handed to the caller in torch mode;
+- ``kv``: a Concat whose output is a graph output and whose first input a graph input (a KV cache's
+  ``present``): its storage has room to grow along the axis, and a ``past`` fed back from it is
+  extended in place;
+- ``adopt``: the kernel allocates (break points, kernels without ``out=``, sizes known only at run
+  time, sizes that can shrink when a symbol grows);
+- ``view``: no memory; aliases its input;
+- ``sym`` / ``memo``: shape values (no device memory; see ``shape_program.py``).
+
+Lifetimes are in steps (node positions) and follow aliases: a view, or a result that may be an
+input itself (a kernel called without ``out=`` may return a view or its input), keeps its roots alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Node, Value
+from ..shape import expr as E
+from ..shape.symint import NeedsConcrete, SymInt
+from .shape_program import Trace
+
+# ops the generated code writes as views although their kernel copies (the result is only read)
+AS_VIEW = frozenset({"Expand", "Identity"})
+# kernels that write a strided ``out`` correctly (a slot of a Concat along an inner axis is one)
+STRIDED_OUT_OK = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Relu", "Sigmoid", "Tanh", "Where", "Cast"})
+
+
+@dataclass
+class ArenaBuffer:
+    value: Value
+    nbytes: E.Expr  # over the input symbols
+    first: int
+    last: int
+
+
+@dataclass
+class MemoryPlan:
+    cls: dict[int, str]  # id(Value) -> class
+    roots: dict[int, frozenset[int]]  # id(Value) -> ids of the values whose memory it may be
+    arena: list[ArenaBuffer] = field(default_factory=list)
+    outputs_needing_check: set[int] = field(default_factory=set)  # results that may alias planned memory
+    # in-place concat: id(value) -> (the Concat it is written into, its input index). Class
+    # "slot": a view of the Concat's arena buffer; class "kvslot": of a KV cache's storage
+    slots: dict[int, tuple[Node, int]] = field(default_factory=dict)
+
+    def of(self, v: Value) -> str:
+        return self.cls[id(v)]
+
+
+def _nbytes(info) -> E.Expr | None:
+    if info.dims is None or info.dtype is None or info.runtime:
+        return None
+    n = E.const(info.dtype.itemsize)
+    for d in info.dims:
+        n = E.mul(n, d.expr if isinstance(d, SymInt) else E.const(d))
+    return n
+
+
+def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
+    g = t.graph
+    env = t.env
+    graph_outputs = {id(v) for v in g.outputs}
+    graph_inputs = {id(v) for v in t.input_values}
+    cls: dict[int, str] = {}
+    roots: dict[int, frozenset[int]] = {}
+    for v in t.input_values:
+        cls[id(v)] = "input"
+        roots[id(v)] = frozenset()
+    producer_step: dict[int, int] = {}
+    for step, ni in enumerate(t.nodes):
+        node = ni.node
+        for v in node.outputs:
+            if v is not None:
+                producer_step[id(v)] = step
+        ins = [v for v in node.inputs if v is not None]
+        in_roots = frozenset().union(*(roots.get(id(v), frozenset()) for v in ins)) if ins else frozenset()
+        for v in node.outputs:
+            if v is None:
+                continue
+            info = t.of(v)
+            if ni.kind in ("sym", "memo"):
+                c, r = ni.kind, frozenset()
+            elif ni.kind == "view" or (ni.kind == "data" and node.op_type in AS_VIEW):
+                src = node.inputs[0]
+                c, r = "view", roots.get(id(src), frozenset())
+            elif ni.kind == "dyn" or ni.host or not node.opdef.writes_out or info.dtype is None:
+                # a kernel called without out= may hand back an input or a view of one
+                c, r = "adopt", in_roots | {id(v)}
+            elif _nbytes(info) is None or not E.monotone(env.canon(_nbytes(info))):
+                c, r = "adopt", in_roots | {id(v)}
+            elif (node.op_type == "Concat" and id(v) in graph_outputs and node.inputs
+                  and node.inputs[0] is not None and id(node.inputs[0]) in graph_inputs):
+                c, r = "kv", frozenset({id(v)})
+            else:
+                c, r = "arena", frozenset({id(v)})
+            cls[id(v)], roots[id(v)] = c, r
+    for v in g.outputs:  # constants and values nobody produced
+        cls.setdefault(id(v), "const" if v.is_const else "input")
+        roots.setdefault(id(v), frozenset())
+    # the memory a graph output is (through views) is the caller's: not arena memory
+    for v in g.outputs:
+        if cls[id(v)] in ("view", "arena"):
+            for r in roots[id(v)]:
+                if cls.get(r) == "arena":
+                    cls[r] = "output"
+    slots = _plan_slots(t, cls, graph_outputs, inplace)
+    for vid, (concat, _) in slots.items():
+        cls[vid] = "kvslot" if cls[id(concat.outputs[0])] == "kv" else "slot"
+        roots[vid] = frozenset({id(concat.outputs[0])})
+    # last use of every root, through everything that may alias it
+    n = len(t.nodes)
+    last: dict[int, int] = {}
+    for step, ni in enumerate(t.nodes):
+        if ni.kind in ("sym", "memo"):
+            continue  # they read shapes, not memory
+        for v in ni.node.inputs:
+            if v is None:
+                continue
+            for r in roots.get(id(v), ()):
+                last[r] = max(last.get(r, -1), step)
+        for v in _outer_reads(ni.node):
+            for r in roots.get(id(v), ()):
+                last[r] = max(last.get(r, -1), step)
+    for v in g.outputs:
+        for r in roots.get(id(v), ()):
+            last[r] = n
+    plan = MemoryPlan(cls, roots, slots=slots)
+    values = {id(v): v for ni in t.nodes for v in ni.node.outputs if v is not None}
+    written_from: dict[int, int] = {}  # a Concat's buffer is written from its first slot's producer on
+    for vid, (concat, _) in slots.items():
+        cid = id(concat.outputs[0])
+        written_from[cid] = min(written_from.get(cid, producer_step[cid]), producer_step[vid])
+    for vid, c in cls.items():
+        if c != "arena":
+            continue
+        v = values[vid]
+        first = written_from.get(vid, producer_step[vid])
+        plan.arena.append(ArenaBuffer(v, env.canon(_nbytes(t.of(v))), first, max(last.get(vid, first), first)))
+    for v in g.outputs:
+        c = cls[id(v)]
+        if c == "adopt" and any(cls.get(r) in ("arena", "output", "kv") or r in graph_inputs
+                                for r in roots[id(v)] if r != id(v)):
+            plan.outputs_needing_check.add(id(v))
+    return plan
+
+
+def _plan_slots(t: Trace, cls: dict, graph_outputs: set, inplace: bool) -> dict[int, tuple[Node, int]]:
+    """Inputs of a Concat whose producer writes them straight into the Concat's buffer: the
+    producer is a kernel with ``out=`` writing a planned buffer, the Concat is the value's only
+    reader, and the slot is contiguous, or the kernel writes strided outputs correctly. For a
+    KV cache's Concat only the new part can be (the past is the caller's)."""
+    if not inplace:
+        return {}
+    slots: dict[int, tuple[Node, int]] = {}
+    for ni in t.nodes:
+        node = ni.node
+        if node.op_type != "Concat" or ni.kind != "data" or node.domain not in ("", "ai.onnx"):
+            continue
+        out = node.outputs[0]
+        if cls.get(id(out)) not in ("arena", "kv"):
+            continue
+        dims = t.of(out).dims
+        axis = node.attrs["axis"] % len(dims)
+        outer_is_one = _all_one(dims[:axis])
+        for i, v in enumerate(node.inputs):
+            if v is None or cls.get(id(v)) != "arena" or id(v) in graph_outputs or id(v) in slots:
+                continue
+            if cls[id(out)] == "kv" and i != len(node.inputs) - 1:
+                continue
+            p = v.producer
+            if p is None or len(v.users) != 1 or node.inputs.count(v) != 1 or len(p.outputs) != 1:
+                continue
+            if not (outer_is_one and cls[id(out)] != "kv") and p.op_type not in STRIDED_OUT_OK:
+                continue
+            slots[id(v)] = (node, i)
+    return slots
+
+
+def _all_one(dims) -> bool:
+    """Whether every dim is 1 (a guard when a symbol decides it): slots are then contiguous."""
+    try:
+        return all(d == 1 for d in dims)
+    except NeedsConcrete:
+        return False
+
+
+def _outer_reads(node) -> list[Value]:
+    out: list[Value] = []
+    for sub in node.subgraphs.values():
+        out.extend(sub.outer)
+    return out

@@ -1,0 +1,328 @@
+"""The shape program: every value's dims as expressions of the input symbols, for one specialization.
+
+``trace(graph, input_shapes)`` runs each node's ordinary shape function over SymInts (see
+``shape/symint.py``): input dims become symbols (one per dynamic axis; axes that share an ONNX
+dim name and agree share a symbol), arithmetic becomes expressions, and every decision the
+ranges cannot make is answered by the traced signature and recorded as a guard. The result is
+valid for every signature that meets its guards.
+
+Each node gets a kind, which is what the generated code does with it:
+
+- ``sym``: its outputs are small int tensors known as expressions (``Shape -> Gather -> Concat``);
+  nothing runs, the values are part of the program (and become tensors only where a kernel reads
+  them);
+- ``memo``: a host node computing from shapes only (``Range(0, seq)``), whose value is not a few
+  ints: it runs when a symbol it depends on changes, not on every call;
+- ``view``: a view op (Reshape, Transpose, Slice ...) of a known shape;
+- ``data``: a kernel whose output shape is known as expressions: it gets a planned buffer;
+- ``dyn``: a break point: a data-dependent op (NonZero, Unique, a TopK whose k comes from data,
+  control flow), or a node whose shape function needs a value known only at run time. It runs,
+  its result is taken as it is, and the dims of its outputs become new *runtime* symbols that
+  the program continues with.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ShapeError
+from ..ir import Graph, Node, Value
+from ..ir.dtypes import torch_dtype
+from ..shape import expr as E
+from ..shape.symint import NeedsConcrete, ShapeEnv, SymInt, expr_of
+from .symbolic_values import SymValue
+from .symbolic_values import evaluate as evaluate_values
+
+# ONNX dim names that mean "unknown" rather than "the same as every other dim of this name"
+_PLACEHOLDER = re.compile(r"^(\?|-1|unk__\d+||None|dim_?\d*|DynamicDimension.*)$")
+
+
+@dataclass
+class ValueInfo:
+    """What the program knows of a value: dims (ints and SymInts; None when even the rank is
+    unknown), its symbolic value (small int tensors), dtype and where it lives."""
+
+    dims: tuple | None
+    dtype: torch.dtype | None
+    host: bool = False
+    sval: SymValue | None = None
+    runtime: bool = False  # dims read runtime symbols: known only once the run got there
+
+    def numel(self):
+        n: int | SymInt = 1
+        for d in self.dims:
+            n = n * d
+        return n
+
+
+@dataclass
+class NodeInfo:
+    node: Node
+    kind: str  # sym | memo | view | data | dyn
+    host: bool
+    reason: str = ""  # why a node is dyn
+    # the op describes more outputs than the node has (LayerNormalization's Mean and InvStdDev):
+    # its kernel called without out= returns them all, the node's own first
+    more_results: bool = False
+
+
+@dataclass
+class InputDim:
+    """An input axis the program reads: it defines ``symbol`` or must equal it (a shared name)."""
+
+    input: int
+    axis: int
+    symbol: str
+    defines: bool
+
+
+@dataclass
+class Trace:
+    env: ShapeEnv
+    graph: Graph
+    input_values: list[Value]
+    input_ranks: list[int | None]
+    input_dims: list[InputDim]
+    info: dict[int, ValueInfo]  # id(Value) -> info
+    nodes: list[NodeInfo]
+    runtime_symbols: dict[str, tuple[Value, int]] = field(default_factory=dict)  # symbol -> (value, axis)
+
+    def of(self, v: Value) -> ValueInfo:
+        return self.info[id(v)]
+
+    @property
+    def guards(self):
+        return self.env.guard_list()
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.kind] = out.get(n.kind, 0) + 1
+        return out
+
+
+def _dtype(v: Value) -> torch.dtype | None:
+    if v.kind != "tensor":
+        return None
+    try:
+        return torch_dtype(v.elem_type)
+    except KeyError:
+        return None
+
+
+def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list[Value] | None = None) -> Trace:
+    """The shape program of ``graph`` specialised by the guards that ``input_shapes`` (one per
+    input of ``inputs``, default the graph's inputs; None for an absent optional or a sequence)
+    satisfy. Raises ShapeError naming the node when the shapes do not fit the model."""
+    env = ShapeEnv()
+    inputs = list(graph.inputs) if inputs is None else inputs
+    t = Trace(env, graph, inputs, [], [], {}, [])
+    _trace_inputs(t, input_shapes)
+    for node in graph.nodes:
+        t.nodes.append(_trace_node(t, node))
+    return t
+
+
+def _trace_inputs(t: Trace, input_shapes: list) -> None:
+    env = t.env
+    by_name: dict[str, str] = {}  # dim name -> symbol
+    for i, (v, shape) in enumerate(zip(t.input_values, input_shapes)):
+        t.input_ranks.append(None if shape is None else len(shape))
+        if shape is None or v.kind != "tensor":
+            t.info[id(v)] = ValueInfo(None, _dtype(v))
+            continue
+        declared = v.shape if v.shape is not None and len(v.shape) == len(shape) else None
+        dims: list = []
+        for axis, n in enumerate(shape):
+            d = declared[axis] if declared is not None else None
+            if d is not None and d.is_static:
+                dims.append(d.min)  # the feed check made sure of it
+                continue
+            name = d.symbol if d is not None and d.symbol and not _PLACEHOLDER.match(d.symbol) else None
+            sym = by_name.get(name) if name else None
+            if sym is not None and env.hints[sym] == n:
+                dims.append(env.wrap(_sym_expr(sym)))
+                t.input_dims.append(InputDim(i, axis, sym, False))
+                continue
+            sym = _fresh(env, name or f"{v.name}_{axis}")
+            lo, hi = (d.min, d.max) if d is not None else (0, None)
+            dims.append(env.symbol(sym, n, lo, hi))
+            t.input_dims.append(InputDim(i, axis, sym, True))
+            if name and name not in by_name:
+                by_name[name] = sym
+        t.info[id(v)] = ValueInfo(tuple(dims), _dtype(v))
+
+
+def _sym_expr(name: str):
+    from ..shape.expr import sym
+    return sym(name)
+
+
+def _fresh(env: ShapeEnv, base: str) -> str:
+    base = re.sub(r"\W", "_", base) or "d"
+    name, k = base, 1
+    while name in env.order:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def _const_info(v: Value) -> ValueInfo:
+    c = v.const
+    if isinstance(c, torch.Tensor):
+        return ValueInfo(tuple(c.shape), c.dtype, host=True, sval=SymValue.of(c))
+    return ValueInfo(tuple(getattr(c, "shape", ())), None, host=True)
+
+
+def _input_info(t: Trace, v: Value | None) -> ValueInfo | None:
+    if v is None:
+        return None
+    info = t.info.get(id(v))
+    if info is None and v.is_const:
+        info = t.info[id(v)] = _const_info(v)
+    return info
+
+
+def _trace_node(t: Trace, node: Node) -> NodeInfo:
+    od = node.opdef
+    host = bool(getattr(node, "shape_of", False)) or od.host
+    ins = [_input_info(t, v) for v in node.inputs]
+    if node.subgraphs or any(v is not None and v.kind != "tensor" for v in (*node.inputs, *node.outputs)):
+        return _dyn(t, node, host, "control flow or sequences: the kernel's result decides")
+    if od.infer is None:
+        return _dyn(t, node, host, "data-dependent output shape")
+    shapes = []
+    for v, info in zip(node.inputs, ins):
+        if v is None:
+            shapes.append(None)
+        elif info is None or info.dims is None:
+            return _dyn(t, node, host, f"shape of input {v.name!r} known only at run time")
+        else:
+            shapes.append(info.dims)
+    values: list = [None] * len(node.inputs)
+    for i in od.shape_deps:
+        if i >= len(node.inputs) or node.inputs[i] is None:
+            continue
+        if ins[i].sval is not None:
+            values[i] = ins[i].sval
+        elif node.inputs[i].is_const:
+            values[i] = node.inputs[i].const
+        else:
+            return _dyn(t, node, host, f"shape input {node.inputs[i].name!r} computed from data")
+    env = t.env
+    try:
+        outs = od.infer(shapes, values, **node.attrs)
+    except NeedsConcrete as e:
+        return _dyn(t, node, host, str(e))
+    except ShapeError as e:
+        raise ShapeError(f"node {node.name!r} ({node.op_type}) with input shapes {_show(shapes)}: {e}") from e
+    except Exception as e:  # noqa: BLE001  a shape function that cannot work symbolically: run time decides
+        return _dyn(t, node, host, f"shape function: {type(e).__name__}: {e}")
+    more = len(outs) > len(node.outputs)
+    outs = list(outs[:len(node.outputs)]) + [None] * (len(node.outputs) - len(outs))
+    if not _probe(t, node, shapes, values, outs):
+        return _dyn(t, node, host, "its shape function used a dim as a plain number")
+    for v, s in zip(node.outputs, outs):
+        if v is None:
+            continue
+        if s is None or not all(isinstance(d, int) for d in s):
+            return _dyn(t, node, host, "shape function gave no shape")
+    svals = None
+    if od.shape_op or host:
+        in_svals = [None if i is None else i.sval for i in ins]
+        if all(sv is not None for sv, v in zip(in_svals, node.inputs) if v is not None) or node.op_type in (
+                "Shape", "Size"):
+            try:
+                svals = evaluate_values(node, shapes, in_svals, [tuple(s) if s is not None else None for s in outs])
+            except NeedsConcrete:
+                svals = None
+    for k, (v, s) in enumerate(zip(node.outputs, outs)):
+        if v is None:
+            continue
+        runtime = not all(env.hinted(d.expr) for d in s if isinstance(d, SymInt))
+        sv = svals[k] if svals is not None and k < len(svals) else None
+        t.info[id(v)] = ValueInfo(tuple(s), _dtype(v), host=host, sval=sv, runtime=runtime)
+    if svals is not None:
+        return NodeInfo(node, "sym", host)
+    if getattr(node, "shape_of", False):
+        runtime = any(i is not None and (i.runtime or _sval_runtime(env, i)) for i in ins)
+        if runtime:
+            return _dyn(t, node, host, "a host node reading run-time dims")
+        return NodeInfo(node, "memo", host, more_results=more)
+    if od.view:
+        return NodeInfo(node, "view", host)
+    return NodeInfo(node, "data", host, more_results=more)
+
+
+def _probe(t: Trace, node: Node, shapes: list, values: list, outs: list) -> bool:
+    """Whether the symbolic result still holds at other values of the symbols.
+
+    A shape function that indexes or slices with a dim (``s[b + m:]``), or loops ``range(d)``,
+    reads the traced value without asking the SymInt, so no guard records it. Running the same
+    function on plain ints at perturbed symbol values (that meet the guards) and comparing with
+    the expressions evaluated there finds it; such a node is then run concretely."""
+    env = t.env
+    exprs = [expr_of(d) for s in shapes if s is not None for d in s]
+    exprs += [expr_of(x) for v in values if isinstance(v, SymValue) for x in v.flat() if isinstance(x, int)]
+    if not any(e.terms for e in exprs) or not all(env.hinted(e) for e in exprs):
+        return True
+    for bump in (lambda h: h + 1, lambda h: 2 * h + 3):
+        pert = {k: bump(h) for k, h in env.hints.items() if k not in env.replace}
+        for k, r in env.replace.items():
+            try:
+                pert[k] = E.evaluate(r, pert)
+            except KeyError:
+                pass
+        if not all(g.holds(pert) for g in env.guard_list() if g.expr.free <= pert.keys()):
+            continue
+        try:
+            conc_shapes = [None if s is None else tuple(E.evaluate(expr_of(d), pert) for d in s) for s in shapes]
+            conc_values = [_concrete(v, pert) for v in values]
+            got = node.opdef.infer(conc_shapes, conc_values, **node.attrs)
+        except Exception:  # noqa: BLE001  perturbed values the model does not accept: no verdict
+            continue
+        for o, g in zip(outs, got):
+            if o is None or g is None:
+                continue
+            want = tuple(E.evaluate(expr_of(d), pert) for d in o)
+            if tuple(int(x) for x in g) != want:
+                return False
+        return True
+    return True
+
+
+def _concrete(v, env: dict):
+    if not isinstance(v, SymValue):
+        return v
+    flat = [E.evaluate(expr_of(x), env) if isinstance(x, int) and not isinstance(x, bool) else x for x in v.flat()]
+    return torch.tensor(flat, dtype=v.dtype).reshape(v.shape)
+
+
+def _sval_runtime(env: ShapeEnv, info: ValueInfo) -> bool:
+    return info.sval is not None and any(isinstance(x, SymInt) and not env.hinted(x.expr) for x in info.sval.flat())
+
+
+def _dyn(t: Trace, node: Node, host: bool, reason: str) -> NodeInfo:
+    """A break point: the outputs' dynamic dims become runtime symbols, bound after the node ran."""
+    for v in node.outputs:
+        if v is None:
+            continue
+        if v.kind != "tensor" or v.shape is None:
+            t.info[id(v)] = ValueInfo(None, _dtype(v), host=host, runtime=True)
+            continue
+        dims = []
+        for axis, d in enumerate(v.shape):
+            if d.is_static:
+                dims.append(d.min)
+                continue
+            name = _fresh(t.env, f"{v.name}_{axis}")
+            dims.append(t.env.symbol(name, None, d.min, d.max))
+            t.runtime_symbols[name] = (v, axis)
+        t.info[id(v)] = ValueInfo(tuple(dims), _dtype(v), host=host, runtime=True)
+    return NodeInfo(node, "dyn", host, reason)
+
+
+def _show(shapes) -> list:
+    return [None if s is None else tuple(s) for s in shapes]

@@ -1,0 +1,367 @@
+"""The compiled runtime: specializations of the generated code, and the request state they run on.
+
+``CompiledModel`` (one per session and device) holds the specializations: a shape program, a
+memory plan and generated code each (``codegen/builder.py``), found by their guards. A signature
+that no specialization accepts is traced anew (counted: ``shape_program_traces``); past
+``max_specializations`` the interpreter serves it instead (counted: ``interpreter_runs``).
+
+``CompiledRunner`` (one per request) holds what a run needs: the arena (one block per request,
+sized by the specializations' memory plans at the symbols' capacities), the views each group
+built (kept per symbol values, a few per group), output buffers, KV-cache storages and the
+kernels of control-flow nodes. ``SpecState.enter`` is the network-wide form of the per-node flow
+when the signature changed: update_shape (the shape program, evaluated inside the groups),
+update_impl (the group builds, found or made), realloc_if_needed (the arena, grown ahead as the
+ShapePredictor says a symbol grows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+
+import torch
+
+from ..codegen import SpecCode, build_spec
+from ..compile.arena import plan_offsets
+from ..compile.shape_program import trace
+from ..errors import ExecutionError
+from ..ir import Graph, Value
+from ..shape import expr as E
+from .kv_append import KVAppend
+
+log = logging.getLogger(__name__)
+
+MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
+GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
+
+
+class CompiledModel:
+    """The specializations of one graph on one device (shared by the session's requests)."""
+
+    def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
+                 inplace_concat: bool = True) -> None:
+        self.graph, self.device = graph, device
+        self.inplace_concat = inplace_concat
+        self.inputs = list(graph.inputs) if inputs is None else inputs
+        self.specs: list[SpecCode] = []
+        self.lock = threading.Lock()
+        self._device_consts: dict[str, torch.Tensor] = {}
+        self.stats: Counter = Counter()
+        self.max_specs = int(os.environ.get("DYNASHAPE_MAX_SPECIALIZATIONS", MAX_SPECIALIZATIONS))
+
+    def const_device(self, v: Value) -> torch.Tensor:
+        t = self._device_consts.get(v.name)
+        if t is None:
+            c = v.const
+            t = self._device_consts[v.name] = c.to(self.device) if isinstance(c, torch.Tensor) else c
+        return t
+
+    @staticmethod
+    def const_host(v: Value):
+        return v.const
+
+    def spec_for(self, shapes: tuple) -> SpecCode | None:
+        for spec in self.specs:
+            if spec.accepts(shapes):
+                return spec
+        with self.lock:
+            for spec in self.specs:
+                if spec.accepts(shapes):
+                    return spec
+            if len(self.specs) >= self.max_specs:
+                self.stats["specializations_refused"] += 1
+                return None
+            t = trace(self.graph, list(shapes), self.inputs)
+            spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
+            self.stats["shape_program_traces"] += 1
+            if self.specs:
+                self.stats["guard_misses"] += 1
+            self.specs.append(spec)
+            _dump(spec)
+            return spec
+
+
+def _dump(spec: SpecCode) -> None:
+    where = os.environ.get("DYNASHAPE_DUMP_CODE")
+    if not where:
+        return
+    if where in ("1", "-", "stderr"):
+        log.warning("generated code %s:\n%s", spec.filename, spec.source)
+        return
+    os.makedirs(where, exist_ok=True)
+    name = spec.filename.strip("<>").replace(":", "_")
+    with open(os.path.join(where, f"{name}.py"), "w") as f:
+        f.write(spec.source)
+
+
+class SpecState:
+    """A request's state for one specialization: the current signature, the group builds, the
+    arena offsets and typed views. ``run`` of the generated code reads ``sig``, ``cur``, and calls
+    ``enter`` / ``out``."""
+
+    def __init__(self, spec: SpecCode, runner: CompiledRunner) -> None:
+        self.spec, self.runner = spec, runner
+        self.stats = runner.stats
+        self.sig: tuple | None = None
+        n = len(spec.groups)
+        self.cur: list = [()] * n
+        self.keys: list = [None] * n
+        self.caches: list[dict] = [{} for _ in range(n)]
+        self.typed: list[torch.Tensor] = []
+        self.off: list[int] = []
+        self.epoch = -1
+        self.caps: tuple | None = None  # per signature symbol: the value the arena is planned for
+        self.kv = [runner.kv_for(node) for node in spec.kv_nodes]
+        self.sub = [runner.sub_for(node) for node in spec.sub_nodes]
+
+    # ---- a new signature ---------------------------------------------------------------------
+    def enter(self, sig: tuple) -> None:
+        spec, runner = self.spec, self.runner
+        if spec.arena and (self.caps is None or self.epoch != runner.epoch
+                           or any(sig[i] > self.caps[i] for i in spec.size_symbols)):
+            self._plan(sig)
+        for g, group in enumerate(spec.groups):
+            key = tuple(sig[i] for i in group.key)
+            if key == self.keys[g]:
+                continue
+            cache = self.caches[g]
+            built = cache.get(key)
+            if built is None:
+                runner.stats["group_builds"] += 1
+                built = spec.refresh[g](self, sig)
+                if len(cache) >= GROUP_CACHE:
+                    cache.pop(next(iter(cache)))
+                cache[key] = built
+            else:
+                runner.stats["group_hits"] += 1
+            self.keys[g] = key
+            self.cur[g] = built
+        self.sig = sig
+
+    def _plan(self, sig: tuple) -> None:
+        """Arena offsets for the symbols at their capacity, which the ShapePredictor grows ahead
+        of a symbol that grows step by step; the request's block grows as one allocation."""
+        runner, spec = self.runner, self.spec
+        caps = list(sig if self.caps is None else self.caps)
+        for i, (v, c) in enumerate(zip(sig, caps)):
+            if self.caps is None or v > c:
+                caps[i] = runner.capacity(spec.sig_symbols[i], v)
+        env = dict(zip(spec.sig_symbols, caps))
+        sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
+        offsets, total = plan_offsets(sizes, [b.first for b in spec.arena], [b.last for b in spec.arena])
+        block = runner.arena_block(total)
+        off = [o // spec.arena_dtypes[k].itemsize for o, k in zip(offsets, spec.arena_dtype_index)]
+        self.caps = tuple(caps)
+        if self.epoch == runner.epoch and off == self.off:
+            return  # same block, same places: the views made stay right
+        self.typed = [block.view(dt) for dt in spec.arena_dtypes]
+        self.off, self.epoch = off, runner.epoch
+        for c in self.caches:
+            c.clear()
+        self.keys = [None] * len(self.keys)
+        runner.stats["arena_plans"] += 1
+
+    # ---- buffers the generated code asks for -------------------------------------------------
+    def out(self, k: int, shape: tuple) -> torch.Tensor:
+        v = self.spec.output_values[k]
+        return self.runner.output_buffer(v.name, self.spec.trace.of(v).dtype, shape)
+
+
+class CompiledRunner:
+    """One request's state over a CompiledModel (see the module docstring)."""
+
+    def __init__(self, model: CompiledModel, engine, predictor, stats: Counter, kv_growth: str | None = "geometric",
+                 make_body=None) -> None:
+        self.model, self.engine, self.predictor, self.stats = model, engine, predictor, stats
+        self.kv_growth = kv_growth
+        self.make_body = make_body  # (graph) -> callable running a control-flow body
+        self.states: dict[int, SpecState] = {}
+        self.last_shapes: tuple | None = None
+        self.last_state: SpecState | None = None
+        self.arena: torch.Tensor | None = None
+        self.epoch = 0
+        self.hand_out = True
+        self.handed: list[torch.Tensor] = []
+        self.kept: dict[str, tuple[torch.Tensor, int]] = {}  # numpy mode: output buffers kept
+        self._kv: dict[str, KVAppend] = {}
+        self._subs: dict[str, object] = {}
+        self._caps: dict[str, int] = {}
+
+    # ---- per-request objects the specializations share ----------------------------------------
+    def kv_for(self, node) -> KVAppend:
+        kv = self._kv.get(node.name)
+        if kv is None:
+            kv = self._kv[node.name] = KVAppend(node.attrs.get("axis", 0), len(self._kv), self.kv_growth,
+                                                self.engine, self.stats)
+        return kv
+
+    def sub_for(self, node):
+        k = self._subs.get(node.name)
+        if k is None:
+            k = self._subs[node.name] = self.make_body(node)
+        return k
+
+    def capacity(self, symbol: str, value: int) -> int:
+        """The value a symbol's buffers are planned for: at least ``value``, more when the
+        ShapePredictor sees the symbol grow by a steady step (the next few steps fit)."""
+        cap = value
+        if self.predictor is not None:
+            ok, pred = self.predictor.predict(f"symbol:{symbol}", (value,), 8, False)
+            if ok and pred[0] > value:
+                cap = pred[0]
+                self.stats["predictions_used"] += 1
+        self._caps[symbol] = cap
+        return cap
+
+    def arena_block(self, nbytes: int) -> torch.Tensor:
+        """The request's arena with at least ``nbytes``; a new block means new views (epoch)."""
+        have = 0 if self.arena is None else self.arena.numel()
+        if self.arena is not None and nbytes <= have and nbytes * 10 >= have:
+            return self.arena
+        if self.arena is not None:
+            self.engine.release(self.arena)
+            self.stats["arena_grows" if nbytes > have else "arena_reclaims"] += 1
+        self.arena = self.engine.allocate(max(nbytes, 64), torch.uint8)
+        self.epoch += 1
+        for st in self.states.values():  # their views are of the old block: the next run re-enters
+            st.sig = None
+        return self.arena
+
+    def output_buffer(self, name: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        """The buffer an output is written into: fresh when it goes to the caller (torch mode),
+        else kept per output and reused while it is large enough (numpy mode)."""
+        n = 1
+        for d in shape:
+            n *= d
+        if self.hand_out:
+            buf = self.engine.allocate(n, dtype)
+            self.handed.append(buf)
+            return buf.view(shape)
+        kept = self.kept.get(name)
+        if kept is not None and n <= kept[1] and n * 10 >= kept[1] and kept[0].dtype == dtype:
+            self.stats["buffer_reuses"] += 1
+            return kept[0][:n].view(shape)
+        if kept is not None:
+            self.engine.release(kept[0])
+        want = n
+        if self.predictor is not None:
+            ok, pred = self.predictor.predict(name, shape, dtype.itemsize * 8, False)
+            if ok:
+                p = 1
+                for d in pred:
+                    p *= d
+                if p > n:
+                    want = p
+                    self.stats["predictions_used"] += 1
+        buf = self.engine.allocate(want, dtype)
+        self.kept[name] = (buf, want)
+        return buf[:n].view(shape)
+
+    # ---- running -------------------------------------------------------------------------------
+    def state(self, shapes: tuple) -> SpecState | None:
+        if shapes == self.last_shapes:
+            return self.last_state
+        spec = self.model.spec_for(shapes)
+        if spec is None:
+            return None
+        st = self.states.get(id(spec))
+        if st is None:
+            st = self.states[id(spec)] = SpecState(spec, self)
+        self.last_shapes, self.last_state = shapes, st
+        return st
+
+    def run(self, inputs: list, hand_out: bool) -> list | None:
+        """Outputs for ``inputs`` (in the model's input order), or None when no specialization
+        serves these shapes (the caller runs the interpreter)."""
+        shapes = tuple(x.shape if isinstance(x, torch.Tensor) else None for x in inputs)
+        st = self.state(shapes)
+        if st is None:
+            return None
+        self.hand_out = hand_out
+        self.handed = []
+        try:
+            outs = st.spec.run(st, *inputs)
+        except Exception as e:
+            self._forget()
+            raise _named(e, st.spec) from e
+        self.stats["compiled_runs"] += 1
+        if st.spec.inplace_inputs:
+            self.stats["concat_inputs_in_place"] += st.spec.inplace_inputs
+        return self._collect(st, list(outs), inputs)
+
+    def _collect(self, st: SpecState, outs: list, inputs: list) -> list:
+        for j, action in enumerate(st.spec.outputs):
+            t = outs[j]
+            if isinstance(t, list):  # a sequence may hold tensors the next run overwrites
+                outs[j] = [x.clone() if isinstance(x, torch.Tensor) else x for x in t]
+            elif isinstance(t, torch.Tensor) and (action == "clone" or (action == "check" and self._aliases(t, inputs))):
+                outs[j] = t.clone()
+        if self.hand_out:
+            for buf in self.handed:
+                self.engine.release(buf, handed_out=True)
+            for kv in st.kv:
+                kv.hand_out()
+        self.handed = []
+        return outs
+
+    def _aliases(self, t: torch.Tensor, inputs: list) -> bool:
+        if t._base is not None:
+            return True
+        ptr = t.untyped_storage().data_ptr()
+        if self.arena is not None and ptr == self.arena.untyped_storage().data_ptr():
+            return True
+        return any(isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr for x in inputs)
+
+    def _forget(self) -> None:
+        """After a failed run: buffers made for it go back, nothing half-built is kept."""
+        for buf in self.handed:
+            self.engine.release(buf)
+        self.handed = []
+        self.last_shapes = self.last_state = None
+
+    def close(self) -> None:
+        for kv in self._kv.values():
+            kv.close()
+
+
+def _named(e: Exception, spec: SpecCode) -> Exception:
+    """The exception of a generated line as an ExecutionError naming its node."""
+    tb = e.__traceback__
+    node = None
+    frame_locals = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == spec.filename:
+            node = spec.line_nodes.get(tb.tb_lineno, node)
+            frame_locals = tb.tb_frame.f_locals
+        tb = tb.tb_next
+    if node is None:
+        return e if isinstance(e, ExecutionError) else ExecutionError(f"generated code failed: {type(e).__name__}: {e}")
+    shapes = _input_shapes(node, spec, frame_locals or {})
+    return ExecutionError(f"node {node.name!r} ({node.op_type}) failed with input shapes {shapes}: "
+                          f"{type(e).__name__}: {e}")
+
+
+def _input_shapes(node, spec: SpecCode, f_locals: dict) -> list:
+    out = []
+    for v in node.inputs:
+        if v is None:
+            out.append(None)
+            continue
+        info = spec.trace.info.get(id(v))
+        dims = None if info is None else info.dims
+        try:
+            out.append(tuple(int(E.evaluate(d.expr if hasattr(d, "expr") else d, _symbols(spec, f_locals)))
+                             for d in dims) if dims is not None else None)
+        except (KeyError, TypeError):
+            out.append(None)
+    return out
+
+
+def _symbols(spec: SpecCode, f_locals: dict) -> dict:
+    env = {}
+    for name, var in spec.namespace.get("__symvars__", {}).items():
+        if var in f_locals:
+            env[name] = f_locals[var]
+    return env
