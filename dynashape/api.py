@@ -25,7 +25,7 @@ from .runtime.network import Network
 from .runtime.staging import InputStager
 from .shape import PartialShape
 
-_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor",
+_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
             # memory (docs/memory.md)
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
             "kv_growth"}
@@ -119,7 +119,9 @@ class InferenceSession:
         self.device_memory_limit = options.get("device_memory_limit")
         self.precision = _Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
         proto = prepare_proto(load_model_proto(model))
-        self.program: Program = compile_graph(parse_model(proto, parse))
+        fusion = options.get("fusion", os.environ.get("DYNASHAPE_FUSION", "1") != "0")
+        fusion = bool(fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
+        self.program: Program = compile_graph(parse_model(proto, parse), fusion=fusion)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
         self._inputs = [_node_arg(v) for v in g.inputs]
@@ -127,7 +129,8 @@ class InferenceSession:
         self._default: InferRequest | None = None
         self._lock = threading.Lock()
         # the specializations of the generated code, shared by the requests (and one per body)
-        self.compiled = (CompiledModel(g, self.device, inplace_concat=self.memory.inplace_concat)
+        run_graph = self.program.fused if self.program.fused is not None else g
+        self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat)
                          if self.executor == "compiled" else None)
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dynashape.ops import registered  # noqa: E402
 
+FUSED = "com.dynashape"  # the domain of the ops the fusion passes rewrite patterns into
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "operators.md")
 # Results of the ONNX node test suite (python -m tests.conformance.suite --json ...), per device.
 CONFORMANCE = {dev: os.path.join(os.path.dirname(__file__), "..", "docs", f"conformance_{dev}.json")
@@ -38,7 +39,8 @@ op's node test cases passed on that device (an `_expanded` case counts for the o
 *view* — the output aliases the input, nothing is copied; *data-dependent* — the output shape is
 known only after the kernel ran (exact, not padded); *shape_of* — may run on the host inside a
 shape_of subgraph; *adopts* — the kernel returns a fresh tensor rather than writing into a
-preallocated buffer.
+preallocated buffer. Ops of the domain `com.dynashape` are what the fusion passes rewrite
+exported patterns into (the generated code runs them; the interpreter runs the original nodes).
 
 | op | domain | opsets | CPU | CUDA | notes |
 |---|---|---|---|---|---|
@@ -97,8 +99,11 @@ def render() -> str:
             flags.append("adopts")
         if last.notes:
             flags.append(last.notes)
-        cpu = _cell(op_type, counts["cpu"], "yes")
-        cuda = _cell(op_type, counts["cuda"], "yes") + (" (host)" if last.host else "")
+        if domain == FUSED:  # made by the fusion passes, never in a model: tested by tests/compile
+            cpu = cuda = "fusion"
+        else:
+            cpu = _cell(op_type, counts["cpu"], "yes")
+            cuda = _cell(op_type, counts["cuda"], "yes") + (" (host)" if last.host else "")
         opsets = ", ".join(str(v.since) for v in versions)
         rows.append(f"| {op_type} | {domain or 'ai.onnx'} | {opsets} | {cpu} | {cuda} | {'; '.join(flags)} |")
     return HEADER.format(summary=_summary(runs)) + "\n".join(rows) + f"\n\n{len(rows)} ops.\n"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import keyword
 import linecache
+import operator
 import re
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,8 +37,9 @@ import torch
 from ..compile.memory_plan import AS_VIEW, ArenaBuffer, MemoryPlan, plan_memory
 from ..compile.shape_program import Trace
 from ..ir import Node, Value
+from ..ops.tensor import _perm
 from ..shape import expr as E
-from ..shape.symint import SymInt
+from ..shape.symint import NeedsConcrete, SymInt
 from .emitters import Emit, emit
 
 _ids = count()
@@ -75,6 +77,7 @@ class SpecCode:
     namespace: dict
     inplace_inputs: int = 0  # Concat inputs written in place by their producers, per run
     size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
+    group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -116,6 +119,7 @@ class _Builder:
         self.kv_nodes: list[Node] = []
         self.sub_nodes: list[Node] = []
         self.inplace_inputs = 0  # Concat inputs their producers write in place, per run
+        self.dropped = 0  # inputs not needed in this specialization (masks that mask nothing)
         self.arena_index: dict[int, int] = {id(b.value): i for i, b in enumerate(self.plan.arena)}
         self.arena_dtypes: list[torch.dtype] = []
         for b in self.plan.arena:
@@ -123,7 +127,8 @@ class _Builder:
             if dt not in self.arena_dtypes:
                 self.arena_dtypes.append(dt)
         self.input_symbols = {d.symbol for d in trace.input_dims if d.defines}
-        self.contig: dict[int, bool] = {}  # group members known to be contiguous (arena views)
+        self.strides: dict[int, tuple] = {}  # strides (SymInts) of the group members that are views
+        self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
 
     # ---- sources of dims -----------------------------------------------------------------------
     def src(self, d) -> str:
@@ -195,8 +200,12 @@ class _Builder:
         dev = "" if host else ", device=DEV"
 
         def lines(name: str) -> list[str]:
-            items = "[" + ", ".join(self.src(x) if not isinstance(x, bool) else repr(x) for x in elems) + "]"
-            return [f"{name} = torch.tensor({items}, dtype={dt}{dev}).reshape({shape!r})"]
+            items = [self.src(x) if not isinstance(x, bool) else repr(x) for x in elems]
+            if shape == ():
+                return [f"{name} = torch.tensor({items[0]}, dtype={dt}{dev})"]
+            if len(shape) == 1:
+                return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev})"]
+            return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev}).reshape({shape!r})"]
         if self.is_input_only(syms):
             return self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines)
         name = self.names.new(f"{v.name}_val")
@@ -214,6 +223,9 @@ class _Builder:
             return self.sval_tensor(v, host, inline)
         key = ("value", id(v))
         hit = self.member.get(key)
+        if hit is None and id(v) in self.memo_nodes:
+            self._make_memo(self.memo_nodes[id(v)])
+            hit = self.member.get(key)
         lives_on_host = self._on_host(v)
         if hit is not None:
             g, name = hit
@@ -260,9 +272,16 @@ class _Builder:
         return  # part of the program: made a tensor only where a kernel reads it
 
     def _memo(self, step, ni) -> None:
+        """Host nodes computing from shapes only: made in their group when something reads them
+        (a mask this specialization drops is never built)."""
+        for v in ni.node.outputs:
+            if v is not None:
+                self.memo_nodes[id(v)] = ni
+
+    def _make_memo(self, ni) -> None:
         node = ni.node
         inline: list[str] = []
-        ins = [self.use(v, True, inline, in_group=True) for v in node.inputs]
+        ins = [self.use(v, True, inline, in_group=True) for v in node.inputs]  # makes memo inputs first
         syms = frozenset()
         for v in node.inputs:
             if v is None or v.is_const:
@@ -275,10 +294,11 @@ class _Builder:
         kname = self.kernel(node, host=True)
         outs = [v for v in node.outputs]
         args = ", ".join(a or "None" for a in ins)
+        view = node.opdef.view
 
         def lines(name: str) -> list[str]:
-            if len(outs) == 1:
-                return [f"{name} = {kname}({args})"]
+            if len(outs) == 1:  # the op's emitter (a direct torch call) where it has one
+                return emit(self._emit_ctx(node, ins, [name], [None], kname, ni.more_results), as_view=view)
             return [f"{name} = {kname}({args})"]
         if len(outs) == 1:
             self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node)
@@ -304,7 +324,8 @@ class _Builder:
         return Emit(node, ins, outs, bufs, kname,
                     [None if i is None else i.dims for i in info], [None if i is None else i.dims for i in oinfo],
                     [None if i is None else i.dtype for i in info], [None if i is None else i.dtype for i in oinfo],
-                    [None if i is None else i.sval for i in info], self.src, more)
+                    [None if i is None else i.sval for i in info], self.src, more,
+                    self.device.type == "cpu" or bool(getattr(node, "shape_of", False)) or node.opdef.host)
 
     def _view(self, step, ni) -> None:
         node = ni.node
@@ -319,10 +340,10 @@ class _Builder:
             if x is not None and not x.is_const:
                 sv = self.t.of(x).sval
                 syms |= self.dims_free(sv.flat()) if sv is not None else frozenset({"<data>"})
-        # a reshape of a tensor that is not contiguous copies: a copy made once would go stale
-        reshapes = node.op_type in _RESHAPES
-        layout_ok = not reshapes or self.contig.get(id(src), False)
-        if hit is not None and deps_ok and layout_ok and self.is_input_only(syms | hit[0].symbols):
+        # a view of a group member is made with the member (once per symbol values), when the
+        # strides say it is a view: a reshape that must copy would give a copy that goes stale
+        strides = self._view_strides(node, src, info) if hit is not None and deps_ok else None
+        if hit is not None and deps_ok and strides is not None and self.is_input_only(syms | hit[0].symbols):
             g, sname = hit
             scratch: list[str] = []
             ins = [sname] + [self.use(x, ni.host, scratch, True) for x in node.inputs[1:]]
@@ -330,9 +351,11 @@ class _Builder:
                 kname = self.kernel(node, ni.host)  # an emitter may decline (a negative Slice step)
 
                 def lines(name: str) -> list[str]:
+                    if node.op_type in _RESHAPES and node.domain in ("", "ai.onnx"):  # view() never copies
+                        return [f"{name} = {ins[0]}.view({self._dims_tuple(v)})"]
                     return emit(self._emit_ctx(node, ins, [name], [None], kname), as_view=True)
                 self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node)
-                self.contig[id(v)] = reshapes and self.contig.get(id(src), False)
+                self.strides[id(v)] = strides
                 return
         inline: list[str] = []
         ins = [self.use(x, ni.host, inline) for x in node.inputs]
@@ -346,7 +369,8 @@ class _Builder:
         if node.op_type in AS_VIEW and node.domain in ("", "ai.onnx"):
             return self._view(step, ni)
         inline: list[str] = []
-        ins = [self.use(x, ni.host, inline) for x in node.inputs]
+        ins = [None if i in ni.drop_inputs else self.use(x, ni.host, inline) for i, x in enumerate(node.inputs)]
+        self.dropped += len(ni.drop_inputs)
         outs, bufs = [], []
         for v in node.outputs:
             if v is None:
@@ -432,6 +456,53 @@ class _Builder:
         syms = self.dims_free(self.t.of(concat.outputs[0]).dims)
         return self.add_member(("value", id(v)), syms, f"t_{v.name}", lambda n: [f"{n} = {view}"])
 
+    def _view_strides(self, node: Node, src: Value, info) -> tuple | None:
+        """The strides of a view op's output from its input's (a group member), or None when the
+        op is not a view there (a reshape that has to copy) or its strides are not followed."""
+        old = self.strides.get(id(src))
+        if old is None or info.dims is None or node.domain not in ("", "ai.onnx"):
+            return None
+        op, dims = node.op_type, info.dims
+        try:
+            if op in _RESHAPES:
+                return _reshape_strides(self.t.of(src).dims, old, dims)
+            if op == "Transpose":
+                perm = _perm(len(old), node.attrs.get("perm"))
+                return tuple(old[p] for p in perm)
+            if op == "Slice":
+                return self._slice_strides(node, old)
+            if op == "Expand":  # new leading axes and axes of 1 that grow read one element: stride 0
+                pad = len(dims) - len(old)
+                src_dims = (1,) * pad + tuple(self.t.of(src).dims)
+                full = (0,) * pad + tuple(old)
+                return tuple(0 if (sd == 1 and d != 1) else st for sd, d, st in zip(src_dims, dims, full))
+        except NeedsConcrete:
+            return None
+        return None
+
+    def _slice_strides(self, node: Node, old: tuple) -> tuple | None:
+        if node.opset >= 10:
+            vals = [None if x is None else self.t.of(x).sval for x in node.inputs[1:5]]
+            if vals[0] is None or vals[1] is None or (len(node.inputs) > 3 and node.inputs[3] is not None
+                                                      and vals[2] is None):
+                return None
+            axes = None if len(vals) < 3 or vals[2] is None else vals[2].flat()
+            steps = None if len(vals) < 4 or vals[3] is None else vals[3].flat()
+            if len(node.inputs) > 4 and node.inputs[4] is not None and steps is None:
+                return None
+        else:
+            axes, steps = node.attrs.get("axes"), None
+        n = len(old)
+        if steps is None:
+            return old
+        axes = list(range(len(steps))) if axes is None else [a % n for a in axes]
+        out = list(old)
+        for a, sp in zip(axes, steps):
+            if not isinstance(sp, int) or sp <= 0:
+                return None  # a negative step flips: the kernel copies
+            out[a] = out[a] * sp
+        return tuple(out)
+
     def _dims_tuple(self, v: Value) -> str:
         items = [self.src(d) for d in self.t.of(v).dims]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
@@ -449,7 +520,7 @@ class _Builder:
         shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
         stride = "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
         syms = self.dims_free(info.dims)
-        self.contig[id(v)] = True
+        self.strides[id(v)] = _contiguous(info.dims)
         return self.add_member(("value", id(v)), syms, f"t_{v.name}",
                                lambda n: [f"{n} = A[{a}].as_strided({shape}, {stride}, off[{i}])"])
 
@@ -526,7 +597,8 @@ class _Builder:
         ranks = self.t.input_ranks
         conds = []
         for i, r in enumerate(ranks):
-            conds.append(f"shapes[{i}] is None" if r is None else f"shapes[{i}] is not None and len(shapes[{i}]) == {r}")
+            has = f"shapes[{i}] is not None and len(shapes[{i}]) == {r}"
+            conds.append(f"shapes[{i}] is None" if r is None else has)
         put("if not (" + " and ".join(conds or ["True"]) + "):")
         put("return False", indent=2)
         for d in self.t.input_dims:
@@ -565,6 +637,46 @@ def _unpack(outs: list) -> str:
     return ", ".join(o or "_" for o in outs) + ", *_"
 
 
+def _contiguous(dims) -> tuple:
+    acc, out = 1, []
+    for d in reversed(dims):
+        out.append(acc)
+        acc = acc * d
+    return tuple(reversed(out))
+
+
+def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
+    """The strides of ``view(new_shape)`` of a tensor of these sizes and strides, or None when the
+    view is impossible (a reshape would copy). torch's rule, on SymInts: a decision the sizes
+    cannot make is a guard, as everywhere in the shape program."""
+    numel = 1
+    for d in old_shape:
+        numel = numel * d
+    if numel == 0:
+        return _contiguous(new_shape)
+    new_strides = [0] * len(new_shape)
+    if not old_shape:
+        return tuple(1 for _ in new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_strides[-1]
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel = tensor_numel * old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel = view_numel * new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_strides[d - 1]
+                tensor_numel, view_numel = 1, 1
+    if view_d != -1:
+        return None
+    return tuple(new_strides)
+
+
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
@@ -597,9 +709,20 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns["__symvars__"] = dict(b.symvar)
     outputs = [_output_action(b.plan, v) for v in trace.graph.outputs]
-    return SpecCode(trace, b.plan, source, filename, ns["run"], ns["accepts"], [ns[f"g{g.index}"] for g in groups],
+    spec = SpecCode(trace, b.plan, source, filename, ns["run"], ns["accepts"], [ns[f"g{g.index}"] for g in groups],
                     groups, b.sig_symbols, b.plan.arena, b.arena_dtypes,
                     [b.arena_dtypes.index(trace.of(a.value).dtype) for a in b.plan.arena], b.output_values,
                     b.kv_nodes, b.sub_nodes, outputs, line_nodes, ns, b.inplace_inputs,
                     tuple(i for i, name in enumerate(b.sig_symbols)
                           if any(name in a.nbytes.free for a in b.plan.arena)))
+    spec.group_keys = [_key_of(g.key) for g in groups]
+    return spec
+
+
+def _key_of(positions: tuple[int, ...]):
+    if not positions:
+        return lambda sig: ()
+    if len(positions) == 1:
+        (p,) = positions
+        return lambda sig: (sig[p],)
+    return operator.itemgetter(*positions)

@@ -40,6 +40,7 @@ class Emit:
     values: list  # symbolic value of each input (SymValue) or None
     src: Callable  # int | SymInt -> Python source
     more_results: bool = False  # a kernel without out= returns a tuple even for one output
+    on_cpu: bool = True  # where the node runs
 
     def dims_src(self, dims) -> str:
         items = [self.src(d) for d in dims]
@@ -150,6 +151,50 @@ def _unary(fn: str) -> Callable[[Emit], list[str] | None]:
     return emit
 
 
+def _gather(e: Emit) -> list[str] | None:
+    """Gather along axis 0 of int64 indices (an embedding lookup): index_select straight into the
+    output. On the CPU, index_select refuses a negative index (ONNX counts it from the end): the
+    kernel, which normalises indices, then serves that call. On CUDA an out-of-range index would
+    be a device assert, so the kernel always serves there."""
+    if (e.node.attrs.get("axis", 0) != 0 or not e.on_cpu or e.in_dtypes[1] != torch.int64
+            or e.bufs[0] is None or len(e.in_dims[0]) < 1):
+        return None
+    rest = ", ".join(e.src(d) for d in e.in_dims[0][1:])
+    flat = f"({e.bufs[0]}).view((-1{', ' if rest else ''}{rest}))"
+    return ["try:",
+            f"    torch.index_select({e.ins[0]}, 0, {e.ins[1]}.view(-1), out={flat})",
+            "except (IndexError, RuntimeError):",
+            f"    {e.outs[0]} = {e.kernel}({e.ins[0]}, {e.ins[1]}, out={e.bufs[0]})"]
+
+
+def _compare(fn: str) -> Callable[[Emit], list[str] | None]:
+    def emit(e: Emit) -> list[str] | None:
+        if e.in_dtypes[0] != e.in_dtypes[1] or e.in_dtypes[0] in (None, torch.uint16, torch.uint32, torch.uint64):
+            return None
+        out = f", out={e.bufs[0]}" if e.bufs[0] is not None else ""
+        return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}{out})"]
+    return emit
+
+
+def _int_binary(fn: str) -> Callable[[Emit], list[str] | None]:
+    """Add / Sub / Mul of one float or signed int dtype (unsigned ints have kernels of their own)."""
+    def emit(e: Emit) -> list[str] | None:
+        dts = e.in_dtypes
+        ok = _FLOATS | {torch.int64, torch.int32, torch.int16, torch.int8}
+        if dts[0] not in ok or dts[0] != dts[1] or e.out_dtypes[0] != dts[0]:
+            return None
+        out = f", out={e.bufs[0]}" if e.bufs[0] is not None else ""
+        return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}{out})"]
+    return emit
+
+
+def _not(e: Emit) -> list[str] | None:
+    if e.in_dtypes[0] != torch.bool:
+        return None
+    out = f", out={e.bufs[0]}" if e.bufs[0] is not None else ""
+    return [f"{e.outs[0]} = torch.logical_not({e.ins[0]}{out})"]
+
+
 def _concat(e: Emit) -> list[str] | None:
     xs = [x for x in e.ins if x is not None]
     dims = [d for d in e.in_dims if d is not None]
@@ -166,7 +211,9 @@ VIEW_EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
 }
 
 EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
-    "Add": _binary("torch.add"), "Sub": _binary("torch.sub"), "Mul": _binary("torch.mul"),
+    "Add": _int_binary("torch.add"), "Sub": _int_binary("torch.sub"), "Mul": _binary("torch.mul"),
+    "Gather": _gather, "Not": _not, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
+    "LessOrEqual": _compare("torch.le"), "Greater": _compare("torch.gt"), "GreaterOrEqual": _compare("torch.ge"),
     "Div": _binary("torch.div"), "MatMul": _matmul, "Concat": _concat,
     "Sigmoid": _unary("torch.sigmoid"), "Tanh": _unary("torch.tanh"), "Exp": _unary("torch.exp"),
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),

@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable
 
 from ..ir import Graph
+from ..ir.copy import copy_graph
 from .dead_nodes import remove_dead_nodes
+from .fold_conv_bn import fold_conv_bn
+from .fuse_activations import fuse_gelu, fuse_silu
+from .fuse_attention import fuse_attention
+from .fuse_linear import fuse_linear
+from .fuse_norms import fuse_layer_norm, fuse_rms_norm
+from .fuse_parallel_matmul import fuse_parallel_matmul
 from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
@@ -23,17 +30,41 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 ]
 
 
-def compile_graph(graph: Graph, dump_after: set[str] | None = None) -> Program:
-    timings = {}
-    for name, fn in PASSES:
+# Fusion: exported patterns -> single kernels, for the generated code. The interpreter runs the
+# graph as it was (the reference the fused graph is tested against).
+FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("fold_conv_bn", fold_conv_bn),
+    ("fuse_attention", fuse_attention),
+    ("fuse_rms_norm", fuse_rms_norm),
+    ("fuse_layer_norm", fuse_layer_norm),
+    ("fuse_gelu", fuse_gelu),
+    ("fuse_silu", fuse_silu),
+    ("fuse_linear", fuse_linear),
+    ("fuse_parallel_matmul", fuse_parallel_matmul),
+    ("remove_dead_nodes", remove_dead_nodes),
+]
+
+
+def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Graph:
+    for name, fn in passes:
         t0 = time.perf_counter()
         graph = fn(graph)
         timings[name] = time.perf_counter() - t0
         log.debug("pass %s: %.2f ms, %d nodes", name, timings[name] * 1e3, len(graph.nodes))
         if dump_after and name in dump_after:
             log.info("after %s:\n%s", name, Program(graph, timings))
+    return graph
+
+
+def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True) -> Program:
+    timings: dict[str, float] = {}
+    graph = _run(PASSES, graph, timings, dump_after)
     _compile_subgraphs_tail(graph)
-    return Program(graph, timings)
+    fused = None
+    if fusion:
+        fused = _run(FUSION_PASSES, copy_graph(graph), timings, dump_after)
+        fused.rebuild_users()
+    return Program(graph, timings, fused)
 
 
 def _compile_subgraphs_tail(graph: Graph) -> None:

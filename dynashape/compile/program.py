@@ -9,8 +9,12 @@ from ..ir import Graph, elem_type_name
 
 @dataclass
 class Program:
+    """``graph``: what the interpreter runs; ``fused``: the same after the fusion passes, what
+    the generated code runs (None when fusion is off)."""
+
     graph: Graph
     pass_times: dict[str, float] = field(default_factory=dict)
+    fused: Graph | None = None
 
     def __str__(self) -> str:
         g = self.graph

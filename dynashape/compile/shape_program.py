@@ -31,8 +31,11 @@ import torch
 from ..errors import ShapeError
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import torch_dtype
+from ..ops.fused import CannotServe
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, ShapeEnv, SymInt, expr_of
+from . import affine
+from .affine import Affine
 from .symbolic_values import SymValue
 from .symbolic_values import evaluate as evaluate_values
 
@@ -50,6 +53,7 @@ class ValueInfo:
     host: bool = False
     sval: SymValue | None = None
     runtime: bool = False  # dims read runtime symbols: known only once the run got there
+    affine: Affine | None = None  # elements as expressions of their indices (masks, positions)
 
     def numel(self):
         n: int | SymInt = 1
@@ -67,6 +71,7 @@ class NodeInfo:
     # the op describes more outputs than the node has (LayerNormalization's Mean and InvStdDev):
     # its kernel called without out= returns them all, the node's own first
     more_results: bool = False
+    drop_inputs: frozenset = frozenset()  # inputs this specialization does not need (a mask true everywhere)
 
 
 @dataclass
@@ -89,6 +94,7 @@ class Trace:
     info: dict[int, ValueInfo]  # id(Value) -> info
     nodes: list[NodeInfo]
     runtime_symbols: dict[str, tuple[Value, int]] = field(default_factory=dict)  # symbol -> (value, axis)
+    unfused: int = 0  # fused nodes traced as the nodes they replaced
 
     def of(self, v: Value) -> ValueInfo:
         return self.info[id(v)]
@@ -117,13 +123,36 @@ def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list
     """The shape program of ``graph`` specialised by the guards that ``input_shapes`` (one per
     input of ``inputs``, default the graph's inputs; None for an absent optional or a sequence)
     satisfy. Raises ShapeError naming the node when the shapes do not fit the model."""
-    env = ShapeEnv()
     inputs = list(graph.inputs) if inputs is None else inputs
+    t = _trace_once(graph, input_shapes, inputs, None)
+    if t.env.replace:
+        # what later nodes taught (seq == 1 in a decode step) makes earlier ones simpler too: a
+        # Range(0, seq) is then one known element, not data. A second pass knows it from the start.
+        t = _trace_once(graph, input_shapes, inputs, t.env)
+    return t
+
+
+def _trace_once(graph: Graph, input_shapes: list, inputs: list[Value], seed: ShapeEnv | None) -> Trace:
+    env = ShapeEnv()
     t = Trace(env, graph, inputs, [], [], {}, [])
     _trace_inputs(t, input_shapes)
+    if seed is not None:
+        env.replace = dict(seed.replace)
+        env.guards = dict(seed.guards)
     for node in graph.nodes:
-        t.nodes.append(_trace_node(t, node))
+        _trace_into(t, node)
     return t
+
+
+def _trace_into(t: Trace, node: Node) -> None:
+    """Trace ``node``; a fused node whose kernel cannot serve this signature is traced as the
+    nodes it replaced (unfusion, counted)."""
+    try:
+        t.nodes.append(_trace_node(t, node))
+    except CannotServe:
+        t.unfused += 1
+        for n in node.unfused:
+            _trace_into(t, n)
 
 
 def _trace_inputs(t: Trace, input_shapes: list) -> None:
@@ -214,6 +243,10 @@ def _trace_node(t: Trace, node: Node) -> NodeInfo:
     env = t.env
     try:
         outs = od.infer(shapes, values, **node.attrs)
+    except CannotServe:
+        if getattr(node, "unfused", None):
+            raise
+        return _dyn(t, node, host, "the fused kernel cannot serve these shapes")
     except NeedsConcrete as e:
         return _dyn(t, node, host, str(e))
     except ShapeError as e:
@@ -238,12 +271,21 @@ def _trace_node(t: Trace, node: Node) -> NodeInfo:
                 svals = evaluate_values(node, shapes, in_svals, [tuple(s) if s is not None else None for s in outs])
             except NeedsConcrete:
                 svals = None
+    aff = None
+    if svals is None and len(node.outputs) == 1 and any(
+            i is not None and (i.affine is not None or i.sval is not None) for i in ins):
+        try:
+            aff = affine.evaluate(node, [None if i is None else i.affine for i in ins],
+                                  [None if i is None else i.sval for i in ins], tuple(outs[0]), env)
+        except NeedsConcrete:
+            aff = None
     for k, (v, s) in enumerate(zip(node.outputs, outs)):
         if v is None:
             continue
         runtime = not all(env.hinted(d.expr) for d in s if isinstance(d, SymInt))
         sv = svals[k] if svals is not None and k < len(svals) else None
-        t.info[id(v)] = ValueInfo(tuple(s), _dtype(v), host=host, sval=sv, runtime=runtime)
+        t.info[id(v)] = ValueInfo(tuple(s), _dtype(v), host=host, sval=sv, runtime=runtime,
+                                  affine=aff if k == 0 else None)
     if svals is not None:
         return NodeInfo(node, "sym", host)
     if getattr(node, "shape_of", False):
@@ -253,7 +295,28 @@ def _trace_node(t: Trace, node: Node) -> NodeInfo:
         return NodeInfo(node, "memo", host, more_results=more)
     if od.view:
         return NodeInfo(node, "view", host)
-    return NodeInfo(node, "data", host, more_results=more)
+    return NodeInfo(node, "data", host, more_results=more, drop_inputs=_droppable(t, node, ins))
+
+
+def _droppable(t: Trace, node: Node, ins: list) -> frozenset:
+    """Inputs of a fused attention that this specialization does without: a mask that masks
+    nothing (true everywhere for a keep mask, false everywhere for a drop mask, zeros to add)."""
+    if node.domain != "com.dynashape" or node.op_type != "Attention" or len(ins) < 4 or ins[3] is None:
+        return frozenset()
+    a = ins[3].affine
+    if a is None:
+        return frozenset()
+    kind = node.attrs.get("mask_kind")
+    try:
+        if kind in ("keep", "drop"):
+            truth = affine.always(a, t.env)
+            if truth is (kind == "keep"):
+                return frozenset({3})
+        elif kind == "add" and a.pred is None and a.expr.key == "0":
+            return frozenset({3})
+    except NeedsConcrete:
+        pass
+    return frozenset()
 
 
 def _probe(t: Trace, node: Node, shapes: list, values: list, outs: list) -> bool:

@@ -324,8 +324,15 @@ def evaluate(node, shapes: list, vals: list, out_shapes: list) -> list[SymValue]
     fn = EVALUATORS.get(node.op_type)
     if fn is None or node.domain not in ("", "ai.onnx"):
         return None
-    if any(s is None or not all(isinstance(d, int) and not isinstance(d, SymInt) for d in s) for s in out_shapes):
+    if any(s is None or not all(_fixed(d) for d in s) for s in out_shapes):
         return None  # an output whose own shape is symbolic is data (Range(0, seq)), not a few ints
+    out_shapes = [tuple(int(d) for d in s) for s in out_shapes]  # fixed: int() pins nothing
     if any(math.prod(s) > MAX_ELEMENTS for s in out_shapes):
         return None
     return fn(node, shapes, vals, out_shapes)
+
+
+def _fixed(d) -> bool:
+    """A dim of one value in this specialization: an int, or a SymInt whose expression a guard
+    made constant (``seq`` after ``seq == 1``)."""
+    return not isinstance(d, SymInt) or not d.expr.terms

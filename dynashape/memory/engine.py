@@ -127,6 +127,27 @@ class Engine:
         self._count_allocation(nbytes, alloc_type)
         return buf
 
+    def allocate_output(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer that goes to the caller as soon as it is written (a graph output in torch
+        mode): torch's allocator makes it (it is the caller's memory, freed when the caller drops
+        it; a driver allocation and free per call would cost more than the kernels of a small
+        model), and it is counted as an allocation handed out."""
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        nbytes = buf.numel() * dtype.itemsize
+        st = self._stats
+        st["allocations"] += 1
+        st["device_allocations"] += 1
+        st["allocated_bytes_total"] += nbytes
+        st["handed_out"] += 1
+        self._caller += nbytes
+        weakref.finalize(buf, self._caller_dropped, nbytes)
+        total = self.current_bytes + self._caller
+        if total > self._peak_with_caller:
+            self._peak_with_caller = total
+        if self.verbose >= 2:
+            _say(f"Allocate {nbytes} bytes for an output handed out (torch's allocator)")
+        return buf
+
     def _alloc(self, nbytes: int, alloc_type: str) -> tuple[str, torch.Tensor, object]:
         # a zero-element buffer still gets a byte of its own: buffers are known by their address
         size = max(nbytes, 1)

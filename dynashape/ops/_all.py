@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     conv,
     data_dependent,
     elementwise,
+    fused,
     generators,
     image,
     indexing,

@@ -122,9 +122,10 @@ class SpecState:
         if spec.arena and (self.caps is None or self.epoch != runner.epoch
                            or any(sig[i] > self.caps[i] for i in spec.size_symbols)):
             self._plan(sig)
-        for g, group in enumerate(spec.groups):
-            key = tuple(sig[i] for i in group.key)
-            if key == self.keys[g]:
+        keys = self.keys
+        for g, key_of in enumerate(spec.group_keys):
+            key = key_of(sig)
+            if key == keys[g]:
                 continue
             cache = self.caches[g]
             built = cache.get(key)
@@ -183,7 +184,7 @@ class CompiledRunner:
         self.arena: torch.Tensor | None = None
         self.epoch = 0
         self.hand_out = True
-        self.handed: list[torch.Tensor] = []
+        self.owned: list[torch.Tensor] = []  # this run's output buffers (torch mode: the caller's)
         self.kept: dict[str, tuple[torch.Tensor, int]] = {}  # numpy mode: output buffers kept
         self._kv: dict[str, KVAppend] = {}
         self._subs: dict[str, object] = {}
@@ -236,9 +237,9 @@ class CompiledRunner:
         for d in shape:
             n *= d
         if self.hand_out:
-            buf = self.engine.allocate(n, dtype)
-            self.handed.append(buf)
-            return buf.view(shape)
+            buf = self.engine.allocate_output(shape, dtype)
+            self.owned.append(buf)
+            return buf
         kept = self.kept.get(name)
         if kept is not None and n <= kept[1] and n * 10 >= kept[1] and kept[0].dtype == dtype:
             self.stats["buffer_reuses"] += 1
@@ -280,7 +281,7 @@ class CompiledRunner:
         if st is None:
             return None
         self.hand_out = hand_out
-        self.handed = []
+        self.owned = []
         try:
             outs = st.spec.run(st, *inputs)
         except Exception as e:
@@ -296,14 +297,13 @@ class CompiledRunner:
             t = outs[j]
             if isinstance(t, list):  # a sequence may hold tensors the next run overwrites
                 outs[j] = [x.clone() if isinstance(x, torch.Tensor) else x for x in t]
-            elif isinstance(t, torch.Tensor) and (action == "clone" or (action == "check" and self._aliases(t, inputs))):
+            elif isinstance(t, torch.Tensor) and (
+                    action == "clone" or (action == "check" and self._aliases(t, inputs))):
                 outs[j] = t.clone()
         if self.hand_out:
-            for buf in self.handed:
-                self.engine.release(buf, handed_out=True)
             for kv in st.kv:
                 kv.hand_out()
-        self.handed = []
+        self.owned = []
         return outs
 
     def _aliases(self, t: torch.Tensor, inputs: list) -> bool:
@@ -315,11 +315,11 @@ class CompiledRunner:
         return any(isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr for x in inputs)
 
     def _forget(self) -> None:
-        """After a failed run: buffers made for it go back, nothing half-built is kept."""
-        for buf in self.handed:
-            self.engine.release(buf)
-        self.handed = []
+        """After a failed run: nothing half-built is kept (its output buffers die with it)."""
+        self.owned = []
         self.last_shapes = self.last_state = None
+        for kv in self._kv.values():
+            kv.pending = None
 
     def close(self) -> None:
         for kv in self._kv.values():

@@ -19,10 +19,15 @@ class InputSpec:
     elem_type: int
     shape: PartialShape | None
     kind: str
+    # per axis (axis, min, max or None, symbol of a dynamic dim or None): checked on every call,
+    # so worked out once
+    dims: tuple = ()
 
     @staticmethod
     def of(v: Value) -> InputSpec:
-        return InputSpec(v.name, v.elem_type, v.shape, v.kind)
+        dims = () if v.shape is None else tuple(
+            (a, d.min, d.max, None if d.is_static else d.symbol) for a, d in enumerate(v.shape))
+        return InputSpec(v.name, v.elem_type, v.shape, v.kind, dims)
 
 
 def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[dict, bool]:
@@ -85,14 +90,16 @@ def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
     if len(shape) != len(s.shape):
         raise InputRankError(f"input {s.name!r}: rank {len(shape)} given (shape {list(shape)}), rank "
                              f"{len(s.shape)} expected (shape {s.shape})")
-    for axis, (d, v) in enumerate(zip(s.shape, shape)):
-        if not d.contains(v):
+    for (axis, lo, hi, symbol), v in zip(s.dims, shape):
+        if v < lo or (hi is not None and v > hi):
+            d = s.shape[axis]
             sym = f" ({d.symbol!r})" if d.symbol else ""
             raise InputShapeError(f"input {s.name!r} axis {axis}{sym}: size {v} is outside the declared "
                                   f"range {d.range_str()}")
-        if d.symbol and not d.is_static:
-            seen = symbols.setdefault(d.symbol, (s.name, axis, v))
+        if symbol:
+            seen = symbols.setdefault(symbol, (s.name, axis, v))
             if seen[2] != v:
+                d = s.shape[axis]
                 raise InputShapeError(f"input {s.name!r} axis {axis} is {v} but input {seen[0]!r} axis "
                                       f"{seen[1]} is {seen[2]}; both are dimension {d.symbol!r} and must agree")
 

@@ -4,9 +4,10 @@
 already sits at the start of a storage with room behind it. This class gives every new storage
 spare room along the axis (the growth rules of ``inplace_concat.GROWTH``) and remembers the
 storages it wrote (weakly, with a watermark: how far along the axis it has written), so that a
-``past`` that is a view of one of them is extended in place: only ``new`` is copied. Feeding the
-same past twice (beam search) finds the watermark beyond the past's end and copies instead of
-overwriting what the first call appended.
+``past`` that is a view of one of them is extended in place: only ``new`` is written, by its
+producer straight into its slot (``prepare``) or copied. Feeding the same past twice (beam
+search) finds the watermark beyond the past's end and copies instead of overwriting what the
+first call appended.
 
 In torch mode the storage goes to the caller with the output (``hand_out``); in numpy mode the
 outputs are copied out, and the storage stays here for the next call.
@@ -20,7 +21,6 @@ from collections import Counter
 
 import torch
 
-from ..ops.shapes import norm_axis
 from .inplace_concat import GROWTH
 
 
@@ -31,71 +31,110 @@ class KVAppend:
         self.engine, self.stats = engine, stats
         self.owned: torch.Tensor | None = None  # our storage, when the caller does not hold it
         self.known: list[tuple[weakref.ref, tuple, int]] = []  # (root, capacity shape, watermark)
-        self.pending: torch.Tensor | None = None  # the storage prepare() chose for this run's Concat
+        # the storage of the last call, checked first: a decode loop feeds it back every step
+        self.last: tuple | None = None  # (root, storage view, filled, data_ptr, stride)
+        self.pending: tuple | None = None  # (storage, slot data_ptr, slot stride) from prepare()
 
     def prepare(self, past: torch.Tensor, new_shape: tuple) -> torch.Tensor:
         """The slot the producer of the new part writes into (``past`` in place or copied first)."""
-        a = norm_axis(self.axis, past.dim())
-        shape = list(past.shape)
-        shape[a] += new_shape[a]
-        storage = self._storage(past, a, shape)
-        self.pending = storage
-        return storage.narrow(a, past.shape[a], new_shape[a])
+        a = self.axis if self.axis >= 0 else self.axis + past.dim()
+        n = past.shape[a]
+        total = n + new_shape[a]
+        storage = self._fast(past, total)
+        if storage is None:
+            shape = list(past.shape)
+            shape[a] = total
+            storage = self._storage(past, a, shape)
+        stride = storage.stride()
+        offset = storage.storage_offset() + n * stride[a]
+        slot = storage.as_strided(new_shape, stride, offset)
+        self.pending = (storage, offset, stride, past.shape[:a] + (total,) + past.shape[a + 1:])
+        return slot
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
-        xs = tuple(x for x in xs if x is not None)
-        a = norm_axis(self.axis, xs[0].dim())
-        shape = list(xs[0].shape)
-        shape[a] = sum(x.shape[a] for x in xs)
-        storage, self.pending = self.pending, None
-        if storage is None:
-            storage = self._storage(xs[0], a, shape)
-        offset = xs[0].shape[a]
-        for x in xs[1:]:
-            n = x.shape[a]
-            slot = storage.narrow(a, offset, n)
-            if x.numel() and (x.data_ptr() != slot.data_ptr() or x.stride() != slot.stride()):
-                slot.copy_(x)
-                self.stats["concat_bytes_copied"] += x.numel() * x.element_size()
-            offset += n
-        self._mark(storage, shape[a])
-        return storage.narrow(a, 0, shape[a])
+        past = xs[0]
+        a = self.axis if self.axis >= 0 else self.axis + past.dim()
+        pending, self.pending = self.pending, None
+        if pending is not None and len(xs) == 2:
+            # the common case: the producer of the new part wrote into the slot prepare() gave
+            storage, offset, stride, shape = pending
+            new = xs[1]
+            total = shape[a]
+            if new.storage_offset() != offset or new.stride() != stride or \
+                    new.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr():
+                storage.as_strided(new.shape, stride, offset).copy_(new)
+                self.stats["concat_bytes_copied"] += new.numel() * new.element_size()
+        else:
+            xs = tuple(x for x in xs if x is not None)
+            total = sum(x.shape[a] for x in xs)
+            storage = self._fast(past, total) if pending is None else pending[0]
+            if storage is None:
+                shape = list(past.shape)
+                shape[a] = total
+                storage = self._storage(past, a, shape)
+            offset = past.shape[a]
+            for x in xs[1:]:
+                n = x.shape[a]
+                if x.numel():
+                    storage.narrow(a, offset, n).copy_(x)
+                    self.stats["concat_bytes_copied"] += x.numel() * x.element_size()
+                offset += n
+            shape = past.shape[:a] + (total,) + past.shape[a + 1:]
+        out = storage.as_strided(shape, storage.stride(), storage.storage_offset())
+        self._mark(storage, total, out)
+        return out
 
+    def _fast(self, past: torch.Tensor, total: int) -> torch.Tensor | None:
+        """The last storage, when ``past`` is exactly what the last call returned (a decode loop
+        feeding its present back): checked without looking anything up."""
+        last = self.last
+        if last is None or past._base is not last[0]() or past.data_ptr() != last[3] \
+                or past.shape != last[5] or past.stride() != last[4] or total > last[6]:
+            return None
+        self.stats["concat_past_in_place"] += 1
+        return last[1]
+
+    # ---- where the output goes ----------------------------------------------------------------
     def _storage(self, past: torch.Tensor, a: int, shape: list) -> torch.Tensor:
         """The storage the output goes into, with ``past`` at its start: the past's own when it
         is in place, else ours or a new one with the past copied in."""
-        storage = self._past_storage(past, a, shape[a], shape)
+        storage = self._past_storage(past, a, shape)
         if storage is not None:
             self.stats["concat_past_in_place"] += 1
             return storage
-        storage = self._storage_for((past,), a, shape)
+        storage = self._storage_for(past, a, shape)
         if past.numel():
             storage.narrow(a, 0, past.shape[a]).copy_(past)
             self.stats["concat_bytes_copied"] += past.numel() * past.element_size()
         return storage
 
-    def _past_storage(self, first: torch.Tensor, a: int, total: int, shape: list) -> torch.Tensor | None:
-        """A storage we wrote whose start is ``first``, with room for ``total`` along the axis
+    def _past_storage(self, first: torch.Tensor, a: int, shape: list) -> torch.Tensor | None:
+        """A storage we wrote whose start is ``first``, with room for ``shape[a]`` along the axis
         and nothing written past ``first``'s end since."""
         root = first._base
         if root is None:
             return None
-        for ref, cap, filled in self.known:
-            if ref() is not root:
-                continue
-            storage = root.view(cap)
-            if (filled != first.shape[a] or cap[a] < total or first.data_ptr() != storage.data_ptr()
-                    or first.stride() != storage.stride()
-                    or any(cap[d] != shape[d] for d in range(len(shape)) if d != a)):
+        last = self.last
+        if last is not None and last[0]() is root:
+            storage = last[1]
+            filled, ptr, stride = last[2], storage.data_ptr(), storage.stride()
+        else:
+            hit = next((k for k in self.known if k[0]() is root), None)
+            if hit is None:
                 return None
-            return storage
-        return None
+            storage = root.view(hit[1])
+            filled, ptr, stride = hit[2], storage.data_ptr(), storage.stride()
+        cap = storage.shape
+        if (filled != first.shape[a] or cap[a] < shape[a] or first.data_ptr() != ptr or first.stride() != stride
+                or any(cap[d] != shape[d] for d in range(len(shape)) if d != a)):
+            return None
+        return storage
 
-    def _storage_for(self, xs: tuple, a: int, shape: list) -> torch.Tensor:
-        own, dtype = self.owned, xs[0].dtype
+    def _storage_for(self, past: torch.Tensor, a: int, shape: list) -> torch.Tensor:
+        own, dtype = self.owned, past.dtype
         if own is not None and own.dtype == dtype and own.shape[a] >= shape[a] and all(
-                own.shape[d] == shape[d] for d in range(len(shape)) if d != a) and not any(
-                x.numel() and x.untyped_storage().data_ptr() == own.untyped_storage().data_ptr() for x in xs):
+                own.shape[d] == shape[d] for d in range(len(shape)) if d != a) and not (
+                past.numel() and past.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()):
             return own
         cap = list(shape)
         if self.growth is not None:
@@ -109,10 +148,22 @@ class KVAppend:
         self.stats["concat_storages"] += 1
         return self.owned
 
-    def _mark(self, storage: torch.Tensor, filled: int) -> None:
+    def _mark(self, storage: torch.Tensor, filled: int, out: torch.Tensor) -> None:
+        """Remember ``storage`` as written up to ``filled`` along the axis (``out`` is the result)."""
         root = storage._base if storage._base is not None else storage
-        self.known = [k for k in self.known if k[0]() is not None and k[0]() is not root][-3:]
-        self.known.append((weakref.ref(root), tuple(storage.shape), filled))
+        last = self.last
+        a = self.axis if self.axis >= 0 else self.axis + storage.dim()
+        if last is not None and last[1] is storage:
+            ref = last[0]
+            for i, k in enumerate(self.known):
+                if k[0]() is root:
+                    self.known[i] = (k[0], k[1], filled)
+        else:
+            ref = weakref.ref(root)
+            self.known = [k for k in self.known if k[0]() is not None and k[0]() is not root][-3:]
+            self.known.append((ref, tuple(storage.shape), filled))
+        # (root, storage, filled, data_ptr, stride, shape of the result, capacity along the axis)
+        self.last = (ref, storage, filled, out.data_ptr(), out.stride(), out.shape, storage.shape[a])
 
     def hand_out(self) -> None:
         """The output went to the caller: the storage is theirs now (remembered weakly)."""

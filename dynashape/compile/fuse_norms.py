@@ -1,0 +1,169 @@
+"""Pass: RMSNorm and LayerNorm written out as reductions and arithmetic become one fused op.
+
+RMSNorm as exporters write it (HF Llama, Mistral, Qwen, T5; the torch.onnx dynamo export):
+``x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2), -1) + eps)) * weight`` (or ``x / Sqrt(...)``, the
+reciprocal as ``Div(1, ...)``, ``Mul(x, x)`` for the square, operands in either order).
+LayerNorm written out (older exports): ``d = x - ReduceMean(x); d / Sqrt(ReduceMean(d^2) + eps)
+* weight + bias``. Both over the last axis, with the mean kept as a dim of 1.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph, Node, Value
+from .patterns import const_ints, fuse, only_feeds, producer, rank, scalar
+
+
+def _other(node: Node, v: Value) -> Value | None:
+    """The input of a two-input node that is not ``v``."""
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is v else a if b is v else None
+
+
+def _mean_last_axis(n: Node | None) -> Value | None:
+    """The input of a ReduceMean over the last axis that keeps it as 1, else None."""
+    if n is None or n.op_type != "ReduceMean" or not n.attrs.get("keepdims", 1):
+        return None
+    axes = n.attrs.get("axes")
+    if axes is None and len(n.inputs) > 1:
+        axes = const_ints(n.inputs[1])
+    r = rank(n.inputs[0])
+    if not axes or r is None or len(axes) != 1 or axes[0] not in (-1, r - 1):
+        return None
+    return n.inputs[0]
+
+
+def _square_of(v: Value | None) -> tuple[Value, Node] | None:
+    n = producer(v, ("Pow", "Mul"))
+    if n is None:
+        return None
+    if n.op_type == "Pow" and scalar(n.inputs[1]) == 2.0:
+        return n.inputs[0], n
+    if n.op_type == "Mul" and n.inputs[0] is n.inputs[1]:
+        return n.inputs[0], n
+    return None
+
+
+def _users(v: Value, op: str) -> list[Node]:
+    return [u for u in v.users if u.op_type == op and u.domain in ("", "ai.onnx")]
+
+
+def _rsqrt_chain(mean: Node, graph: Graph):
+    """From ``ReduceMean(...)``: ``+ eps``, ``Sqrt``; returns (eps, sqrt node, nodes) or None."""
+    out = mean.outputs[0]
+    adds = _users(out, "Add")
+    if len(adds) != 1 or len(out.users) != 1:
+        return None
+    add = adds[0]
+    eps = scalar(_other(add, out))
+    sqrts = _users(add.outputs[0], "Sqrt")
+    if eps is None or len(sqrts) != 1 or len(add.outputs[0].users) != 1:
+        return None
+    return eps, sqrts[0], [mean, add, sqrts[0]]
+
+
+def _normalised(x: Value, sqrt: Node) -> tuple[Node, list[Node]] | None:
+    """``x / sqrt`` as Div(x, s), Mul(x, Reciprocal(s)) or Mul(x, Div(1, s)); the last node and
+    the nodes between."""
+    s = sqrt.outputs[0]
+    for u in s.users:
+        if u.op_type == "Div" and u.inputs[0] is x and u.inputs[1] is s:
+            return u, [u]
+        if u.op_type == "Reciprocal" or (u.op_type == "Div" and u.inputs[1] is s and scalar(u.inputs[0]) == 1.0):
+            r = u.outputs[0]
+            for m in r.users:
+                if m.op_type == "Mul" and _other(m, r) is x:
+                    return m, [u, m]
+    return None
+
+
+def _scaled(n: Node, graph: Graph, x_last: int) -> tuple[Node, Value | None, list[Node]]:
+    """An optional ``* weight`` (a constant of the normalised length) after ``n``."""
+    out = n.outputs[0]
+    if len(out.users) == 1 and out.users[0].op_type == "Mul":
+        m = out.users[0]
+        w = _other(m, out)
+        if w is not None and w.is_const and w.const.numel() == x_last and (
+                w.const.dim() == 1 or all(d == 1 for d in w.const.shape[:-1])):
+            return m, w, [m]
+    return n, None, []
+
+
+def _flat_const(graph: Graph, v: Value, name: str) -> Value:
+    """``v`` as a 1-D constant (F.rms_norm / F.layer_norm want the normalised shape exactly)."""
+    if v.const.dim() == 1:
+        return v
+    flat = Value(f"{v.name}_{name}", v.elem_type, None, v.kind, v.const.reshape(-1).contiguous())
+    graph.values[flat.name] = flat
+    return flat
+
+
+def fuse_rms_norm(graph: Graph) -> Graph:
+    for mean in [n for n in graph.nodes if n.op_type == "ReduceMean" and n.domain in ("", "ai.onnx")]:
+        if mean not in graph.nodes:
+            continue
+        sq = _square_of(_mean_last_axis(mean))
+        if sq is None:
+            continue
+        x, sq_node = sq
+        if x.shape is None or not x.shape[-1].is_static:
+            continue
+        chain = _rsqrt_chain(mean, graph)
+        if chain is None:
+            continue
+        eps, sqrt, nodes = chain
+        found = _normalised(x, sqrt)
+        if found is None:
+            continue
+        last, between = found
+        last, w, scale_nodes = _scaled(last, graph, x.shape[-1].min)
+        nodes = [sq_node, *nodes, *between, *scale_nodes]
+        if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
+            continue
+        ins = [x] + ([_flat_const(graph, w, "flat")] if w is not None else [])
+        fuse(graph, nodes, "RMSNorm", ins, {"epsilon": eps})
+    return graph
+
+
+def fuse_layer_norm(graph: Graph) -> Graph:
+    for sub in [n for n in graph.nodes if n.op_type == "Sub" and n.domain in ("", "ai.onnx")]:
+        if sub not in graph.nodes:
+            continue
+        x, m = sub.inputs
+        mean = producer(m, "ReduceMean")
+        if mean is None or _mean_last_axis(mean) is not x or x.shape is None or not x.shape[-1].is_static:
+            continue
+        d = sub.outputs[0]
+        squares = [u for u in d.users if (u.op_type == "Pow" and scalar(u.inputs[1]) == 2.0)
+                   or (u.op_type == "Mul" and u.inputs[0] is d and u.inputs[1] is d)]
+        if len(squares) != 1:
+            continue
+        sq_node = squares[0]
+        means = _users(sq_node.outputs[0], "ReduceMean")
+        if len(means) != 1 or _mean_last_axis(means[0]) is not sq_node.outputs[0]:
+            continue
+        chain = _rsqrt_chain(means[0], graph)
+        if chain is None:
+            continue
+        eps, sqrt, nodes = chain
+        found = _normalised(d, sqrt)
+        if found is None:
+            continue
+        last, between = found
+        h = x.shape[-1].min
+        last, w, scale_nodes = _scaled(last, graph, h)
+        bias, bias_nodes = None, []
+        out = last.outputs[0]
+        if w is not None and len(out.users) == 1 and out.users[0].op_type == "Add":
+            a = out.users[0]
+            b = _other(a, out)
+            if b is not None and b.is_const and b.const.numel() == h:
+                bias, bias_nodes = b, [a]
+        nodes = [mean, sub, sq_node, *nodes, *between, *scale_nodes, *bias_nodes]
+        if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
+            continue
+        ins = [x, None if w is None else _flat_const(graph, w, "flat"),
+               None if bias is None else _flat_const(graph, bias, "flat")]
+        while ins and ins[-1] is None:
+            ins.pop()
+        fuse(graph, nodes, "LayerNorm", ins, {"epsilon": eps})
+    return graph

@@ -1,0 +1,113 @@
+"""Fused ops (domain ``com.dynashape``): what the fusion passes rewrite exported patterns into.
+
+Each is one torch call where the exported graph had several nodes, so the generated code makes
+one dispatch instead of five to ten. Their shape functions raise ``CannotServe`` for a shape the
+fused kernel does not handle; the shape program then runs the nodes the pass replaced (they are
+kept on the fused node) for that signature: the design notes' unfusion.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from ..shape.symint import NeedsConcrete
+from .registry import op
+from .shapes import broadcast, same_as_first
+
+DOMAIN = "com.dynashape"
+
+
+def _sdpa_has_gqa() -> bool:
+    """torch >= 2.5 repeats grouped key/value heads itself; before, the pass keeps the repeat."""
+    q = torch.zeros(1, 2, 1, 4)
+    kv = torch.zeros(1, 1, 1, 4)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+SDPA_GQA = _sdpa_has_gqa()
+
+
+class CannotServe(NeedsConcrete):
+    """The fused kernel cannot compute this signature: run the unfused nodes instead."""
+
+
+# ---- normalisation ------------------------------------------------------------------------------
+@op("RMSNorm", 1, DOMAIN, infer=same_as_first, writes_out=False,
+    notes="x * rsqrt(mean(x^2, last axis) + eps) * weight (fuse_norms)")
+def _rms_norm(x, weight=None, *, epsilon=1e-5, out=None):
+    return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+
+
+@op("LayerNorm", 1, DOMAIN, infer=same_as_first, writes_out=False,
+    notes="(x - mean) / sqrt(var + eps) * weight + bias over the last axis (fuse_norms)")
+def _layer_norm(x, weight=None, bias=None, *, epsilon=1e-5, out=None):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, epsilon)
+
+
+# ---- activations -------------------------------------------------------------------------------
+@op("Gelu", 1, DOMAIN, infer=same_as_first, notes="erf or tanh GELU (fuse_activations)")
+def _gelu(x, *, approximate="none", out=None):
+    if out is None:
+        return F.gelu(x, approximate=approximate)
+    return torch._C._nn.gelu(x, approximate=approximate, out=out)
+
+
+@op("Silu", 1, DOMAIN, infer=same_as_first, notes="x * sigmoid(x) (fuse_activations)")
+def _silu(x, *, out=None):
+    if out is None:
+        return F.silu(x)
+    return torch._C._nn.silu(x, out=out)
+
+
+# ---- linear --------------------------------------------------------------------------------------
+def _linear_infer(shapes, values):
+    x, w = shapes[0], shapes[1]
+    if len(x) < 1 or x[-1] != w[1]:
+        raise ShapeError(f"Linear: input {tuple(x)} does not match weight {tuple(w)} (out, in)")
+    return [tuple(x[:-1]) + (w[0],)]
+
+
+@op("Linear", 1, DOMAIN, infer=_linear_infer, writes_out=False,
+    notes="x @ weight.T + bias, weight kept (out, in) as torch lays it out (fuse_linear)")
+def _linear(x, weight, bias=None, *, out=None):
+    return F.linear(x, weight, bias)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+def _attention_infer(shapes, values, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0):
+    q, k, v = shapes[0], shapes[1], shapes[2]
+    if len(q) < 3 or len(k) != len(q) or len(v) != len(q):
+        raise CannotServe("attention of other ranks")
+    k_len, k_dim = (k[-1], k[-2]) if k_transposed else (k[-2], k[-1])
+    if q[-1] != k_dim or v[-2] != k_len:
+        raise CannotServe("attention of mismatched head dims or lengths")
+    lead = broadcast([tuple(q[:-2]), tuple(v[:-2])])[0] if not gqa else tuple(q[:-2])
+    if gqa and (q[-3] % v[-3] != 0 or k[-3] != v[-3]):
+        raise CannotServe("grouped heads that do not divide")
+    if len(shapes) > 3 and shapes[3] is not None:
+        try:
+            broadcast([shapes[3], tuple(lead) + (q[-2], k_len)])
+        except ShapeError as e:
+            raise CannotServe(f"a mask that does not broadcast: {e}") from e
+    return [tuple(lead) + (q[-2], v[-1])]
+
+
+@op("Attention", 1, DOMAIN, infer=_attention_infer, writes_out=False,
+    notes="softmax(q @ k.T * scale + mask) @ v as scaled_dot_product_attention (fuse_attention)")
+def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0, out=None):
+    if k_transposed:
+        k = k.transpose(-2, -1)
+    if mask is not None and mask_kind == "drop":
+        mask = torch.logical_not(mask)  # Where(mask, -inf, scores): True means masked out
+    kw = {"enable_gqa": True} if gqa else {}
+    r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+    if nan_to_zero:  # the exported graph turns the NaN of a fully masked row into 0
+        r = torch.nan_to_num(r, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+    return r
+
