@@ -16,7 +16,7 @@ from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
 from .ir import elem_type_name
 from .ir.dtypes import to_numpy
-from .memory import Engine
+from .memory import Engine, host_malloc
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import CompiledModel, CompiledRunner
 from .runtime.feeds import InputSpec, prepare_feeds
@@ -26,6 +26,7 @@ from .runtime.staging import InputStager
 from .shape import PartialShape
 
 _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
+            "malloc_tuning",
             # memory (docs/memory.md)
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
             "kv_growth"}
@@ -111,6 +112,8 @@ class InferenceSession:
             raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(_OPTIONS)}")
         self.device = _device(device)
         self.executor = _executor(options.get("executor"))
+        if self.device.type == "cpu" and options.get("malloc_tuning", True):
+            host_malloc.tune()
         parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")

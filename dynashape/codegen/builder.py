@@ -511,16 +511,13 @@ class _Builder:
         i = self.arena_index[id(v)]
         info = self.t.of(v)
         dims = [self.src(d) for d in info.dims]
-        acc, strides = E.const(1), []
-        for d in reversed(info.dims):
-            strides.append(self.src(acc))
-            acc = E.mul(acc, d.expr if isinstance(d, SymInt) else E.const(d))
-        strides.reverse()
+        stride_dims = _strides(info.dims, info.layout)
+        strides = [self.src(x) for x in stride_dims]
         a = self.arena_dtypes.index(info.dtype)
         shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
         stride = "(" + ", ".join(strides) + ("," if len(strides) == 1 else "") + ")"
         syms = self.dims_free(info.dims)
-        self.strides[id(v)] = _contiguous(info.dims)
+        self.strides[id(v)] = stride_dims
         return self.add_member(("value", id(v)), syms, f"t_{v.name}",
                                lambda n: [f"{n} = A[{a}].as_strided({shape}, {stride}, off[{i}])"])
 
@@ -635,6 +632,14 @@ def _unpack(outs: list) -> str:
     if len(outs) == 1:
         return outs[0] or "_"
     return ", ".join(o or "_" for o in outs) + ", *_"
+
+
+def _strides(dims, layout: str | None) -> tuple:
+    """Contiguous strides, or channels-last ones (N, C, H, W -> H*W*C, 1, W*C, C)."""
+    if layout == "nhwc" and len(dims) == 4:
+        n, c, h, w = dims
+        return (h * w * c, 1, w * c, c)
+    return _contiguous(dims)
 
 
 def _contiguous(dims) -> tuple:

@@ -195,6 +195,23 @@ def _not(e: Emit) -> list[str] | None:
     return [f"{e.outs[0]} = torch.logical_not({e.ins[0]}{out})"]
 
 
+def _conv(e: Emit) -> list[str] | None:
+    """Conv with explicit symmetric pads: torch's convNd straight, its parameters constants."""
+    a = e.node.attrs
+    x_dims, w_dims = e.in_dims[0], e.in_dims[1]
+    n = len(x_dims) - 2
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") or n not in (1, 2, 3) or len(w_dims) != n + 2:
+        return None
+    pads = [0] * (2 * n) if a.get("auto_pad") == "VALID" else list(a.get("pads") or [0] * (2 * n))
+    if pads[:n] != pads[n:]:
+        return None
+    strides = tuple(a.get("strides") or [1] * n)
+    dilations = tuple(a.get("dilations") or [1] * n)
+    bias = e.ins[2] if len(e.ins) > 2 and e.ins[2] is not None else "None"
+    return [f"{e.outs[0]} = torch.conv{n}d({e.ins[0]}, {e.ins[1]}, {bias}, {strides!r}, {tuple(pads[:n])!r}, "
+            f"{dilations!r}, {a.get('group', 1)})"]
+
+
 def _concat(e: Emit) -> list[str] | None:
     xs = [x for x in e.ins if x is not None]
     dims = [d for d in e.in_dims if d is not None]
@@ -212,7 +229,7 @@ VIEW_EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
 
 EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Add": _int_binary("torch.add"), "Sub": _int_binary("torch.sub"), "Mul": _binary("torch.mul"),
-    "Gather": _gather, "Not": _not, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
+    "Gather": _gather, "Not": _not, "Conv": _conv, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
     "LessOrEqual": _compare("torch.le"), "Greater": _compare("torch.gt"), "GreaterOrEqual": _compare("torch.ge"),
     "Div": _binary("torch.div"), "MatMul": _matmul, "Concat": _concat,
     "Sigmoid": _unary("torch.sigmoid"), "Tanh": _unary("torch.tanh"), "Exp": _unary("torch.exp"),

@@ -170,7 +170,8 @@ def _plan_slots(t: Trace, cls: dict, graph_outputs: set, inplace: bool) -> dict[
             continue
         dims = t.of(out).dims
         axis = node.attrs["axis"] % len(dims)
-        outer_is_one = _all_one(dims[:axis])
+        # a channels-last buffer's channel slots are never contiguous
+        outer_is_one = t.of(out).layout is None and _all_one(dims[:axis])
         for i, v in enumerate(node.inputs):
             if v is None or cls.get(id(v)) != "arena" or id(v) in graph_outputs or id(v) in slots:
                 continue

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from ..ir.copy import copy_graph
+from .channels_last import channels_last
 from .dead_nodes import remove_dead_nodes
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_silu
@@ -42,6 +43,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
     ("remove_dead_nodes", remove_dead_nodes),
+    ("channels_last", channels_last),
 ]
 
 

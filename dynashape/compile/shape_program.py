@@ -54,6 +54,7 @@ class ValueInfo:
     sval: SymValue | None = None
     runtime: bool = False  # dims read runtime symbols: known only once the run got there
     affine: Affine | None = None  # elements as expressions of their indices (masks, positions)
+    layout: str | None = None  # "nhwc": channels-last strides (compile/channels_last.py)
 
     def numel(self):
         n: int | SymInt = 1
@@ -285,7 +286,7 @@ def _trace_node(t: Trace, node: Node) -> NodeInfo:
         runtime = not all(env.hinted(d.expr) for d in s if isinstance(d, SymInt))
         sv = svals[k] if svals is not None and k < len(svals) else None
         t.info[id(v)] = ValueInfo(tuple(s), _dtype(v), host=host, sval=sv, runtime=runtime,
-                                  affine=aff if k == 0 else None)
+                                  affine=aff if k == 0 else None, layout=getattr(v, "layout", None))
     if svals is not None:
         return NodeInfo(node, "sym", host)
     if getattr(node, "shape_of", False):

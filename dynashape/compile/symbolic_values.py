@@ -36,8 +36,13 @@ class SymValue:
 
     @staticmethod
     def of(t: torch.Tensor) -> SymValue | None:
-        if t.dtype not in _INT_DTYPES or t.numel() > MAX_ELEMENTS:
+        if t.numel() > MAX_ELEMENTS:
             return None
+        if t.dtype not in _INT_DTYPES:
+            # a float constant of whole numbers (a Range's 0.0 and 1.0): followed as ints
+            if t.dtype not in (torch.float32, torch.float64) or not bool(torch.isfinite(t).all()) \
+                    or not bool((t == t.round()).all()) or bool((t.abs() > 2 ** 24).any()):
+                return None
         arr = np.empty(tuple(t.shape), dtype=object)
         flat = arr.reshape(-1)
         for i, v in enumerate(t.reshape(-1).tolist()):
@@ -55,7 +60,7 @@ class SymValue:
         return self.a.ndim
 
     def is_floating_point(self) -> bool:
-        return False
+        return self.dtype.is_floating_point
 
     def reshape(self, *shape) -> SymValue:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -93,8 +98,12 @@ def _arr(shape, items) -> np.ndarray:
 
 
 def _obj(a) -> np.ndarray:
-    """An object array (numpy may have made an int or bool array of plain results)."""
-    a = np.asarray(a)
+    """An object array (numpy may have made an int or bool array of plain results, or handed
+    back one element: np.asarray of a SymInt would make it an int64, which pins it)."""
+    if not isinstance(a, np.ndarray):
+        out = np.empty((), dtype=object)
+        out[()] = a
+        return out
     if a.dtype == object:
         return a
     return _arr(a.shape, a.reshape(-1).tolist())
@@ -105,14 +114,19 @@ def _ints(v: SymValue | None) -> list[int] | None:
     return None if v is None else [int(x) for x in v.flat()]
 
 
-def _elementwise(fn: Callable, dtype: torch.dtype | None = None) -> Callable:
-    """``dtype``: the result's (bool for comparisons), else the graph's or the first input's."""
+def _elementwise(fn: Callable, dtype: torch.dtype | None = None, floats: bool = True) -> Callable:
+    """``dtype``: the result's (bool for comparisons), else the graph's or the first input's.
+    ``floats``: the op is exact on whole numbers held as floats (Add, Mul ...; not Div)."""
     def run(node, shapes, vals, out_shapes):
         if any(v is None for v in vals):
+            return None
+        if any(v.dtype.is_floating_point for v in vals) and not floats:
             return None
         arrays = np.broadcast_arrays(*[v.a for v in vals])
         flat = [a.reshape(-1).tolist() for a in arrays]
         res = [fn(*xs) for xs in zip(*flat)] if flat else []
+        if any(isinstance(r, float) and not r.is_integer() for r in res):
+            return None
         shape = arrays[0].shape if arrays else ()
         return [SymValue(_arr(shape, res), dtype or _result_dtype(node, vals))]
     return run
@@ -206,8 +220,12 @@ def _cast(node, shapes, vals, out_shapes):
     if vals[0] is None:
         return None
     to = torch_dtype(node.attrs["to"])
+    if to in (torch.float32, torch.float64) and vals[0].dtype in _INT_DTYPES - {torch.bool}:
+        # an int size as a float (a Range in floats over a grid): the same number, exactly, while
+        # below 2**24; arithmetic on it that is not exact pins the value (a guard)
+        return [SymValue(vals[0].a.copy(), to)]
     if to not in _INT_DTYPES:
-        return None  # sizes as floats: followed at run time, not here
+        return None  # other floats: followed at run time, not here
     fn = (lambda v: v != 0) if to == torch.bool else (lambda v: int(v) if isinstance(v, bool) else v)
     flat = [fn(v) for v in vals[0].flat()]
     return [SymValue(_arr(vals[0].shape, flat), to)]
@@ -296,7 +314,8 @@ EVALUATORS: dict[str, Callable] = {
     "Where": _where, "Expand": _expand, "Tile": _tile, "Range": _range, "ConstantOfShape": _constant_of_shape,
     "Split": _split,
     "Add": _elementwise(operator.add), "Sub": _elementwise(operator.sub), "Mul": _elementwise(operator.mul),
-    "Div": _elementwise(_tdiv), "Mod": _elementwise(operator.mod), "Neg": _elementwise(operator.neg),
+    "Div": _elementwise(_tdiv, floats=False), "Mod": _elementwise(operator.mod, floats=False),
+    "Neg": _elementwise(operator.neg),
     "Abs": _elementwise(abs), "Max": _elementwise(lambda *xs: _fold(_max, xs)),
     "Min": _elementwise(lambda *xs: _fold(_min, xs)),
     "Equal": _elementwise(lambda a, b: bool(a == b), torch.bool),

@@ -60,7 +60,8 @@ def _targets(in_shape, scales, sizes, axes, policy: str, what: str):
             d = in_shape[a]
             # floor(in * scale) with the float32 scale widened to float64, as ONNX's shape inference
             # and reference do (onnxruntime multiplies in float32 and can get one more)
-            out.append((a, int(math.floor(d * s)) if isinstance(d, int) else None, float(s)))
+            # (math.floor, not int(math.floor(...)): a symbolic dim stays symbolic)
+            out.append((a, math.floor(d * s) if isinstance(d, int) else None, float(s)))
         return out
     if any(s < 0 for s in sizes):
         raise ShapeError(f"{what}: negative sizes {sizes}")
@@ -236,10 +237,42 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
+def _nearest_upsample(x, targets, *, ctm, nearest_mode):
+    """Nearest upsampling of the trailing (spatial) axes by powers of two (an FPN's x2), when the
+    spec's source index of every output position is ``k // factor``: torch's own nearest
+    interpolation computes exactly that (the scale 1 / 2^n is exact in floats), in one kernel that
+    keeps a channels-last tensor channels-last. Anything else: None (the general tables serve)."""
+    if x.dim() < 3 or x.dim() > 5 or x.numel() == 0 or not x.dtype.is_floating_point:
+        return None
+    spatial = set(range(2, x.dim()))
+    resized = {a for a, size, _ in targets if size != x.shape[a]}
+    if not resized or not resized <= spatial:
+        return None
+    sizes = list(x.shape[2:])
+    for a, size, scale in targets:
+        in_len = x.shape[a]
+        if size == in_len:
+            continue
+        f = size // in_len if in_len else 0
+        if f < 2 or f * in_len != size or f & (f - 1):
+            return None
+        idx, _, _, _ = _device_table(in_len, size, scale, torch.device("cpu"), torch.float32, mode="nearest",
+                                     ctm=ctm, nearest_mode=nearest_mode, cubic_a=-0.75, exclude_outside=0,
+                                     antialias=0, roi=None)
+        if not torch.equal(idx[:, 0], torch.arange(size) // f):
+            return None
+        sizes[a - 2] = size
+    return torch.nn.functional.interpolate(x, size=tuple(sizes), mode="nearest")
+
+
 def _resample(x, targets, *, mode, ctm, nearest_mode="round_prefer_floor", cubic_a=-0.75, exclude_outside=0,
               antialias=0, extrapolation_value=0.0, roi=None):
     if mode not in ("nearest", "linear", "cubic"):
         raise ShapeError(f"Resize: unknown mode {mode!r}")
+    if mode == "nearest" and ctm != "tf_crop_and_resize":
+        fast = _nearest_upsample(x, targets, ctm=ctm, nearest_mode=nearest_mode)
+        if fast is not None:
+            return fast
     orig = x.dtype
     if mode != "nearest" or ctm == "tf_crop_and_resize":
         if orig == torch.bool:

@@ -216,10 +216,13 @@ class SymInt(int):
     def _arith(self, o, fn, flt, swap: bool = False):
         oe = _other(o)
         if oe is None:
-            if isinstance(o, float):  # float arithmetic pins the value
+            if isinstance(o, float) and o.is_integer():  # 2.0 is exact: the same as 2 (a Cast to float)
+                oe = E.const(int(o))
+            elif isinstance(o, float):  # other float arithmetic pins the value
                 a = float(self)
                 return flt(o, a) if swap else flt(a, o)
-            return NotImplemented
+            else:
+                return NotImplemented
         a, b = (oe, self.expr) if swap else (self.expr, oe)
         return self.env.wrap(fn(a, b))
 
@@ -238,11 +241,19 @@ class SymInt(int):
     def __mul__(self, o):
         if isinstance(o, (list, tuple, str)):
             return NotImplemented
+        if isinstance(o, float):
+            scaled = _by_dyadic(self, o)
+            if scaled is not None:
+                return scaled
         return self._arith(o, E.mul, lambda a, b: a * b)
 
     def __rmul__(self, o):
         if isinstance(o, (list, tuple, str)):
             return o * int(self)  # repeating a sequence pins the count
+        if isinstance(o, float):
+            scaled = _by_dyadic(self, o)
+            if scaled is not None:
+                return scaled
         return self._arith(o, E.mul, lambda a, b: a * b, True)
 
     def _div_ranges(self):
@@ -265,12 +276,16 @@ class SymInt(int):
 
     def __truediv__(self, o):
         oe = _other(o)
+        if oe is None and isinstance(o, float) and o.is_integer() and o:
+            oe = E.const(int(o))
         if oe is None:
             return float(self) / o if isinstance(o, float) else NotImplemented
         return SymFrac(self.expr, oe, self.env)
 
     def __rtruediv__(self, o):
         oe = _other(o)
+        if oe is None and isinstance(o, float) and o.is_integer():
+            oe = E.const(int(o))
         if oe is None:
             return o / float(self) if isinstance(o, float) else NotImplemented
         return SymFrac(oe, self.expr, self.env)
@@ -371,6 +386,20 @@ class SymInt(int):
 
     def __invert__(self):
         return ~int(self)
+
+
+def _by_dyadic(d: SymInt, f: float):
+    """``d * f`` for a float with a short binary fraction (2.0, 0.5, 1.5: Resize scales): an
+    exact SymInt for a whole number, else a fraction whose floor and ceil stay symbolic. Such a
+    product is exact in float64 too, so the result is the one plain floats give; other floats pin."""
+    if f != f or f in (float("inf"), float("-inf")):
+        return None
+    p, q = f.as_integer_ratio()
+    if q == 1:
+        return d * p
+    if q > (1 << 16):
+        return None
+    return SymFrac(E.mul(d.expr, p), E.const(q), d.env)
 
 
 _FLOAT_CMP = {
