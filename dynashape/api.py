@@ -19,7 +19,7 @@ from .ir.dtypes import to_numpy
 from .memory import Engine, host_malloc
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import CompiledModel, CompiledRunner
-from .runtime.feeds import InputSpec, prepare_feeds
+from .runtime.feeds import FeedChecker, InputSpec
 from .runtime.memory_setup import MemoryConfig
 from .runtime.network import Network
 from .runtime.staging import InputStager
@@ -127,6 +127,7 @@ class InferenceSession:
         self.program: Program = compile_graph(parse_model(proto, parse), fusion=fusion)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
+        self._check_feeds = FeedChecker(self._specs, self.device)
         self._inputs = [_node_arg(v) for v in g.inputs]
         self._outputs = [_node_arg(v) for v in g.outputs]
         self._default: InferRequest | None = None
@@ -224,7 +225,7 @@ class InferRequest:
         return self.network.run(tensors, hand_out=hand_out)
 
     def run(self, output_names, feeds) -> list:
-        tensors, numpy_mode = prepare_feeds(feeds, self.session._specs, self.session.device)
+        tensors, numpy_mode = self.session._check_feeds(feeds)
         idx = self._select(output_names)
         if self.session.precision is not None:
             with self.session.precision:

@@ -407,8 +407,14 @@ class _Builder:
         concat = node.op_type == "Concat" and node.domain in ("", "ai.onnx") and not ni.host
         if fed and concat:  # producers wrote into their slots: copy the rest
             self.inplace_inputs += len(fed)
-            lines = [f"{self._slot_view(node, i)}.copy_({ins[i]})" for i, x in enumerate(node.inputs)
-                     if x is not None and i not in fed]
+            syms = self.dims_free(self.t.of(node.outputs[0]).dims)
+            lines = []
+            for i, x in enumerate(node.inputs):
+                if x is None or i in fed:
+                    continue
+                view = self._slot_view(node, i)  # made with the group, not per call
+                slot = self.add_member(("slot", id(node), i), syms, f"{x.name}_slot", lambda n, v=view: [f"{n} = {v}"])
+                lines.append(f"{slot}.copy_({ins[i]})")
             self._body(lines + self._count_copied(node, fed), node)
             return
         kname = self.kernel(node, ni.host)

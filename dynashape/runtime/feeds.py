@@ -30,11 +30,46 @@ class InputSpec:
         return InputSpec(v.name, v.elem_type, v.shape, v.kind, dims)
 
 
-def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device) -> tuple[dict, bool]:
+class FeedChecker:
+    """prepare_feeds for one model, with what does not change between calls worked out once."""
+
+    def __init__(self, specs: list[InputSpec], device: torch.device) -> None:
+        self.specs, self.device = specs, device
+        self.by_name = {s.name: s for s in specs}
+        # a feed that is a tensor of this dtype needs no element-type lookup
+        self.dtypes = {s.name: _torch_dtype(s.elem_type) for s in specs}
+
+    def __call__(self, feeds) -> tuple[dict, bool]:
+        if not isinstance(feeds, dict) or len(feeds) != len(self.specs):
+            return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+        out: dict = {}
+        symbols: dict[str, tuple[str, int, int]] = {}
+        by_name, dtypes, device = self.by_name, self.dtypes, self.device
+        for name, x in feeds.items():
+            s = by_name.get(name)
+            # the common case: a tensor of the right dtype where the session runs; else the full path
+            if s is None or type(x) is not torch.Tensor or x.dtype != dtypes[name] or s.kind != "tensor" \
+                    or x.device != device:
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+            _check_shape(s, x.shape, symbols)
+            out[name] = x
+        return out, False
+
+
+def _torch_dtype(elem_type: int):
+    from ..ir.dtypes import torch_dtype
+    try:
+        return torch_dtype(elem_type)
+    except KeyError:
+        return None
+
+
+def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
+                  by_name: dict | None = None) -> tuple[dict, bool]:
     """Validate feeds against the declared inputs; returns (tensors by name, numpy_mode)."""
     if not isinstance(feeds, Mapping):
         raise InputTypeError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
-    by_name = {s.name: s for s in specs}
+    by_name = by_name or {s.name: s for s in specs}
     for name in feeds:
         if name not in by_name:
             raise UnknownInputError(name, list(by_name))

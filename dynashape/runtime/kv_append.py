@@ -55,13 +55,24 @@ class KVAppend:
         past = xs[0]
         a = self.axis if self.axis >= 0 else self.axis + past.dim()
         pending, self.pending = self.pending, None
-        if pending is not None and len(xs) == 2:
-            # the common case: the producer of the new part wrote into the slot prepare() gave
-            storage, offset, stride, shape = pending
+        if len(xs) == 2:  # the common case: past and this step's part
             new = xs[1]
+            if pending is not None:  # its producer wrote into the slot prepare() gave, or not
+                storage, offset, stride, shape = pending
+            else:
+                n = past.shape[a]
+                total = n + new.shape[a]
+                storage = self._fast(past, total)
+                if storage is None:
+                    grown = list(past.shape)
+                    grown[a] = total
+                    storage = self._storage(past, a, grown)
+                stride = storage.stride()
+                offset = storage.storage_offset() + n * stride[a]
+                shape = past.shape[:a] + (total,) + past.shape[a + 1:]
             total = shape[a]
-            if new.storage_offset() != offset or new.stride() != stride or \
-                    new.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr():
+            if new.numel() and (new.storage_offset() != offset or new.stride() != stride or
+                                new.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr()):
                 storage.as_strided(new.shape, stride, offset).copy_(new)
                 self.stats["concat_bytes_copied"] += new.numel() * new.element_size()
         else:
@@ -69,9 +80,9 @@ class KVAppend:
             total = sum(x.shape[a] for x in xs)
             storage = self._fast(past, total) if pending is None else pending[0]
             if storage is None:
-                shape = list(past.shape)
-                shape[a] = total
-                storage = self._storage(past, a, shape)
+                grown = list(past.shape)
+                grown[a] = total
+                storage = self._storage(past, a, grown)
             offset = past.shape[a]
             for x in xs[1:]:
                 n = x.shape[a]
