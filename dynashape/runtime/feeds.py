@@ -40,7 +40,7 @@ class FeedChecker:
         self.dtypes = {s.name: _torch_dtype(s.elem_type) for s in specs}
 
     def __call__(self, feeds) -> tuple[dict, bool]:
-        if not isinstance(feeds, dict) or len(feeds) != len(self.specs):
+        if not isinstance(feeds, dict) or not feeds or len(feeds) != len(self.specs):
             return prepare_feeds(feeds, self.specs, self.device, self.by_name)
         out: dict = {}
         symbols: dict[str, tuple[str, int, int]] = {}
