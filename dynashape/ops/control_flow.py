@@ -35,6 +35,47 @@ def _stack(items: list, axis: int = 0, reverse: bool = False) -> torch.Tensor:
     return torch.stack(items, norm_axis(axis, items[0].dim() + 1))
 
 
+_PREALLOCATE = 1 << 16  # iterations up to which a scan output's stack is made up front
+
+
+class _Scans:
+    """The scan outputs of a Loop or Scan, iteration by iteration. A body that reuses its output
+    buffers (the compiled runtime's) hands back the same memory every other iteration: each
+    output is copied into a stack made at the first iteration when the count is known, else
+    cloned; otherwise the body's fresh tensors are kept as they are."""
+
+    def __init__(self, n: int, copy: bool, count: int | None) -> None:
+        self.copy, self.count = copy, count if count is not None and count <= _PREALLOCATE else None
+        self.items: list[list] = [[] for _ in range(n)]
+        self.bufs: list = [None] * n
+        self.done = 0
+
+    def add(self, outs) -> None:
+        for k, s in enumerate(outs):
+            if not self.copy:
+                self.items[k].append(s)
+            elif self.count is not None:
+                if self.bufs[k] is None:
+                    self.bufs[k] = s.new_empty((self.count, *s.shape))
+                self.bufs[k][self.done].copy_(s)
+            else:
+                self.items[k].append(s.clone())
+        self.done += 1
+
+    def stacked(self, k: int, axis: int = 0, reverse: bool = False, device=None) -> torch.Tensor:
+        if self.bufs[k] is None:
+            items = self.items[k]
+            return _stack(items, axis, reverse) if items else torch.empty((0,), device=device)
+        r = self.bufs[k][:self.done]
+        if reverse:
+            r = r.flip(0)
+        return r.movedim(0, norm_axis(axis, r.dim()))
+
+
+def _owned(t):
+    return t.clone() if isinstance(t, torch.Tensor) else t
+
+
 def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=None):
     """for (i = 0; i < M && keep_going; ++i): the body's condition output counts only when the
     loop has a condition input; without one it is ignored (the spec's 'for loop' forms)."""
@@ -42,7 +83,8 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
     keep = True if cond is None else bool(cond.reshape(-1)[0])
     carried = list(v_initial)
     n_scan = _n_outputs - len(carried)
-    scans: list[list] = [[] for _ in range(n_scan)]
+    reuses = getattr(body, "reuses_outputs", False)
+    scans = _Scans(n_scan, reuses, trips)
     i = 0
     while keep and (trips is None or i < trips):
         it = torch.tensor(i, dtype=torch.int64, device=_device)
@@ -51,12 +93,11 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
         if cond is not None:
             keep = bool(outs[0].reshape(-1)[0])
         carried = list(outs[1:1 + len(carried)])
-        for k, s in enumerate(outs[1 + len(carried):]):
-            scans[k].append(s)
+        scans.add(outs[1 + len(carried):])
         i += 1
-    if i == 0:  # the initial values pass through: the caller must not get aliases of them
-        carried = [c.clone() if isinstance(c, torch.Tensor) else c for c in carried]
-    stacked = [_stack(s) if s else torch.empty((0,), device=_device) for s in scans]
+    if i == 0 or reuses:  # the initial values, or the body's buffers: the caller gets its own copy
+        carried = [_owned(c) for c in carried]
+    stacked = [scans.stacked(k, device=_device) for k in range(n_scan)]
     return _result(carried + stacked)
 
 
@@ -69,16 +110,18 @@ def _scan_run(body, states: list, xs: list, in_axes, in_dirs, out_axes, out_dirs
     for x, a in zip(xs, in_axes):
         if x.shape[a] != length:
             raise ShapeError(f"scan inputs disagree on the scan length: {x.shape[a]} vs {length}")
-    scans: list[list] = [[] for _ in range(n_out - len(states))]
+    reuses = getattr(body, "reuses_outputs", False)
+    scans = _Scans(n_out - len(states), reuses, length)
     for t in range(length):
         sl = [x.select(a, length - 1 - t if d else t) for x, a, d in zip(xs, in_axes, in_dirs)]
         outs = body(*states, *sl)
         states = list(outs[:len(states)])
-        for k, s in enumerate(outs[len(states):]):
-            scans[k].append(s)
+        scans.add(outs[len(states):])
     if length == 0:
         raise ShapeError("Scan over a length-0 axis: the scan outputs' shapes are not defined")
-    stacked = [_stack(s, out_axes[k], bool(out_dirs[k])) for k, s in enumerate(scans)]
+    if reuses:
+        states = [_owned(s) for s in states]
+    stacked = [scans.stacked(k, out_axes[k], bool(out_dirs[k])) for k in range(n_out - len(states))]
     return states, stacked
 
 

@@ -14,19 +14,32 @@ from ..ir import Graph, Node
 
 
 class BodyRunner:
-    """Runs one body: ``runner(*inputs)`` -> list of outputs (fresh tensors the op may keep)."""
+    """Runs one body: ``runner(*inputs)`` -> list of outputs.
 
-    def __init__(self, graph: Graph, make_runner, make_network) -> None:
+    A Loop or Scan body runs once per iteration: its outputs are not handed out each time (no
+    allocation per iteration) but written into two sets of buffers the body keeps, used in turn,
+    so that the values an iteration reads (the last one's carried outputs) are never the buffers
+    it writes. ``reuses_outputs`` tells the op so: what it keeps past the next iteration (scan
+    outputs, the final carried values) it copies. An If branch runs once per call: fresh outputs.
+    """
+
+    def __init__(self, graph: Graph, make_runner, make_network, keep_outputs: bool = False) -> None:
         self.graph = graph
         self.outer: dict = {}
         self._runner = make_runner(graph)
         self._make_network = make_network
         self._net = None
         self.names = [v.name for v in graph.inputs]
+        self.reuses_outputs = keep_outputs
+        self._turn = 0
 
     def __call__(self, *inputs) -> list:
         vals = list(inputs) + [self.outer[v.name] for v in self.graph.outer]
-        outs = self._runner.run(vals, hand_out=True)
+        if self.reuses_outputs:
+            self._turn ^= 1
+            outs = self._runner.run(vals, hand_out=False, buffer_set=self._turn)
+        else:
+            outs = self._runner.run(vals, hand_out=True)
         if outs is not None:
             return outs
         return self._interpret(inputs)
@@ -43,6 +56,9 @@ class BodyRunner:
         return net.run(dict(zip(self.names, inputs)))
 
 
+_ITERATING = frozenset({"Loop", "Scan"})  # ops whose body runs once per iteration
+
+
 class BodyKernel:
     """A control-flow node's kernel for one request; ``_outer`` carries this run's outer values."""
 
@@ -52,8 +68,9 @@ class BodyKernel:
         if "_device" in od.attrs:
             attrs["_device"] = device
         runners: dict[str, list[BodyRunner]] = {}
+        loops = node.op_type in _ITERATING and node.domain in ("", "ai.onnx")
         for key, sub in node.subgraphs.items():
-            runners.setdefault(key.split(".")[0], []).append(BodyRunner(sub, make_runner, make_network))
+            runners.setdefault(key.split(".")[0], []).append(BodyRunner(sub, make_runner, make_network, loops))
         self.runners = [r for rs in runners.values() for r in rs]
         self.fn = partial(od.fn, **attrs, **{k: r if len(r) > 1 else r[0] for k, r in runners.items()})
 

@@ -184,8 +184,9 @@ class CompiledRunner:
         self.arena: torch.Tensor | None = None
         self.epoch = 0
         self.hand_out = True
+        self.buffer_set = 0
         self.owned: list[torch.Tensor] = []  # this run's output buffers (torch mode: the caller's)
-        self.kept: dict[str, tuple[torch.Tensor, int]] = {}  # numpy mode: output buffers kept
+        self.kept: dict[tuple, tuple[torch.Tensor, int]] = {}  # (output, buffer set) -> buffer kept
         self._kv: dict[str, KVAppend] = {}
         self._subs: dict[str, object] = {}
         self._caps: dict[str, int] = {}
@@ -240,7 +241,8 @@ class CompiledRunner:
             buf = self.engine.allocate_output(shape, dtype)
             self.owned.append(buf)
             return buf
-        kept = self.kept.get(name)
+        key = (name, self.buffer_set)
+        kept = self.kept.get(key)
         if kept is not None and n <= kept[1] and n * 10 >= kept[1] and kept[0].dtype == dtype:
             self.stats["buffer_reuses"] += 1
             return kept[0][:n].view(shape)
@@ -257,7 +259,7 @@ class CompiledRunner:
                     want = p
                     self.stats["predictions_used"] += 1
         buf = self.engine.allocate(want, dtype)
-        self.kept[name] = (buf, want)
+        self.kept[key] = (buf, want)
         return buf[:n].view(shape)
 
     # ---- running -------------------------------------------------------------------------------
@@ -273,14 +275,16 @@ class CompiledRunner:
         self.last_shapes, self.last_state = shapes, st
         return st
 
-    def run(self, inputs: list, hand_out: bool) -> list | None:
+    def run(self, inputs: list, hand_out: bool, buffer_set: int = 0) -> list | None:
         """Outputs for ``inputs`` (in the model's input order), or None when no specialization
-        serves these shapes (the caller runs the interpreter)."""
+        serves these shapes (the caller runs the interpreter). ``buffer_set``: which of the kept
+        output buffers (numpy mode, loop bodies) this run writes."""
         shapes = tuple(x.shape if isinstance(x, torch.Tensor) else None for x in inputs)
         st = self.state(shapes)
         if st is None:
             return None
         self.hand_out = hand_out
+        self.buffer_set = buffer_set
         self.owned = []
         try:
             outs = st.spec.run(st, *inputs)
