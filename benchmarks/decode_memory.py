@@ -97,6 +97,54 @@ def live_set_bytes(net) -> int:
     return best + inputs
 
 
+def live_set_bytes_compiled(req, feeds: dict, outs: list) -> int:
+    """The same measure for the generated code, from its memory plan: every value a kernel
+    produced (not views, not shape values) from its producer to its last reader, plus the inputs;
+    a KV cache's present counts what it adds to the past; the maximum over the steps."""
+    from dynashape.shape import expr as E
+    st = req.runner.last_state
+    spec = st.spec
+    env = dict(zip(spec.sig_symbols, st.sig))
+    plan, t = spec.plan, spec.trace
+    inputs = sum(x.numel() * x.element_size() for x in feeds.values() if isinstance(x, torch.Tensor))
+    inputs += sum(x.nbytes for x in feeds.values() if isinstance(x, np.ndarray))
+    values = {id(v): v for ni in t.nodes for v in ni.node.outputs if v is not None}
+    n = len(t.nodes)
+    delta = [0] * (n + 2)
+    for vid, (first, last) in plan.lifetimes.items():
+        c = plan.cls.get(vid)
+        if c not in ("arena", "output", "kv", "adopt"):
+            continue
+        info = t.info.get(vid)
+        if info is None or info.dims is None or info.dtype is None:
+            continue
+        size = info.dtype.itemsize
+        for d in info.dims:
+            size *= E.evaluate(d.expr if hasattr(d, "expr") else d, env)
+        v = values[vid]
+        past = v.producer.inputs[0] if c == "kv" else None
+        if past is not None and _shares(outs, v, feeds, past, t):  # present extends past in place: what it adds
+            pinfo = t.info[id(past)]
+            psize = pinfo.dtype.itemsize
+            for d in pinfo.dims:
+                psize *= E.evaluate(d.expr if hasattr(d, "expr") else d, env)
+            size -= psize
+        delta[first] += size
+        delta[min(last, n) + 1] -= size
+    best = acc = 0
+    for d in delta:
+        acc += d
+        best = max(best, acc)
+    return best + inputs
+
+
+def _shares(outs: list, v, feeds: dict, past, t) -> bool:
+    """Whether output ``v`` (a present) starts where the fed ``past`` does (extended in place)."""
+    names = [o.name for o in t.graph.outputs]
+    got, fed = outs[names.index(v.name)], feeds.get(past.name)
+    return isinstance(got, torch.Tensor) and isinstance(fed, torch.Tensor) and got.data_ptr() == fed.data_ptr()
+
+
 def external_feed_bytes(feeds: dict, engine) -> int:
     """Bytes of the feeds that are not the engine's memory (numpy arrays on CPU): they exist
     during the run too, so the peak counts them beside the engine's and the caller's."""
@@ -132,7 +180,8 @@ def run_setting(path: str, device: str, batch: int, steps: int, setting: dict, i
         logits, past = outs[0], outs[1:]
         external = max(external, external_feed_bytes(feeds, req.engine))
         logits_all.append(logits.cpu().numpy() if torch_mode else logits)
-        live = max(live, live_set_bytes(req.network))
+        live = max(live, live_set_bytes_compiled(req, feeds, outs) if req.runner is not None and req.runner.last_state
+                   and not req._stats.get("interpreter_runs") else live_set_bytes(req.network))
         if trace:
             st = req.engine.stats()
             memory_trace.append(st["current_bytes"] + st["caller_held_bytes"])

@@ -51,6 +51,7 @@ class MemoryPlan:
     # in-place concat: id(value) -> (the Concat it is written into, its input index). Class
     # "slot": a view of the Concat's arena buffer; class "kvslot": of a KV cache's storage
     slots: dict[int, tuple[Node, int]] = field(default_factory=dict)
+    lifetimes: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(root) -> (first, last) step
 
     def of(self, v: Value) -> str:
         return self.cls[id(v)]
@@ -134,6 +135,7 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
         for r in roots.get(id(v), ()):
             last[r] = n
     plan = MemoryPlan(cls, roots, slots=slots)
+    plan.lifetimes = {vid: (step, max(last.get(vid, step), step)) for vid, step in producer_step.items()}
     values = {id(v): v for ni in t.nodes for v in ni.node.outputs if v is not None}
     written_from: dict[int, int] = {}  # a Concat's buffer is written from its first slot's producer on
     for vid, (concat, _) in slots.items():

@@ -196,7 +196,7 @@ class CompiledRunner:
         kv = self._kv.get(node.name)
         if kv is None:
             kv = self._kv[node.name] = KVAppend(node.attrs.get("axis", 0), len(self._kv), self.kv_growth,
-                                                self.engine, self.stats)
+                                                self.engine, self.stats, self.predictor, node.name)
         return kv
 
     def sub_for(self, node):

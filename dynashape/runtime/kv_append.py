@@ -25,10 +25,15 @@ from .inplace_concat import GROWTH
 
 
 class KVAppend:
-    def __init__(self, axis: int, index: int, growth: str | None, engine, stats: Counter) -> None:
+    def __init__(self, axis: int, index: int, growth: str | None, engine, stats: Counter, predictor=None,
+                 key: str = "") -> None:
+        """``growth``: a rule of GROWTH for spare room (in-place concat on), or None: then the
+        ShapePredictor sizes a new storage, as it sizes any buffer that must grow (a numpy-mode
+        caller's present, copied out, leaves the storage here for the next step)."""
         self.axis, self.index = axis, index
         self.growth = GROWTH[growth] if growth is not None else None
         self.engine, self.stats = engine, stats
+        self.predictor, self.key = predictor, key
         self.owned: torch.Tensor | None = None  # our storage, when the caller does not hold it
         self.known: list[tuple[weakref.ref, tuple, int]] = []  # (root, capacity shape, watermark)
         # the storage of the last call, checked first: a decode loop feeds it back every step
@@ -97,9 +102,10 @@ class KVAppend:
 
     def _fast(self, past: torch.Tensor, total: int) -> torch.Tensor | None:
         """The last storage, when ``past`` is exactly what the last call returned (a decode loop
-        feeding its present back): checked without looking anything up."""
+        feeding its present back): checked without looking anything up. In-place concat off
+        (no growth rule): never; the past is copied, as asked."""
         last = self.last
-        if last is None or past._base is not last[0]() or past.data_ptr() != last[3] \
+        if last is None or self.growth is None or past._base is not last[0]() or past.data_ptr() != last[3] \
                 or past.shape != last[5] or past.stride() != last[4] or total > last[6]:
             return None
         self.stats["concat_past_in_place"] += 1
@@ -123,7 +129,7 @@ class KVAppend:
         """A storage we wrote whose start is ``first``, with room for ``shape[a]`` along the axis
         and nothing written past ``first``'s end since."""
         root = first._base
-        if root is None:
+        if root is None or self.growth is None:
             return None
         last = self.last
         if last is not None and last[0]() is root:
@@ -150,6 +156,12 @@ class KVAppend:
         cap = list(shape)
         if self.growth is not None:
             cap[a] = shape[a] + self.growth(shape[a], self.index)
+        elif self.predictor is not None:
+            ok, pred = self.predictor.predict(self.key, tuple(shape), dtype.itemsize * 8, False)
+            other = math.prod(d for i, d in enumerate(shape) if i != a) or 1
+            if ok and math.prod(pred) > math.prod(shape):  # as many positions along the axis as it holds
+                cap[a] = max(shape[a], math.prod(pred) // other)
+                self.stats["predictions_used"] += 1
         n = math.prod(cap)
         if n > math.prod(shape) and not self.engine.can_preallocate(n * dtype.itemsize):
             cap[a], n = shape[a], math.prod(shape)  # no room for spare capacity: exact
