@@ -14,15 +14,15 @@ from .compile import Program, compile_graph
 from .errors import OptionsError, UnknownOutputError
 from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
+from .interpreter.network import Network
 from .ir import elem_type_name
 from .ir.dtypes import to_numpy
 from .memory import Engine, host_malloc
+from .memory.config import MemoryConfig
+from .memory.staging import InputStager
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import CompiledModel, CompiledRunner
 from .runtime.feeds import FeedChecker, InputSpec
-from .runtime.memory_setup import MemoryConfig
-from .runtime.network import Network
-from .runtime.staging import InputStager
 from .shape import PartialShape
 
 _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",

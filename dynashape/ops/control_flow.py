@@ -1,6 +1,6 @@
 """Control flow: If, Loop, Scan, SequenceMap.
 
-A body runs as a nested Network (runtime/subgraph.py) that reads outer-scope values from the
+A body runs as a nested Network (interpreter/subgraph.py) or compiled code (runtime/bodies.py) that reads outer-scope values from the
 parent's slots at call time and hands its outputs over (fresh tensors each call), so a value
 carried from one iteration to the next is never overwritten by the iteration that reads it.
 All four are data-dependent: how often a body runs, and so the output shapes, is known only

@@ -69,8 +69,8 @@ def op(op_type: str, since: int | tuple[int, ...] = 1, domain: str = "", *, infe
 
 
 def lookup(op_type: str, domain: str, opset: int, node_name: str = "") -> OpDef:
-    """The newest registration at or below ``opset``, or a load-time UnsupportedOpError."""
-    _load_all()
+    """The newest registration at or below ``opset``, or a load-time UnsupportedOpError.
+    (Every op module is imported with the package, in ``ops/__init__.py``.)"""
     dom = "" if domain == "ai.onnx" else domain
     versions = _REGISTRY.get((dom, op_type))
     if not versions:
@@ -86,15 +86,4 @@ def lookup(op_type: str, domain: str, opset: int, node_name: str = "") -> OpDef:
 
 
 def registered() -> dict[tuple[str, str], list[OpDef]]:
-    _load_all()
     return dict(_REGISTRY)
-
-
-_loaded = False
-
-
-def _load_all() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from . import _all  # noqa: F401  (imports every op module, which registers its ops)

@@ -2,7 +2,7 @@
 
 ``present = Concat(past, new)`` copies the whole past on every decode step unless the past
 already sits at the start of a storage with room behind it. This class gives every new storage
-spare room along the axis (the growth rules of ``inplace_concat.GROWTH``) and remembers the
+spare room along the axis (the growth rules of ``memory/growth.py``) and remembers the
 storages it wrote (weakly, with a watermark: how far along the axis it has written), so that a
 ``past`` that is a view of one of them is extended in place: only ``new`` is written, by its
 producer straight into its slot (``prepare``) or copied. Feeding the same past twice (beam
@@ -21,7 +21,7 @@ from collections import Counter
 
 import torch
 
-from .inplace_concat import GROWTH
+from ..memory.growth import GROWTH
 
 
 class KVAppend:

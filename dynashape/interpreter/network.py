@@ -11,9 +11,11 @@ from ..compile.program import Program
 from ..ir import Graph, Value
 from ..ir.dtypes import torch_dtype
 from ..memory import Engine
-from .memory_setup import MemoryConfig, setup_memory
+from ..memory.config import MemoryConfig
+from ..memory.staging import InputStager
+from .memory_setup import setup_memory
 from .primitive_inst import PrimitiveInst, shape_key
-from .staging import InputStager
+from .subgraph import SubgraphRunner
 
 
 class Network:
@@ -118,10 +120,9 @@ class Network:
             attrs["_device"] = torch.device("cpu") if host else self.device
         kernel = partial(od.fn, **attrs) if attrs else od.fn
         if node.subgraphs:
-            from .subgraph import SubgraphRunner
             runners = {}
             for key, sub in node.subgraphs.items():
-                runners.setdefault(key.split(".")[0], []).append(SubgraphRunner(sub, self))
+                runners.setdefault(key.split(".")[0], []).append(SubgraphRunner(sub, self, self._child))
             kernel = partial(od.fn, **attrs, **{k: r if len(r) > 1 else r[0] for k, r in runners.items()})
         inst = PrimitiveInst(node, self, in_slots, out_slots, kernel, tuple(xfer))
         inst.volatile_deps = any(
@@ -129,6 +130,10 @@ class Network:
                 v.producer is None or not getattr(v.producer, "shape_of", False))
             for i in inst.shape_deps)
         return inst
+
+    def _child(self, graph: Graph) -> Network:
+        """A control-flow body's network: same device, engine and memory options."""
+        return Network(graph, self.device, self.engine, memory=self.memory)
 
     def predict(self, key: str, shape: tuple, dtype: torch.dtype, can_reuse: bool) -> tuple[bool, tuple]:
         """The ShapePredictor's advice for a buffer about to be (re)allocated."""

@@ -8,51 +8,32 @@ shapes are static in descending size order (the order that lets the pool reuse t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
 from ..compile.memory_deps import basic_memory_dependencies, out_of_order_memory_dependencies
-from ..errors import OptionsError
+from ..memory.config import MEMORY_DEPS, MemoryConfig
 from ..memory.pool import MemoryPool
-from ..memory.predictor import PredictorOptions, ShapePredictor
 from ..ops.shapes import prod
-from .inplace_concat import GROWTH, InplaceConcat
+from .inplace_concat import InplaceConcat
 
-if TYPE_CHECKING:
-    from .network import Network
+
+class MemoryNet(Protocol):
+    """What the wiring reads and sets on the Network it sets up (the Network imports this module)."""
+
+    graph: object
+    insts: list
+    memory: MemoryConfig
+    engine: object
+    stats: Counter
+    pool: MemoryPool | None
+    inplace_outputs: list
 
 DEPS = {"in_order": basic_memory_dependencies, "out_of_order": out_of_order_memory_dependencies}
+assert set(DEPS) == set(MEMORY_DEPS)
 
 
-@dataclass(frozen=True)
-class MemoryConfig:
-    """Session options of the memory issue (all have defaults)."""
-
-    pool: bool = True
-    memory_deps: str = "in_order"
-    predictor: PredictorOptions = field(default_factory=PredictorOptions.from_env_or)
-    inplace_concat: bool = True
-    kv_growth: str = "geometric"
-
-    @staticmethod
-    def make(options: dict) -> MemoryConfig:
-        deps = options.get("memory_deps", "in_order")
-        if deps not in DEPS:
-            raise OptionsError(f"memory_deps={deps!r}: expected one of {sorted(DEPS)}")
-        growth = options.get("kv_growth", "geometric")
-        if growth not in GROWTH:
-            raise OptionsError(f"kv_growth={growth!r}: expected one of {sorted(GROWTH)}")
-        return MemoryConfig(pool=bool(options.get("memory_pool", True)), memory_deps=deps,
-                            predictor=PredictorOptions.from_env_or(options.get("preallocation")),
-                            inplace_concat=bool(options.get("inplace_concat", True)), kv_growth=growth)
-
-    def make_predictor(self, engine) -> ShapePredictor | None:
-        if not self.predictor.enabled:
-            return None
-        return ShapePredictor(self.predictor, engine.can_preallocate)
-
-
-def setup_memory(net: Network) -> MemoryPool | None:
+def setup_memory(net: MemoryNet) -> MemoryPool | None:
     cfg = net.memory
     net.inplace_outputs = []
     if cfg.inplace_concat:
@@ -83,7 +64,7 @@ def setup_memory(net: Network) -> MemoryPool | None:
     return pool
 
 
-def _deps(net: Network):
+def _deps(net: MemoryNet):
     if net.memory.memory_deps != "in_order":
         return DEPS[net.memory.memory_deps](net.graph)
     written_into = {inst.node.outputs[0].name: inst.feeds.inst.node.outputs[0].name
@@ -96,7 +77,7 @@ def _rebind(owner: tuple, record) -> None:
     inst.rebind(k, record)
 
 
-def _setup_inplace_concats(net: Network) -> None:
+def _setup_inplace_concats(net: MemoryNet) -> None:
     """A Concat of device tensors works in place; each input's producer that writes into a given
     ``out`` and whose result only this Concat reads writes into the Concat's storage."""
     producer = {id(v): inst for inst in net.insts for v in inst.node.outputs if v is not None}
@@ -134,7 +115,7 @@ def _setup_inplace_concats(net: Network) -> None:
                 plan.first_feeder = feeder
 
 
-def _count_concat_copies(net: Network) -> None:
+def _count_concat_copies(net: MemoryNet) -> None:
     """A plain Concat copies every input: counted like the in-place one's copies, so that the
     bytes moved per step compare (a KV cache without in-place concat copies the whole past)."""
     for inst in net.insts:
@@ -146,7 +127,7 @@ def _count_concat_copies(net: Network) -> None:
         inst.kernel = counted
 
 
-def _preallocate_static(net: Network) -> None:
+def _preallocate_static(net: MemoryNet) -> None:
     """Outputs whose shapes are static at compile time get their buffers now, largest first (in
     place Concats served by the pool too: their storage is their output)."""
     todo = []

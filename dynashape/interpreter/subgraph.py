@@ -6,26 +6,26 @@ parent's slots into the child's before each call, so a body always sees this run
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..ir import Graph
 
-if TYPE_CHECKING:
-    from .network import Network
-
 
 class SubgraphRunner:
-    def __init__(self, graph: Graph, parent: Network) -> None:
+    """``make_network(graph)`` builds the child (the parent passes its own constructor: this
+    module does not import the Network that imports it)."""
+
+    def __init__(self, graph: Graph, parent, make_network: Callable) -> None:
         self.graph, self.parent = graph, parent
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
-        self._net: Network | None = None
+        self._make_network = make_network
+        self._net = None
 
     @property
-    def net(self) -> Network:
+    def net(self):
         if self._net is None:  # built on first use: many bodies never run (an If's other branch)
-            from .network import Network
-            self._net = Network(self.graph, self.parent.device, self.parent.engine, memory=self.parent.memory)
+            self._net = self._make_network(self.graph)
         return self._net
 
     def __call__(self, *inputs) -> list:

@@ -9,8 +9,9 @@ the same as last time costs one shape comparison plus its kernel.
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,8 +22,19 @@ from ..ops.shapes import prod
 
 _STRING = 8  # onnx.TensorProto.STRING
 
-if TYPE_CHECKING:
-    from .network import Network
+class NetworkState(Protocol):
+    """What a PrimitiveInst uses of the Network it belongs to (the Network is the one that
+    imports this module, not the other way round)."""
+
+    device: torch.device
+    stats: Counter
+    engine: object
+    pool: object
+    runs: int
+
+    def dtype_of(self, v) -> torch.dtype | None: ...
+
+    def predict(self, key: str, shape: tuple, dtype: torch.dtype, can_reuse: bool) -> tuple[bool, tuple]: ...
 
 
 class PrimitiveInst:
@@ -33,7 +45,7 @@ class PrimitiveInst:
         "xfer", "xfer_cache", "single_out", "out_slot0", "pool_keys", "pred_keys", "inplace", "feeds",
     )
 
-    def __init__(self, node: Node, net: Network, in_slots: list[int | None], out_slots: list[int | None],
+    def __init__(self, node: Node, net: NetworkState, in_slots: list[int | None], out_slots: list[int | None],
                  kernel, xfer: tuple[bool, ...]) -> None:
         od = node.opdef
         self.node, self.name, self.op_type, self.net = node, node.name, node.op_type, net

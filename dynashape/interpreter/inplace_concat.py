@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..memory.growth import GROWTH
 from ..ops.shapes import norm_axis
 
 if TYPE_CHECKING:
@@ -38,21 +39,6 @@ if TYPE_CHECKING:
 # Element-wise kernels that write correctly into a strided ``out`` (a slot of the storage is not
 # contiguous when the axis is not the outermost non-trivial one).
 STRIDED_OUT_OK = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Relu", "Sigmoid", "Tanh", "Where", "Cast"})
-
-
-def growth_openvino(total: int, index: int) -> int:
-    """OpenVINO's KV-cache rule: 128 spare positions, staggered by the concat's index."""
-    return 128 + index % 64
-
-
-def growth_geometric(total: int, index: int) -> int:
-    """Ours: a quarter of the current length, at least 128 positions, staggered by index so that
-    the layers of a model do not all grow at the same step. Long sequences grow O(log n) times
-    instead of n/128 times, for at most ~25% spare room."""
-    return max(128, math.ceil(total / 4)) + (index % 16) * 8
-
-
-GROWTH = {"openvino": growth_openvino, "geometric": growth_geometric}
 
 
 class InplaceConcat:
