@@ -1,4 +1,4 @@
-"""The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program."""
+"""The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program or its code."""
 
 from __future__ import annotations
 
@@ -35,32 +35,46 @@ def _random_input(name: str, elem_type: int, shape, rng, int_high: int):
     return rng.uniform(-1, 1, size=shape).astype(dt)
 
 
-def cmd_run(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from . import InferenceSession
-    opts = {}
-    if args.default_dynamic_dim:
-        opts["default_dynamic_dim"] = _parse_range(args.default_dynamic_dim)
-    if args.dim_param:
-        opts["dim_params"] = {k: _parse_range(v) for k, v in (p.split("=", 1) for p in args.dim_param)}
-    sess = InferenceSession(args.model, device=args.device, **opts)
+def _feeds(sess, args, guess: bool = False) -> dict:
+    """Feeds from --inputs and --shape, random where not given; ``guess``: a dynamic dim not
+    given takes a typical value (an optimal value, else 2 within its range) instead of an error."""
     shapes = {k: _parse_dims(v) for k, v in (s.split("=", 1) for s in args.shape or [])}
-    feeds = dict(np.load(args.inputs)) if args.inputs else {}
-    rng = np.random.default_rng(args.seed)
+    feeds = dict(np.load(args.inputs)) if getattr(args, "inputs", None) else {}
+    rng = np.random.default_rng(getattr(args, "seed", 0))
     for arg in sess.get_inputs():
         if arg.name in feeds:
             continue
         shape = shapes.get(arg.name)
+        ps = arg.partial_shape
+        if shape is None and ps is not None and not ps.is_static and guess:
+            shape = tuple(d.min if d.is_static else (d.optimals[0] if d.optimals else max(d.min, min(2, d.max or 2)))
+                          for d in ps)
         if shape is None:
-            ps = arg.partial_shape
             if ps is None or not ps.is_static:
                 raise SystemExit(f"dynashape: input {arg.name!r} has dynamic shape {ps}; give it with "
                                  f"--shape {arg.name}=DIMS")
             shape = ps.to_static()
         spec = next(s for s in sess._specs if s.name == arg.name)
-        feeds[arg.name] = _random_input(arg.name, spec.elem_type, shape, rng, args.int_high)
+        feeds[arg.name] = _random_input(arg.name, spec.elem_type, shape, rng, getattr(args, "int_high", 10))
+    return feeds
+
+
+def _session(args):
+    from . import InferenceSession
+    opts = {}
+    if getattr(args, "default_dynamic_dim", None):
+        opts["default_dynamic_dim"] = _parse_range(args.default_dynamic_dim)
+    if getattr(args, "dim_param", None):
+        opts["dim_params"] = {k: _parse_range(v) for k, v in (p.split("=", 1) for p in args.dim_param)}
+    return InferenceSession(args.model, device=getattr(args, "device", "cpu"), **opts)
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    sess = _session(args)
+    feeds = _feeds(sess, args)
     times = []
     for _ in range(max(1, args.repeat)):
         t0 = time.perf_counter()
@@ -107,14 +121,25 @@ def cmd_demo(args) -> int:
     con = Console()
     con.print(table)
     st = sess.stats()
-    con.print(f"runs with a shape change: {st.get('shape_change_runs', 0)}, unchanged: {st.get('fast_runs', 0)}; "
-              f"buffer allocations {st.get('allocations', 0)}, reuses {st.get('buffer_reuses', 0)}")
+    con.print(f"specializations of the generated code: {st.get('specializations', 0)} "
+              f"(traced {st.get('shape_program_traces', 0)}); view builds {st.get('group_builds', 0)}, "
+              f"found again {st.get('group_hits', 0)}; allocations {st.get('allocations', 0)}")
     return 0
 
 
 def cmd_show(args) -> int:
-    from . import InferenceSession
-    print(InferenceSession(args.model).program)
+    sess = _session(args)
+    if not args.code:
+        print(sess.program)
+        return 0
+    if sess.compiled is None:
+        raise SystemExit("dynashape: --code shows generated code; the interpreter has none")
+    sess.run(None, _feeds(sess, args, guess=True))  # a run makes the specialization of these shapes
+    for spec in sess.compiled.specs:
+        t = spec.trace
+        print(f"# {spec.filename}: {len(t.nodes)} nodes {t.counts()}; guards: "
+              f"{[g.source(lambda x: x) for g in t.guards] or 'none'}")
+        print(spec.source)
     return 0
 
 
@@ -137,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--batch", type=int, default=1)
     d.add_argument("--device", default="cpu")
     d.add_argument("--seed", type=int, default=0)
-    s = sub.add_parser("show", help="print the compiled program")
+    s = sub.add_parser("show", help="print the compiled program, or (--code) the generated code")
     s.add_argument("model")
+    s.add_argument("--code", action="store_true",
+                   help="the generated code of the specialization for --shape (typical sizes where not given)")
+    s.add_argument("--shape", action="append", metavar="NAME=DIMS", help="e.g. input_ids=1x16")
+    s.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     try:
         return {"run": cmd_run, "demo": cmd_demo, "show": cmd_show}[args.cmd](args)

@@ -345,24 +345,27 @@ class _Builder:
         strides = self._view_strides(node, src, info) if hit is not None and deps_ok else None
         if hit is not None and deps_ok and strides is not None and self.is_input_only(syms | hit[0].symbols):
             g, sname = hit
-            scratch: list[str] = []
-            ins = [sname] + [self.use(x, ni.host, scratch, True) for x in node.inputs[1:]]
-            if not scratch:
-                kname = self.kernel(node, ni.host)  # an emitter may decline (a negative Slice step)
+            # the view emitters of the ops whose strides are followed need no shape tensors: their
+            # parameters are ints of the program (None stands for the shape inputs)
+            ins = [sname] + [None] * (len(node.inputs) - 1)
 
-                def lines(name: str) -> list[str]:
-                    if node.op_type in _RESHAPES and node.domain in ("", "ai.onnx"):  # view() never copies
-                        return [f"{name} = {ins[0]}.view({self._dims_tuple(v)})"]
-                    return emit(self._emit_ctx(node, ins, [name], [None], kname), as_view=True)
-                self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node)
-                self.strides[id(v)] = strides
-                return
-        inline: list[str] = []
-        ins = [self.use(x, ni.host, inline) for x in node.inputs]
+            def lines(name: str) -> list[str]:
+                if node.op_type in _RESHAPES:  # view() never copies: the strides said it is a view
+                    return [f"{name} = {ins[0]}.view({self._dims_tuple(v)})"]
+                return emit(self._emit_ctx(node, ins, [name], [None], "None"), as_view=True, default=False)
+            self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node)
+            self.strides[id(v)] = strides
+            return
         name = self.local[id(v)] = self.names.new(v.name, "t_")
-        kname = self.kernel(node, ni.host)
+        inline: list[str] = []
+        src_name = self.use(src, ni.host, inline)
+        lines = emit(self._emit_ctx(node, [src_name] + [None] * (len(node.inputs) - 1), [name], [None], "None"),
+                     as_view=True, default=False)
+        if lines is None:  # the kernel serves: it reads the shape inputs as tensors
+            ins = [src_name] + [self.use(x, ni.host, inline) for x in node.inputs[1:]]
+            lines = emit(self._emit_ctx(node, ins, [name], [None], self.kernel(node, ni.host)), as_view=True)
         self._body(inline, None)
-        self._body(emit(self._emit_ctx(node, ins, [name], [None], kname), as_view=True), node)
+        self._body(lines, node)
 
     def _data(self, step, ni) -> None:
         node = ni.node

@@ -47,7 +47,7 @@ class Emit:
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def default(e: Emit) -> list[str]:
+def _default(e: Emit) -> list[str]:
     args = ", ".join(a if a is not None else "None" for a in e.ins)
     targets = _targets(e)
     if any(b is not None for b in e.bufs):
@@ -239,8 +239,9 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
 }
 
 
-def emit(e: Emit, as_view: bool) -> list[str]:
-    """The lines for one node; ``as_view``: the node's output is a view of its first input."""
+def emit(e: Emit, as_view: bool, default: bool = True) -> list[str] | None:
+    """The lines for one node; ``as_view``: the node's output is a view of its first input.
+    ``default=False``: None when no emitter applies (the caller then calls the kernel)."""
     op = e.node.op_type
     if e.node.domain in ("", "ai.onnx"):
         table = VIEW_EMITTERS if as_view else EMITTERS
@@ -249,4 +250,4 @@ def emit(e: Emit, as_view: bool) -> list[str]:
             lines = fn(e)
             if lines is not None:
                 return lines
-    return default(e)
+    return _default(e) if default else None

@@ -1,10 +1,12 @@
 """Control flow: If, Loop, Scan, SequenceMap.
 
-A body runs as a nested Network (interpreter/subgraph.py) or compiled code (runtime/bodies.py) that reads outer-scope values from the
-parent's slots at call time and hands its outputs over (fresh tensors each call), so a value
-carried from one iteration to the next is never overwritten by the iteration that reads it.
-All four are data-dependent: how often a body runs, and so the output shapes, is known only
-at run time.
+A body runs as a nested Network (interpreter/subgraph.py) or as generated code
+(runtime/bodies.py), reading outer-scope values of this run. The interpreter's bodies hand their
+outputs over (fresh tensors each call); a compiled Loop or Scan body writes into two buffer sets
+in turn (``reuses_outputs``), and the op copies what it keeps past the next iteration. Either
+way a value carried from one iteration to the next is never overwritten by the iteration that
+reads it. All four are data-dependent: how often a body runs, and so the output shapes, is known
+only at run time.
 """
 
 from __future__ import annotations
