@@ -271,6 +271,9 @@ class _Builder:
     def _sym(self, step, ni) -> None:
         return  # part of the program: made a tensor only where a kernel reads it
 
+    def _dead(self, step, ni) -> None:
+        return  # nothing reads it in this specialization
+
     def _memo(self, step, ni) -> None:
         """Host nodes computing from shapes only: made in their group when something reads them
         (a mask this specialization drops is never built)."""

@@ -13,9 +13,11 @@ def remove_dead_nodes(graph: Graph) -> Graph:
             continue
         if any(v is not None and id(v) in needed for v in node.outputs):
             keep.append(node)
-            for v in node.inputs:
-                if v is not None and not v.is_const:
-                    needed.add(id(v))
+            # a fused node's replaced nodes may run instead of it (unfusion): what they read stays
+            for n in (node, *getattr(node, "unfused", ())):
+                for v in n.inputs:
+                    if v is not None and not v.is_const:
+                        needed.add(id(v))
             for sub in node.subgraphs.values():
                 remove_dead_nodes(sub)
                 needed.update(id(v) for v in sub.outer)

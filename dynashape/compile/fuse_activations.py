@@ -23,7 +23,7 @@ def fuse_silu(graph: Graph) -> Graph:
     for sig in [n for n in graph.nodes if n.op_type == "Sigmoid" and n.domain in ("", "ai.onnx")]:
         x, s = sig.inputs[0], sig.outputs[0]
         muls = [u for u in s.users if u.op_type == "Mul" and {id(u.inputs[0]), id(u.inputs[1])} == {id(x), id(s)}]
-        if len(muls) != 1 or len(s.users) != 1 or x is s:
+        if len(muls) != 1 or x is s or not only_feeds(s, muls, graph):
             continue
         fuse(graph, [sig, muls[0]], "Silu", [x], {})
     return graph
@@ -111,19 +111,22 @@ def _gelu_at(graph: Graph, inner: Node, op: str):
     add = out.users[0]
     if add.op_type != "Add" or _one_plus(add.outputs[0], op) is None or len(add.outputs[0].users) != 1:
         return None
+    # climb the Mul tree from (1 + ...) only until it holds x, 0.5 and (1 + ...): a Mul above that
+    # (GeGLU's gelu(x) * up) is not the GELU's
     final = add.outputs[0].users[0]
-    while final.op_type == "Mul" and len(final.outputs[0].users) == 1 and \
-            final.outputs[0].users[0].op_type == "Mul":
-        final = final.outputs[0].users[0]  # the top of the Mul tree holding x, 0.5 and (1 + ...)
-    if final.op_type != "Mul":
-        return None
-    tree: list[Node] = []
-    leaves = _mul_factors(final.outputs[0], tree, graph)
-    consts = [scalar(v) for v in leaves if v.is_const]
-    rest = [v for v in leaves if not v.is_const and v is not add.outputs[0]]
-    if len(consts) != 1 or not _near(consts[0], 0.5) or len(rest) != 1 or \
-            sum(v is add.outputs[0] for v in leaves) != 1:
-        return None
+    while True:
+        if final.op_type != "Mul":
+            return None
+        tree: list[Node] = []
+        leaves = _mul_factors(final.outputs[0], tree, graph)
+        consts = [scalar(v) for v in leaves if v.is_const]
+        rest = [v for v in leaves if not v.is_const and v is not add.outputs[0]]
+        if len(consts) == 1 and _near(consts[0], 0.5) and len(rest) == 1 and \
+                sum(v is add.outputs[0] for v in leaves) == 1:
+            break
+        if len(consts) > 1 or len(rest) > 1 or len(final.outputs[0].users) != 1:
+            return None
+        final = final.outputs[0].users[0]
     x = rest[0]
     head = _erf_argument_is(x, inner) if op == "Erf" else None
     head_nodes = ([head] if head is not None else None) if op == "Erf" else _tanh_argument_is(x, inner)

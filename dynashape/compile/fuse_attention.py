@@ -57,8 +57,8 @@ def _untransposed(kt: Value) -> tuple[Value, list[Node]] | None:
     return k, [r1, t, r2]
 
 
-def _unrepeated(x: Value) -> tuple[Value, list[Node]] | None:
-    """``x = Reshape(Expand(Unsqueeze(kv, 2), [1, 1, g, 1, 1]), [b, h * g, n, d])``: (kv, nodes)."""
+def _unrepeated(x: Value) -> tuple[Value, list[Node], int] | None:
+    """``x = Reshape(Expand(Unsqueeze(kv, 2), [1, 1, g, 1, 1]), [b, h * g, n, d])``: (kv, nodes, g)."""
     if not SDPA_GQA:
         return None
     r = producer(x, "Reshape")
@@ -77,7 +77,7 @@ def _unrepeated(x: Value) -> tuple[Value, list[Node]] | None:
         return None
     if ks[1].is_static and out[1].is_static and out[1].min != ks[1].min * reps[2]:
         return None
-    return kv, [u, e, r]
+    return kv, [u, e, r], reps[2]
 
 
 def _scores_mask(s: Value):
@@ -174,8 +174,8 @@ def _match(graph: Graph, mm: Node):
         k_transposed = 0
     gqa, v_extra = 0, []
     rk, rv = (_unrepeated(k) if not k_transposed else None), _unrepeated(v)
-    if rk is not None and rv is not None:
-        k, v, gqa = rk[0], rv[0], 1
+    if rk is not None and rv is not None and rk[2] == rv[2]:
+        k, v, gqa = rk[0], rv[0], rk[2]  # the repeat factor: the query must have that many heads per kv head
         k_extra, v_extra = k_extra + rk[1], rv[1]
     nodes = [*inner, mm]
     if not all(only_feeds(o, nodes, graph) for n in inner for o in n.outputs if o is not None):

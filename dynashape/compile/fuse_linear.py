@@ -33,8 +33,8 @@ def fuse_linear(graph: Graph) -> Graph:
             continue
         b = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
         if not b.is_const or b.const.numel() != w.const.shape[1] or b.const.dtype != w.const.dtype or (
-                b.const.dim() > 1 and any(d != 1 for d in b.const.shape[:-1])):
-            continue
+                b.const.dim() > 1 and any(d != 1 for d in b.const.shape[:-1])) or b.const.dim() > len(x.shape):
+            continue  # (a bias of more dims than the product would add axes to the result)
         if b.const.dim() != 1:
             flat = Value(f"{b.name}_flat", b.elem_type, None, "tensor", b.const.reshape(-1).contiguous())
             graph.values[flat.name] = flat

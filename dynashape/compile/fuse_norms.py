@@ -82,9 +82,10 @@ def _scaled(n: Node, graph: Graph, x_last: int) -> tuple[Node, Value | None, lis
     if len(out.users) == 1 and out.users[0].op_type == "Mul":
         m = out.users[0]
         w = _other(m, out)
-        if w is not None and w.is_const and w.const.numel() == x_last and (
+        rank = len(out.shape) if out.shape is not None else 0
+        if w is not None and w.is_const and w.const.numel() == x_last and w.const.dim() <= rank and (
                 w.const.dim() == 1 or all(d == 1 for d in w.const.shape[:-1])):
-            return m, w, [m]
+            return m, w, [m]  # (a weight of more dims than x would add axes to the result)
     return n, None, []
 
 
@@ -133,8 +134,9 @@ def fuse_layer_norm(graph: Graph) -> Graph:
         if mean is None or _mean_last_axis(mean) is not x or x.shape is None or not x.shape[-1].is_static:
             continue
         d = sub.outputs[0]
-        squares = [u for u in d.users if (u.op_type == "Pow" and scalar(u.inputs[1]) == 2.0)
-                   or (u.op_type == "Mul" and u.inputs[0] is d and u.inputs[1] is d)]
+        squares = list({id(u): u for u in d.users  # (a Mul(d, d) lists d's users twice)
+                        if (u.op_type == "Pow" and scalar(u.inputs[1]) == 2.0)
+                        or (u.op_type == "Mul" and u.inputs[0] is d and u.inputs[1] is d)}.values())
         if len(squares) != 1:
             continue
         sq_node = squares[0]
@@ -156,7 +158,7 @@ def fuse_layer_norm(graph: Graph) -> Graph:
         if w is not None and len(out.users) == 1 and out.users[0].op_type == "Add":
             a = out.users[0]
             b = _other(a, out)
-            if b is not None and b.is_const and b.const.numel() == h:
+            if b is not None and b.is_const and b.const.numel() == h and b.const.dim() <= len(x.shape):
                 bias, bias_nodes = b, [a]
         nodes = [mean, sub, sq_node, *nodes, *between, *scale_nodes, *bias_nodes]
         if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):

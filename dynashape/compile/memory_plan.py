@@ -87,6 +87,9 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
         for v in node.outputs:
             if v is None:
                 continue
+            if ni.kind == "dead":
+                cls[id(v)], roots[id(v)] = "dead", frozenset()
+                continue
             info = t.of(v)
             if ni.kind in ("sym", "memo"):
                 c, r = ni.kind, frozenset()
@@ -121,8 +124,8 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
     n = len(t.nodes)
     last: dict[int, int] = {}
     for step, ni in enumerate(t.nodes):
-        if ni.kind in ("sym", "memo"):
-            continue  # they read shapes, not memory
+        if ni.kind in ("sym", "memo", "dead"):
+            continue  # they read shapes, not memory (or do not run)
         for v in ni.node.inputs:
             if v is None:
                 continue

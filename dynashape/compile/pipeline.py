@@ -36,8 +36,8 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
+    ("fuse_layer_norm", fuse_layer_norm),  # first: its inner d / sqrt(mean(d^2) + eps) looks like an RMSNorm
     ("fuse_rms_norm", fuse_rms_norm),
-    ("fuse_layer_norm", fuse_layer_norm),
     ("fuse_gelu", fuse_gelu),
     ("fuse_silu", fuse_silu),
     ("fuse_linear", fuse_linear),

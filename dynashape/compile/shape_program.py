@@ -66,7 +66,7 @@ class ValueInfo:
 @dataclass
 class NodeInfo:
     node: Node
-    kind: str  # sym | memo | view | data | dyn
+    kind: str  # sym | memo | view | data | dyn | dead
     host: bool
     reason: str = ""  # why a node is dyn
     # the op describes more outputs than the node has (LayerNormalization's Mean and InvStdDev):
@@ -130,7 +130,23 @@ def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list
         # what later nodes taught (seq == 1 in a decode step) makes earlier ones simpler too: a
         # Range(0, seq) is then one known element, not data. A second pass knows it from the start.
         t = _trace_once(graph, input_shapes, inputs, t.env)
+    _drop_dead(t)
     return t
+
+
+def _drop_dead(t: Trace) -> None:
+    """Nodes nothing reads in this specialization (a mask it drops; a node kept only for the
+    nodes a fused one would run where it cannot serve) become ``dead``: no code."""
+    needed = {id(v) for v in t.graph.outputs}
+    for ni in reversed(t.nodes):
+        if not any(v is not None and id(v) in needed for v in ni.node.outputs):
+            ni.kind = "dead"
+            continue
+        for i, v in enumerate(ni.node.inputs):
+            if v is not None and i not in ni.drop_inputs:
+                needed.add(id(v))
+        for sub in ni.node.subgraphs.values():
+            needed.update(id(v) for v in sub.outer)
 
 
 def _trace_once(graph: Graph, input_shapes: list, inputs: list[Value], seed: ShapeEnv | None) -> Trace:

@@ -87,14 +87,19 @@ def _attention_infer(shapes, values, *, scale=1.0, mask_kind="none", k_transpose
     k_len, k_dim = (k[-1], k[-2]) if k_transposed else (k[-2], k[-1])
     if q[-1] != k_dim or v[-2] != k_len:
         raise CannotServe("attention of mismatched head dims or lengths")
+    if gqa and (k[-3] != v[-3] or q[-3] != k[-3] * gqa or q[:-3] != k[:-3]):
+        # the graph repeats each kv head gqa times: a query with another head count is not grouped
+        # attention (the graph broadcasts or refuses it): the replaced nodes say which
+        raise CannotServe("query heads that are not the kv heads times the repeat")
     lead = broadcast([tuple(q[:-2]), tuple(v[:-2])])[0] if not gqa else tuple(q[:-2])
-    if gqa and (q[-3] % v[-3] != 0 or k[-3] != v[-3]):
-        raise CannotServe("grouped heads that do not divide")
+    scores = tuple(lead) + (q[-2], k_len)
     if len(shapes) > 3 and shapes[3] is not None:
         try:
-            broadcast([shapes[3], tuple(lead) + (q[-2], k_len)])
+            grown = broadcast([shapes[3], scores])[0]
         except ShapeError as e:
             raise CannotServe(f"a mask that does not broadcast: {e}") from e
+        if len(grown) != len(scores) or any(a != b for a, b in zip(grown, scores)):
+            raise CannotServe("a mask that enlarges the scores")
     return [tuple(lead) + (q[-2], v[-1])]
 
 
