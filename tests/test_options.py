@@ -71,3 +71,18 @@ def test_disjoint_symbol_ranges_are_an_error():
     with pytest.raises(OptionsError, match="symbol 'batch'"):
         dynashape.InferenceSession(two_inputs_shared_symbol(),
                                    dynamic_dims={"x": [Dimension(1, 2), 3], "y": [Dimension(5, 9), 3]})
+
+
+@pytest.mark.parametrize("placeholder", ["?", "unk__7", "-1", "None"])
+def test_placeholder_dim_names_mean_unknown_not_equal(placeholder):
+    # PaddleOCR names every dynamic axis '?', tf2onnx writes 'unk__N': those axes are independent.
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [placeholder, 3, placeholder, placeholder])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    s = dynashape.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(0)
+    for shape in [(2, 3, 48, 192), (1, 3, 32, 100), (3, 3, 48, 48)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(s.run(None, {"x": a})[0], np.maximum(a, 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,17 @@ def declared_dims(vi: onnx.ValueInfoProto) -> list[ModelDim] | None:
     if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
         return None
     return [ModelDim(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None,
-                     d.dim_param or None) for d in t.tensor_type.shape.dim]
+                     _symbol(d.dim_param)) for d in t.tensor_type.shape.dim]
+
+
+# Exporters write these where they mean "unknown", not "the same as every other axis so named":
+# PaddleOCR writes '?', tf2onnx 'unk__123', some tools '-1' or 'None'.
+_PLACEHOLDER = re.compile(r"^(\?|-1|none|null|unk__\d+|)$", re.IGNORECASE)
+
+
+def _symbol(dim_param: str) -> str | None:
+    name = dim_param.strip()
+    return None if _PLACEHOLDER.match(name) else name
 
 
 def hint_shape(vi: onnx.ValueInfoProto | None) -> PartialShape | None:

