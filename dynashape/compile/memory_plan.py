@@ -82,7 +82,8 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
         for v in node.outputs:
             if v is not None:
                 producer_step[id(v)] = step
-        ins = [v for v in node.inputs if v is not None]
+        # a body's result may be (a view of) a value it reads from the graph around it
+        ins = [v for v in node.inputs if v is not None] + _outer_reads(node)
         in_roots = frozenset().union(*(roots.get(id(v), frozenset()) for v in ins)) if ins else frozenset()
         for v in node.outputs:
             if v is None:

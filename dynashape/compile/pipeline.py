@@ -16,6 +16,7 @@ from .fuse_attention import fuse_attention
 from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
+from .inline_if import inline_constant_if
 from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("resolve_ops", resolve_ops),
     ("propagate", propagate),  # shape inference + constant folding in one forward walk
+    ("inline_constant_if", inline_constant_if),
     ("remove_dead_nodes", remove_dead_nodes),
     ("mark_shape_subgraphs", mark_shape_subgraphs),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..ir import Graph
 from .constant_folding import fold_node
-from .shape_inference import infer_node
+from .shape_inference import infer_if, infer_node
 
 
 def propagate(graph: Graph) -> Graph:
@@ -13,4 +13,6 @@ def propagate(graph: Graph) -> Graph:
         node.folded = fold_node(node)
         for sub in node.subgraphs.values():
             propagate(sub)
+        if node.op_type == "If" and node.domain == "":
+            infer_if(node)
     return graph

@@ -53,6 +53,27 @@ def infer_node(node: Node) -> None:
         v.shape = _merge_hint(ours, v.shape)
 
 
+def infer_if(node: Node) -> None:
+    """An If's outputs have the shapes both branches agree on: the rank where the ranks match, a
+    dim where both give the same one, else the range covering both (its own inference has none,
+    the branch taken being known only at run time). Conditions that test an output's rank fold then."""
+    branches = [node.subgraphs.get("then_branch"), node.subgraphs.get("else_branch")]
+    if any(b is None or len(b.outputs) != len(node.outputs) for b in branches):
+        return
+    for i, v in enumerate(node.outputs):
+        a, b = (br.outputs[i].shape for br in branches)
+        if v is None or a is None or b is None or len(a) != len(b):
+            continue
+        v.shape = _merge_hint(PartialShape(_join(x, y) for x, y in zip(a, b)), v.shape)
+
+
+def _join(a: Dimension, b: Dimension) -> Dimension:
+    if a == b:
+        return a
+    hi = None if a.max is None or b.max is None else max(a.max, b.max)
+    return Dimension(min(a.min, b.min), hi)
+
+
 def _merge_hint(ours: PartialShape, hint: PartialShape | None) -> PartialShape:
     if hint is None or len(hint) != len(ours):
         return ours
