@@ -64,11 +64,11 @@ class CompiledModel:
 
     def spec_for(self, shapes: tuple) -> SpecCode | None:
         for spec in self.specs:
-            if spec.accepts(shapes):
+            if _accepts(spec, shapes):
                 return spec
         with self.lock:
             for spec in self.specs:
-                if spec.accepts(shapes):
+                if _accepts(spec, shapes):
                     return spec
             if len(self.specs) >= self.max_specs:
                 self.stats["specializations_refused"] += 1
@@ -81,6 +81,15 @@ class CompiledModel:
             self.specs.append(spec)
             _dump(spec)
             return spec
+
+
+def _accepts(spec: SpecCode, shapes: tuple) -> bool:
+    try:
+        return spec.accepts(shapes)
+    except ArithmeticError:
+        # a guard that divides by what is 0 for these shapes (its own != 0 guard normally comes
+        # first): they are not this specialization's; tracing them reports the node that fails
+        return False
 
 
 def _dump(spec: SpecCode) -> None:

@@ -373,9 +373,26 @@ def monotone(e: Expr | int) -> bool:
         for a in mono:
             if isinstance(a, str):
                 continue
-            if a.kind in ("max", "min") and all(monotone(x) for x in a.args):
-                continue
-            if a.kind == "//" and monotone(a.args[0]) and (as_int(a.args[1]) or 0) > 0:
-                continue
-            return False
+            if not _monotone_atom(a):
+                return False
+            # in a product, a factor that may be negative turns growth of the others into decrease
+            if len(mono) > 1 and not _nonnegative(a):
+                return False
     return True
+
+
+def _monotone_atom(a: Op) -> bool:
+    if a.kind in ("max", "min"):
+        return all(monotone(x) for x in a.args)
+    return a.kind == "//" and monotone(a.args[0]) and (as_int(a.args[1]) or 0) > 0
+
+
+def _nonnegative(e: Expr | Op) -> bool:
+    """Sure to be >= 0 for any non-negative symbols (an atom already known monotone)."""
+    if isinstance(e, Op):
+        if e.kind == "max":
+            return any(_nonnegative(x) for x in e.args)
+        if e.kind == "min":
+            return all(_nonnegative(x) for x in e.args)
+        return _nonnegative(e.args[0])  # // by a positive constant
+    return e.const >= 0 and all(c >= 0 and all(isinstance(a, str) or _nonnegative(a) for a in m) for m, c in e.terms)

@@ -259,16 +259,31 @@ class SymInt(int):
     def _div_ranges(self):
         return self.env.ranges
 
+    def _nonzero(self, divisor) -> None:
+        """A symbolic divisor is not zero for this signature (a guard where the ranges do not say
+        so): the simplifications of ``//`` and ``%`` (``k*b // b == k``) hold only then, and a zero
+        divisor must fail here, as it fails in the interpreter, not vanish into a constant."""
+        e = divisor if isinstance(divisor, E.Expr) else _other(divisor)
+        if e is None:
+            return
+        e = self.env.canon(e)  # a symbol a guard has made 0 is 0
+        if (e.const == 0) if e.is_const else not self.env.decide("!=", e):
+            raise ZeroDivisionError(f"{E.source(e)} is 0: integer division or modulo by zero")
+
     def __floordiv__(self, o):
+        self._nonzero(o)
         return self._arith(o, lambda a, b: E.floordiv(a, b, self._div_ranges()), lambda a, b: a // b)
 
     def __rfloordiv__(self, o):
+        self._nonzero(self)
         return self._arith(o, lambda a, b: E.floordiv(a, b, self._div_ranges()), lambda a, b: a // b, True)
 
     def __mod__(self, o):
+        self._nonzero(o)
         return self._arith(o, lambda a, b: E.mod(a, b, self._div_ranges()), lambda a, b: a % b)
 
     def __rmod__(self, o):
+        self._nonzero(self)
         return self._arith(o, lambda a, b: E.mod(a, b, self._div_ranges()), lambda a, b: a % b, True)
 
     def __divmod__(self, o):
@@ -280,6 +295,7 @@ class SymInt(int):
             oe = E.const(int(o))
         if oe is None:
             return float(self) / o if isinstance(o, float) else NotImplemented
+        self._nonzero(oe)
         return SymFrac(self.expr, oe, self.env)
 
     def __rtruediv__(self, o):
@@ -288,6 +304,7 @@ class SymInt(int):
             oe = E.const(int(o))
         if oe is None:
             return o / float(self) if isinstance(o, float) else NotImplemented
+        self._nonzero(self)
         return SymFrac(oe, self.expr, self.env)
 
     def __neg__(self):
