@@ -16,9 +16,17 @@ def resolve_ops(graph: Graph) -> Graph:
                                      f"attribute(s) {extra} not supported; supported: {sorted(opdef.attrs)}")
         node.opdef = opdef
         if "_n_outputs" in opdef.attrs:  # ops whose outputs count is part of their meaning (Split)
-            node.attrs["_n_outputs"] = len(node.outputs)
+            node.attrs["_n_outputs"] = _count_outputs(node)
         if "_out_types" in opdef.attrs:  # result types a torch dtype cannot name (INT4 is held in int8)
             node.attrs["_out_types"] = tuple(0 if v is None else v.elem_type for v in node.outputs)
         for sub in node.subgraphs.values():
             resolve_ops(sub)
     return graph
+
+
+def _count_outputs(node) -> int:
+    """The outputs up to the last one the node names (MaxPool without Indices counts 1)."""
+    n = len(node.outputs)
+    while n > 1 and node.outputs[n - 1] is None:
+        n -= 1
+    return n

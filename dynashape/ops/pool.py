@@ -36,7 +36,7 @@ def _plan(shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, wh
 
 def _pool_infer(what: str, n_outputs: int = 1):
     def infer(shapes, values, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
-              kernel_shape=None, pads=None, storage_order=0, strides=None, p=2):
+              kernel_shape=None, pads=None, storage_order=0, strides=None, p=2, _n_outputs=1):
         x = shapes[0]
         *_, sizes = _plan(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, what)
         y = (x[0], x[1], *sizes)
@@ -90,11 +90,12 @@ def _onnx_indices(idx, in_spatial, padded_spatial, begin, storage_order):
 
 
 def _maxpool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None,
-             storage_order=0, strides=None, out=None):
+             storage_order=0, strides=None, _n_outputs=2, out=None):
     n, k, s, d, p, sizes = _plan(x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, "MaxPool")
     begin, end = window_pads(list(x.shape[2:]), k, s, d, p, auto_pad)
-    # out is a tensor when the node has Y only; a tuple (or None when folding) when Indices may be asked
-    want_idx = not isinstance(out, torch.Tensor)
+    # out is a tensor when the node has Y only; a tuple (or None when folding) when Indices may be
+    # asked; a node without an Indices output never computes them (the ONNX indices cost more than the pool)
+    want_idx = _n_outputs > 1 and not isinstance(out, torch.Tensor)
     orig_dtype = x.dtype
     if not x.dtype.is_floating_point:  # int8/uint8 (opset 12): exact in float32, where torch pools
         x = x.float()
@@ -109,7 +110,8 @@ def _maxpool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     if list(y.shape[2:]) != list(sizes):
         raise ShapeError(f"MaxPool: computed output {tuple(y.shape)} differs from expected sizes {sizes}")
     if not want_idx:  # torch has no max pool with out=: one copy into the buffer
-        return out.copy_(y)
+        y = y if y.dtype == orig_dtype else y.to(orig_dtype)
+        return out.copy_(y) if isinstance(out, torch.Tensor) else _put(out, [y])
     y = y.to(orig_dtype)
     ind = _onnx_indices(idx, list(x.shape[2:]), padded, off, storage_order)
     return _put(out, [y, ind])
