@@ -45,6 +45,11 @@ from .emitters import Emit, emit
 _ids = count()
 
 
+def first_result(r):
+    """A kernel of optional extra outputs called without out= gives a tuple, or its one tensor."""
+    return r[0] if isinstance(r, (tuple, list)) else r
+
+
 @dataclass
 class Group:
     symbols: frozenset[str]
@@ -89,7 +94,7 @@ def _ident(name: str, prefix: str) -> str:
 
 class _Names:
     def __init__(self) -> None:
-        self.used: set[str] = {"st", "sig", "torch", "DEV", "cur", "off", "A"}
+        self.used: set[str] = {"st", "sig", "torch", "DEV", "cur", "off", "A", "first"}
 
     def new(self, base: str, prefix: str = "") -> str:
         name = _ident(base, prefix)[:48]
@@ -107,7 +112,7 @@ class _Builder:
         self.device = device
         self.plan = plan_memory(trace, inplace)
         self.names = _Names()
-        self.ns: dict = {"torch": torch, "DEV": device}
+        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result}
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)

@@ -55,7 +55,7 @@ def _default(e: Emit) -> list[str]:
         sep = ", " if args else ""
         return [f"{targets} = {e.kernel}({args}{sep}out={out})"]
     if e.more_results and len(e.outs) == 1:
-        return [f"{targets} = {e.kernel}({args})[0]"]
+        return [f"{targets} = first({e.kernel}({args}))"]
     return [f"{targets} = {e.kernel}({args})"]
 
 

@@ -108,21 +108,31 @@ def fuse_rms_norm(graph: Graph) -> Graph:
         x, sq_node = sq
         if x.shape is None or not x.shape[-1].is_static:
             continue
-        chain = _rsqrt_chain(mean, graph)
-        if chain is None:
+        tail = _tail(mean, x, graph, x.shape[-1].min)
+        if tail is None:
             continue
-        eps, sqrt, nodes = chain
-        found = _normalised(x, sqrt)
-        if found is None:
-            continue
-        last, between = found
-        last, w, scale_nodes = _scaled(last, graph, x.shape[-1].min)
-        nodes = [sq_node, *nodes, *between, *scale_nodes]
+        eps, last, w, tail_nodes = tail
+        nodes = [sq_node, *tail_nodes]
         if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
             continue
         ins = [x] + ([_flat_const(graph, w, "flat")] if w is not None else [])
         fuse(graph, nodes, "RMSNorm", ins, {"epsilon": eps})
     return graph
+
+
+def _tail(mean: Node, normed: Value, graph: Graph, h: int):
+    """What both norms share after the mean of squares: + eps, sqrt, normed / sqrt (or times the
+    reciprocal), then an optional weight: (eps, last node, weight, nodes) or None."""
+    chain = _rsqrt_chain(mean, graph)
+    if chain is None:
+        return None
+    eps, sqrt, nodes = chain
+    found = _normalised(normed, sqrt)
+    if found is None:
+        return None
+    last, between = found
+    last, w, scale_nodes = _scaled(last, graph, h)
+    return eps, last, w, [*nodes, *between, *scale_nodes]
 
 
 def fuse_layer_norm(graph: Graph) -> Graph:
@@ -143,16 +153,11 @@ def fuse_layer_norm(graph: Graph) -> Graph:
         means = _users(sq_node.outputs[0], "ReduceMean")
         if len(means) != 1 or _mean_last_axis(means[0]) is not sq_node.outputs[0]:
             continue
-        chain = _rsqrt_chain(means[0], graph)
-        if chain is None:
-            continue
-        eps, sqrt, nodes = chain
-        found = _normalised(d, sqrt)
-        if found is None:
-            continue
-        last, between = found
         h = x.shape[-1].min
-        last, w, scale_nodes = _scaled(last, graph, h)
+        tail = _tail(means[0], d, graph, h)
+        if tail is None:
+            continue
+        eps, last, w, tail_nodes = tail
         bias, bias_nodes = None, []
         out = last.outputs[0]
         if w is not None and len(out.users) == 1 and out.users[0].op_type == "Add":
@@ -160,7 +165,7 @@ def fuse_layer_norm(graph: Graph) -> Graph:
             b = _other(a, out)
             if b is not None and b.is_const and b.const.numel() == h and b.const.dim() <= len(x.shape):
                 bias, bias_nodes = b, [a]
-        nodes = [mean, sub, sq_node, *nodes, *between, *scale_nodes, *bias_nodes]
+        nodes = [mean, sub, sq_node, *tail_nodes, *bias_nodes]
         if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
             continue
         ins = [x, None if w is None else _flat_const(graph, w, "flat"),

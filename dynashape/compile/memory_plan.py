@@ -66,6 +66,13 @@ def _nbytes(info) -> E.Expr | None:
     return n
 
 
+def _sized_monotone(info, env) -> bool:
+    """Whether the buffer never needs more bytes at smaller symbols than at larger ones: each dim
+    non-decreasing in every symbol (a product of dims, all >= 0 as sizes, then is too; the
+    expanded product may look otherwise: N * ((H - 1) // 2 + 1) has the term N * ((H - 1) // 2))."""
+    return all(E.monotone(env.canon(d.expr)) for d in info.dims if isinstance(d, SymInt))
+
+
 def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
     g = t.graph
     env = t.env
@@ -100,7 +107,7 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
             elif ni.kind == "dyn" or ni.host or not node.opdef.writes_out or info.dtype is None:
                 # a kernel called without out= may hand back an input or a view of one
                 c, r = "adopt", in_roots | {id(v)}
-            elif _nbytes(info) is None or not E.monotone(env.canon(_nbytes(info))):
+            elif _nbytes(info) is None or not _sized_monotone(info, env):
                 c, r = "adopt", in_roots | {id(v)}
             elif (node.op_type == "Concat" and id(v) in graph_outputs and node.inputs
                   and node.inputs[0] is not None and id(node.inputs[0]) in graph_inputs):

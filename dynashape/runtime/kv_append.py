@@ -43,18 +43,20 @@ class KVAppend:
     def prepare(self, past: torch.Tensor, new_shape: tuple) -> torch.Tensor:
         """The slot the producer of the new part writes into (``past`` in place or copied first)."""
         a = self.axis if self.axis >= 0 else self.axis + past.dim()
+        self.pending = storage, offset, stride, _ = self._grown(past, a, new_shape[a])
+        return storage.as_strided(new_shape, stride, offset)
+
+    def _grown(self, past: torch.Tensor, a: int, extra: int) -> tuple:
+        """(storage, offset of the new part, its stride, result shape) for ``past`` grown by ``extra``."""
         n = past.shape[a]
-        total = n + new_shape[a]
+        total = n + extra
         storage = self._fast(past, total)
         if storage is None:
             shape = list(past.shape)
             shape[a] = total
             storage = self._storage(past, a, shape)
         stride = storage.stride()
-        offset = storage.storage_offset() + n * stride[a]
-        slot = storage.as_strided(new_shape, stride, offset)
-        self.pending = (storage, offset, stride, past.shape[:a] + (total,) + past.shape[a + 1:])
-        return slot
+        return storage, storage.storage_offset() + n * stride[a], stride, past.shape[:a] + (total,) + past.shape[a + 1:]
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         past = xs[0]
@@ -62,19 +64,8 @@ class KVAppend:
         pending, self.pending = self.pending, None
         if len(xs) == 2:  # the common case: past and this step's part
             new = xs[1]
-            if pending is not None:  # its producer wrote into the slot prepare() gave, or not
-                storage, offset, stride, shape = pending
-            else:
-                n = past.shape[a]
-                total = n + new.shape[a]
-                storage = self._fast(past, total)
-                if storage is None:
-                    grown = list(past.shape)
-                    grown[a] = total
-                    storage = self._storage(past, a, grown)
-                stride = storage.stride()
-                offset = storage.storage_offset() + n * stride[a]
-                shape = past.shape[:a] + (total,) + past.shape[a + 1:]
+            # its producer wrote into the slot prepare() gave, or not
+            storage, offset, stride, shape = pending if pending is not None else self._grown(past, a, new.shape[a])
             total = shape[a]
             if new.numel() and (new.storage_offset() != offset or new.stride() != stride or
                                 new.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr()):

@@ -434,3 +434,26 @@ def test_dump_code_writes_the_source(monkeypatch, tmp_path):
     for text in sources:
         assert "def run(" in text
         compile(text, "<dumped>", "exec")
+
+
+def test_a_kernel_of_optional_outputs_after_a_break_point_returns_its_tensor_whole():
+    """BatchNormalization (extra outputs optional) on a value whose shape comes from data has no
+    planned buffer: its kernel returns the tensor itself, which must not be indexed as a tuple."""
+    c = 3
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in
+             [("s", np.linspace(0.5, 1.5, c)), ("b", np.linspace(-1, 1, c)), ("m", np.linspace(-0.2, 0.2, c)),
+              ("v", np.linspace(0.5, 2.0, c))]]
+    nodes = [helper.make_node("ReduceMax", ["kin"], ["kmax"], keepdims=1),
+             helper.make_node("TopK", ["x", "kmax"], ["vals", "idx"], axis=2),
+             helper.make_node("BatchNormalization", ["vals", "s", "b", "m", "v"], ["y"], epsilon=1e-5)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, c, "L"]),
+                                       helper.make_tensor_value_info("kin", TP.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]).SerializeToString()
+    sess = dynashape.InferenceSession(model, executor="compiled")
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for n, k in [(6, 2), (9, 4), (6, 1), (7, 7)]:
+        feeds = {"x": rng.standard_normal((1, c, n)).astype(np.float32), "kin": np.array([k], np.int64)}
+        (y,) = sess.run(None, feeds)
+        np.testing.assert_allclose(y, ref.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
