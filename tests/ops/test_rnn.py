@@ -165,3 +165,19 @@ def test_zero_length_entries(op_type):
     feeds[0]["sequence_lens"] = np.array([0, 3, 5, 1], np.int32)
     feeds[1]["sequence_lens"] = np.array([3, 0], np.int32)
     run_sequence(m, feeds, references=("ort",))
+
+
+@pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_torch_kernels_serve_the_common_configuration(op_type, direction, layout, monkeypatch):
+    """Default activations, no clip, peepholes or sequence_lens (GRU: linear_before_reset) go to
+    torch.lstm / gru / rnn_tanh: short sequences through aten's loop, long ones through oneDNN's."""
+    from dynashape.ops import rnn
+    calls = []
+    real = rnn._fused
+    monkeypatch.setattr(rnn, "_fused", lambda kind, X, *a: calls.append((kind, X.shape)) or real(kind, X, *a))
+    attrs = {"linear_before_reset": 1} if op_type == "GRU" else None
+    check(op_type, direction, layout, steps=[(3, 2), (40, 1), (1, 3), (40, 2)], attrs=attrs,
+          use=("B", "initial_h", "initial_c"))
+    assert [k for k, _ in calls] == [op_type] * len(calls) and len(calls) >= 4
