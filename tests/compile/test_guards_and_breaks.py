@@ -449,7 +449,7 @@ def test_a_kernel_of_optional_outputs_after_a_break_point_returns_its_tensor_who
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, c, "L"]),
                                        helper.make_tensor_value_info("kin", TP.INT64, [1])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]).SerializeToString()
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8).SerializeToString()
     sess = dynashape.InferenceSession(model, executor="compiled")
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)

@@ -38,7 +38,7 @@ def _model(cond_true: bool) -> bytes:
     ]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, ["N", "M"])],
                           [helper.make_tensor_value_info("out", F32, None)], [cond, two])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
 @pytest.mark.parametrize("cond_true", [True, False])
@@ -65,7 +65,7 @@ def test_if_on_a_runtime_condition_stays_and_gets_its_output_rank():
     g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", F32, ["N"]),
                                      helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
                           [helper.make_tensor_value_info("y", F32, None)])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
     s = dynashape.InferenceSession(model)
     if_node = next(n for n in s.program.graph.nodes if n.op_type == "If")
     assert if_node.outputs[0].shape is None
@@ -95,7 +95,7 @@ def test_a_branch_that_returns_a_view_of_an_outer_value_keeps_that_value_alive()
                                        helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
                           [helper.make_tensor_value_info("out", F32, None)],
                           [numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
     s = dynashape.InferenceSession(model)
     rng = np.random.default_rng(3)
     for n, c in [(3, True), (5, True), (2, False), (3, True)]:

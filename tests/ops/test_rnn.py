@@ -80,11 +80,12 @@ def feeds_for(model, steps, layout=0, seed=0):
 STEPS = [(4, 2), (7, 3), (2, 1), (4, 2), (5, 4)]  # grow, shrink, repeat
 
 
-def check(op_type, direction, layout=0, steps=STEPS, **kw):
+def check(op_type, direction, layout=0, steps=STEPS, tol=None, **kw):
     m = rnn_model(op_type, direction, layout, **kw)
     feeds = feeds_for(m, steps, layout)
+    tol = tol or {}
     if not layout:
-        run_sequence(m, feeds, references=("ort",))
+        run_sequence(m, feeds, references=("ort",), **tol)
         return
     m0 = rnn_model(op_type, direction, 0, **kw)  # the same weights (fixed seed), time-major
     ref = ort.InferenceSession(m0.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -94,7 +95,7 @@ def check(op_type, direction, layout=0, steps=STEPS, **kw):
         for got, want in zip(sess.run(None, f), ref.run(None, f0)):
             # Y (T, D, B, H) -> (B, T, D, H); states (D, B, H) -> (B, D, H)
             want = want.transpose(2, 0, 1, 3) if want.ndim == 4 else want.swapaxes(0, 1)
-            compare(got, want, f"layout 1, shapes {[v.shape for v in f.values()]}")
+            compare(got, want, f"layout 1, shapes {[v.shape for v in f.values()]}", **tol)
 
 
 @pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
@@ -178,6 +179,7 @@ def test_torch_kernels_serve_the_common_configuration(op_type, direction, layout
     real = rnn._fused
     monkeypatch.setattr(rnn, "_fused", lambda kind, X, *a: calls.append((kind, X.shape)) or real(kind, X, *a))
     attrs = {"linear_before_reset": 1} if op_type == "GRU" else None
+    # 40 steps of recurrence in cuDNN's order of operations: a few float32 ulps more than 1e-5
     check(op_type, direction, layout, steps=[(3, 2), (40, 1), (1, 3), (40, 2)], attrs=attrs,
-          use=("B", "initial_h", "initial_c"))
+          use=("B", "initial_h", "initial_c"), tol={"atol": 5e-5})
     assert [k for k, _ in calls] == [op_type] * len(calls) and len(calls) >= 4
