@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import torch
 
 from .compile import Program, compile_graph
-from .errors import OptionsError, UnknownOutputError
+from .errors import DimensionWarning, OptionsError, SymbolDisagreementError, UnknownOutputError
 from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
 from .interpreter.network import Network
@@ -121,23 +123,50 @@ class InferenceSession:
         self.allocator = options.get("allocator", "direct")
         self.device_memory_limit = options.get("device_memory_limit")
         self.precision = _Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
-        proto = prepare_proto(load_model_proto(model))
-        fusion = options.get("fusion", os.environ.get("DYNASHAPE_FUSION", "1") != "0")
-        fusion = bool(fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
-        self.program: Program = compile_graph(parse_model(proto, parse), fusion=fusion)
+        self._fusion = options.get("fusion", os.environ.get("DYNASHAPE_FUSION", "1") != "0")
+        self._parse = parse
+        self._unlinked: set[str] = set()
+        self._lock = threading.Lock()
+        self._reload_lock = threading.Lock()
+        self._default: InferRequest | None = None
+        self._source = model  # read again if a dim name is unlinked (keeping the proto would double the weights)
+        self._load(prepare_proto(load_model_proto(model)))
+
+    def _load(self, proto) -> None:
+        """Parse and compile ``proto``: what a new session does, and what unlinking a dim name redoes."""
+        fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
+        self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
         self._check_feeds = FeedChecker(self._specs, self.device)
         self._inputs = [_node_arg(v) for v in g.inputs]
         self._outputs = [_node_arg(v) for v in g.outputs]
-        self._default: InferRequest | None = None
-        self._lock = threading.Lock()
         # the specializations of the generated code, shared by the requests (and one per body)
         run_graph = self.program.fused if self.program.fused is not None else g
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat)
                          if self.executor == "compiled" else None)
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
+
+    def _unlink(self, err: SymbolDisagreementError) -> None:
+        """Feeds gave two axes of one dim name different sizes. onnxruntime runs them, and so do
+        we: the name stops linking the axes (the model is parsed again without it, since shapes
+        were inferred and folded assuming the axes equal), with one warning per name. A name the
+        user pinned with dim_params is a promise about the feeds: breaking it is an error."""
+        if err.symbol in self._parse.dim_params:
+            raise SymbolDisagreementError(f"{err}, which dim_params pins; they must agree", err.symbol) from None
+        if err.symbol in self._unlinked:  # another request unlinked it already
+            return
+        warnings.warn(f"{err}: the model names them alike, the feeds disagree; running them as "
+                      f"independent dimensions", DimensionWarning, stacklevel=4)
+        self._unlinked.add(err.symbol)
+        proto = onnx.ModelProto()
+        proto.CopyFrom(load_model_proto(self._source))  # never edit the caller's ModelProto
+        for vi in proto.graph.input:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param in self._unlinked:
+                    d.ClearField("dim_param")
+        self._load(prepare_proto(proto))
 
     def body_model(self, graph) -> CompiledModel:
         """The compiled form of a control-flow body: its outer-scope reads are extra inputs."""
@@ -182,6 +211,7 @@ class InferRequest:
 
     def __init__(self, session: InferenceSession) -> None:
         self.session = session
+        self.program = session.program
         self.engine = Engine(session.device, allocator=session.allocator, verbose=session.verbose,
                              device_memory_limit=session.device_memory_limit)
         self._network: Network | None = None
@@ -225,7 +255,16 @@ class InferRequest:
         return self.network.run(tensors, hand_out=hand_out)
 
     def run(self, output_names, feeds) -> list:
-        tensors, numpy_mode = self.session._check_feeds(feeds)
+        s = self.session
+        if self.program is not s.program:  # the session was parsed again (a dim name unlinked)
+            self.__init__(s)
+        try:
+            tensors, numpy_mode = s._check_feeds(feeds)
+        except SymbolDisagreementError as e:
+            with s._reload_lock:
+                s._unlink(e)
+            self.__init__(s)
+            return self.run(output_names, feeds)
         idx = self._select(output_names)
         if self.session.precision is not None:
             with self.session.precision:

@@ -81,5 +81,18 @@ class InputShapeError(InputError, ValueError):
     """A feed with a dimension outside its declared range, or dims that must agree but do not."""
 
 
+class SymbolDisagreementError(InputShapeError):
+    """Two axes that share a dim name are fed different sizes. onnxruntime runs such feeds, so
+    the session unlinks the name (with a warning) unless the user pinned it with dim_params."""
+
+    def __init__(self, message: str, symbol: str) -> None:
+        super().__init__(message)
+        self.symbol = symbol
+
+
+class DimensionWarning(UserWarning):
+    """A model's dim names do not hold for the feeds given (the session ran them anyway)."""
+
+
 class ExecutionError(DynashapeError, RuntimeError):
     """A node failed while running; names the node and op so the model can be inspected."""

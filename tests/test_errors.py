@@ -60,10 +60,30 @@ def test_unknown_output_name(sess):
     good(sess)
 
 
-def test_shared_symbol_must_agree():
-    s = dynashape.InferenceSession(two_inputs_shared_symbol())
-    with pytest.raises(InputShapeError, match="'batch'"):
+@pytest.mark.parametrize("executor", ["compiled", "interpreter"])
+def test_shared_symbol_that_disagrees_runs_with_one_warning(executor):
+    # onnxruntime runs feeds that break a dim name; so do we, warning once, as it computes
+    import onnxruntime as ort
+    m = two_inputs_shared_symbol()
+    s = dynashape.InferenceSession(m, executor=executor)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x, y = rand(4, 3), rand(4, 3)
+    np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0], x * y)
+    with pytest.warns(dynashape.errors.DimensionWarning, match="'batch'") as w:
+        for n in (1, 3, 1):
+            x, y = rand(n + 1, 3), rand(1, 3)
+            np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0], ref.run(None, {"x": x, "y": y})[0])
+    assert len([r for r in w if issubclass(r.category, dynashape.errors.DimensionWarning)]) == 1
+    with pytest.raises(dynashape.errors.ShapeError, match="Mul"):  # 2 vs 4 cannot broadcast
         s.run(None, {"x": rand(2, 3), "y": rand(4, 3)})
+    x, y = rand(5, 3), rand(5, 3)
+    np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0], x * y)
+
+
+def test_shared_symbol_pinned_by_dim_params_must_agree():
+    s = dynashape.InferenceSession(two_inputs_shared_symbol(), dim_params={"batch": Dimension(1, 8)})
+    with pytest.raises(InputShapeError, match="'batch'.*dim_params"):
+        s.run(None, {"x": rand(2, 3), "y": rand(1, 3)})
     x, y = rand(4, 3), rand(4, 3)
     np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0], x * y)
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import InputRankError, InputShapeError, InputTypeError, MissingInputError, UnknownInputError
+from ..errors import (
+    InputRankError,
+    InputShapeError,
+    InputTypeError,
+    MissingInputError,
+    SymbolDisagreementError,
+    UnknownInputError,
+)
 from ..ir import Value, elem_type_name, onnx_elem_type
 from ..shape import PartialShape
 
@@ -134,9 +141,8 @@ def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
         if symbol:
             seen = symbols.setdefault(symbol, (s.name, axis, v))
             if seen[2] != v:
-                d = s.shape[axis]
-                raise InputShapeError(f"input {s.name!r} axis {axis} is {v} but input {seen[0]!r} axis "
-                                      f"{seen[1]} is {seen[2]}; both are dimension {d.symbol!r} and must agree")
+                raise SymbolDisagreementError(f"input {s.name!r} axis {axis} is {v} but input {seen[0]!r} axis "
+                                              f"{seen[1]} is {seen[2]}; both are dimension {symbol!r}", symbol)
 
 
 def _to_tensor(x, device: torch.device, staged: bool = False):
