@@ -35,6 +35,8 @@ class Network:
         g = self.graph
         # outer-scope values (subgraphs) get a slot each, filled by the caller before a run
         self.outer = [(v, self._slot_for(v, "value")) for v in g.outer]
+        # a body's shapes follow its outer values as much as its inputs (an If body has none)
+        self.outer_slots = [s for v, s in self.outer if not v.is_const]
         self.input_slots = {v.name: self._slot_for(v, "value") for v in g.inputs}
         self.insts: list[PrimitiveInst] = []
         host_values: set[int] = set()
@@ -151,6 +153,8 @@ class Network:
         for name, t in feeds.items():
             vals[self.input_slots[name]] = self.stage(name, t)
         shapes = tuple(map(shape_key, feeds.values()))
+        if self.outer_slots:
+            shapes += tuple(shape_key(vals[s]) for s in self.outer_slots)
         try:
             if self.shapes_follow_inputs and shapes == self.last_in_shapes:
                 self.stats["fast_runs"] += 1
