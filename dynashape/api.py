@@ -13,6 +13,7 @@ import onnx
 import torch
 
 from .compile import Program, compile_graph
+from .debug import expose
 from .errors import DimensionWarning, OptionsError, SymbolDisagreementError, UnknownOutputError
 from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
@@ -28,7 +29,7 @@ from .runtime.feeds import FeedChecker, InputSpec
 from .shape import PartialShape
 
 _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
-            "malloc_tuning",
+            "malloc_tuning", "extra_outputs",
             # memory (docs/memory.md)
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
             "kv_growth"}
@@ -105,7 +106,9 @@ class InferenceSession:
     Options: ``default_dynamic_dim``, ``dynamic_dims`` (input -> list of dims) and
     ``dim_params`` (symbol -> Dimension) set the ranges of dynamic dimensions; ``verbose``
     sets the log level of the memory engine (as DYNASHAPE_VERBOSE does); ``allow_tf32`` lets
-    CUDA matrix products and convolutions use TF32 (faster, ~1e-3 relative error; off by default).
+    CUDA matrix products and convolutions use TF32 (faster, ~1e-3 relative error; off by default);
+    ``extra_outputs`` (value names, or "all") makes intermediate values outputs too, after the
+    model's own (see dynashape.debug).
     """
 
     def __init__(self, model, device: str | torch.device = "cpu", **options) -> None:
@@ -130,7 +133,12 @@ class InferenceSession:
         self._reload_lock = threading.Lock()
         self._default: InferRequest | None = None
         self._source = model  # read again if a dim name is unlinked (keeping the proto would double the weights)
-        self._load(prepare_proto(load_model_proto(model)))
+        self._extra = options.get("extra_outputs")
+        self._load(prepare_proto(self._read()))
+
+    def _read(self) -> onnx.ModelProto:
+        proto = load_model_proto(self._source)
+        return expose(proto, self._extra) if self._extra else proto
 
     def _load(self, proto) -> None:
         """Parse and compile ``proto``: what a new session does, and what unlinking a dim name redoes."""
@@ -161,7 +169,7 @@ class InferenceSession:
                       f"independent dimensions", DimensionWarning, stacklevel=4)
         self._unlinked.add(err.symbol)
         proto = onnx.ModelProto()
-        proto.CopyFrom(load_model_proto(self._source))  # never edit the caller's ModelProto
+        proto.CopyFrom(self._read())  # never edit the caller's ModelProto
         for vi in proto.graph.input:
             for d in vi.type.tensor_type.shape.dim:
                 if d.HasField("dim_param") and d.dim_param in self._unlinked:

@@ -33,14 +33,12 @@ from ..ir import Graph, Node, Value
 from ..ir.dtypes import torch_dtype
 from ..ops.fused import CannotServe
 from ..shape import expr as E
+from ..shape import is_placeholder
 from ..shape.symint import NeedsConcrete, ShapeEnv, SymInt, expr_of
 from . import affine
 from .affine import Affine
 from .symbolic_values import SymValue
 from .symbolic_values import evaluate as evaluate_values
-
-# ONNX dim names that mean "unknown" rather than "the same as every other dim of this name"
-_PLACEHOLDER = re.compile(r"^(\?|-1|unk__\d+||None|dim_?\d*|DynamicDimension.*)$")
 
 
 @dataclass
@@ -187,7 +185,7 @@ def _trace_inputs(t: Trace, input_shapes: list) -> None:
             if d is not None and d.is_static:
                 dims.append(d.min)  # the feed check made sure of it
                 continue
-            name = d.symbol if d is not None and d.symbol and not _PLACEHOLDER.match(d.symbol) else None
+            name = d.symbol if d is not None and not is_placeholder(d.symbol) else None
             sym = by_name.get(name) if name else None
             if sym is not None and env.hints[sym] == n:
                 dims.append(env.wrap(_sym_expr(sym)))

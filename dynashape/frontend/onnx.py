@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from onnx import numpy_helper
 from ..errors import InvalidModelError, OptionsError
 from ..ir import Graph, Node, Value
 from ..ir.dtypes import to_torch
-from ..shape import Dimension, PartialShape
+from ..shape import Dimension, PartialShape, is_placeholder
 from .options import ModelDim, ParseOptions, resolve_input_shapes
 
 ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
@@ -82,14 +81,8 @@ def declared_dims(vi: onnx.ValueInfoProto) -> list[ModelDim] | None:
                      _symbol(d.dim_param)) for d in t.tensor_type.shape.dim]
 
 
-# Exporters write these where they mean "unknown", not "the same as every other axis so named":
-# PaddleOCR writes '?', tf2onnx 'unk__123', some tools '-1' or 'None'.
-_PLACEHOLDER = re.compile(r"^(\?|-1|none|null|unk__\d+|)$", re.IGNORECASE)
-
-
 def _symbol(dim_param: str) -> str | None:
-    name = dim_param.strip()
-    return None if _PLACEHOLDER.match(name) else name
+    return None if is_placeholder(dim_param) else dim_param.strip()
 
 
 def hint_shape(vi: onnx.ValueInfoProto | None) -> PartialShape | None:

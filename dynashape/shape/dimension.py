@@ -7,6 +7,7 @@ fixed Dimension wherever one is accepted.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -176,3 +177,14 @@ def dim_ceildiv(a: Dimension | int, b: Dimension | int) -> Dimension | int:
     if isinstance(a, int) and isinstance(b, int):
         return -(-a // b)
     return Dimension.of(a).ceildiv(b)
+
+
+# Exporters write these where they mean "unknown", not "the same as every other axis so named":
+# PaddleOCR writes '?', tf2onnx 'unk__123', some tools '-1', 'None', 'dim_0' or 'DynamicDimension'.
+_PLACEHOLDER = re.compile(r"^(\?|-1|none|null|unk__\d+|dim_?\d*|DynamicDimension.*|)$", re.IGNORECASE)
+
+
+def is_placeholder(name: str | None) -> bool:
+    """Whether a dim name means "unknown" rather than a symbol shared by the axes carrying it."""
+    return name is None or bool(_PLACEHOLDER.match(name.strip()))
+

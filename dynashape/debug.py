@@ -1,0 +1,123 @@
+"""Looking inside a model: intermediate values as outputs, and the first node where two runtimes part.
+
+    sess = InferenceSession(model, extra_outputs=["attn_scores", "mlp/out"])   # or "all"
+    report = first_divergence(model, feeds)   # against onnxruntime, node by node
+
+A wrong answer without an error is only found by comparing values node by node with a
+runtime that is right; ``first_divergence`` does that with onnxruntime, which runs the same
+graph with the same values exposed, and names the first node whose output differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .errors import OptionsError
+
+
+def expose(proto: onnx.ModelProto, names: Sequence[str] | str) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph also outputs ``names`` (values of the main graph), after
+    its own outputs; ``"all"``: every node output of the main graph, in node order."""
+    produced = [o for n in proto.graph.node for o in n.output if o]
+    have = {o.name for o in proto.graph.output}
+    if isinstance(names, str):
+        if names != "all":
+            raise OptionsError(f"extra_outputs must be a list of value names or 'all', got {names!r}")
+        names = [o for o in produced if o not in have]
+    missing = sorted(set(names) - set(produced) - have)
+    if missing:
+        raise OptionsError(f"extra_outputs names {missing}, which no node of the main graph produces")
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    try:  # types for the new outputs (onnxruntime wants them; ours only reads the element type)
+        inferred = onnx.shape_inference.infer_shapes(out).graph.value_info
+    except Exception:  # noqa: BLE001  an output without a type is still an output to us
+        inferred = []
+    types = {vi.name: vi for vi in list(out.graph.value_info) + list(inferred)}
+    seen = set(have)
+    for n in names:
+        if n in seen:
+            continue
+        seen.add(n)
+        vi = out.graph.output.add()
+        if n in types:
+            vi.CopyFrom(types[n])
+        else:
+            vi.name = n
+    return out
+
+
+@dataclass
+class Divergence:
+    node: str  # the node that produced the value
+    op_type: str
+    output: str
+    max_abs: float  # max |dynashape - reference| (inf for a shape or dtype mismatch)
+    note: str = ""
+
+
+def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5, all_rows: bool = False,
+                     **session_options) -> list[Divergence]:
+    """Run ``model`` on ``feeds`` in dynashape and in onnxruntime (graph optimizations off, so
+    every value exists there too) with every intermediate exposed, and compare node by node in
+    graph order. Returns the rows that differ beyond ``rtol``/``atol`` (the first is where the
+    two part: later ones may only inherit it), or every compared row with ``all_rows``."""
+    import onnxruntime as ort
+
+    from .api import InferenceSession
+    from .frontend.onnx import load_model_proto
+
+    proto = expose(load_model_proto(model), "all")
+    typed = onnx.ModelProto()
+    typed.CopyFrom(proto)  # onnxruntime cannot output a value of unknown type: leave those out
+    keep = [o for o in typed.graph.output if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type]
+    del typed.graph.output[:]
+    typed.graph.output.extend(keep)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(typed.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in keep]
+    want = dict(zip(names, ref.run(names, feeds)))
+    del ref
+    sess = InferenceSession(proto, **session_options)
+    got = dict(zip([a.name for a in sess.get_outputs()], sess.run(None, feeds)))
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    order = {o: i for i, n in enumerate(proto.graph.node) for o in n.output}
+    rows = []
+    for name in sorted(names, key=lambda o: order.get(o, -1)):  # graph order: the first row is the first to part
+        g, w = got.get(name), want[name]
+        n = producer.get(name)
+        row = _compare(g, w, rtol, atol)
+        if row is None:
+            continue
+        err, bad, note = row
+        if bad or all_rows:
+            rows.append(Divergence(n.name if n else "", n.op_type if n else "(input)", name, err, note))
+    return rows
+
+
+def _compare(g, w, rtol: float, atol: float):
+    """(max abs error, differs?, note) of one value, None when it cannot be compared (strings)."""
+    g, w = np.asarray(g), np.asarray(w)
+    if w.dtype == object or w.dtype.kind in "SU":
+        return None
+    if g.shape != w.shape:
+        return float("inf"), True, f"shape {g.shape} vs {w.shape}"
+    if g.size == 0:
+        return 0.0, False, ""
+    if w.dtype.kind in "biu":
+        diff = np.abs(g.astype(np.int64) - w.astype(np.int64))
+        err = float(diff.max())
+        return err, err > 0, f"{int((diff > 0).sum())} of {w.size} integers differ" if err else ""
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(g64 - w64)
+        both_nan = np.isnan(g64) & np.isnan(w64)
+        diff[both_nan] = 0
+        bad = diff > atol + rtol * np.abs(w64)
+    err = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
+    return err, bool(bad.any() or np.isnan(diff).any()), ""
