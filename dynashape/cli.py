@@ -1,4 +1,5 @@
-"""The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program or its code."""
+"""The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program or its code,
+`check` a model's ops and inputs (and, --compare, its results against onnxruntime)."""
 
 from __future__ import annotations
 
@@ -143,6 +144,55 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    """Ops, inputs and (--compare) errors against onnxruntime; exit 1 when something is missing or wrong."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from . import check
+    from .frontend.onnx import load_model_proto
+    con = Console()
+    proto = load_model_proto(args.model)
+    ops = check.op_report(proto)
+    missing = [r for r in ops if not r.supported]
+    t = Table(title=f"{args.model}: {len(ops)} op types, {sum(r.count for r in ops)} nodes")
+    for col in ("domain", "op", "opset", "nodes", "supported"):
+        t.add_column(col)
+    for r in ops:
+        t.add_row(r.domain or "ai.onnx", r.op_type, str(r.opset), str(r.count),
+                  "yes" if r.supported else f"[red]NO[/red] {r.detail}")
+    con.print(t)
+    t = Table(title="inputs")
+    for col in ("input", "dtype", "dims", "note"):
+        t.add_column(col)
+    for r in check.input_report(proto):
+        t.add_row(r.name, r.dtype, escape("[" + ", ".join("?" if d is None else str(d) for d in r.dims) + "]"),
+                  escape(r.note))
+    con.print(t)
+    ok = not missing
+    if missing:
+        con.print(f"[red]{len(missing)} op type(s) have no kernel here:[/red] "
+                  + ", ".join(f"{r.op_type} ({r.domain or 'ai.onnx'}, opset {r.opset})" for r in missing))
+    if args.compare and ok:
+        given = {k: _parse_dims(v) for k, v in (s.split("=", 1) for s in args.shape or [])}
+        unknown = sorted(set(given) - {r.name for r in check.input_report(proto)})
+        if unknown:
+            raise SystemExit(f"dynashape: --shape names {unknown}, which the model's inputs are not")
+        rows = check.compare(args.model, trials=args.trials, seed=args.seed, given=given, int_high=args.int_high,
+                             device=args.device)
+        t = Table(title=f"dynashape vs onnxruntime, {args.trials} random shapes, one session")
+        for col in ("shapes", "max |error| per output", "result"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(" ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shapes.items()),
+                      ", ".join(f"{k}: {v:.3g}" for k, v in r.errors.items()), r.status)
+        con.print(t)
+        ok = ok and all(r.status in ("match",) or r.status.startswith("onnxruntime refused") for r in rows)
+    con.print("[green]OK[/green]" if ok else "[red]NOT OK[/red]")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dynashape", description="Run ONNX models with dynamic shapes.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -168,9 +218,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the generated code of the specialization for --shape (typical sizes where not given)")
     s.add_argument("--shape", action="append", metavar="NAME=DIMS", help="e.g. input_ids=1x16")
     s.add_argument("--device", default="cpu")
+    c = sub.add_parser("check", help="is every op supported, which inputs are dynamic; --compare: errors vs "
+                                     "onnxruntime over random shapes")
+    c.add_argument("model")
+    c.add_argument("--compare", action="store_true", help="run random shapes here and in onnxruntime")
+    c.add_argument("--trials", type=int, default=3, help="how many random shapes (--compare)")
+    c.add_argument("--shape", action="append", metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x64x64")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--int-high", type=int, default=10, help="random integer inputs lie in [1, this)")
+    c.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     try:
-        return {"run": cmd_run, "demo": cmd_demo, "show": cmd_show}[args.cmd](args)
+        return {"run": cmd_run, "demo": cmd_demo, "show": cmd_show, "check": cmd_check}[args.cmd](args)
     except DynashapeError as e:
         print(f"dynashape: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
