@@ -36,6 +36,10 @@ class ModelSpec:
     warmup: Point  # a point outside `sequence`: first calls at the sequence's points then all hit a warm session
     sequence: tuple[Point, ...]
     inputs: str  # the inputs and their dynamic dims, for the report
+    # a stateful model's (output, input) pairs: the tests run a few steps per point, each feeding
+    # the state it got back, as the package's own loop does (the benchmark times single calls)
+    feedback: tuple[tuple[str, str], ...] = ()
+    heavy: bool = False  # left out of the default test run (CI): `python -m pytest -m heavy` runs it
 
     @property
     def package(self) -> str:
@@ -144,10 +148,10 @@ SPECS: tuple[ModelSpec, ...] = (
               "x: float32 [N, 3, H, W], N/H/W dynamic (rapidocr feeds 48x192)"),
     ModelSpec("ocr_det_v6", _RAPID3, "rapidocr/models/PP-OCRv6_det_small.onnx",
               "OCR text detection (PP-OCRv6 small)", _ocr_image, (1, 256, 256), _DET_SEQ,
-              "x: float32 [N, 3, H, W], N/H/W dynamic"),
+              "x: float32 [N, 3, H, W], N/H/W dynamic", heavy=True),
     ModelSpec("ocr_rec_v6", _RAPID3, "rapidocr/models/PP-OCRv6_rec_small.onnx",
               "OCR text recognition (PP-OCRv6 small, 18710 classes)", _ocr_image, (2, 48, 240), _REC_SEQ,
-              "x: float32 [N, 3, 48, W], N/W dynamic"),
+              "x: float32 [N, 3, 48, W], N/W dynamic", heavy=True),
     ModelSpec("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
               "file-type detection (magika standard_v3_3)", _magika, (2,),
               ((1,), (8,), (32,), (1,), (4,), (8,)),
@@ -155,15 +159,18 @@ SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
               "voice activity detection (stateful LSTM, If on the sample rate)", _silero, (2, 16000),
               ((1, 16000), (4, 16000), (1, 8000), (8, 16000), (1, 16000), (2, 8000), (4, 16000)),
-              "input: float32 [N, 576|288], state: float32 [2, N, 128], sr: int64 scalar; N and chunk dynamic"),
+              "input: float32 [N, 576|288], state: float32 [2, N, 128], sr: int64 scalar; N and chunk dynamic",
+              feedback=(("stateN", "state"),)),
     ModelSpec("silero_vad_ifless", "silero-vad==6.2.3", "silero_vad/data/silero_vad_op18_ifless.onnx",
               "voice activity detection (stateful, opset 18, one If on the sample rate)", _silero, (2, 16000),
               ((1, 16000), (4, 16000), (1, 8000), (8, 16000), (1, 16000), (2, 8000), (4, 16000)),
-              "input: float32 [N, 576|288], sr: int64 scalar, state: float32 [2, N, 128]; N and chunk dynamic"),
+              "input: float32 [N, 576|288], sr: int64 scalar, state: float32 [2, N, 128]; N and chunk dynamic",
+              feedback=(("stateN", "state"),)),
     ModelSpec("silero_vad_seq", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
               "voice activity detection over a sequence of chunks (LSTM over T)", _silero_seq, (4,),
               ((8,), (32,), (1,), (100,), (8,), (32,)),
-              "input: float32 [T, 576], h/c: float32 [1, 1, 128]; T dynamic"),
+              "input: float32 [T, 576], h/c: float32 [1, 1, 128]; T dynamic",
+              feedback=(("hn", "h"), ("cn", "c"))),
     ModelSpec("nudenet_320n", "nudenet==3.4.2", "nudenet/320n.onnx",
               "NSFW object detection (YOLOv8n)", _nudenet, (1, 224, 224),
               ((1, 320, 320), (1, 320, 256), (2, 320, 320), (1, 256, 320), (1, 320, 320), (4, 320, 320)),
@@ -187,7 +194,8 @@ SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("g2p_id_lstm_dec", "g2p-id-py==0.4.2", "g2p_id/models/lstm/decoder_model.onnx",
               "seq2seq G2P decoder (LSTM with state)", _g2p_dec, (2, 2),
               ((1, 1), (4, 1), (1, 10), (1, 1), (4, 10), (4, 1)),
-              "input_2: float32 [N, T, 32], input_3/input_4: float32 [N, 256]; N/T dynamic"),
+              "input_2: float32 [N, T, 32], input_3/input_4: float32 [N, 256]; N/T dynamic",
+              feedback=(("lstm_1", "input_3"), ("lstm_1_1", "input_4"))),
 )
 
 BY_NAME = {s.name: s for s in SPECS}
