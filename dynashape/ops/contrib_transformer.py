@@ -1,0 +1,354 @@
+"""onnxruntime's transformer contrib ops outside attention: the fused norms, GELUs, BiasAdd and
+FusedMatMul its transformers optimizer (and its graph optimizer) write into BERT, GPT-2, T5 and
+ViT models. Domain ``com.microsoft``, except SimplifiedLayerNormalization and the pre-opset-17
+LayerNormalization, which onnxruntime registers in the ONNX domain.
+
+Semantics follow onnxruntime's CPU kernels: norms of half inputs compute in float32 and round
+once; their statistics outputs are float32. Multi-output ops take ``_n_outputs`` (set at load)
+to know how many outputs the node asks for.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from .linalg import _known_differ, _matmul, _matmul_shape
+from .norm import _layernorm, _ln_infer
+from .registry import op
+from .shapes import same_as_first
+
+MS = "com.microsoft"
+
+
+def _opt(shapes, i):
+    """The shape of optional input i, None when the node leaves it out."""
+    return shapes[i] if i < len(shapes) else None
+
+
+def _compute_type(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _emit(results, out, n: int):
+    """The first ``n`` results, written into ``out`` where it has buffers; a tensor for n == 1."""
+    res = list(results[:n])
+    if isinstance(out, torch.Tensor):
+        return out.copy_(res[0])
+    if out is None:
+        return res[0] if n == 1 else tuple(res)
+    return tuple(r if o is None else o.copy_(r) for o, r in zip(out, res))
+
+
+def _wants(out, n: int, k: int) -> bool:
+    """Whether output k is asked for: within the node's outputs, and not a gap where ``out``
+    says which outputs have a buffer."""
+    if k >= n:
+        return False
+    return not isinstance(out, tuple) or k >= len(out) or out[k] is not None
+
+
+def _fmt(dims) -> str:
+    """A shape for a message: symbolic dims by their value, without pinning them."""
+    items = [int.__repr__(d) if isinstance(d, int) else str(d) for d in dims]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _check_vector(shape, size, op_type: str, what: str) -> None:
+    if shape is None:
+        return
+    if len(shape) != 1 or _known_differ(shape[0], size):
+        raise ShapeError(f"{op_type}: {what} must have shape {_fmt((size,))}, got {_fmt(shape)}")
+
+
+# SkipLayerNormalization, SkipSimplifiedLayerNormalization -----------------------------------
+def _skip_infer(op_type: str, shapes) -> list:
+    x, skip = shapes[0], shapes[1]
+    if len(x) not in (2, 3):
+        raise ShapeError(f"{op_type}: input must be (batch, seq, hidden) or (tokens, hidden), got {_fmt(x)}")
+    ok = len(skip) in (2, 3) and len(skip) <= len(x) and not any(
+        _known_differ(a, b) for a, b in zip(skip[-2:], x[-2:]))
+    if ok and len(skip) == 3:
+        # onnxruntime broadcasts a skip of batch 1 (or without batch) over the input's batch
+        ok = skip[0] == 1 or not _known_differ(skip[0], x[0])
+    if not ok:
+        want = f"{_fmt(x)}, {_fmt((1, *x[1:]))} or {_fmt(x[1:])}" if len(x) == 3 else _fmt(x)
+        raise ShapeError(f"{op_type}: skip must have shape {want}, got {_fmt(skip)}")
+    stat = tuple(x[:-1]) + (1,)
+    return [tuple(x), stat, stat, tuple(x)]  # output, mean, inv_std_var, input_skip_bias_sum
+
+
+def _skip_ln_infer(shapes, values, **_attrs):
+    h = shapes[0][-1] if shapes[0] else None
+    for i, what in ((2, "gamma"), (3, "beta"), (4, "bias")):
+        _check_vector(_opt(shapes, i), h, "SkipLayerNormalization", what)
+    return _skip_infer("SkipLayerNormalization", shapes)
+
+
+def _skip_rms_infer(shapes, values, **_attrs):
+    h = shapes[0][-1] if shapes[0] else None
+    for i, what in ((2, "gamma"), (3, "bias")):
+        _check_vector(_opt(shapes, i), h, "SkipSimplifiedLayerNormalization", what)
+    return _skip_infer("SkipSimplifiedLayerNormalization", shapes)
+
+
+def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: int, out):
+    ct = _compute_type(x.dtype)
+    s = x.to(ct) + skip.to(ct)
+    if bias is not None:
+        s = s + bias.to(ct)
+    g = gamma.to(ct)
+    b = None if beta is None else beta.to(ct)
+    h = (x.shape[-1],)
+    if not (_wants(out, n, 1) or _wants(out, n, 2)):
+        y = F.rms_norm(s, h, g, epsilon) if simplified else F.layer_norm(s, h, g, b, epsilon)
+        mean = inv = None
+    else:
+        if simplified:
+            inv = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + epsilon)
+            mean = torch.zeros_like(inv)  # onnxruntime writes 0: no centring
+            y = s * inv * g
+        else:
+            var, mean = torch.var_mean(s, -1, correction=0, keepdim=True)
+            inv = torch.rsqrt(var + epsilon)
+            y = (s - mean) * inv * g
+            if b is not None:
+                y = y + b
+        mean, inv = mean.float(), inv.float()
+    total = s.to(x.dtype) if _wants(out, n, 3) else None
+    return _emit([y.to(x.dtype), mean, inv, total], out, n)
+
+
+@op("SkipLayerNormalization", 1, MS, infer=_skip_ln_infer,
+    notes="skip of batch 1 or without batch broadcasts over the input's batch")
+def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, _n_outputs=1, out=None):
+    return _skip_norm(x, skip, gamma, beta, bias, epsilon, False, _n_outputs, out)
+
+
+@op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer)
+def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12, _n_outputs=1, out=None):
+    return _skip_norm(x, skip, gamma, None, bias, epsilon, True, _n_outputs, out)
+
+
+# SimplifiedLayerNormalization (ONNX domain) -------------------------------------------------
+def _axis(axis: int, rank: int, op_type: str) -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"{op_type}: axis {axis} is out of range for an input of rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _rms_infer(shapes, values, *, axis=-1, **_attrs):
+    x, scale = shapes[0], shapes[1]
+    a = _axis(axis, len(x), "SimplifiedLayerNormalization")
+    # scale broadcasts to X without enlarging it (onnxruntime: "NumPy-broadcastable")
+    if len(scale) > len(x) or any(d != 1 and _known_differ(d, xd) for d, xd in zip(reversed(scale), reversed(x))):
+        raise ShapeError(f"SimplifiedLayerNormalization: scale of shape {_fmt(scale)} does not broadcast to the "
+                         f"input's shape {_fmt(x)}; expected {_fmt(x[a:])} or a shape broadcasting to it")
+    return [tuple(x), tuple(x[:a]) + (1,) * (len(x) - a)]  # Y, inv_std_var
+
+
+@op("SimplifiedLayerNormalization", 1, infer=_rms_infer,
+    notes="onnxruntime's RMS norm, registered in the ONNX domain")
+def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, _n_outputs=1, out=None):
+    # onnxruntime computes in float32 (float64 for double) whatever stash_type says
+    a = _axis(axis, x.dim(), "SimplifiedLayerNormalization")
+    ct = _compute_type(x.dtype)
+    xs = x.to(ct)
+    inv = torch.rsqrt(xs.pow(2).mean(list(range(a, x.dim())), keepdim=True) + epsilon)
+    y = (xs * inv * scale.to(ct)).to(scale.dtype)
+    return _emit([y, inv.float()], out, _n_outputs)
+
+
+# onnxruntime runs LayerNormalization below opset 17 too (its own schema in the ONNX domain, the
+# same as opset 17's): the transformers optimizer writes it into models of any opset
+def _ln_before_17_infer(shapes, values, *, _n_outputs=1, **attrs):
+    return _ln_infer(shapes, values, **attrs)
+
+
+@op("LayerNormalization", 1, infer=_ln_before_17_infer)
+def _layernorm_before_17(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, _n_outputs=1, out=None):
+    r = _layernorm(x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type, out=out)
+    # ONNX's inference gives no type to the output of an op its opset lacks, so the runtime may
+    # call without buffers: a one-output node then wants the tensor, not the tuple
+    return r[0] if isinstance(r, tuple) and _n_outputs == 1 else r
+
+
+# EmbedLayerNormalization --------------------------------------------------------------------
+def _embed_infer(shapes, values, **_attrs):
+    ids, seg, word, pos, seg_emb, gamma, beta = shapes[:7]
+    mask, pos_ids = _opt(shapes, 7), _opt(shapes, 8)
+    what = "EmbedLayerNormalization"
+    if len(ids) != 2:
+        raise ShapeError(f"{what}: input_ids must be (batch, seq), got {_fmt(ids)}")
+    for name, s in (("segment_ids", seg), ("mask", mask)):
+        if s is not None and (len(s) != 2 or any(_known_differ(a, b) for a, b in zip(s, ids))):
+            raise ShapeError(f"{what}: {name} must have the shape of input_ids {_fmt(ids)}, got {_fmt(s)}")
+    if len(word) != 2:
+        raise ShapeError(f"{what}: word_embedding must be (vocab, hidden), got {_fmt(word)}")
+    h = word[1]
+    for name, s in (("position_embedding", pos), ("segment_embedding", seg_emb)):
+        if s is not None and (len(s) != 2 or _known_differ(s[1], h)):
+            raise ShapeError(f"{what}: {name} must be {_fmt(('rows', h))}, got {_fmt(s)}")
+    _check_vector(gamma, h, what, "gamma")
+    _check_vector(beta, h, what, "beta")
+    if pos_ids is not None and (len(pos_ids) != 2 or _known_differ(pos_ids[1], ids[1]) or (
+            pos_ids[0] != 1 and _known_differ(pos_ids[0], ids[0]))):
+        raise ShapeError(f"{what}: position_ids must be {_fmt(ids)} or {_fmt((1, ids[1]))}, got {_fmt(pos_ids)}")
+    y = (ids[0], ids[1], h)
+    return [y, (ids[0],), y]  # output, mask_index, embedding_sum
+
+
+def _rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """table[ids]; an id outside the table fails, as in onnxruntime."""
+    flat = ids.reshape(-1)
+    if flat.device != table.device:
+        flat = flat.to(table.device)
+    # index_select checks on the CPU; on a GPU a bad index is a device assert that spoils the
+    # context, so look first (one sync, once per run: the embedding starts the model)
+    if flat.device.type != "cpu" and flat.numel() and bool(((flat < 0) | (flat >= table.shape[0])).any()):
+        raise IndexError(f"EmbedLayerNormalization: index out of range of a table of {table.shape[0]} rows")
+    return torch.index_select(table, 0, flat).reshape(*ids.shape, table.shape[1])
+
+
+@op("EmbedLayerNormalization", 1, MS, infer=_embed_infer)
+def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding, segment_embedding, gamma, beta,
+                      mask=None, position_ids=None, *, epsilon=1e-12, mask_index_type=1, _n_outputs=1, out=None):
+    b, s = input_ids.shape
+    ct = _compute_type(word_embedding.dtype)
+    if position_ids is None:
+        if s > position_embedding.shape[0]:
+            raise ValueError(f"EmbedLayerNormalization: sequence length {s} exceeds the "
+                             f"{position_embedding.shape[0]} rows of position_embedding")
+        pos = position_embedding[:s]
+    else:
+        pos = _rows(position_embedding, position_ids)  # (1, S, H) broadcasts over the batch
+    e = _rows(word_embedding, input_ids).to(ct) + pos.to(ct)
+    if segment_embedding is not None:
+        # without segment_ids onnxruntime adds segment row 0 to every token
+        seg = segment_ids if segment_ids is not None else torch.zeros_like(input_ids)
+        e = e + _rows(segment_embedding, seg).to(ct)
+    elif segment_ids is not None:
+        raise ValueError("EmbedLayerNormalization: segment_ids given without a segment_embedding")
+    h = (word_embedding.shape[1],)
+    y = F.layer_norm(e, h, gamma.to(ct), beta.to(ct), epsilon).to(word_embedding.dtype)
+    mask_index = None
+    if _wants(out, _n_outputs, 1):
+        # the count of ones per row (other values do not count), zeros without a mask
+        mask_index = (torch.zeros(b, dtype=torch.int32, device=input_ids.device) if mask is None
+                      else (mask == 1).sum(1, dtype=torch.int32))
+    total = e.to(word_embedding.dtype) if _wants(out, _n_outputs, 2) else None
+    return _emit([y, mask_index, total], out, _n_outputs)
+
+
+# activations --------------------------------------------------------------------------------
+def _bias_infer(op_type: str, required: bool):
+    def infer(shapes, values, **_attrs):
+        x, bias = shapes[0], _opt(shapes, 1)
+        if bias is not None or required:
+            if len(x) < 1:
+                raise ShapeError(f"{op_type}: input must have rank >= 1 to take a bias, got a scalar")
+            _check_vector(bias, x[-1], op_type, "bias")
+        return [tuple(x)]
+    return infer
+
+
+def _gelu(x, approximate: str, out):
+    if out is None:
+        return F.gelu(x, approximate=approximate)
+    return torch._C._nn.gelu(x, approximate=approximate, out=out)
+
+
+@op("Gelu", 1, MS, infer=same_as_first, notes="erf GELU")
+def _ms_gelu(x, *, out=None):
+    return _gelu(x, "none", out)
+
+
+@op("FastGelu", 1, MS, infer=_bias_infer("FastGelu", False), notes="tanh GELU of x + bias")
+def _fast_gelu(x, bias=None, *, out=None):
+    if bias is not None:
+        x = torch.add(x, bias) if out is None else torch.add(x, bias, out=out)
+    return _gelu(x, "tanh", out)
+
+
+@op("BiasGelu", 1, MS, infer=_bias_infer("BiasGelu", True), notes="erf GELU of a + b")
+def _bias_gelu(a, b, *, out=None):
+    x = torch.add(a, b) if out is None else torch.add(a, b, out=out)
+    return _gelu(x, "none", out)
+
+
+@op("QuickGelu", 1, MS, infer=same_as_first, notes="x * sigmoid(alpha * x)")
+def _quick_gelu(x, *, alpha=1.702, out=None):
+    return torch.mul(x, torch.sigmoid(x * alpha), out=out)
+
+
+# BiasAdd, BiasSplitGelu (CUDA only in onnxruntime) ------------------------------------------
+def _bias_add_infer(shapes, values, **_attrs):
+    x, bias, skip = shapes[0], shapes[1], shapes[2]
+    if len(x) != 3:
+        raise ShapeError(f"BiasAdd: input must be (batch, seq, channels), got {_fmt(x)}")
+    _check_vector(bias, x[2], "BiasAdd", "bias")
+    if len(skip) != 3 or any(_known_differ(a, b) for a, b in zip(skip, x)):
+        raise ShapeError(f"BiasAdd: skip must have the input's shape {_fmt(x)}, got {_fmt(skip)}")
+    return [tuple(x)]
+
+
+@op("BiasAdd", 1, MS, infer=_bias_add_infer, notes="x + bias + skip (onnxruntime: CUDA only)")
+def _bias_add(x, bias, skip, *, out=None):
+    r = torch.add(x, bias, out=out)
+    return r.add_(skip)
+
+
+def _bias_split_gelu_infer(shapes, values, **_attrs):
+    x, bias = shapes[0], shapes[1]
+    if len(x) != 3:
+        raise ShapeError(f"BiasSplitGelu: input must be (batch, seq, 2 * half), got {_fmt(x)}")
+    _check_vector(bias, x[2], "BiasSplitGelu", "bias")
+    if isinstance(x[2], int) and x[2] % 2:
+        raise ShapeError(f"BiasSplitGelu: the last dim must be even to split in halves, got {_fmt(x)}")
+    return [(x[0], x[1], x[2] // 2)]
+
+
+@op("BiasSplitGelu", 1, MS, infer=_bias_split_gelu_infer,
+    notes="left * gelu(right), halves of x + bias (onnxruntime: CUDA only)")
+def _bias_split_gelu(x, bias, *, out=None):
+    # as onnxruntime's CUDA kernel: the bias add rounds to the input type, the rest is float32
+    v = (x + bias).to(_compute_type(x.dtype))
+    left, right = v.chunk(2, dim=-1)
+    r = left * F.gelu(right)
+    return r.to(x.dtype) if out is None else out.copy_(r)
+
+
+# FusedMatMul --------------------------------------------------------------------------------
+def _operand(shape: tuple, trans: int, trans_batch: int) -> tuple:
+    """The matrix operand's shape after the transposes: transBatch moves dim 0 to the row
+    position (b1..bn, d0, dlast), then trans swaps the last two."""
+    if len(shape) < 2:
+        return tuple(shape)
+    if trans_batch:
+        shape = tuple(shape[1:-1]) + (shape[0], shape[-1])
+    return tuple(shape[:-2]) + (shape[-1], shape[-2]) if trans else tuple(shape)
+
+
+def _fused_matmul_infer(shapes, values, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0, **_attrs):
+    a, b = shapes[0], shapes[1]
+    if (transBatchA or transBatchB) and (len(a) != len(b) or len(a) < 3):
+        raise ShapeError(f"FusedMatMul: transBatchA/transBatchB need inputs of one rank >= 3, got {_fmt(a)} "
+                         f"and {_fmt(b)}")
+    return [_matmul_shape(_operand(a, transA, transBatchA), _operand(b, transB, transBatchB), "FusedMatMul")]
+
+
+def _transposed(t: torch.Tensor, trans: int, trans_batch: int) -> torch.Tensor:
+    if t.dim() < 2:
+        return t
+    if trans_batch:
+        r = t.dim()
+        t = t.permute(*range(1, r - 1), 0, r - 1)
+    return t.transpose(-1, -2) if trans else t
+
+
+@op("FusedMatMul", 1, MS, infer=_fused_matmul_infer,
+    notes="alpha * op(A) @ op(B); transBatch moves dim 0 next to the last")
+def _fused_matmul(a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0, out=None):
+    r = _matmul(_transposed(a, transA, transBatchA), _transposed(b, transB, transBatchB), out=out)
+    return r if alpha == 1.0 else r.mul_(alpha)
