@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     attention,
     control_flow,
+    contrib_attention,
     contrib_transformer,
     conv,
     data_dependent,
