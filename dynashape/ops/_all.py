@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     attention,
     control_flow,
     contrib_attention,
+    contrib_quant,
     contrib_transformer,
     conv,
     data_dependent,
