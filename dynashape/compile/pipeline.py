@@ -13,6 +13,7 @@ from .dead_nodes import remove_dead_nodes
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_silu
 from .fuse_attention import fuse_attention
+from .fuse_dynamic_quant import fuse_dynamic_quant
 from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
@@ -36,6 +37,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # Fusion: exported patterns -> single kernels, for the generated code. The interpreter runs the
 # graph as it was (the reference the fused graph is tested against).
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
     ("fuse_layer_norm", fuse_layer_norm),  # first: its inner d / sqrt(mean(d^2) + eps) looks like an RMSNorm

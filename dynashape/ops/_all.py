@@ -2,14 +2,17 @@
 
 from . import (  # noqa: F401
     attention,
-    control_flow,
     contrib_attention,
+    contrib_qattention,
     contrib_quant,
+    contrib_rnn,
     contrib_transformer,
+    control_flow,
     conv,
     data_dependent,
     elementwise,
     fused,
+    fused_quant,
     generators,
     image,
     indexing,

@@ -5,8 +5,13 @@ Quantized values of every type are handled as their *values*: an int4 / float4 t
 unpacked in an int8 / float8 tensor (ir/dtypes.py), so reading one is a plain conversion. Writing
 one needs the target's rules: integers round half to even and saturate to the type's range,
 float types go through ir.dtypes.cast_tensor (round to nearest even, saturation per the Cast
-spec). Integer products and convolutions run in float64, exact for every sum of int8 / int16
-products these ops see (below 2**53), on the CPU and on CUDA alike (CUDA has no integer GEMM).
+spec). Integer products go through linalg.qmatmul (float32 GEMMs split along K so that every
+partial sum is an exact integer, see linalg.py); QLinearConv's convolution runs in float64 (exact
+below 2**53), ConvInteger's in float32 on the CPU when its partial sums provably stay below 2**24.
+
+DynamicQuantizeLinear and QLinearMatMul follow onnxruntime's arithmetic bit for bit: the scale and
+zero point in float32 (scale 1 for an all-zero input), x / scale in float32 rounded half to even;
+the requantization float32(acc) * (a_scale * b_scale / y_scale) in float32.
 
 The type written is the node's output type: ``_out_types`` (the graph's element types of the
 outputs, passed in by the runtime) names an INT4 that the held int8 of a zero point cannot.
@@ -14,12 +19,15 @@ outputs, passed in by the runtime) names an INT4 that the held int8 of a zero po
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import SUBBYTE_INT, TP, cast_tensor, onnx_elem_type, torch_dtype
 from .conv import _conv, _conv_infer
-from .linalg import _matmul_shape
+from .linalg import _amax, _matmul_shape, qmatmul
 from .registry import op
 from .shapes import norm_axis, same_as_first
 
@@ -124,24 +132,74 @@ def _dql_infer(shapes, values):
     return [shapes[0], (), ()]
 
 
-@op("DynamicQuantizeLinear", 11, infer=_dql_infer)
-def _dynamic_quantize(x, *, out=None):
-    """uint8 over [min(0, x), max(0, x)]: scale = range / 255, zero point = round(-min / scale)."""
-    xf = x.to(torch.float32)
+_F32_MAX = 3.4028234663852886e38
+
+
+def dynamic_qparams(lo: float, hi: float) -> tuple[float, int] | None:
+    """onnxruntime's GetQuantizationParameter for uint8, in float32: the range [min(lo, 0),
+    max(hi, 0)], scale = range / 255 (1 for an all-zero input, whose values all quantize to
+    0 then), zero point = round-half-even(clamp(0 - min / scale, 0, 255)). None when the range is
+    not finite or the scale underflows (the tensor path then gives what the formula gives)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi == lo:
+        return (1.0, 0) if hi == 0.0 else None
+    if not (hi - lo <= _F32_MAX):  # also catches inf and nan
+        return None
+    f32 = np.float32
+    lo32 = f32(lo)
+    scale = f32(f32(hi) - lo32) / f32(255.0)
+    if scale == 0:
+        return None
+    zp = float(f32(0.0) - lo32 / scale)
+    return float(scale), round(0.0 if zp < 0.0 else 255.0 if zp > 255.0 else zp)  # round(): half to even
+
+
+def quantize_u8(x: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+    """MlasQuantizeLinear: x / scale in float32, round half to even, clamped to [-zp, 255 - zp]:
+    the quantized value minus its zero point, as float32 (exact small integers)."""
+    q = torch.div(x, scale) if x.dtype == torch.float32 else torch.div(x.to(torch.float32), scale)
+    return q.round_().clamp_(-zp, 255 - zp)
+
+
+def _dql_tensor_path(xf: torch.Tensor):
+    """The same formula in tensor ops, for devices (no host round trip) and odd ranges. Every
+    divisor is a tensor on the device: CUDA divides by a host scalar as a multiplication by its
+    reciprocal, which rounds differently."""
     if xf.numel():
         lo, hi = torch.aminmax(xf)
         lo, hi = lo.clamp(max=0), hi.clamp(min=0)
     else:
-        lo = hi = torch.zeros((), device=x.device)
-    scale = (hi - lo) / 255
-    # an all-zero x has scale 0: divide by 1 instead, so that y and the zero point come out 0
-    div = torch.where(scale == 0, torch.ones_like(scale), scale)
-    zp = torch.round(-lo / div).clamp(0, 255)
-    y = _requantize(torch.round(xf / div) + zp, TP.UINT8)
-    res = (y, scale, zp.to(torch.uint8))
+        lo = hi = torch.zeros((), device=xf.device)
+    scale = torch.where(hi == lo, torch.ones_like(hi), (hi - lo) / torch.full((), 255.0, device=xf.device))
+    zp = (0 - lo / scale).clamp(0, 255).round()
+    y = torch.round(xf / scale).add_(zp).clamp_(0, 255)
+    return y, scale, zp
+
+
+@op("DynamicQuantizeLinear", 11, infer=_dql_infer)
+def _dynamic_quantize(x, *, out=None):
+    """uint8 over [min(0, x), max(0, x)], as onnxruntime computes it (bit for bit)."""
+    xf = x if x.dtype == torch.float32 else x.to(torch.float32)
+    qp = None
+    if xf.device.type == "cpu":
+        if xf.numel():
+            lo, hi = torch.aminmax(xf)
+            qp = dynamic_qparams(lo.item(), hi.item())
+        else:
+            qp = (1.0, 0)
+    if qp is None:
+        y, scale, zp = _dql_tensor_path(xf)
+        res = (y.to(torch.uint8), scale.to(torch.float32), zp.to(torch.uint8))
+        return res if out is None else tuple(o.copy_(r) for o, r in zip(out, res))
+    scale, zp = qp
+    q = quantize_u8(xf, scale, zp).add_(zp)
     if out is None:
-        return res
-    return tuple(o.copy_(r) for o, r in zip(out, res))
+        return (q.to(torch.uint8), torch.tensor(scale, dtype=torch.float32, device=x.device),
+                torch.tensor(zp, dtype=torch.uint8, device=x.device))
+    out[0].copy_(q)
+    out[1].fill_(scale)
+    out[2].fill_(zp)
+    return out
 
 
 # QLinearMatMul ------------------------------------------------------------------------------
@@ -183,15 +241,27 @@ def _qlinear_out(acc, multiplier, y_zero_point, to: int) -> torch.Tensor:
     return _requantize(v, to)
 
 
+def _requant_f32(acc: torch.Tensor, multiplier: torch.Tensor, y_zero_point, to: int) -> torch.Tensor:
+    """MlasRequantizeOutput: float32(acc) * multiplier in float32, rounded half to even, plus the
+    zero point, saturated to ``to`` (onnxruntime's QLinearMatMul)."""
+    v = acc.to(torch.float32) * multiplier
+    v = torch.round(v)
+    if y_zero_point is not None:
+        v = v + y_zero_point.to(torch.float32).reshape(())  # per tensor only
+    return _requantize(v, to)
+
+
 @op("QLinearMatMul", (10, 21), infer=_qmm_infer)
 def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
                     _out_types=None, out=None):
-    acc = torch.matmul(_centered(a, None if a_zero_point is None else _per_row(a_zero_point, a)),
-                       _centered(b, None if b_zero_point is None else _per_col(b_zero_point, b)))
+    za = None if a_zero_point is None else _per_row(a_zero_point, a)
+    zb = None if b_zero_point is None else _per_col(b_zero_point, b)
+    acc = qmatmul(a, b, za, zb)  # exact (float32 / float64 holding the integers)
     f32 = torch.float32
+    # onnxruntime: a_scale * b_scale / y_scale in float32, in that order
     multiplier = _per_row(a_scale, a).to(f32) * _per_col(b_scale, b).to(f32) / y_scale.to(f32).reshape(())
     to = _out_type(_out_types) or onnx_elem_type(y_zero_point if y_zero_point is not None else a)
-    r = _qlinear_out(acc, multiplier, y_zero_point, to)
+    r = _requant_f32(acc, multiplier, y_zero_point, to)
     return r if out is None else out.copy_(r)
 
 
@@ -238,10 +308,49 @@ def _qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y
     return r if out is None else out.copy_(r)
 
 
+_CONV_PLANS: dict[int, tuple] = {}
+
+
+def _conv_weight_l1(w: torch.Tensor, w_zero_point) -> float:
+    """max over output channels of sum |w - w_zero_point| (cached per weight tensor object)."""
+    key = id(w)
+    zk = None if w_zero_point is None else (id(w_zero_point), w_zero_point._version)
+    hit = _CONV_PLANS.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == zk:
+        return hit[3]
+    wf = w.to(torch.float64)
+    if w_zero_point is not None:
+        wf = wf - _per_out_channel(w_zero_point, w.shape[0], w.dim() - 1, "ConvInteger w_zero_point").to(torch.float64)
+    l1 = float(wf.abs().reshape(w.shape[0], -1).sum(1).max()) if w.numel() else 0.0
+    try:
+        ref = weakref.ref(w, lambda _r, k=key, cache=_CONV_PLANS: cache.pop(k, None))
+        _CONV_PLANS[key] = (ref, w._version, zk, l1)
+    except TypeError:
+        pass
+    return l1
+
+
 @op("ConvInteger", 10, infer=_conv_infer)
 def _conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
                   kernel_shape=None, pads=None, strides=None, out=None):
     attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
                  strides=strides)
+    if x_zero_point is not None and x_zero_point.numel() != 1:
+        raise ShapeError(f"ConvInteger: x_zero_point must be one value, got shape {tuple(x_zero_point.shape)}")
+    # float32 on the CPU when every partial sum stays below 2**24 (max |x - zx| times the largest
+    # sum of |w - zw| of an output channel): exact, and 2-4x faster than float64. (On CUDA, cuDNN
+    # may pick FFT / Winograd algorithms, exact for no float type: float64, then rounding.)
+    if x.device.type == "cpu" and x.dtype in (torch.uint8, torch.int8) and w.dtype in (torch.uint8, torch.int8):
+        amax = _amax(x, None if x_zero_point is None else x_zero_point.reshape(()))
+        if amax is not None and amax * _conv_weight_l1(w, w_zero_point) < float(1 << 24):
+            xf = x.to(torch.float32)
+            if x_zero_point is not None:
+                xf = xf.sub_(x_zero_point.reshape(()).to(torch.float32))
+            wf = w.to(torch.float32)
+            if w_zero_point is not None:
+                wf = wf - _per_out_channel(w_zero_point, w.shape[0], w.dim() - 1,
+                                           "ConvInteger w_zero_point").to(torch.float32)
+            r = _conv(xf, wf, **attrs)
+            return r.to(torch.int32) if out is None else out.copy_(r)
     r = _int_conv(x, x_zero_point, w, w_zero_point, attrs, "ConvInteger").round().to(torch.int32)
     return r if out is None else out.copy_(r)

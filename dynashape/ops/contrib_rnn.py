@@ -1,0 +1,260 @@
+"""onnxruntime's quantized recurrent contrib op (domain ``com.microsoft``): DynamicQuantizeLSTM.
+
+An LSTM (the ONNX op's attributes, inputs and outputs) whose weights come quantized:
+W (D, input, 4*hidden) and R (D, hidden, 4*hidden), int8 or uint8 -- transposed with respect to
+ONNX LSTM's W (D, 4*hidden, input) -- with W_scale / W_zero_point and R_scale / R_zero_point per
+direction (D,) or per direction and column (D, 4*hidden). onnxruntime (deep_cpu_lstm's quantized
+ComputeGemm) does not dequantize the weights: it quantizes each GEMM's float operand dynamically
+to uint8 (DynamicQuantizeLinear's scale and zero point), multiplies in integers and scales the
+int32 result by a_scale * w_scale in float32. This kernel does the same, with the same
+granularity:
+
+* the input projection quantizes all of X at once (the first max(sequence_lens) steps, every
+  batch entry): one scale for the whole sequence, shared by both directions;
+* the recurrent projection quantizes h_{t-1} per step and per direction, over all batch entries
+  together (entries past their length contribute zeros, as onnxruntime's previous-output buffer
+  holds). onnxruntime splits the batch across threads when it has more than 4 entries (or at
+  least 2 with hidden <= 256) and quantizes each slice on its own: with one intra-op thread (or
+  small batches) it matches this kernel; with several, its results move by quantization noise.
+
+Pre-activations are (X-part + h-part) + (Wb + Rb), clipped, then onnxruntime's gate arithmetic
+(i, o, f, c order; c = f * c + i * g; h = o * h(c)). A reverse direction reverses each sequence
+within its own length (onnxruntime's ReverseSequence), so its steps past an entry's length come
+last, as forward. The integer products are exact (linalg's engine); with
+linalg.set_u8s8_saturation(True) they saturate as onnxruntime's AVX2 kernels do. The float
+parts (sigmoid, tanh) are torch's, within a few ulps of MLAS's: outputs match onnxruntime to
+about 1e-6.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from ..errors import ShapeError
+from .linalg import PreparedB, int8_product, int_product, saturation_correction, u8s8_saturation
+from .norm import _put
+from .quant import dynamic_qparams
+from .registry import op
+from .rnn import _act, _activations, _num_dir
+
+MS = "com.microsoft"
+
+
+def _dq_lstm_infer(shapes, values, *, direction="forward", hidden_size=None, **_attrs):
+    x, r = shapes[0], shapes[2]
+    if len(x) != 3 or len(r) != 3:
+        raise ShapeError(f"DynamicQuantizeLSTM: X and R must be 3-D, got shapes {tuple(x)} and {tuple(r)}")
+    d = _num_dir(direction)
+    h = hidden_size if hidden_size is not None else r[1]
+    t, b = x[0], x[1]
+    return [(t, d, b, h), (d, b, h), (d, b, h)]
+
+
+# ---- weights ---------------------------------------------------------------------------------
+_WEIGHTS: dict[int, tuple] = {}
+
+
+class _QWeights:
+    """A quantized weight (D, K, 4H) ready for the product: centered float32 with its chunk plan
+    (batched over directions), the per-direction ones for the saturation switch, and the scales."""
+
+    def __init__(self, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor | None):
+        d, n = w.shape[0], w.shape[2]
+        zp = None
+        if w_zp is not None:
+            zp = w_zp.reshape(d, 1, -1 if w_zp.numel() != d else 1)
+        self.prep = PreparedB(w, zp)
+        self.per_dir = [PreparedB(w[i], None if zp is None else zp[i]) for i in range(d)]
+        if w_scale.numel() not in (d, d * n):
+            raise ShapeError(f"DynamicQuantizeLSTM: a weight scale of shape {tuple(w_scale.shape)} is neither one per "
+                             f"direction ({d}) nor one per direction and column ({d}, {n})")
+        self.scale = w_scale.to(torch.float32).reshape(d, 1, -1)  # (D, 1, 1) or (D, 1, 4H)
+        self.scale_values = self.scale.reshape(-1).tolist() if w_scale.numel() == d else None
+        self.signed = w.dtype == torch.int8
+
+
+def _weights(w, w_scale, w_zp) -> _QWeights:
+    key = id(w)
+    ids = (id(w_scale), w_scale._version, None if w_zp is None else (id(w_zp), w_zp._version))
+    hit = _WEIGHTS.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == ids:
+        return hit[3]
+    q = _QWeights(w, w_scale, w_zp)
+    try:
+        _WEIGHTS[key] = (weakref.ref(w, lambda _r, k=key, cache=_WEIGHTS: cache.pop(k, None)), w._version, ids, q)
+    except TypeError:
+        pass
+    return q
+
+
+# ---- dynamic quantization, one scale per direction -------------------------------------------------
+def _qparams(lo: list[float], hi: list[float]) -> tuple[list[float], list[int]]:
+    """DynamicQuantizeLinear's scale and zero point for each (lo, hi) (quant.dynamic_qparams)."""
+    scales, zps = [], []
+    for a, b in zip(lo, hi):
+        qp = dynamic_qparams(a, b)
+        if qp is None:  # inf / nan: what the formula gives
+            lo32, hi32 = np.float32(min(a, 0.0)), np.float32(max(b, 0.0))
+            with np.errstate(all="ignore"):
+                qp = (float(np.float32(hi32 - lo32) / np.float32(255)), 0)
+        scales.append(qp[0])
+        zps.append(qp[1])
+    return scales, zps
+
+
+def _quantize(v: torch.Tensor) -> tuple[torch.Tensor, list[float], list[int]]:
+    """v (D, ...) quantized per direction as DynamicQuantizeLinear: (q - zp as float32, the
+    scales, the zero points)."""
+    d = v.shape[0]
+    flat = v.reshape(d, -1)
+    if flat.shape[1] == 0:
+        return v.to(torch.float32), [1.0] * d, [0] * d
+    if d == 1:
+        lo, hi = torch.aminmax(flat)
+        scales, zps = _qparams([lo.item()], [hi.item()])
+        # CUDA divides by a host scalar as a multiplication by its reciprocal: a device tensor there
+        div = scales[0] if v.device.type == "cpu" else torch.full((), scales[0], device=v.device)
+        return torch.div(v, div).round_().clamp_(-zps[0], 255 - zps[0]), scales, zps
+    lo, hi = torch.aminmax(flat, dim=1)
+    scales, zps = _qparams(lo.tolist(), hi.tolist())
+    if v.device.type == "cpu":
+        q = torch.empty_like(v, dtype=torch.float32)
+        for i in range(d):  # per direction with host scalars: cheaper than making small tensors
+            torch.div(v[i], scales[i], out=q[i])
+    else:
+        q = torch.div(v, torch.tensor(scales, dtype=torch.float32, device=v.device).view((d,) + (1,) * (v.dim() - 1)))
+    q.round_()
+    for i in range(d):
+        q[i].clamp_(-zps[i], 255 - zps[i])
+    return q, scales, zps
+
+
+def _qproduct(q: torch.Tensor, scales: list[float], zps: list[int], w: _QWeights) -> torch.Tensor:
+    """float32(exact (q) @ (W - Wz)) * (a_scale * w_scale) per direction: q (D, M, K) -> (D, M, 4H)."""
+    amax = max(max(z, 255 - z) for z in zps)
+    acc = None
+    if not (u8s8_saturation() and w.signed):  # torch._int_mm where it is fast: one direction at a time
+        parts = [int8_product(q[i], zps[i], pd, centered=True) for i, pd in enumerate(w.per_dir)]
+        if all(p is not None for p in parts):
+            acc = torch.stack(parts)
+    if acc is None:
+        acc = int_product(q, w.prep, amax)
+    if u8s8_saturation() and w.signed:
+        acc = acc.double()
+        for i, pd in enumerate(w.per_dir):
+            c = saturation_correction((q[i] + zps[i]).to(torch.uint8), pd)
+            if c is not None:
+                acc[i] += c
+    if acc.dtype != torch.float32:
+        acc = acc.to(torch.float32)
+    if w.scale_values is not None:  # per direction: a_scale * w_scale in float32, on the host
+        for i, (a, b) in enumerate(zip(scales, w.scale_values)):
+            acc[i].mul_(float(np.float32(a) * np.float32(b)))
+        return acc
+    sc = torch.tensor(scales, dtype=torch.float32, device=acc.device).view(-1, 1, 1)
+    return acc.mul_(sc * w.scale)
+
+
+# ---- the kernel ----------------------------------------------------------------------------------
+@op("DynamicQuantizeLSTM", 1, MS, infer=_dq_lstm_infer)
+def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
+                           W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None, *,
+                           activation_alpha=None, activation_beta=None, activations=None, clip=None,
+                           direction="forward", hidden_size=None, input_forget=0, out=None):
+    nd = _num_dir(direction)
+    if X.dim() != 3 or W.dim() != 3 or R.dim() != 3:
+        raise ShapeError(f"DynamicQuantizeLSTM: X, W and R must be 3-D, got {tuple(X.shape)}, {tuple(W.shape)}, "
+                         f"{tuple(R.shape)}")
+    t, batch, _ = X.shape
+    n = R.shape[1]
+    if W.shape[0] != nd or R.shape[0] != nd or W.shape[2] != 4 * n or R.shape[2] != 4 * n or W.shape[1] != X.shape[2]:
+        raise ShapeError(f"DynamicQuantizeLSTM: W {tuple(W.shape)} / R {tuple(R.shape)} do not match {nd} direction(s) "
+                         f"of hidden size {n} over input {tuple(X.shape)}")
+    if W_scale is None or R_scale is None:
+        raise ShapeError("DynamicQuantizeLSTM: W_scale and R_scale are required")
+    dev = X.device
+    x = X.to(torch.float32)
+    wq, rq = _weights(W, W_scale, W_zero_point), _weights(R, R_scale, R_zero_point)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], nd)
+
+    # the steps each entry takes, and the reverse direction's time order (each sequence reversed
+    # within its own length)
+    lens = None
+    if sequence_lens is not None:
+        lens = sequence_lens.to(device=dev, dtype=torch.int64).clamp(0, t)
+        steps = int(lens.max()) if batch else 0
+    else:
+        steps = t
+    if lens is None:
+        rev = torch.arange(t - 1, -1, -1, device=dev).unsqueeze(1).expand(t, batch)
+    else:
+        tt = torch.arange(t, device=dev).unsqueeze(1)
+        rev = torch.where(tt < lens.unsqueeze(0), lens.unsqueeze(0) - 1 - tt, tt)  # (T, B), an involution
+    orders = [None if (direction == "forward" or (direction == "bidirectional" and d == 0)) else rev
+              for d in range(nd)]
+
+    # input projection: X quantized once (its first ``steps`` steps), one product per direction
+    xq, xs, xz = _quantize(x[:steps].unsqueeze(0))
+    xq = xq[0]
+    xd = torch.stack([xq if o is None else xq.gather(0, o[:steps].unsqueeze(-1).expand_as(xq)) for o in orders])
+    proj = _qproduct(xd.reshape(nd, steps * batch, -1), xs * nd, xz * nd, wq).reshape(nd, steps, batch, -1)
+    bias = None
+    if B is not None:
+        b32 = B.to(torch.float32)
+        bias = (b32[:, :4 * n] + b32[:, 4 * n:]).unsqueeze(1)  # (D, 1, 4H): Wb + Rb, as onnxruntime adds them
+
+    pi = pf = po = None
+    if P is not None:
+        pp = P.to(torch.float32).unsqueeze(1)  # (D, 1, 3H): i, o, f
+        pi, po, pf = pp[..., :n], pp[..., n:2 * n], pp[..., 2 * n:]
+    h = torch.zeros(nd, batch, n, device=dev) if initial_h is None else initial_h.to(torch.float32)
+    c = torch.zeros(nd, batch, n, device=dev) if initial_c is None else initial_c.to(torch.float32)
+    h_in = h  # what the recurrent product reads: the previous step's output (zeros past an entry's length)
+    mask = None
+    if lens is not None:
+        mask = (torch.arange(t, device=dev).unsqueeze(1) < lens.unsqueeze(0)).unsqueeze(-1)  # (T, B, 1)
+    # the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget) take
+    # one sigmoid over i, o, f together
+    plain = P is None and not input_forget and clip is None and all(
+        [a[0] for a in acts_d] == ["sigmoid", "tanh", "tanh"] for acts_d in acts)
+    ys = []
+    proj_steps = proj.unbind(1)
+    for s in range(steps):
+        hq, hs, hz = _quantize(h_in)
+        g = proj_steps[s] + _qproduct(hq, hs, hz, rq)
+        if bias is not None:
+            g += bias
+        if plain:
+            g_iof, g_c = g.split((3 * n, n), -1)
+            i, o, f = torch.sigmoid(g_iof).split(n, -1)
+            c_new = f * c
+            c_new += i * torch.tanh(g_c)
+            h_new = o * torch.tanh(c_new)
+        else:
+            gi, go, gf, gc = g[..., :n], g[..., n:2 * n], g[..., 2 * n:3 * n], g[..., 3 * n:]
+            i = _act(acts, 0, gi if pi is None else gi + pi * c, clip)
+            f = 1 - i if input_forget else _act(acts, 0, gf if pf is None else gf + pf * c, clip)
+            c_new = f * c + i * _act(acts, 1, gc, clip)
+            o = _act(acts, 0, go if po is None else go + po * c_new, clip)
+            h_new = o * _act(acts, 2, c_new, None)
+        if mask is None:
+            h, c, y = h_new, c_new, h_new
+        else:
+            m = mask[s]
+            y = torch.where(m, h_new, torch.zeros((), device=dev))
+            h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
+        ys.append(y)
+        h_in = y
+    y = torch.stack(ys) if ys else torch.zeros(0, nd, batch, n, device=dev)  # (steps, D, B, H) in step order
+    if steps < t:
+        y = torch.cat([y, torch.zeros(t - steps, nd, batch, n, device=dev)])
+    parts = [y[:, d] if o is None else y[:, d].gather(0, o.unsqueeze(-1).expand(t, batch, n))
+             for d, o in enumerate(orders)]
+    y = torch.stack(parts, 1)  # (T, D, B, H) in time order
+    if lens is not None:  # onnxruntime: an empty sequence has zero final states
+        nz = (lens > 0).reshape(1, -1, 1)
+        h, c = torch.where(nz, h, torch.zeros((), device=dev)), torch.where(nz, c, torch.zeros((), device=dev))
+    return _put(out, [y, h, c])

@@ -1,0 +1,140 @@
+"""Fused dynamic-quantization products (domain ``com.dynashape``), what ``fuse_dynamic_quant``
+rewrites onnxruntime.quantization.quantize_dynamic's pattern into:
+
+    DynamicQuantizeLinear(x) -> (xq, xs, xz)
+    MatMulInteger(xq, W, xz, Wz) -> Cast(float) -> Mul(., Mul(xs, Ws)) [-> Add(., bias)]
+
+* ``DynQuantMatMul(x, W, Ws, Wz?, bias?)``: the whole chain, for a DynamicQuantizeLinear that feeds
+  one product;
+* ``DynQuantize(x) -> (xc, xs, xz)`` and ``QMatMulCentered(xc, xs, xz, W, Ws, Wz?, bias?)``: for one
+  that feeds several (a transformer's query, key and value projections): the quantization once,
+  its values handed on centered (``xq - xz`` as float32, what the product reads), then one call per
+  product.
+
+The results are those of the unfused nodes, bit for bit: the quantization is onnxruntime's
+(quant.dynamic_qparams / quantize_u8), the integer product exact (linalg.qmatmul's engine), then
+float32(acc) * float32(xs * Ws) [+ bias] in float32 as Cast, Mul and Add compute it. With
+linalg.set_u8s8_saturation(True) the product saturates as onnxruntime's AVX2 kernels do, as the
+unfused MatMulInteger then does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
+from .quant import _dql_tensor_path, dynamic_qparams, quantize_u8
+from .registry import op
+
+DOMAIN = "com.dynashape"
+
+
+def _quantize(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, float | torch.Tensor, int]:
+    """(xq - xz as float32, xs, xz) of DynamicQuantizeLinear(x); xs a float on the CPU, else a 0-d
+    tensor (and xz then 0: the values come back as xq, uncentered, with the zero point in a tensor)."""
+    xf = x if x.dtype == torch.float32 else x.to(torch.float32)
+    qp = None
+    if xf.device.type == "cpu":
+        if xf.numel():
+            lo, hi = torch.aminmax(xf)
+            qp = dynamic_qparams(lo.item(), hi.item())
+        else:
+            qp = (1.0, 0)
+    if qp is None:
+        y, scale, zp = _dql_tensor_path(xf)
+        return y.sub_(zp), scale, zp
+    scale, zp = qp
+    if out is not None:
+        q = torch.div(xf, scale, out=out).round_().clamp_(-zp, 255 - zp)
+    else:
+        q = quantize_u8(xf, scale, zp)
+    return q, scale, zp
+
+
+def _product(xc: torch.Tensor, zp, b, b_zero_point, out: torch.Tensor | None) -> torch.Tensor:
+    """float32(exact (xq - xz) @ (W - Wz)), into ``out`` when given and one float32 chunk served."""
+    prep = prepared_b(b, b_zero_point)
+    amax = max(zp, 255 - zp) if isinstance(zp, int) else 255
+    if u8s8_saturation() and b.dtype == torch.int8:
+        zq = zp if isinstance(zp, int) else zp.to(torch.float32)
+        r = int_product(xc, prep, amax).double()
+        c = saturation_correction((xc + zq).to(torch.uint8), prep)
+        if c is not None:
+            r = r.add_(c)
+        return r.to(torch.float32)
+    r = int8_product(xc, zp, prep, centered=True)  # int32 through torch._int_mm where that is fast
+    if r is not None:
+        return r.to(torch.float32) if out is None else out.copy_(r)
+    plan = prep.plan(amax)
+    if out is not None and plan is not None and len(plan) == 1 and prep.bf.dim() == 2 and out.is_contiguous():
+        if xc.dim() <= 2:
+            return torch.matmul(xc, prep.bf, out=out)
+        torch.mm(xc.reshape(-1, xc.shape[-1]), prep.bf, out=out.view(-1, out.shape[-1]))
+        return out
+    r = int_product(xc, prep, amax)
+    return r if r.dtype == torch.float32 else r.to(torch.float32)
+
+
+def _multiplier(xs, b_scale: torch.Tensor) -> float | torch.Tensor:
+    """Mul(xs, Ws) in float32: a float when both are single values on the host."""
+    if isinstance(xs, float) and b_scale.numel() == 1 and b_scale.device.type == "cpu":
+        return float(np.float32(xs) * np.float32(b_scale.reshape(()).item()))
+    xs_t = xs if isinstance(xs, torch.Tensor) else torch.tensor(xs, dtype=torch.float32, device=b_scale.device)
+    return xs_t.to(torch.float32) * b_scale.to(torch.float32)
+
+
+def _finish(r: torch.Tensor, mult, bias) -> torch.Tensor:
+    r = r.mul_(mult)
+    return r if bias is None else r.add_(bias)
+
+
+def _dqmm_infer(shapes, values):
+    return [_matmul_shape(shapes[0], shapes[1], "DynQuantMatMul")]
+
+
+@op("DynQuantMatMul", 1, DOMAIN, infer=_dqmm_infer,
+    notes="DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scales) [-> Add bias] (fuse_dynamic_quant)")
+def _dyn_quant_matmul(x, b, b_scale, b_zero_point=None, bias=None, *, out=None):
+    xc, xs, zp = _quantize(x)
+    r = _finish(_product(xc, zp, b, b_zero_point, out), _multiplier(xs, b_scale), bias)
+    return r if out is None or r is out else out.copy_(r)
+
+
+def _dq_infer(shapes, values):
+    return [shapes[0], (), ()]
+
+
+@op("DynQuantize", 1, DOMAIN, infer=_dq_infer,
+    notes="DynamicQuantizeLinear whose values are handed on centered, as float32 (fuse_dynamic_quant)")
+def _dyn_quantize(x, *, out=None):
+    xc, xs, zp = _quantize(x, None if out is None else out[0])
+    if out is None:
+        dev = x.device
+        return (xc, xs if isinstance(xs, torch.Tensor) else torch.tensor(xs, dtype=torch.float32, device=dev),
+                zp.to(torch.uint8) if isinstance(zp, torch.Tensor) else torch.tensor(zp, dtype=torch.uint8, device=dev))
+    if xc is not out[0]:
+        out[0].copy_(xc)
+    if isinstance(xs, torch.Tensor):
+        out[1].copy_(xs)
+        out[2].copy_(zp)
+    else:
+        out[1].fill_(xs)
+        out[2].fill_(zp)
+    return out
+
+
+def _qmc_infer(shapes, values):
+    return [_matmul_shape(shapes[0], shapes[3], "QMatMulCentered")]
+
+
+@op("QMatMulCentered", 1, DOMAIN, infer=_qmc_infer,
+    notes="MatMulInteger -> Cast -> Mul(scales) [-> Add bias] of a DynQuantize's output (fuse_dynamic_quant)")
+def _qmatmul_centered(xc, x_scale, x_zero_point, b, b_scale, b_zero_point=None, bias=None, *, out=None):
+    if x_zero_point.device.type == "cpu" and x_scale.device.type == "cpu":
+        zp, xs = int(x_zero_point.item()), float(x_scale.item())
+    else:
+        zp, xs = x_zero_point, x_scale
+    r = _product(xc, zp, b, b_zero_point, out)
+    r = _finish(r, _multiplier(xs, b_scale), bias)
+    return r if out is None or r is out else out.copy_(r)
