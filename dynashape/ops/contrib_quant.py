@@ -40,7 +40,7 @@ import torch
 from ..errors import ShapeError
 from ..ir.dtypes import TP
 from .conv import window_pads
-from .linalg import _matmul_shape
+from .linalg import _matmul_shape, qmatmul
 from .pool import _plan
 from .quant import _dequantize, _quantize
 from .registry import op
@@ -513,49 +513,12 @@ def _qlinear_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point=None, 
 
 # ---- integer products ---------------------------------------------------------------------------
 def _exact_matmul(a: torch.Tensor, a_zp, b: torch.Tensor, b_zp) -> torch.Tensor:
-    """(a - a_zp) @ (b - b_zp) exactly, as float64 (every sum of 8-bit products a model has is
-    below 2**53). a_zp: None, one value, or one per row of a; b_zp: None, one value, or one per
-    column of b. On CUDA, 2-D products of a shape torch._int_mm takes run in int8 with the zero
-    points folded into row and column sums."""
-    if a.is_cuda and a.dim() == 2 and b.dim() == 2:
-        r = _int_mm_centered(a, a_zp, b, b_zp)
-        if r is not None:
-            return r
-    av = a.to(torch.float64)
-    if a_zp is not None:
-        av = av - a_zp.to(torch.float64)
-    bv = b.to(torch.float64)
-    if b_zp is not None:
-        bv = bv - b_zp.to(torch.float64)
-    return torch.matmul(av, bv)
-
-
-def _int_mm_centered(a, a_zp, b, b_zp):
-    m, k = a.shape
-    n = b.shape[1]
-    if m <= 16 or k % 8 or n % 8 or a.dtype not in _RANGE or b.dtype not in _RANGE:
-        return None
-
-    def as_int8(t):  # int8 values and what to add back (uint8 is stored shifted by 128)
-        return (t.to(torch.int16) - 128).to(torch.int8) if t.dtype == torch.uint8 else t, \
-            (128 if t.dtype == torch.uint8 else 0)
-
-    a8, oa = as_int8(a)
-    b8, ob = as_int8(b)
-    ca = torch.as_tensor(oa, dtype=torch.int64, device=a.device)
-    if a_zp is not None:
-        ca = ca - a_zp.to(torch.int64)
-    cb = torch.as_tensor(ob, dtype=torch.int64, device=a.device)
-    if b_zp is not None:
-        cb = cb - b_zp.to(torch.int64)
-    try:
-        prod = torch._int_mm(a8.contiguous(), b8.contiguous())
-    except RuntimeError:
-        return None
-    # sum_k (a8 + ca)(b8 + cb) = a8 @ b8 + ca * colsum(b8) + cb * rowsum(a8) + k * ca * cb
-    acc = (prod.to(torch.int64) + ca * b8.to(torch.int64).sum(0) + a8.to(torch.int64).sum(1, keepdim=True) * cb
-           + k * ca * cb)
-    return acc.to(torch.float64)
+    """(a - a_zp) @ (b - b_zp) exactly (int32, or float32 / float64 holding integers). a_zp: None,
+    one value, or one per row of a; b_zp: None, one value, or one per column of b. Through
+    linalg.qmatmul: its float32 / _int_mm fast paths and the u8s8 saturation switch."""
+    if a_zp is not None and a_zp.numel() > 1:
+        a_zp = a_zp.reshape(-1)  # one per row: the form qmatmul takes
+    return qmatmul(a, b, a_zp, b_zp)
 
 
 def _per_row_zp(p, a, what):
