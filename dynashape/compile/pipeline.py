@@ -17,6 +17,7 @@ from .fuse_dynamic_quant import fuse_dynamic_quant
 from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
+from .fuse_qdq import fuse_qdq
 from .inline_if import inline_constant_if
 from .program import Program
 from .propagate import propagate
@@ -38,6 +39,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # graph as it was (the reference the fused graph is tested against).
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
+    ("fuse_qdq", fuse_qdq),
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
     ("fuse_layer_norm", fuse_layer_norm),  # first: its inner d / sqrt(mean(d^2) + eps) looks like an RMSNorm

@@ -138,3 +138,24 @@ def _qmatmul_centered(xc, x_scale, x_zero_point, b, b_scale, b_zero_point=None, 
     r = _product(xc, zp, b, b_zero_point, out)
     r = _finish(r, _multiplier(xs, b_scale), bias)
     return r if out is None or r is out else out.copy_(r)
+
+
+# A QuantizeLinear whose every reader is a DequantizeLinear of the same scale and zero point (the
+# QDQ format's activations): fuse_qdq.py makes the pair one op.
+def _fake_quant_infer(shapes, values, *, lo=0, hi=255):
+    return [shapes[0]]
+
+
+@op("FakeQuant", 1, DOMAIN, infer=_fake_quant_infer,
+    notes="QuantizeLinear then DequantizeLinear of one per-tensor scale and zero point, in float32")
+def _fake_quant(x, scale, zero_point, *, lo=0, hi=255, out=None):
+    """(clamp(round(x / s) + z, lo, hi) - z) * s, what the two nodes compute, bit for bit: every
+    value between the division and the multiplication is a small integer, exact in float32, so
+    adding z, clamping to [lo, hi] and taking z away is clamping to [lo - z, hi - z]. The scale
+    stays a tensor, as the unfused kernels read it (a device divides by a host float as a
+    multiplication by its reciprocal). A NaN stays NaN, where the unfused cast to an integer
+    type gives whatever the platform's conversion gives."""
+    z = int(zero_point.item()) if zero_point is not None else 0
+    s = scale.reshape(()).to(torch.float32)
+    q = torch.div(x, s, out=out) if out is not None else torch.div(x, s)
+    return q.round_().clamp_(lo - z, hi - z).mul_(s)
