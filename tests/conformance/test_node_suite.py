@@ -27,6 +27,8 @@ def test_expected_failures_name_real_cases():
 def test_node_case(case):
     reason = run_case(case, DEVICE)
     if case.name in EXPECTED:
+        if EXPECTED[case.name].startswith("random"):
+            return  # expected values drawn from an unseeded generator: a small output matches by chance now and then
         assert reason is not None, f"{case.name} passes now: remove it from the expected-failure list"
     else:
         assert reason is None, reason
