@@ -97,9 +97,11 @@ def render(results: dict) -> str:
             "",
             "*match*: every output of every call within 1e-4 + 1e-3 x the output's largest magnitude (integers exact)",
             "of onnxruntime with MatMulInteger computed exactly (its AVX2 kernel saturates uint8 x int8 pairs:",
-            "benchmarks/exact_reference.py); *(quant. steps)*: a quantized model whose outputs moved by no more",
-            "than three times the distance between onnxruntime's own optimized and unoptimized runs of it (a value",
-            "rounding to the neighbouring quantization step). *max err*: the largest absolute difference."]
+            "benchmarks/exact_reference.py; models whose ops saturate inside onnxruntime, DynamicQuantizeLSTM and the",
+            "like, are checked with dynashape's emulation of that saturation, and timed exact); *(quant. steps)*: a",
+            "quantized model whose outputs moved by no more than three times as far as onnxruntime's own outputs move",
+            "between its optimized and unoptimized graphs, its thread counts, or float inputs moved by a few ulps (a",
+            "value rounding to the neighbouring quantization step). *max err*: the largest absolute difference."]
     cols = ("| model | package | kind | ops of note | shapes (in call order) | match | max err | dynashape ms | "
             "onnxruntime ms | ratio | openvino ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
     out = "\n".join(head)
