@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from .attention import _emit  # the first n results into out's buffers: one helper for both families
 from .linalg import _known_differ, _matmul, _matmul_shape
 from .norm import _layernorm, _ln_infer
 from .registry import op
@@ -29,16 +30,6 @@ def _opt(shapes, i):
 
 def _compute_type(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _emit(results, out, n: int):
-    """The first ``n`` results, written into ``out`` where it has buffers; a tensor for n == 1."""
-    res = list(results[:n])
-    if isinstance(out, torch.Tensor):
-        return out.copy_(res[0])
-    if out is None:
-        return res[0] if n == 1 else tuple(res)
-    return tuple(r if o is None else o.copy_(r) for o, r in zip(out, res))
 
 
 def _wants(out, n: int, k: int) -> bool:

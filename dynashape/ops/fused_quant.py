@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
-from .quant import _dql_tensor_path, dynamic_qparams, quantize_u8
+from .quant import _dql_tensor_path, host_qparams, quantize_u8
 from .registry import op
 
 DOMAIN = "com.dynashape"
@@ -34,13 +34,7 @@ def _quantize(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.T
     """(xq - xz as float32, xs, xz) of DynamicQuantizeLinear(x); xs a float on the CPU, else a 0-d
     tensor (and xz then 0: the values come back as xq, uncentered, with the zero point in a tensor)."""
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
-    qp = None
-    if xf.device.type == "cpu":
-        if xf.numel():
-            lo, hi = torch.aminmax(xf)
-            qp = dynamic_qparams(lo.item(), hi.item())
-        else:
-            qp = (1.0, 0)
+    qp = host_qparams(xf)
     if qp is None:
         y, scale, zp = _dql_tensor_path(xf)
         return y.sub_(zp), scale, zp

@@ -154,6 +154,17 @@ def dynamic_qparams(lo: float, hi: float) -> tuple[float, int] | None:
     return float(scale), round(0.0 if zp < 0.0 else 255.0 if zp > 255.0 else zp)  # round(): half to even
 
 
+def host_qparams(xf: torch.Tensor) -> tuple[float, int] | None:
+    """DynamicQuantizeLinear's (scale, zero point) of a float32 CPU tensor as host numbers; None
+    on a device (no host round trip there) or for a range the formula cannot take on the host."""
+    if xf.device.type != "cpu":
+        return None
+    if not xf.numel():
+        return 1.0, 0
+    lo, hi = torch.aminmax(xf)
+    return dynamic_qparams(lo.item(), hi.item())
+
+
 def quantize_u8(x: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
     """MlasQuantizeLinear: x / scale in float32, round half to even, clamped to [-zp, 255 - zp]:
     the quantized value minus its zero point, as float32 (exact small integers)."""
@@ -180,13 +191,7 @@ def _dql_tensor_path(xf: torch.Tensor):
 def _dynamic_quantize(x, *, out=None):
     """uint8 over [min(0, x), max(0, x)], as onnxruntime computes it (bit for bit)."""
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
-    qp = None
-    if xf.device.type == "cpu":
-        if xf.numel():
-            lo, hi = torch.aminmax(xf)
-            qp = dynamic_qparams(lo.item(), hi.item())
-        else:
-            qp = (1.0, 0)
+    qp = host_qparams(xf)
     if qp is None:
         y, scale, zp = _dql_tensor_path(xf)
         res = (y.to(torch.uint8), scale.to(torch.float32), zp.to(torch.uint8))
