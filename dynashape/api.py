@@ -13,8 +13,8 @@ import onnx
 import torch
 
 from .compile import Program, compile_graph
-from .debug import expose
 from .errors import DimensionWarning, OptionsError, SymbolDisagreementError, UnknownOutputError
+from .frontend.expose import expose
 from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
 from .interpreter.network import Network
