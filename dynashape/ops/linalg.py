@@ -326,19 +326,26 @@ _PREPARED: dict[int, tuple] = {}
 def prepared_b(b: torch.Tensor, b_zero_point: torch.Tensor | None) -> PreparedB:
     """The PreparedB of ``b`` (cached per tensor object while it lives and is not written to)."""
     key = id(b)
-    zkey = None if b_zero_point is None else (id(b_zero_point), b_zero_point._version)
+    # the zero point by value: kernels hand it on as a fresh view (reshape(())) every call
+    zkey = None if b_zero_point is None else b_zero_point.detach().reshape(-1)
     hit = _PREPARED.get(key)
     if hit is not None:
         ref, version, ptr, zk, prep = hit
-        if ref() is b and version == b._version and ptr == b.data_ptr() and zk == zkey:
+        if ref() is b and version == b._version and ptr == b.data_ptr() and _same_zp(zk, zkey):
             return prep
     prep = PreparedB(b, b_zero_point)
     try:
         ref = weakref.ref(b, lambda _r, k=key, cache=_PREPARED: cache.pop(k, None))  # cache: alive at exit
     except TypeError:
         return prep
-    _PREPARED[key] = (ref, b._version, b.data_ptr(), zkey, prep)
+    _PREPARED[key] = (ref, b._version, b.data_ptr(), None if zkey is None else zkey.clone(), prep)
     return prep
+
+
+def _same_zp(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
 
 
 def _amax(a: torch.Tensor, a_zero_point) -> int | None:
