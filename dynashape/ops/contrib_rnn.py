@@ -38,7 +38,7 @@ from .linalg import PreparedB, int8_product, int_product, saturation_correction,
 from .norm import _put
 from .quant import dynamic_qparams
 from .registry import op
-from .rnn import _act, _activations, _num_dir
+from .rnn import _activations, _num_dir, lstm_cell
 
 MS = "com.microsoft"
 
@@ -234,12 +234,7 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
             c_new += i * torch.tanh(g_c)
             h_new = o * torch.tanh(c_new)
         else:
-            gi, go, gf, gc = g[..., :n], g[..., n:2 * n], g[..., 2 * n:3 * n], g[..., 3 * n:]
-            i = _act(acts, 0, gi if pi is None else gi + pi * c, clip)
-            f = 1 - i if input_forget else _act(acts, 0, gf if pf is None else gf + pf * c, clip)
-            c_new = f * c + i * _act(acts, 1, gc, clip)
-            o = _act(acts, 0, go if po is None else go + po * c_new, clip)
-            h_new = o * _act(acts, 2, c_new, None)
+            h_new, c_new = lstm_cell(g, c, n, acts, clip, (pi, po, pf), input_forget)
         if mask is None:
             h, c, y = h_new, c_new, h_new
         else:

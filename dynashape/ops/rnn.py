@@ -340,6 +340,19 @@ def _gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alph
 
 
 # LSTM --------------------------------------------------------------------------------------
+def lstm_cell(g, c, n: int, acts, clip, peepholes=(None, None, None), input_forget=0):
+    """(h', c') from the gates ``g`` (order i, o, f, c, last axis) and the cell state: ONNX LSTM's
+    step with any activations, peepholes (pi, po, pf) and input_forget (shared with
+    DynamicQuantizeLSTM)."""
+    pi, po, pf = peepholes
+    gi, go, gf, gc = g[..., :n], g[..., n:2 * n], g[..., 2 * n:3 * n], g[..., 3 * n:]
+    i = _act(acts, 0, gi if pi is None else gi + pi * c, clip)
+    f = 1 - i if input_forget else _act(acts, 0, gf if pf is None else gf + pf * c, clip)
+    c_new = f * c + i * _act(acts, 1, gc, clip)
+    o = _act(acts, 0, go if po is None else go + po * c_new, clip)
+    return o * _act(acts, 2, c_new, None), c_new
+
+
 def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, activation_alpha=None,
           activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
           layout=0, out=None):
@@ -358,12 +371,7 @@ def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P
     ys = []
     for s in range(st.t):
         g = torch.baddbmm(proj[:, s], h, st.rt)  # gates in the order i, o, f, c
-        gi, go, gf, gc = g[..., :n], g[..., n:2 * n], g[..., 2 * n:3 * n], g[..., 3 * n:]
-        i = _act(acts, 0, gi if pi is None else gi + pi * c, clip)
-        f = 1 - i if input_forget else _act(acts, 0, gf if pf is None else gf + pf * c, clip)
-        c_new = f * c + i * _act(acts, 1, gc, clip)
-        o = _act(acts, 0, go if po is None else go + po * c_new, clip)
-        h_new = o * _act(acts, 2, c_new, None)
+        h_new, c_new = lstm_cell(g, c, n, acts, clip, (pi, po, pf), input_forget)
         ys.append(st.emit(s, h_new))
         h = st.keep(s, h_new, h)
         c = st.keep(s, c_new, c)
