@@ -32,14 +32,6 @@ ort.set_default_logger_severity(3)
 
 
 # fixtures and helpers --------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def device() -> str:
-    dev = os.environ.get("DYNASHAPE_TEST_DEVICE", "cpu")
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        pytest.skip(f"DYNASHAPE_TEST_DEVICE={dev} but torch sees no CUDA device")
-    return dev
-
-
 def ort_session(model) -> ort.InferenceSession:
     """``model``: a path or a serialized ModelProto."""
     return ort.InferenceSession(model if isinstance(model, bytes) else str(model),

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 import dynashape
 from dynashape.ops import contrib_qattention, linalg
+from tests.contrib.test_attention_ops import MASK_RANK, _mask  # the same mask kinds as the float Attention
 from tests.ops.harness import DEVICE, compare, run_sequence
 
 MS = "com.microsoft"
@@ -94,28 +95,6 @@ def _qinput(b, s, d_in, rng):
             np.array(rng.integers(100, 156), np.uint8))
 
 
-def _mask(kind, b, s, past, rng):
-    """A mask_index of ``kind`` that leaves every query row a visible key (as the float Attention's
-    tests: a fully masked row softmaxes scores all shifted by mask_filter_value)."""
-    total = past + s
-    if kind == "1d":  # key lengths (right padding)
-        return rng.integers(1, total + 1, b).astype(np.int32)
-    if kind == "1d_start":  # lengths then starts (left padding)
-        starts = rng.integers(0, past + 1, b)
-        ends = starts + 1 + rng.integers(0, total - starts, b)
-        return np.concatenate([ends, starts]).astype(np.int32)
-    if kind == "2d":
-        m = (rng.random((b, total)) < 0.7).astype(np.int32)
-        m[:, 0] = 1
-        return m
-    if kind == "3d":
-        m = (rng.random((b, s, total)) < 0.7).astype(np.int32)
-        m[..., 0] = 1
-        return m
-    raise ValueError(kind)
-
-
-MASK_RANK = {"none": None, "1d": 1, "1d_start": 1, "2d": 2, "3d": 3}
 
 
 def _qattention_model(n, d_in, h, wt, per_column, rng, mask_rank, with_past, n_outputs, attrs=None,
