@@ -266,10 +266,13 @@ class InferRequest:
         s = self.session
         if self.program is not s.program:  # the session was parsed again (a dim name unlinked)
             self.__init__(s)
+        check = s._check_feeds
         try:
-            tensors, numpy_mode = s._check_feeds(feeds)
+            tensors, numpy_mode = check(feeds)
         except SymbolDisagreementError as e:
             with s._reload_lock:
+                if e.symbol in s._unlinked and check is s._check_feeds:
+                    raise  # unlinked already, and still linked: not a dim_param of the inputs (no loop)
                 s._unlink(e)
             self.__init__(s)
             return self.run(output_names, feeds)

@@ -80,6 +80,15 @@ def test_shared_symbol_that_disagrees_runs_with_one_warning(executor):
     np.testing.assert_allclose(s.run(None, {"x": x, "y": y})[0], x * y)
 
 
+def test_unlinking_that_changes_nothing_raises_instead_of_looping(monkeypatch):
+    # if parsing again left the axes linked, the run must give the typed error, not retry forever
+    s = dynashape.InferenceSession(two_inputs_shared_symbol())
+    monkeypatch.setattr(s, "_load", lambda proto: None)
+    with pytest.warns(dynashape.errors.DimensionWarning), \
+            pytest.raises(dynashape.errors.SymbolDisagreementError, match="'batch'"):
+        s.run(None, {"x": rand(2, 3), "y": rand(1, 3)})
+
+
 def test_shared_symbol_pinned_by_dim_params_must_agree():
     s = dynashape.InferenceSession(two_inputs_shared_symbol(), dim_params={"batch": Dimension(1, 8)})
     with pytest.raises(InputShapeError, match="'batch'.*dim_params"):
