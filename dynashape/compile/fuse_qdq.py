@@ -35,7 +35,7 @@ def _scalar(v) -> torch.Tensor | None:
 
 
 def _params(n: Node, scale_dtype: torch.dtype) -> tuple | None:
-    """(scale, zero point, type) of a per-tensor Q or DQ, None otherwise."""
+    """(scale, zero point or None) of a per-tensor Q or DQ, None otherwise."""
     if n.attrs.get("block_size", 0) or n.attrs.get("precision", 0):
         return None
     s = _scalar(n.inputs[1] if len(n.inputs) > 1 else None)

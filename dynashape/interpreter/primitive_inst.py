@@ -212,9 +212,7 @@ class PrimitiveInst:
         if not self.writes_out and not self.view:
             res = self._on_device(res)
         if self.single_out:
-            # a kernel of optional outputs called without a buffer (the type was unknown) returns
-            # them all; the node has the first only
-            vals[self.out_slot0] = res[0] if type(res) is tuple else res
+            vals[self.out_slot0] = res
             return
         for s, r in zip(self.out_slots, res):
             if s is not None:
