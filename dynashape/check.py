@@ -131,7 +131,7 @@ def compare(model, trials: int = 3, seed: int = 0, given: dict | None = None, in
     import onnxruntime as ort
 
     from .api import InferenceSession
-    from .debug import _compare
+    from .debug import compare_values
     from .frontend.onnx import load_model_proto
 
     proto = load_model_proto(model)
@@ -162,7 +162,7 @@ def compare(model, trials: int = 3, seed: int = 0, given: dict | None = None, in
             continue
         errs, bad = {}, False
         for name, g, wv in zip(names, got, w):
-            row = _compare(g, wv, rtol, atol)
+            row = compare_values(g, wv, rtol, atol)
             if row is not None:
                 errs[name] = row[0]
                 bad = bad or row[1]

@@ -58,7 +58,7 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     for name in sorted(names, key=lambda o: order.get(o, -1)):  # graph order: the first row is the first to part
         g, w = got.get(name), want[name]
         n = producer.get(name)
-        row = _compare(g, w, rtol, atol)
+        row = compare_values(g, w, rtol, atol)
         if row is None:
             continue
         err, bad, note = row
@@ -67,7 +67,7 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     return rows
 
 
-def _compare(g, w, rtol: float, atol: float):
+def compare_values(g, w, rtol: float, atol: float):
     """(max abs error, differs?, note) of one value, None when it cannot be compared (strings)."""
     g, w = np.asarray(g), np.asarray(w)
     if w.dtype == object or w.dtype.kind in "SU":
