@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import warnings
@@ -24,15 +25,17 @@ from .memory import Engine, host_malloc
 from .memory.config import MemoryConfig
 from .memory.staging import InputStager
 from .runtime.bodies import BodyKernel
-from .runtime.compiled import CompiledModel, CompiledRunner
-from .runtime.feeds import FeedChecker, InputSpec
+from .runtime.compiled import CompiledModel, CompiledRunner, static_mode
+from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .shape import PartialShape
 
 _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
             "malloc_tuning", "extra_outputs",
             # memory (docs/memory.md)
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
-            "kv_growth"}
+            "kv_growth",
+            # implementations (docs/architecture.md: regions and static impls)
+            "static_impls", "impl_cache_size"}
 
 
 class _Precision:
@@ -134,7 +137,10 @@ class InferenceSession:
         self._default: InferRequest | None = None
         self._source = model  # read again if a dim name is unlinked (keeping the proto would double the weights)
         self._extra = options.get("extra_outputs")
+        self._static = static_mode(options.get("static_impls"), self.device)
+        self._impl_cache_size = options.get("impl_cache_size")
         self._load(prepare_proto(self._read()))
+        self._prebuild()
 
     def _read(self) -> onnx.ModelProto:
         proto = load_model_proto(self._source)
@@ -151,7 +157,8 @@ class InferenceSession:
         self._outputs = [_node_arg(v) for v in g.outputs]
         # the specializations of the generated code, shared by the requests (and one per body)
         run_graph = self.program.fused if self.program.fused is not None else g
-        self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat)
+        self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
+                                       static=self._static, impl_cache_size=self._impl_cache_size)
                          if self.executor == "compiled" else None)
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
@@ -175,6 +182,27 @@ class InferenceSession:
                 if d.HasField("dim_param") and d.dim_param in self._unlinked:
                     d.ClearField("dim_param")
         self._load(prepare_proto(proto))
+
+    def _prebuild(self) -> None:
+        """MIGraphX's static submodules: with static impls on, every combination of the optimal
+        values that ``Dimension(..., optimals=...)`` gives the inputs is run once at load, building
+        the static impls of its regions, so that a call with one of those shapes replays them
+        (``select_module``: the impl cache finds the one whose symbols equal the call's); any other
+        shape runs the dynamic impl."""
+        if self.compiled is None or self._static is None:
+            return
+        shapes = optimal_shapes(self._specs)
+        if not shapes:
+            return
+        req = self._default = InferRequest(self)
+        req.runner.prebuild = True
+        try:
+            for combo in shapes:
+                req.run(None, {spec.name: _sample(spec, shape, self.device) for spec, shape in zip(self._specs, combo)})
+            self.compiled.context.wait()
+        finally:
+            req.runner.prebuild = False
+        req._stats["optimal_shapes_prebuilt"] += len(shapes)
 
     def body_model(self, graph) -> CompiledModel:
         """The compiled form of a control-flow body: its outer-scope reads are extra inputs."""
@@ -312,6 +340,8 @@ class InferRequest:
         out = {**self._counters(), **self.engine.stats()}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
+            out.update(self.session.compiled.impls.summary())
+            out["static_impls"] = self.session.compiled.static or "off"
             out["specializations"] = len(self.session.compiled.specs)
         return out
 
@@ -338,6 +368,44 @@ class InferRequest:
                 "concat_inputs_in_place": net["concat_inputs_in_place"], "concat_storages": net["concat_storages"],
                 "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"],
                 "arena_bytes": arena, "arena_plans": net["arena_plans"], "arena_grows": net["arena_grows"]}
+
+
+MAX_OPTIMAL_SHAPES = 32
+
+
+def optimal_shapes(specs: list[InputSpec]) -> list[tuple]:
+    """Input shapes at the optimal values (every combination of the symbols' optimals), or []
+    when some dynamic axis has none (no full shape to build for)."""
+    symbols: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        if spec.shape is None:
+            return []
+        for d in spec.shape:
+            if d.is_static:
+                continue
+            if not d.optimals:
+                return []
+            symbols[d.symbol or f"{spec.name}:{id(d)}"] = d.optimals
+    if not symbols:
+        return []
+    names = list(symbols)
+    out = []
+    for values in itertools.product(*(symbols[n] for n in names)):
+        env = dict(zip(names, values))
+        out.append(tuple(tuple(d.min if d.is_static else env[d.symbol or f"{spec.name}:{id(d)}"] for d in spec.shape)
+                         for spec in specs))
+        if len(out) >= MAX_OPTIMAL_SHAPES:
+            break
+    return out
+
+
+def _sample(spec: InputSpec, shape: tuple, device: torch.device) -> torch.Tensor:
+    """A feed of this shape for building: random floats, ones for integers (a valid index or
+    count in the models people run), True for booleans."""
+    dt = _torch_dtype(spec.elem_type)
+    if dt.is_floating_point:
+        return torch.randn(shape, device=device).to(dt)
+    return torch.ones(shape, dtype=dt, device=device)
 
 
 def _to_numpy(x, elem_type: int = 0):

@@ -41,6 +41,7 @@ from ..ops.tensor import _perm
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt
 from .emitters import Emit, emit
+from .regions import Item, Member, Region, partition
 
 _ids = count()
 
@@ -58,6 +59,17 @@ class Group:
     first: int = 0  # creation order, for a stable order among groups of one size
     index: int = -1
     key: tuple[int, ...] = ()  # positions of its symbols in the signature
+
+
+@dataclass
+class RegionCode:
+    """A region of ``run`` (``regions.py``) and what its static impls are built from."""
+
+    region: Region
+    fn: object  # r<k>(*key symbols, *live-ins) -> live-outs: the region's lines as a function
+    symvars: list[str]  # locals of the key symbols, in key order
+    body: list[str]
+    params: list[str]  # symvars + live-ins
 
 
 @dataclass
@@ -83,6 +95,7 @@ class SpecCode:
     inplace_inputs: int = 0  # Concat inputs written in place by their producers, per run
     size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
+    regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -117,7 +130,10 @@ class _Builder:
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)
         self.groups: dict[frozenset, Group] = {}
-        self.body: list[tuple[str, Node | None]] = []
+        self.items: list[Item] = []  # the body of run: the lines of each node (regions.py)
+        self._pending: list[str] = []  # setup lines of the node whose lines come next
+        self._ni = None  # the node being generated
+        self.member_info: dict[str, Member] = {}
         self.symvar: dict[str, str] = {}
         self.sig_symbols: list[str] = []
         self.output_values: list[Value] = []
@@ -169,7 +185,11 @@ class _Builder:
             g = self.groups[syms] = Group(syms, first=len(self.groups))
         return g
 
-    def add_member(self, key: tuple, syms: frozenset[str], base: str, lines_fn, node: Node | None = None) -> str:
+    def add_member(self, key: tuple, syms: frozenset[str], base: str, lines_fn, node: Node | None = None,
+                   buffer: bool = True, shape_syms: frozenset[str] | None = None) -> str:
+        """A name made in the group of ``syms``. ``buffer``: memory kernels read and write in
+        place (an arena view, a slot, a view of one), else a value made from shapes;
+        ``shape_syms``: the symbols its shape depends on (default: ``syms``)."""
         hit = self.member.get(key)
         if hit is not None:
             return hit[1]
@@ -179,6 +199,7 @@ class _Builder:
             g.lines.append((line, node))
         g.members.append(name)
         self.member[key] = (g, name)
+        self.member_info[name] = Member(g.symbols, buffer, g.symbols if shape_syms is None else shape_syms)
         return name
 
     def member_syms(self, key: tuple) -> frozenset[str] | None:
@@ -212,7 +233,8 @@ class _Builder:
                 return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev})"]
             return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev}).reshape({shape!r})"]
         if self.is_input_only(syms):
-            return self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines)
+            return self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines,
+                                   buffer=False, shape_syms=frozenset())
         name = self.names.new(f"{v.name}_val")
         inline.extend(lines(name))
         return name
@@ -238,7 +260,9 @@ class _Builder:
                 return name
             base = f"{v.name}_{'h' if host else 'd'}"
             to = ".cpu()" if host else ".to(DEV, non_blocking=True)"
-            return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"])
+            info = self.member_info[name]
+            return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"],
+                                   buffer=False, shape_syms=info.shape_syms)
         name = self.local[id(v)]
         if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype):
             return name
@@ -261,7 +285,9 @@ class _Builder:
         for v in self.t.input_values:
             self.local[id(v)] = self.names.new(v.name, "x_")
         for step, ni in enumerate(self.t.nodes):
+            self._ni = ni
             getattr(self, f"_{ni.kind}")(step, ni)
+        self._ni = None
         self.results = []
         for v in self.t.graph.outputs:
             if v.is_const:
@@ -272,6 +298,9 @@ class _Builder:
                 inline: list[str] = []
                 self.results.append(self.use(v, self._on_host(v), inline))
                 self._body(inline, None)
+        if self._pending:  # what makes the results: never part of a region
+            self.items.append(Item(self._pending, None, frozenset(), bounding=True))
+            self._pending = []
 
     def _sym(self, step, ni) -> None:
         return  # part of the program: made a tensor only where a kernel reads it
@@ -308,13 +337,17 @@ class _Builder:
             if len(outs) == 1:  # the op's emitter (a direct torch call) where it has one
                 return emit(self._emit_ctx(node, ins, [name], [None], kname, ni.more_results), as_view=view)
             return [f"{name} = {kname}({args})"]
+        def shape_syms(v):
+            info = self.t.info.get(id(v))
+            return syms if info is None or info.dims is None else self.dims_free(info.dims)
         if len(outs) == 1:
-            self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node)
+            self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node, False, shape_syms(outs[0]))
         else:
-            tup = self.add_member(("node", id(node)), syms, f"{node.name}_res", lines, node)
+            tup = self.add_member(("node", id(node)), syms, f"{node.name}_res", lines, node, False, syms)
             for k, v in enumerate(outs):
                 if v is not None:
-                    self.add_member(("value", id(v)), syms, v.name, lambda n, k=k: [f"{n} = {tup}[{k}]"], node)
+                    self.add_member(("value", id(v)), syms, v.name, lambda n, k=k: [f"{n} = {tup}[{k}]"], node,
+                                    False, shape_syms(v))
 
     def kernel(self, node: Node, host: bool) -> str:
         name = self.names.new(node.name or node.op_type, "k_")
@@ -361,7 +394,9 @@ class _Builder:
                 if node.op_type in _RESHAPES:  # view() never copies: the strides said it is a view
                     return [f"{name} = {ins[0]}.view({self._dims_tuple(v)})"]
                 return emit(self._emit_ctx(node, ins, [name], [None], "None"), as_view=True, default=False)
-            self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node)
+            base = self.member_info[sname]
+            self.add_member(("value", id(v)), syms | g.symbols, v.name, lines, node, base.buffer,
+                            syms | base.shape_syms)
             self.strides[id(v)] = strides
             return
         name = self.local[id(v)] = self.names.new(v.name, "t_")
@@ -573,8 +608,48 @@ class _Builder:
         self._body(binds, node)
 
     def _body(self, lines: list[str], node: Node | None) -> None:
-        for line in lines:
-            self.body.append((line, node))
+        """Lines of ``run``: setup lines (``node`` None) wait for the node whose lines follow."""
+        if node is None:
+            self._pending.extend(lines)
+            return
+        syms: frozenset[str] = frozenset()
+        for v in list(node.inputs) + list(node.outputs):
+            info = None if v is None or v.is_const else self.t.info.get(id(v))
+            if info is not None and info.dims is not None:
+                syms |= self.dims_free(info.dims)
+        ni = self._ni
+        body = self._pending + [x for x in lines if not x.startswith("st.stats[")]
+        counters = [x for x in lines if x.startswith("st.stats[")]  # host counters: run either way
+        self.items.append(Item(body, node, syms, host=bool(ni is not None and ni.host),
+                               bounding=bool(ni is not None and ni.kind == "dyn"), counters=counters))
+        self._pending = []
+
+    # ---- regions -------------------------------------------------------------------------------
+    def _regions(self, params: list[str]) -> list[Region]:
+        """The regions static impls may serve: of two kernels or more, keyed by symbols of the
+        signature or of break points before them."""
+        found = partition(self.items, self.member_info, self.symvar, params, self.results,
+                          self.device.type == "cuda")
+        keep = [r for r in found if r.static and all(x in self.symvar for x in r.syms)]
+        for k, r in enumerate(keep):
+            r.index = k
+        return keep
+
+    def _put_region(self, r: Region, put) -> None:
+        """``run``'s lines for region ``r``: its static impl for the key when there is one, else
+        its lines inline (the dynamic impl); the counters of its nodes either way."""
+        key = _tuple([self.symvar[x] for x in sorted(r.syms)])
+        put(f"o = st.static({r.index}, {key}, {_tuple(r.live_in)}) if S else None")
+        put("if o is None:")
+        for i in r.items:
+            for line in self.items[i].lines:
+                put(line, self.items[i].node, indent=2)
+        if r.live_out:
+            put("else:")
+            put(f"{', '.join(r.live_out)}{',' if len(r.live_out) == 1 else ''} = o", indent=2)
+        for i in r.items:
+            for line in self.items[i].counters:
+                put(line, self.items[i].node)
 
     # ---- assembling the source ------------------------------------------------------------------
     def assemble(self) -> tuple[str, dict[int, Node], list[Group]]:
@@ -623,8 +698,20 @@ class _Builder:
         conds = eq + [f"({gd.source(self._symname)})" for gd in guards]
         put("return " + (" and ".join(conds) if conds else "True"))
         out.append("")
+        # regions: their lines as functions, what static impls are built from
+        param_list = [self.local[id(v)] for v in self.t.input_values]
+        self.regions = self._regions(param_list)
+        for r in self.regions:
+            symvars = [self.symvar[x] for x in sorted(r.syms)]
+            out.append(f"def r{r.index}({', '.join(symvars + r.live_in)}):")
+            put(f"# region {r.index}: depends on {sorted(r.syms) or 'no symbol'}")
+            for i in r.items:
+                for line in self.items[i].lines:
+                    put(line, self.items[i].node)
+            put(f"return ({', '.join(r.live_out)}{',' if len(r.live_out) == 1 else ''})")
+            out.append("")
         # run
-        params = ", ".join(self.local[id(v)] for v in self.t.input_values)
+        params = ", ".join(param_list)
         out.append(f"def run(st{', ' if params else ''}{params}):")
         for d in self.t.input_dims:
             if d.defines:
@@ -637,11 +724,24 @@ class _Builder:
         for g in groups:
             if g.members:
                 put(f"{', '.join(g.members)}{',' if len(g.members) == 1 else ''} = cur[{g.index}]")
-        for line, node in self.body:
-            put(line, node)
+        if self.regions:
+            put("S = st.static_on")
+        start = {r.items[0]: r for r in self.regions}
+        inside = {i for r in self.regions for i in r.items}
+        for i, it in enumerate(self.items):
+            r = start.get(i)
+            if r is not None:
+                self._put_region(r, put)
+            elif i not in inside:
+                for line in it.lines + it.counters:
+                    put(line, it.node)
         results = self.results
         put(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
         return "\n".join(out) + "\n", line_nodes, groups
+
+
+def _tuple(names: list[str]) -> str:
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
 
 
 def _unpack(outs: list) -> str:
@@ -738,6 +838,10 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
                     tuple(i for i, name in enumerate(b.sig_symbols)
                           if any(name in a.nbytes.free for a in b.plan.arena)))
     spec.group_keys = [_key_of(g.key) for g in groups]
+    for r in b.regions:
+        symvars = [b.symvar[x] for x in sorted(r.syms)]
+        body = [line for i in r.items for line in b.items[i].lines]
+        spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body, symvars + r.live_in))
     return spec
 
 

@@ -26,7 +26,9 @@ import torch
 from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
-from ..errors import ExecutionError
+from ..errors import ExecutionError, OptionsError
+from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
+from ..impls.cache import capacity_from
 from ..ir import Graph, Value
 from ..shape import expr as E
 from .kv_append import KVAppend
@@ -35,14 +37,52 @@ log = logging.getLogger(__name__)
 
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
 GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
+SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
+
+
+def static_mode(option, device: torch.device) -> str | None:
+    """Static impls: ``"async"`` (built in the background while the dynamic impl serves),
+    ``"sync"`` (built in the call that asks), or None (off). ``"auto"``, the default, is async on
+    CUDA, where a replayed graph saves a launch per kernel, and off on CPU, where the generated
+    code already is the straight line a static impl would run (docs/benchmarks.md measures both)."""
+    value = option if option is not None else os.environ.get("DYNASHAPE_STATIC_IMPLS", "auto")
+    text = str(value).lower()
+    if text == "auto":
+        return "async" if device.type == "cuda" else None
+    if text in ("1", "true", "on", "async"):
+        return "async"
+    if text == "sync":
+        return "sync"
+    if text in ("0", "false", "off", "none"):
+        return None
+    raise OptionsError(f"static_impls={value!r}: expected 'auto', 'async', 'sync' or 'off'")
+
+
+def _warm_cuda(device: torch.device):
+    """Set up the compile worker's thread for captures: CUDA handles are per thread and stream,
+    and creating one inside a capture is not allowed."""
+    def init() -> None:
+        torch.cuda.set_device(device)
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            a = torch.ones(8, 8, device=device)
+            torch.mm(a, a)
+            torch.nn.functional.conv2d(a.view(1, 1, 8, 8), a[:3, :3].reshape(1, 1, 3, 3))
+        side.synchronize()
+    return init
 
 
 class CompiledModel:
     """The specializations of one graph on one device (shared by the session's requests)."""
 
     def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
-                 inplace_concat: bool = True) -> None:
+                 inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None) -> None:
         self.graph, self.device = graph, device
+        # static impls of the regions: the cache (LRU) and the context that builds them
+        self.static = static
+        self.impls = ImplCache(capacity_from(impl_cache_size))
+        self.context = (CompilationContext(static, _warm_cuda(device) if device.type == "cuda" else None)
+                        if static else None)
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -124,6 +164,12 @@ class SpecState:
         self.caps: tuple | None = None  # per signature symbol: the value the arena is planned for
         self.kv = [runner.kv_for(node) for node in spec.kv_nodes]
         self.sub = [runner.sub_for(node) for node in spec.sub_nodes]
+        # static impls: keyed by (token, region, key symbols' values); the token changes with the plan
+        self.static_on = bool(spec.regions) and runner.model.static is not None
+        self.version = 0
+        self.token = (id(self), 0)
+        self.seen: dict = {}
+        self.refused: set = set()
 
     # ---- a new signature ---------------------------------------------------------------------
     def enter(self, sig: tuple) -> None:
@@ -168,10 +214,84 @@ class SpecState:
             return  # same block, same places: the views made stay right
         self.typed = [block.view(dt) for dt in spec.arena_dtypes]
         self.off, self.epoch = off, runner.epoch
+        self._new_token()
         for c in self.caches:
             c.clear()
         self.keys = [None] * len(self.keys)
         runner.stats["arena_plans"] += 1
+
+    def _new_token(self) -> None:
+        """The views moved: static impls built on the old ones are gone (they hold the old block)."""
+        old = self.token
+        self.version += 1
+        self.token = (id(self), self.version)
+        if self.static_on:
+            dropped = self.runner.model.impls.drop(old)
+            if dropped:
+                self.stats["static_dropped_by_replan"] += dropped
+
+    # ---- update_impl for a region: its static impl, or None for the dynamic one ---------------
+    def static(self, r: int, key: tuple, ins: tuple):
+        """Live-outs of region ``r`` from its static impl for ``key``, or None: the generated
+        code then runs the region's lines (the dynamic impl), and the static impl is built when
+        the key comes back (or at once while prebuilding)."""
+        k = (self.token, r, key)
+        impl = self.runner.model.impls.get(k)
+        if impl is not None:
+            out = impl(ins)
+            if out is not None:
+                self.stats["static_hits"] += 1
+                return out
+            self.stats["static_guard_fails"] += 1
+            return None
+        self.stats["static_misses"] += 1
+        rk = (r, key)
+        if rk in self.refused:
+            self.stats["static_refused_runs"] += 1
+            return None
+        if rk not in self.seen and not self.runner.prebuild:
+            if len(self.seen) >= SEEN_KEYS:
+                self.seen.pop(next(iter(self.seen)))
+            self.seen[rk] = True
+            return None
+        model = self.runner.model
+        rc = self.spec.regions[r]
+        reg = rc.region
+
+        def build():
+            return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
+                                reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>",
+                                warm=model.context.mode == "sync")
+        model.context.submit(k, build, self._built)
+        if model.context.mode == "sync":
+            impl = model.impls.get(k)
+            if impl is not None:
+                out = impl(ins)
+                if out is not None:
+                    self.stats["static_hits"] += 1
+                    return out
+        return None
+
+    def _built(self, k: tuple, result, seconds: float) -> None:
+        """The compilation context's answer for key ``k``: an impl, or why there is none."""
+        token, r, key = k
+        stats = self.stats
+        if isinstance(result, Exception):
+            self.refused.add((r, key))
+            stats["static_refused"] += 1
+            kind = "cannot be captured" if isinstance(result, CannotCapture) else "failed to build"
+            msg = f"region {r} of {self.spec.filename} for {key} {kind}; the dynamic impl serves it: {result}"
+            if self.runner.engine.verbose >= 1:
+                print(f"dynashape.impls: {msg}", flush=True)
+            log.info(msg)
+            return
+        stats["static_builds"] += 1
+        stats["static_build_time_s"] += seconds
+        stats["static_bytes"] += result.nbytes
+        if token == self.token:  # else the plan moved while it was built: its addresses are gone
+            self.runner.model.impls.put(k, result)
+        if self.runner.engine.verbose >= 2:
+            print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
 
     # ---- buffers the generated code asks for -------------------------------------------------
     def out(self, k: int, shape: tuple) -> torch.Tensor:
@@ -199,6 +319,7 @@ class CompiledRunner:
         self._kv: dict[str, KVAppend] = {}
         self._subs: dict[str, object] = {}
         self._caps: dict[str, int] = {}
+        self.prebuild = False  # build static impls at the first sight of a key (optimal values at load)
 
     # ---- per-request objects the specializations share ----------------------------------------
     def kv_for(self, node) -> KVAppend:

@@ -1,0 +1,85 @@
+"""CompilationContext: builds static impls on one background worker while the dynamic impl serves.
+
+``submit(key, build, done)`` queues ``build()`` unless the same key is queued or building
+(deduplicated); the worker calls ``done(key, impl_or_exception, seconds)`` when it finishes.
+Mode ``"sync"`` builds in the caller's thread at once (benchmarks and tests that want the
+static impl on the call that asks), ``"async"`` on the worker. The worker is a daemon thread
+started on the first job; ``wait()`` blocks until the queue is empty (tests, prebuilding).
+
+Capture-time rules are the builds' own (``static.py``): a CUDA graph is captured on a side
+stream in thread-local capture mode, so the caller's thread keeps launching kernels meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+
+class CompilationContext:
+    def __init__(self, mode: str = "async", init=None) -> None:
+        if mode not in ("async", "sync"):
+            raise ValueError(f"compilation mode must be 'async' or 'sync', got {mode!r}")
+        self.mode = mode
+        self._init = init  # run once on the worker before its first build (e.g. CUDA handles)
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: set = set()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+
+    def submit(self, key, build, done) -> bool:
+        """Queue a build (False when that key is queued or building already)."""
+        with self._lock:
+            if key in self._pending:
+                return False
+            self._pending.add(key)
+        if self.mode == "sync":
+            self._run(key, build, done)
+            return True
+        self._queue.put((key, build, done))
+        self._start()
+        return True
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no build is queued or running; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                return
+            self._worker = threading.Thread(target=self._loop, name="dynashape-compile", daemon=True)
+            self._worker.start()
+
+    def _loop(self) -> None:
+        if self._init is not None:
+            try:
+                self._init()
+            except Exception:  # noqa: BLE001  builds that need it will fail and be counted
+                log.exception("compilation worker setup failed")
+        while True:
+            key, build, done = self._queue.get()
+            self._run(key, build, done)
+
+    def _run(self, key, build, done) -> None:
+        t0 = time.perf_counter()
+        try:
+            result = build()
+        except Exception as e:  # noqa: BLE001  a build that fails is a refusal, reported by done()
+            result = e
+        try:
+            done(key, result, time.perf_counter() - t0)
+        finally:
+            with self._idle:
+                self._pending.discard(key)
+                self._idle.notify_all()

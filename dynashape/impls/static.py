@@ -1,0 +1,123 @@
+"""Static impls: one region of generated code for one value of its key symbols.
+
+``CudaGraphImpl`` (CUDA): the region's kernels captured into a CUDA graph and replayed with one
+launch. Buffers of the arena are read and written in place (their addresses are fixed for the
+request's arena plan, which is part of the key); live-ins that change from call to call (inputs,
+results of lines outside the region, values made from symbols that are not in the key, such as
+position ids made from the past length) get buffers of the impl's own, refreshed by a copy
+before each replay: never constants baked into the graph. Results handed to the caller are
+copied out of the graph's memory, so a caller keeping an output never sees the next replay.
+A region whose kernels talk to the host (``.item()``, a synchronising kernel) cannot be
+captured: ``CannotCapture``, and that signature keeps the dynamic path (counted).
+
+``SpecializedImpl`` (any device; the static impl on CPU): the region's source with the key
+symbols written as literals, compiled again, so Python folds the shape arithmetic; it runs the
+same kernels as the dynamic path.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+
+class CannotCapture(RuntimeError):
+    """A region that a static impl cannot serve for this signature."""
+
+
+class SpecializedImpl:
+    kind = "specialized"
+
+    def __init__(self, body: list[str], params: list[str], live_out: list[str], symvals: dict[str, int],
+                 ns: dict, filename: str) -> None:
+        lines = [f"def region({', '.join(params)}):"]
+        for line in body:
+            for var, val in symvals.items():
+                line = re.sub(rf"(?<![\w.]){re.escape(var)}(?!\w)", str(int(val)), line)
+            lines.append("    " + line)
+        lines.append(f"    return ({', '.join(live_out)}{',' if len(live_out) == 1 else ''})")
+        self.source = "\n".join(lines) + "\n"
+        scope: dict = {}
+        exec(compile(self.source, filename, "exec"), ns, scope)  # noqa: S102  our own generated source
+        self.fn = scope["region"]
+        self.nbytes = 0
+
+    def __call__(self, ins: tuple):
+        return self.fn(*ins)
+
+
+class CudaGraphImpl:
+    kind = "cuda_graph"
+
+    def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
+                 device: torch.device, warm: bool) -> None:
+        self.ins = ins  # the arena views and constants the graph reads stay alive with it
+        self.refresh_idx: list[int] = []
+        self.static: list[torch.Tensor] = []
+        args = list(ins)
+        for i, (x, r) in enumerate(zip(ins, refresh)):
+            if not r:
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise CannotCapture(f"live-in {i} is a {type(x).__name__}, not a tensor")
+            s = torch.empty_like(x)
+            self.refresh_idx.append(i)
+            self.static.append(s)
+            args[i] = s
+        self.results = results
+        self.nbytes = sum(s.numel() * s.element_size() for s in self.static)
+        caller = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(caller)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            if warm:  # the caller waits for us: kernels may run (handles, workspaces, autotuning)
+                for i, s in zip(self.refresh_idx, self.static):
+                    s.copy_(ins[i])
+                fn(*symvals, *args)
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                outs = fn(*symvals, *args)
+            except Exception as e:
+                _abandon(graph)
+                raise CannotCapture(f"{type(e).__name__}: {e}") from e
+            try:
+                graph.capture_end()
+            except RuntimeError as e:
+                raise CannotCapture(f"{type(e).__name__}: {e}") from e
+        caller.wait_stream(side)
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            raise CannotCapture("a live-out is not a tensor")
+        self.graph, self.outs = graph, tuple(outs)
+        self.nbytes += sum(o.numel() * o.element_size() for o in self.outs)
+
+    def __call__(self, ins: tuple):
+        for i, s in zip(self.refresh_idx, self.static):
+            x = ins[i]
+            if x.shape != s.shape or x.dtype != s.dtype:
+                return None  # a guard of the impl: the dynamic path serves (counted by the caller)
+            if x.data_ptr() != s.data_ptr():
+                s.copy_(x)
+        self.graph.replay()
+        if not any(self.results):
+            return self.outs
+        return tuple(o.clone() if h else o for o, h in zip(self.outs, self.results))
+
+
+def _abandon(graph) -> None:
+    """End a capture that failed half way (the stream must leave capture mode)."""
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        pass
+
+
+def build_static(device: torch.device, fn, body: list[str], params: list[str], live_out: list[str],
+                 symvars: list[str], symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
+                 ns: dict, filename: str, warm: bool):
+    """The static impl of a region for the key ``symvals`` (values of ``symvars``), built from
+    the live-ins ``ins`` of the call that asked."""
+    if device.type == "cuda":
+        return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm)
+    return SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)
