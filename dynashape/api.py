@@ -25,7 +25,7 @@ from .memory import Engine, host_malloc
 from .memory.config import MemoryConfig
 from .memory.staging import InputStager
 from .runtime.bodies import BodyKernel
-from .runtime.compiled import CompiledModel, CompiledRunner, static_mode
+from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .shape import PartialShape
 
@@ -160,6 +160,11 @@ class InferenceSession:
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size)
                          if self.executor == "compiled" else None)
+        if self.compiled is not None and self._static:
+            # the specializations that shapes to come will most likely need (every dynamic dim at a
+            # generic value, and each at 1), traced in the background: a first call at a new shape
+            # then finds its generated code ready
+            self.compiled.precompile(representative_shapes(self._specs))
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
 
@@ -191,7 +196,9 @@ class InferenceSession:
         shape runs the dynamic impl."""
         if self.compiled is None or self._static is None:
             return
-        shapes = optimal_shapes(self._specs)
+        # the largest first: the arena is planned for it once, and the others fit in it (a re-plan
+        # would move the buffers that the impls built before it read)
+        shapes = sorted(optimal_shapes(self._specs), key=lambda c: -sum(_numel(s) for s in c))
         if not shapes:
             return
         req = self._default = InferRequest(self)
@@ -342,6 +349,13 @@ class InferRequest:
             out.update(self.session.compiled.stats)
             out.update(self.session.compiled.impls.summary())
             out["static_impls"] = self.session.compiled.static or "off"
+            if self.session.compiled.static:
+                for k in STATIC_COUNTERS:
+                    out.setdefault(k, 0)
+            specs = self.session.compiled.specs
+            out["regions"] = sum(len(s.regions) for s in specs)
+            out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)
+            out["kernel_lines"] = sum(s.kernel_items for s in specs)
             out["specializations"] = len(self.session.compiled.specs)
         return out
 
@@ -397,6 +411,40 @@ def optimal_shapes(specs: list[InputSpec]) -> list[tuple]:
         if len(out) >= MAX_OPTIMAL_SHAPES:
             break
     return out
+
+
+_GENERIC = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
+
+
+def representative_shapes(specs: list[InputSpec]) -> list[tuple]:
+    """Input shapes with every dynamic dim at a generic value (distinct primes within each
+    range, so no two dims look equal by chance), then with each symbol at 1 in turn: the
+    signatures whose guards the shape program splits on most (``batch == 1``, ``seq == 1``)."""
+    dims: dict[str, object] = {}
+    for spec in specs:
+        if spec.shape is None:
+            return []
+        for a, d in enumerate(spec.shape):
+            if not d.is_static:
+                dims.setdefault(d.symbol or f"{spec.name}:{a}", d)
+    if not dims:
+        return []
+    generic: dict[str, int] = {}
+    for k, (name, d) in enumerate(dims.items()):
+        v = _GENERIC[k % len(_GENERIC)]
+        generic[name] = max(d.min, v if d.max is None else min(v, d.max))
+    combos = [generic] + [{**generic, n: 1} for n, d in dims.items() if d.contains(1) and generic[n] != 1]
+
+    def shape_of(spec: InputSpec, env: dict) -> tuple:
+        return tuple(d.min if d.is_static else env[d.symbol or f"{spec.name}:{a}"] for a, d in enumerate(spec.shape))
+    return [tuple(shape_of(spec, env) for spec in specs) for env in combos]
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _sample(spec: InputSpec, shape: tuple, device: torch.device) -> torch.Tensor:

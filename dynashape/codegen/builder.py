@@ -96,6 +96,7 @@ class SpecCode:
     size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
+    kernel_items: int = 0  # nodes with lines in run (regions.py's items)
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -415,7 +416,11 @@ class _Builder:
         if node.op_type in AS_VIEW and node.domain in ("", "ai.onnx"):
             return self._view(step, ni)
         inline: list[str] = []
-        ins = [None if i in ni.drop_inputs else self.use(x, ni.host, inline) for i, x in enumerate(node.inputs)]
+        # inputs the kernel reads as numbers on the host (axes, pads, repeats: the op's shape
+        # inputs) are given as host tensors: a device copy would be read back with a sync per call
+        host_in = node.opdef.shape_deps
+        ins = [None if i in ni.drop_inputs else self.use(x, ni.host or i in host_in, inline)
+               for i, x in enumerate(node.inputs)]
         self.dropped += len(ni.drop_inputs)
         outs, bufs = [], []
         for v in node.outputs:
@@ -621,7 +626,8 @@ class _Builder:
         body = self._pending + [x for x in lines if not x.startswith("st.stats[")]
         counters = [x for x in lines if x.startswith("st.stats[")]  # host counters: run either way
         self.items.append(Item(body, node, syms, host=bool(ni is not None and ni.host),
-                               bounding=bool(ni is not None and ni.kind == "dyn"), counters=counters))
+                               bounding=bool(ni is not None and ni.kind == "dyn"), counters=counters,
+                               setup=len(self._pending)))
         self._pending = []
 
     # ---- regions -------------------------------------------------------------------------------
@@ -642,8 +648,9 @@ class _Builder:
         put(f"o = st.static({r.index}, {key}, {_tuple(r.live_in)}) if S else None")
         put("if o is None:")
         for i in r.items:
-            for line in self.items[i].lines:
-                put(line, self.items[i].node, indent=2)
+            it = self.items[i]
+            for k, line in enumerate(it.lines):
+                put(line, it.node if k >= it.setup else None, indent=2)
         if r.live_out:
             put("else:")
             put(f"{', '.join(r.live_out)}{',' if len(r.live_out) == 1 else ''} = o", indent=2)
@@ -733,8 +740,8 @@ class _Builder:
             if r is not None:
                 self._put_region(r, put)
             elif i not in inside:
-                for line in it.lines + it.counters:
-                    put(line, it.node)
+                for k, line in enumerate(it.lines + it.counters):
+                    put(line, it.node if k >= it.setup else None)
         results = self.results
         put(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
         return "\n".join(out) + "\n", line_nodes, groups
@@ -838,6 +845,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
                     tuple(i for i, name in enumerate(b.sig_symbols)
                           if any(name in a.nbytes.free for a in b.plan.arena)))
     spec.group_keys = [_key_of(g.key) for g in groups]
+    spec.kernel_items = sum(1 for it in b.items if it.node is not None)
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]

@@ -32,7 +32,10 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 _TARGETS = re.compile(r"^\s*([A-Za-z_][\w\s,*]*?)\s*=(?!=)")
 _OUT = re.compile(r"out=\(?([A-Za-z_]\w*)")
 _INPLACE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.\w+_\(")
-_HOST_SYNC = (".cpu()", ".item()", ".tolist()", ".numpy()")
+# on CUDA, lines that move data between host and device: a graph would replay the copy from the
+# host address it was captured with, or cannot capture it at all
+_HOST_SYNC = (".cpu()", ".item()", ".tolist()", ".numpy()", ".to(DEV", "torch.tensor(", "torch.as_tensor(",
+              "torch.from_numpy(")
 MIN_KERNELS = 2  # a region of one kernel is not worth a static impl: the replay costs a launch too
 
 
@@ -46,6 +49,7 @@ class Item:
     host: bool = False  # the node runs on the host
     bounding: bool = False  # break point, control flow, KV append: never in a region
     counters: list[str] = field(default_factory=list)  # host-side counters, run after the item either way
+    setup: int = 0  # how many of ``lines`` are setup lines (not mapped to the node in errors)
 
 
 @dataclass

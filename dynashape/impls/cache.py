@@ -67,4 +67,6 @@ class ImplCache:
 
     def summary(self) -> dict:
         with self._lock:
-            return {**self.stats, "impl_cache_size": len(self._items), "impl_cache_capacity": self.capacity}
+            base = dict.fromkeys(("impl_cache_hits", "impl_cache_misses", "impl_cache_evictions",
+                                  "impl_cache_dropped"), 0)
+            return {**base, **self.stats, "impl_cache_size": len(self._items), "impl_cache_capacity": self.capacity}

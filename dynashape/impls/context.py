@@ -6,39 +6,39 @@ Mode ``"sync"`` builds in the caller's thread at once (benchmarks and tests that
 static impl on the call that asks), ``"async"`` on the worker. The worker is a daemon thread
 started on the first job; ``wait()`` blocks until the queue is empty (tests, prebuilding).
 
-Capture-time rules are the builds' own (``static.py``): a CUDA graph is captured on a side
-stream in thread-local capture mode, so the caller's thread keeps launching kernels meanwhile.
+CUDA graph captures are built inline, in the calling thread, whatever the mode: while a stream
+of the process is being captured, a ``torch.cuda.synchronize()`` anywhere in the application
+fails (cudaErrorStreamCaptureUnsupported; measured on an H100 with the capture on a worker
+thread in thread-local mode), and an application may synchronise at any time. What the worker
+builds in the background is the work that is pure Python (the specialised impls).
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
 
-log = logging.getLogger(__name__)
-
 
 class CompilationContext:
-    def __init__(self, mode: str = "async", init=None) -> None:
+    def __init__(self, mode: str = "async") -> None:
         if mode not in ("async", "sync"):
             raise ValueError(f"compilation mode must be 'async' or 'sync', got {mode!r}")
         self.mode = mode
-        self._init = init  # run once on the worker before its first build (e.g. CUDA handles)
         self._queue: queue.Queue = queue.Queue()
         self._pending: set = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
 
-    def submit(self, key, build, done) -> bool:
-        """Queue a build (False when that key is queued or building already)."""
+    def submit(self, key, build, done, inline: bool = False) -> bool:
+        """Queue a build (False when that key is queued or building already); ``inline``: build
+        in the caller's thread whatever the mode (a CUDA graph capture, see the module docstring)."""
         with self._lock:
             if key in self._pending:
                 return False
             self._pending.add(key)
-        if self.mode == "sync":
+        if self.mode == "sync" or inline:
             self._run(key, build, done)
             return True
         self._queue.put((key, build, done))
@@ -62,11 +62,6 @@ class CompilationContext:
             self._worker.start()
 
     def _loop(self) -> None:
-        if self._init is not None:
-            try:
-                self._init()
-            except Exception:  # noqa: BLE001  builds that need it will fail and be counted
-                log.exception("compilation worker setup failed")
         while True:
             key, build, done = self._queue.get()
             self._run(key, build, done)

@@ -48,10 +48,17 @@ class SpecializedImpl:
 
 
 class CudaGraphImpl:
+    """See the module docstring. The call that builds it is served by the build: the region runs
+    once for real on the capture stream (which also sets up handles and workspaces before the
+    capture), its results are that call's (``first``); the capture itself executes nothing.
+    Running the region twice in one call would not do: the arena reuses memory, so a region may
+    overwrite what it read (a live-in that is dead after its last read), and a second run would
+    read that."""
+
     kind = "cuda_graph"
 
     def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 device: torch.device, warm: bool) -> None:
+                 device: torch.device) -> None:
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
         self.refresh_idx: list[int] = []
         self.static: list[torch.Tensor] = []
@@ -72,10 +79,7 @@ class CudaGraphImpl:
         side.wait_stream(caller)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
-            if warm:  # the caller waits for us: kernels may run (handles, workspaces, autotuning)
-                for i, s in zip(self.refresh_idx, self.static):
-                    s.copy_(ins[i])
-                fn(*symvals, *args)
+            first = fn(*symvals, *ins)  # this call's results, and the warm-up of the capture
             graph.capture_begin(capture_error_mode="thread_local")
             try:
                 outs = fn(*symvals, *args)
@@ -87,12 +91,19 @@ class CudaGraphImpl:
             except RuntimeError as e:
                 raise CannotCapture(f"{type(e).__name__}: {e}") from e
         caller.wait_stream(side)
+        for t in first:
+            if isinstance(t, torch.Tensor):
+                t.record_stream(caller)  # made on the capture stream, used on the caller's
         if not all(isinstance(o, torch.Tensor) for o in outs):
             raise CannotCapture("a live-out is not a tensor")
+        self.first: tuple | None = tuple(first)
         self.graph, self.outs = graph, tuple(outs)
         self.nbytes += sum(o.numel() * o.element_size() for o in self.outs)
 
     def __call__(self, ins: tuple):
+        if self.first is not None:  # the call that built it: the region has run already
+            first, self.first = self.first, None
+            return first
         for i, s in zip(self.refresh_idx, self.static):
             x = ins[i]
             if x.shape != s.shape or x.dtype != s.dtype:
@@ -115,9 +126,9 @@ def _abandon(graph) -> None:
 
 def build_static(device: torch.device, fn, body: list[str], params: list[str], live_out: list[str],
                  symvars: list[str], symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 ns: dict, filename: str, warm: bool):
+                 ns: dict, filename: str):
     """The static impl of a region for the key ``symvals`` (values of ``symvars``), built from
     the live-ins ``ins`` of the call that asked."""
     if device.type == "cuda":
-        return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm)
+        return CudaGraphImpl(fn, symvals, ins, refresh, results, device)
     return SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 
 import torch
 
@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
 GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
+# the counters of static impls, reported (as 0 too) whenever they are on
+STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_bytes",
+                   "static_refused", "static_refused_runs", "static_guard_fails", "static_errors_rerun",
+                   "static_dropped_by_replan")
 SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
 
 
@@ -58,20 +62,6 @@ def static_mode(option, device: torch.device) -> str | None:
     raise OptionsError(f"static_impls={value!r}: expected 'auto', 'async', 'sync' or 'off'")
 
 
-def _warm_cuda(device: torch.device):
-    """Set up the compile worker's thread for captures: CUDA handles are per thread and stream,
-    and creating one inside a capture is not allowed."""
-    def init() -> None:
-        torch.cuda.set_device(device)
-        side = torch.cuda.Stream(device)
-        with torch.cuda.stream(side):
-            a = torch.ones(8, 8, device=device)
-            torch.mm(a, a)
-            torch.nn.functional.conv2d(a.view(1, 1, 8, 8), a[:3, :3].reshape(1, 1, 3, 3))
-        side.synchronize()
-    return init
-
-
 class CompiledModel:
     """The specializations of one graph on one device (shared by the session's requests)."""
 
@@ -80,9 +70,9 @@ class CompiledModel:
         self.graph, self.device = graph, device
         # static impls of the regions: the cache (LRU) and the context that builds them
         self.static = static
+        self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last
         self.impls = ImplCache(capacity_from(impl_cache_size))
-        self.context = (CompilationContext(static, _warm_cuda(device) if device.type == "cuda" else None)
-                        if static else None)
+        self.context = CompilationContext(static) if static else None
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -101,6 +91,23 @@ class CompiledModel:
     @staticmethod
     def const_host(v: Value):
         return v.const
+
+    def precompile(self, shapes_list: list[tuple]) -> None:
+        """Trace and generate the specializations of these input shapes on the compilation
+        context (in the background when it is async); a call that needs one meanwhile waits for
+        the lock and finds it, or traces it itself."""
+        for shapes in shapes_list:
+            self.context.submit(("spec", shapes), lambda shapes=shapes: self._try_spec(shapes), self._precompiled)
+
+    def _try_spec(self, shapes: tuple):
+        try:
+            return self.spec_for(shapes)
+        except Exception as e:  # noqa: BLE001  a shape the model refuses: the call that brings it says why
+            return e
+
+    def _precompiled(self, key, result, seconds: float) -> None:
+        self.stats["specializations_precompiled" if isinstance(result, SpecCode) else "precompile_failures"] += 1
+        self.stats["precompile_time_s"] += seconds
 
     def spec_for(self, shapes: tuple) -> SpecCode | None:
         for spec in self.specs:
@@ -161,6 +168,7 @@ class SpecState:
         self.typed: list[torch.Tensor] = []
         self.off: list[int] = []
         self.epoch = -1
+        self.total = 0  # bytes of the arena this specialization is planned for
         self.caps: tuple | None = None  # per signature symbol: the value the arena is planned for
         self.kv = [runner.kv_for(node) for node in spec.kv_nodes]
         self.sub = [runner.sub_for(node) for node in spec.sub_nodes]
@@ -207,6 +215,7 @@ class SpecState:
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         offsets, total = plan_offsets(sizes, [b.first for b in spec.arena], [b.last for b in spec.arena])
+        self.total = total
         block = runner.arena_block(total)
         off = [o // spec.arena_dtypes[k].itemsize for o, k in zip(offsets, spec.arena_dtype_index)]
         self.caps = tuple(caps)
@@ -238,12 +247,7 @@ class SpecState:
         k = (self.token, r, key)
         impl = self.runner.model.impls.get(k)
         if impl is not None:
-            out = impl(ins)
-            if out is not None:
-                self.stats["static_hits"] += 1
-                return out
-            self.stats["static_guard_fails"] += 1
-            return None
+            return self._replay(impl, ins)
         self.stats["static_misses"] += 1
         rk = (r, key)
         if rk in self.refused:
@@ -260,17 +264,22 @@ class SpecState:
 
         def build():
             return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
-                                reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>",
-                                warm=model.context.mode == "sync")
-        model.context.submit(k, build, self._built)
-        if model.context.mode == "sync":
-            impl = model.impls.get(k)
-            if impl is not None:
-                out = impl(ins)
-                if out is not None:
-                    self.stats["static_hits"] += 1
-                    return out
-        return None
+                                reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>")
+        model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
+        impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
+        return None if impl is None else self._replay(impl, ins)
+
+    def _replay(self, impl, ins: tuple):
+        try:
+            out = impl(ins)
+        except Exception:  # noqa: BLE001  the dynamic lines run it again and name the failing node
+            self.stats["static_errors_rerun"] += 1
+            return None
+        if out is None:
+            self.stats["static_guard_fails"] += 1
+            return None
+        self.stats["static_hits"] += 1
+        return out
 
     def _built(self, k: tuple, result, seconds: float) -> None:
         """The compilation context's answer for key ``k``: an impl, or why there is none."""
@@ -281,6 +290,7 @@ class SpecState:
             stats["static_refused"] += 1
             kind = "cannot be captured" if isinstance(result, CannotCapture) else "failed to build"
             msg = f"region {r} of {self.spec.filename} for {key} {kind}; the dynamic impl serves it: {result}"
+            self.runner.model.refusals.append(msg)
             if self.runner.engine.verbose >= 1:
                 print(f"dynashape.impls: {msg}", flush=True)
             log.info(msg)
@@ -348,7 +358,11 @@ class CompiledRunner:
         return cap
 
     def arena_block(self, nbytes: int) -> torch.Tensor:
-        """The request's arena with at least ``nbytes``; a new block means new views (epoch)."""
+        """The request's arena with at least ``nbytes``; a new block means new views (epoch).
+        The block serves every specialization of the request: it is reclaimed (shrunk) only when
+        all of them are planned for a tenth of it, so that calls alternating between two
+        specializations do not trade the block back and forth."""
+        nbytes = max([nbytes] + [st.total for st in self.states.values()])
         have = 0 if self.arena is None else self.arena.numel()
         if self.arena is not None and nbytes <= have and nbytes * 10 >= have:
             return self.arena

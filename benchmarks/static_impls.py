@@ -1,0 +1,281 @@
+"""Static impls against the dynamic path and against PyTorch eager of the same model, over
+sequences of changing shapes (issue: implementations, CUDA graphs that survive shape changes).
+
+Models, each built from a config with seeded random weights and exported here with
+``torch.onnx.export(dynamo=True)`` with dynamic dims (nothing downloaded):
+- ``bert``: transformers' BERT-base (12 layers, hidden 768) over a repeating sequence of
+  (batch, seq) shapes; ``resnet``: torchvision's ResNet-50 over batches 1, 8, 3, 16, 1;
+- ``decode``: the Llama-style decoder of the tests at 12 layers / hidden 768, greedy decode of
+  ``--steps`` tokens from an 8-token prompt, batch 1 and 4; the tokens of each runtime are
+  compared with eager's.
+Runtimes, in one process: PyTorch eager (no_grad; TF32 off, as dynashape's fp32), dynashape
+with static impls off (the dynamic path), dynashape with its default (``static_impls="auto"``:
+async CUDA graphs on CUDA, off on CPU) and with ``"sync"`` (built in the call that asks).
+Each runtime runs the whole sequence ``--repeats`` times; a shape's steady time is the median of
+its calls from the third pass on (a static impl is built when a key comes back: the second pass
+builds, the third replays). "First call" is the first call at each shape in a fresh session.
+
+    python benchmarks/static_impls.py --device cuda [--models bert resnet decode] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dynashape  # noqa: E402
+from benchmarks.common import print_table, write_json  # noqa: E402
+
+BERT_SHAPES = [(1, 16), (4, 64), (2, 128), (8, 32), (1, 128), (16, 64)]
+RESNET_BATCHES = [1, 8, 3, 16, 1]
+MODES = {"dynashape dynamic": "off", "dynashape static (auto)": "auto", "dynashape static (sync)": "sync"}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _gone() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _timed(fn, dev):
+    _sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(dev)
+    return time.perf_counter() - t0, out
+
+
+def _static_stats(sess) -> dict:
+    out = {k: v for k, v in sess.stats().items()
+           if "static" in k or "impl" in k or "region" in k or k == "kernel_lines"}
+    if sess.compiled.refusals:
+        out["refusals"] = list(sess.compiled.refusals)[-3:]
+    return out
+
+
+# ---- models ------------------------------------------------------------------------------------
+def bert_model(layers: int):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                     vocab_size=30522, max_position_embeddings=512)
+
+    class Wrap(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = BertModel(cfg, add_pooling_layer=False)
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids, attention_mask=attention_mask, return_dict=False)[0]
+    return Wrap().eval()
+
+
+def resnet_model():
+    import torchvision
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+
+
+def export(model, args, names, dynamic, path) -> None:
+    with torch.no_grad():
+        torch.onnx.export(model, args, path, dynamo=True, dynamic_shapes=dynamic, input_names=names,
+                          output_names=["out"], external_data=False)
+
+
+# ---- a sequence of shapes ------------------------------------------------------------------------
+def run_sequence(call, feeds_list, repeats, dev):
+    """Seconds per call, per position of the sequence, per pass; and the last outputs."""
+    times = [[] for _ in feeds_list]
+    outs = [None] * len(feeds_list)
+    for _ in range(repeats):
+        for i, feeds in enumerate(feeds_list):
+            t, out = _timed(lambda feeds=feeds: call(feeds), dev)
+            times[i].append(t)
+            outs[i] = out
+    return times, outs
+
+
+def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
+    runtimes = {"PyTorch eager": eager}
+    for label, mode in MODES.items():
+        if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
+            continue  # auto is off here: the dynamic row says it
+        runtimes[label] = mode
+    results, outs_by = {}, {}
+    for label, what in runtimes.items():
+        if label == "PyTorch eager":
+            def call(feeds):
+                with torch.no_grad():
+                    return eager(*feeds)
+        else:
+            sess = dynashape.InferenceSession(path, device=str(dev), static_impls=what)
+            names = [i.name for i in sess.get_inputs()]
+
+            def call(feeds, sess=sess, names=names):
+                return sess.run(None, dict(zip(names, feeds)))[0]
+        times, outs = run_sequence(call, feeds_list, repeats, dev)
+        steady = [statistics.median(t[2:]) for t in times]
+        first = [t[0] for t in times]
+        results[label] = {"steady_ms": [x * 1e3 for x in steady], "first_ms": [x * 1e3 for x in first],
+                          "sequence_ms": sum(steady) * 1e3}
+        if label != "PyTorch eager":
+            results[label]["stats"] = _static_stats(sess)
+            print(label, results[label]["stats"])
+            del sess
+        outs_by[label] = outs
+        _gone()
+    ref = outs_by["PyTorch eager"]
+    for label in results:
+        results[label]["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in zip(outs_by[label], ref))
+    dyn = results["dynashape dynamic"]["steady_ms"]
+    rows = []
+    for label, r in results.items():
+        rows.append([name, label, r["sequence_ms"], results["PyTorch eager"]["sequence_ms"] / r["sequence_ms"],
+                     max(f / d for f, d in zip(r["first_ms"][1:], dyn[1:])) if label != "PyTorch eager" else "",
+                     r["max_abs_diff_vs_eager"]])
+    per_shape = [[lab] + [f"{x:.2f}" for x in r["steady_ms"]] for lab, r in results.items()]
+    data[name] = {"shapes": labels, "results": results}
+    print_table(f"{name}: steady ms per call at each shape", ["runtime", *labels], per_shape)
+    return rows
+
+
+def bench_bert(dev, repeats, layers, shapes, data):
+    model = bert_model(layers).to(dev)
+    path = os.path.join(tempfile.mkdtemp(), "bert.onnx")
+    b, s = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=512)
+    args = (torch.randint(0, 30522, (2, 7)), torch.ones(2, 7, dtype=torch.int64))
+    export(model.cpu(), args, ["input_ids", "attention_mask"], {"input_ids": {0: b, 1: s},
+                                                                "attention_mask": {0: b, 1: s}}, path)
+    model.to(dev)
+    g = torch.Generator().manual_seed(1)
+    feeds = []
+    for bb, ss in shapes:
+        ids = torch.randint(0, 30522, (bb, ss), generator=g)
+        mask = torch.ones(bb, ss, dtype=torch.int64)
+        mask[:, ss - ss // 4:] = torch.randint(0, 2, (bb, ss // 4), generator=g)  # some padding
+        feeds.append((ids.to(dev), mask.to(dev)))
+    return shapes_table(f"BERT-base ({layers} layers)", model, path, feeds, [f"{a}x{b}" for a, b in shapes],
+                        repeats, dev, data)
+
+
+def bench_resnet(dev, repeats, batches, data):
+    model = resnet_model()
+    path = os.path.join(tempfile.mkdtemp(), "resnet50.onnx")
+    export(model, (torch.randn(2, 3, 224, 224),), ["x"], {"x": {0: torch.export.Dim("batch", min=1, max=64)}}, path)
+    model.to(dev)
+    g = torch.Generator().manual_seed(2)
+    feeds = [(torch.randn(b, 3, 224, 224, generator=g).to(dev),) for b in batches]
+    return shapes_table("ResNet-50", model, path, feeds, [str(b) for b in batches], repeats, dev, data)
+
+
+# ---- greedy decode ---------------------------------------------------------------------------------
+def bench_decode(dev, steps, batches, data, layers):
+    from tests.models import llama
+    cfg = dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
+               rope_theta=10000.0, eps=1e-5, seed=0)
+    path = str(llama.model_path(cfg))
+    names = llama.input_names(cfg)
+    eager = llama.build(cfg).to(dev)
+    rows = []
+    data["decode"] = {}
+    for batch in batches:
+        prompt = torch.randint(0, cfg["vocab"], (batch, 8), generator=torch.Generator().manual_seed(batch)).to(dev)
+        runs = {"PyTorch eager": None, **MODES}
+        res = {}
+        for label, mode in runs.items():
+            if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
+                continue
+            if mode is None:
+                def step(ids, past):
+                    with torch.no_grad():
+                        out = eager(ids, *past)
+                    return out[0], list(out[1:])
+            else:
+                sess = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
+
+                def step(ids, past, sess=sess):
+                    out = sess.run(None, dict(zip(names, [ids, *past])))
+                    return out[0], out[1:]
+            per_round = []
+            for _ in range(4):  # the first round warms up (and builds the static impls)
+                past = [torch.zeros(batch, cfg["kv_heads"], 0, cfg["head_dim"], device=dev)
+                        for _ in range(2 * cfg["layers"])]
+                logits, past = step(prompt, past)
+                tok = logits[:, -1:].argmax(-1)
+                toks = [tok]
+                _sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(steps - 1):
+                    logits, past = step(tok, past)
+                    tok = logits[:, -1:].argmax(-1)
+                    toks.append(tok)
+                _sync(dev)
+                per_round.append(time.perf_counter() - t0)
+            res[label] = {"tokens_per_s": batch * (steps - 1) / statistics.median(per_round[1:]),
+                          "tokens": torch.cat(toks, 1).cpu()}
+            if mode is not None:
+                res[label]["stats"] = _static_stats(sess)
+                print(f"decode batch {batch}", label, res[label]["stats"])
+                del sess
+            _gone()
+        ref = res["PyTorch eager"]
+        for label, r in res.items():
+            same = float((r["tokens"] == ref["tokens"]).float().mean())
+            rows.append([f"decode batch {batch}", label, r["tokens_per_s"], r["tokens_per_s"] / ref["tokens_per_s"],
+                         "", f"tokens equal to eager: {same:.3f}"])
+            data["decode"][f"{label} batch {batch}"] = {"tokens_per_s": r["tokens_per_s"], "same_tokens": same,
+                                                        "stats": r.get("stats", {})}
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--models", nargs="+", default=["bert", "resnet", "decode"])
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--bert-layers", type=int, default=12)
+    ap.add_argument("--bert-shapes", default=None, help="e.g. 1x16,4x64 (default: six shapes up to 16x128)")
+    ap.add_argument("--resnet-batches", default=None, help="e.g. 1,8,3,16,1")
+    ap.add_argument("--decode-layers", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # eager in fp32, as dynashape runs it
+    dev = torch.device(args.device)
+    data = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+    rows = []
+    if "bert" in args.models:
+        shapes = (BERT_SHAPES if not args.bert_shapes
+                  else [tuple(map(int, x.split("x"))) for x in args.bert_shapes.split(",")])
+        rows += bench_bert(dev, args.repeats, args.bert_layers, shapes, data)
+    if "resnet" in args.models:
+        batches = RESNET_BATCHES if not args.resnet_batches else [int(x) for x in args.resnet_batches.split(",")]
+        rows += bench_resnet(dev, args.repeats, batches, data)
+    if "decode" in args.models:
+        rows += bench_decode(dev, args.steps, args.batch, data, args.decode_layers)
+    print_table(f"static impls, {data['device']}", ["model", "runtime", "sequence ms / tokens/s", "x eager",
+                                                    "first call / steady dynamic (max)", "max |diff| vs eager"], rows)
+    write_json(args.json, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""ImplCache (LRU, thread-safe) and CompilationContext (one worker, deduplicated builds)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dynashape.impls import CompilationContext, ImplCache
+from dynashape.impls.cache import capacity_from
+
+
+def test_lru_evicts_the_least_recently_used():
+    c = ImplCache(2)
+    c.put(("t", 0, (1,)), "a")
+    c.put(("t", 0, (2,)), "b")
+    assert c.get(("t", 0, (1,))) == "a"  # (1,) is now the most recent
+    c.put(("t", 0, (3,)), "c")
+    assert ("t", 0, (2,)) not in c and ("t", 0, (1,)) in c and ("t", 0, (3,)) in c
+    s = c.summary()
+    assert s["impl_cache_evictions"] == 1 and s["impl_cache_hits"] == 1 and s["impl_cache_size"] == 2
+    assert c.get(("t", 0, (2,))) is None and c.summary()["impl_cache_misses"] == 1
+
+
+def test_capacity_zero_is_unbounded_and_drop_forgets_one_token():
+    c = ImplCache(0)
+    for i in range(500):
+        c.put(("a" if i % 2 else "b", 0, (i,)), i)
+    assert len(c) == 500 and c.summary()["impl_cache_evictions"] == 0
+    assert c.drop("a") == 250 and len(c) == 250
+    assert all(k[0] == "b" for k in c._items)
+
+
+def test_capacity_from_option_and_env(monkeypatch):
+    monkeypatch.setenv("DYNASHAPE_IMPL_CACHE", "7")
+    assert capacity_from(None) == 7 and capacity_from(3) == 3
+    monkeypatch.delenv("DYNASHAPE_IMPL_CACHE")
+    assert capacity_from(None) == 300
+    with pytest.raises(ValueError):
+        ImplCache(-1)
+
+
+def test_async_build_is_deduplicated_and_reports_once():
+    ctx = CompilationContext("async")
+    gate = threading.Event()
+    built, done = [], []
+
+    def build():
+        gate.wait(5)
+        built.append(1)
+        return "impl"
+    assert ctx.submit("k", build, lambda k, r, s: done.append((k, r)))
+    assert not ctx.submit("k", build, lambda k, r, s: done.append((k, r)))  # queued already
+    assert ctx.pending() == 1
+    gate.set()
+    assert ctx.wait(5)
+    assert built == [1] and done == [("k", "impl")] and ctx.pending() == 0
+    assert ctx.submit("k", lambda: "again", lambda k, r, s: done.append((k, r)))  # done: may build again
+    assert ctx.wait(5) and done[-1] == ("k", "again")
+
+
+def test_sync_builds_in_the_callers_thread_and_failures_are_reported():
+    ctx = CompilationContext("sync")
+    seen = []
+    me = threading.get_ident()
+    ctx.submit("a", lambda: threading.get_ident(), lambda k, r, s: seen.append(r))
+
+    def fail():
+        raise RuntimeError("cannot")
+    ctx.submit("b", fail, lambda k, r, s: seen.append(r))
+    assert seen[0] == me and isinstance(seen[1], RuntimeError) and ctx.pending() == 0
+
+
+def test_worker_keeps_order_and_runs_in_the_background():
+    ctx = CompilationContext("async")
+    order = []
+    for i in range(5):
+        ctx.submit(i, lambda i=i: (time.sleep(0.01), i)[1], lambda k, r, s: order.append(r))
+    assert ctx.wait(5) and order == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        CompilationContext("later")

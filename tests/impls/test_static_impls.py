@@ -1,0 +1,187 @@
+"""Static impls of regions in a session: built when a key comes back (or at load for optimal
+values), replayed on a hit, the dynamic path where they cannot serve, counted; results equal to
+the dynamic path's, outputs handed out never change afterwards.
+
+On CPU (CI) the static impl is the specialised region source; the CUDA graph impls run the same
+tests with DYNASHAPE_TEST_DEVICE=cuda on the device.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape import Dimension
+from dynashape.impls import CannotCapture
+from dynashape.runtime import compiled
+
+
+def mlp(hidden: int = 16) -> onnx.ModelProto:
+    """y = tanh(softmax(relu(x @ W1 + b) @ W2)); also the hidden relu as an output."""
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((8, hidden)).astype(np.float32), "W1"),
+             onnx.numpy_helper.from_array(rng.standard_normal((hidden,)).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(rng.standard_normal((hidden, 8)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Mul", ["r", "r"], ["r2"]),
+             helper.make_node("MatMul", ["r2", "W2"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("Tanh", ["p"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "S", 8])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", "S", 8]),
+                           helper.make_tensor_value_info("r", TP.FLOAT, ["N", "S", hidden])], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def feeds(n, s, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"x": (torch.rand(n, s, 8, generator=g) * 4 - 2).to(device)}
+
+
+SHAPES = [(1, 3), (4, 5), (2, 7), (1, 3), (4, 5), (2, 7), (1, 3), (4, 5)]
+
+
+def run_all(sess, device, shapes=SHAPES, wait=False):
+    outs = []
+    for i, (n, s) in enumerate(shapes):
+        outs.append([o.clone() for o in sess.run(None, feeds(n, s, device, i))])
+        if wait:
+            sess.compiled.context.wait(30)
+    return outs
+
+
+def assert_same(a, b):
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_built_when_a_key_comes_back_then_hit(mode, device):
+    ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls=mode)
+    out = run_all(sess, device, wait=mode == "async")
+    assert_same(out, ref)
+    st = sess.stats()
+    assert st["static_impls"] == mode
+    assert st["static_builds"] == 3  # three keys, each built on its second sight
+    assert st["static_hits"] >= 2 and st["impl_cache_size"] == 3 and st["static_refused"] == 0
+
+
+def test_static_impls_off_and_auto(device):
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="off")
+    run_all(sess, device)
+    assert sess.stats()["static_impls"] == "off" and "static_hits" not in sess.stats()
+    auto = compiled.static_mode("auto", torch.device(device))
+    assert auto == ("async" if device.startswith("cuda") else None)
+    with pytest.raises(dynashape.errors.OptionsError):
+        dynashape.InferenceSession(mlp(), device=device, static_impls="sometimes")
+
+
+def test_env_var_sets_the_mode(monkeypatch, device):
+    monkeypatch.setenv("DYNASHAPE_STATIC_IMPLS", "sync")
+    sess = dynashape.InferenceSession(mlp(), device=device)
+    assert sess.compiled.static == "sync"
+    monkeypatch.setenv("DYNASHAPE_STATIC_IMPLS", "0")
+    assert dynashape.InferenceSession(mlp(), device=device).compiled.static is None
+
+
+def test_lru_capacity_evicts_and_the_evicted_key_is_rebuilt(device):
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", impl_cache_size=2)
+    ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device, SHAPES * 2)
+    assert_same(run_all(sess, device, SHAPES * 2), ref)
+    st = sess.stats()
+    assert st["impl_cache_size"] == 2 and st["impl_cache_evictions"] >= 1
+    assert st["static_builds"] > 3  # a key evicted and seen again is built again
+
+
+def test_optimal_values_are_built_at_load_and_other_shapes_take_the_dynamic_path(device):
+    dims = {"x": [Dimension(1, 8, optimals=(2, 4)), Dimension(1, 16, optimals=(5,)), 8]}
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", dynamic_dims=dims)
+    st = sess.stats()
+    assert st["optimal_shapes_prebuilt"] == 2 and st["static_builds"] == 2 and st["impl_cache_size"] == 2
+    ref = dynashape.InferenceSession(mlp(), device=device, static_impls="off")
+    hits, misses = st["static_hits"], st["static_misses"]
+    f = feeds(4, 5, device, 11)
+    assert_same([sess.run(None, f)], [ref.run(None, f)])
+    st = sess.stats()
+    assert st["static_hits"] == hits + 1 and st["static_misses"] == misses  # select_module: shapes equal
+    f = feeds(3, 5, device, 12)  # not an optimal value: a miss, served by the dynamic impl
+    assert_same([sess.run(None, f)], [ref.run(None, f)])
+    st = sess.stats()
+    assert st["static_hits"] == hits + 1 and st["static_misses"] == misses + 1 and st["static_builds"] == 2
+
+
+def test_a_region_that_cannot_be_captured_keeps_the_dynamic_path_counted(device, monkeypatch):
+    def refuse(*a, **k):
+        raise CannotCapture("a kernel synchronises with the host")
+    monkeypatch.setattr(compiled, "build_static", refuse)
+    ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
+    assert_same(run_all(sess, device), ref)
+    st = sess.stats()
+    assert st["static_refused"] == 3 and st["static_refused_runs"] >= 2 and st.get("static_hits", 0) == 0
+
+
+def test_outputs_held_by_the_caller_do_not_change_on_the_next_call(device):
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
+    for i in range(3):
+        sess.run(None, feeds(2, 4, device, i))  # built, then replayed
+    held = sess.run(None, feeds(2, 4, device, 100))
+    kept = [h.clone() for h in held]
+    for i in range(3):
+        sess.run(None, feeds(2, 4, device, 200 + i))
+    assert sess.stats()["static_hits"] >= 3
+    for h, k in zip(held, kept):
+        assert torch.equal(h, k)
+
+
+def test_requests_on_threads(device):
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="async")
+    ref = dynashape.InferenceSession(mlp(), device=device, static_impls="off")
+    errors = []
+
+    def work(seed):
+        req = sess.create_infer_request()
+        try:
+            for i, (n, s) in enumerate(SHAPES * 2):
+                f = feeds(n, s, device, seed * 100 + i)
+                for a, b in zip(req.run(None, f), ref.create_infer_request().run(None, f)):
+                    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    sess.compiled.context.wait(30)
+    assert sess.compiled.impls.summary()["impl_cache_size"] >= 3  # per request: impls read its own arena
+
+
+def test_regions_of_a_decode_step_leave_the_past_to_the_attention(device):
+    from tests.models import llama
+    sess = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="sync")
+    names = llama.input_names()
+    ref = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="off")
+    torch.manual_seed(0)
+    past = past_ref = [torch.zeros(2, 2, 0, 16, device=device) for _ in range(4)]
+    ids = torch.randint(0, 1000, (2, 5), device=device)
+    for _step in range(20):  # the past grows past the arena's capacity: re-plans drop impls
+        out = sess.run(None, dict(zip(names, [ids, *past])))
+        out_ref = ref.run(None, dict(zip(names, [ids, *past_ref])))
+        for a, b in zip(out, out_ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        past, past_ref = out[1:], out_ref[1:]
+        ids = torch.randint(0, 1000, (2, 1), device=device)
+    spec = [s for s in sess.compiled.specs if s.regions][-1]
+    assert all("past" not in rc.region.syms for rc in spec.regions if rc.region.kernels > 1)
+    st = sess.stats()
+    assert st["static_hits"] >= 10 * len(spec.regions)  # the same impls serve every decode step
