@@ -16,6 +16,9 @@ case "${1:-bench}" in
   tests)
     DYNASHAPE_TEST_DEVICE=cuda T=580 run python -m pytest -q -p no:warnings tests/impls tests/test_models.py \
       tests/memory tests/compile tests/test_runtime.py tests/test_errors.py ;;
+  profile)
+    T=200 run python benchmarks/profile_static.py --device cuda --shape 4x64
+    T=150 run python benchmarks/profile_static.py --device cuda --shape 1x16 ;;
   bench)
     run python benchmarks/static_impls.py --device cuda --json "$OUT/static_impls_cuda.json" ;;
 esac

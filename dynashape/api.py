@@ -433,7 +433,10 @@ def representative_shapes(specs: list[InputSpec]) -> list[tuple]:
     for k, (name, d) in enumerate(dims.items()):
         v = _GENERIC[k % len(_GENERIC)]
         generic[name] = max(d.min, v if d.max is None else min(v, d.max))
-    combos = [generic] + [{**generic, n: 1} for n, d in dims.items() if d.contains(1) and generic[n] != 1]
+    ones = [n for n, d in dims.items() if d.contains(1) and generic[n] != 1]
+    combos = [generic] + [{**generic, n: 1} for n in ones]
+    if 1 < len(ones) <= 3:  # decode at batch 1: batch and new tokens both 1
+        combos.append({**generic, **dict.fromkeys(ones, 1)})
 
     def shape_of(spec: InputSpec, env: dict) -> tuple:
         return tuple(d.min if d.is_static else env[d.symbol or f"{spec.name}:{a}"] for a, d in enumerate(spec.shape))

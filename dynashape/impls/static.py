@@ -49,8 +49,9 @@ class SpecializedImpl:
 
 class CudaGraphImpl:
     """See the module docstring. The call that builds it is served by the build: the region runs
-    once for real on the capture stream (which also sets up handles and workspaces before the
-    capture), its results are that call's (``first``); the capture itself executes nothing.
+    once for real on the capture stream, on the impl's own buffers (which also sets up handles,
+    workspaces and cuDNN's choice of algorithm before the capture); its results are that call's
+    (``first``); the capture itself executes nothing.
     Running the region twice in one call would not do: the arena reuses memory, so a region may
     overwrite what it read (a live-in that is dead after its last read), and a second run would
     read that."""
@@ -78,18 +79,27 @@ class CudaGraphImpl:
         side = torch.cuda.Stream(device)
         side.wait_stream(caller)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(side):
-            first = fn(*symvals, *ins)  # this call's results, and the warm-up of the capture
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                outs = fn(*symvals, *args)
-            except Exception as e:
-                _abandon(graph)
-                raise CannotCapture(f"{type(e).__name__}: {e}") from e
-            try:
-                graph.capture_end()
-            except RuntimeError as e:
-                raise CannotCapture(f"{type(e).__name__}: {e}") from e
+        # a static impl is for one shape: cuDNN may time its algorithms for it (the real run
+        # does, the capture then finds them in cuDNN's cache: same shapes, strides, buffers)
+        benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            with torch.cuda.stream(side):
+                for i, s in zip(self.refresh_idx, self.static):
+                    s.copy_(ins[i])
+                first = fn(*symvals, *args)  # this call's results, and the warm-up of the capture
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    outs = fn(*symvals, *args)
+                except Exception as e:
+                    _abandon(graph)
+                    raise CannotCapture(f"{type(e).__name__}: {e}") from e
+                try:
+                    graph.capture_end()
+                except RuntimeError as e:
+                    raise CannotCapture(f"{type(e).__name__}: {e}") from e
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
         caller.wait_stream(side)
         for t in first:
             if isinstance(t, torch.Tensor):
