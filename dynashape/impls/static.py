@@ -23,7 +23,13 @@ import torch
 
 
 class CannotCapture(RuntimeError):
-    """A region that a static impl cannot serve for this signature."""
+    """A region that a static impl cannot serve for this signature. ``first``: the results of
+    the region's real run when the capture failed after it (the call must use them: running the
+    region again could read what that run overwrote)."""
+
+    def __init__(self, msg: str, first: tuple | None = None) -> None:
+        super().__init__(msg)
+        self.first = first
 
 
 class SpecializedImpl:
@@ -93,17 +99,17 @@ class CudaGraphImpl:
                     outs = fn(*symvals, *args)
                 except Exception as e:
                     _abandon(graph)
-                    raise CannotCapture(f"{type(e).__name__}: {e}") from e
+                    caller.wait_stream(side)
+                    raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
                 try:
                     graph.capture_end()
                 except RuntimeError as e:
-                    raise CannotCapture(f"{type(e).__name__}: {e}") from e
+                    caller.wait_stream(side)
+                    raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
         finally:
             torch.backends.cudnn.benchmark = benchmark
         caller.wait_stream(side)
-        for t in first:
-            if isinstance(t, torch.Tensor):
-                t.record_stream(caller)  # made on the capture stream, used on the caller's
+        first = _handed(first, caller)
         if not all(isinstance(o, torch.Tensor) for o in outs):
             raise CannotCapture("a live-out is not a tensor")
         self.first: tuple | None = tuple(first)
@@ -124,6 +130,14 @@ class CudaGraphImpl:
         if not any(self.results):
             return self.outs
         return tuple(o.clone() if h else o for o, h in zip(self.outs, self.results))
+
+
+def _handed(first, caller) -> tuple:
+    """Results made on the capture stream, handed to the caller's stream."""
+    for t in first:
+        if isinstance(t, torch.Tensor):
+            t.record_stream(caller)
+    return tuple(first)
 
 
 def _abandon(graph) -> None:

@@ -176,7 +176,7 @@ def _cumprod_infer(shapes, values, **_attrs):
     return [shapes[0]]
 
 
-@op("CumProd", 26, infer=_cumprod_infer)
+@op("CumProd", 26, infer=_cumprod_infer, shape_deps=(1,))  # the axis: a host number
 def _cumprod(x, axis, *, exclusive=0, reverse=0, out=None):
     a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
     # no unsigned cumprod/flip kernels: run on int64 and keep the low bits, which is the

@@ -560,7 +560,8 @@ def _trilu(x, k=None, *, upper=1, out=None):
     return f(x, kk) if out is None else f(x, kk, out=out)
 
 
-@op("CumSum", (11, 14), infer=same_as_first)
+# the axis is read as a number on the host: given as a host tensor (shape_deps), never read back
+@op("CumSum", (11, 14), infer=same_as_first, shape_deps=(1,))
 def _cumsum(x, axis, *, exclusive=0, reverse=0, out=None):
     a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
     src = x.flip(a) if reverse else x

@@ -177,6 +177,7 @@ class SpecState:
         self.token = (id(self), 0)
         self.seen: dict = {}
         self.refused: set = set()
+        self.orphans: dict = {}  # key -> results of a region's real run whose capture then failed
 
     # ---- a new signature ---------------------------------------------------------------------
     def enter(self, sig: tuple) -> None:
@@ -266,7 +267,9 @@ class SpecState:
                                 reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>")
         model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
-        return None if impl is None else self._replay(impl, ins)
+        if impl is not None:
+            return self._replay(impl, ins)
+        return self.orphans.pop(k, None)  # a capture that failed after the region ran for real
 
     def _replay(self, impl, ins: tuple):
         try:
@@ -286,6 +289,8 @@ class SpecState:
         stats = self.stats
         if isinstance(result, Exception):
             self.refused.add((r, key))
+            if getattr(result, "first", None) is not None:
+                self.orphans[k] = result.first
             stats["static_refused"] += 1
             kind = "cannot be captured" if isinstance(result, CannotCapture) else "failed to build"
             msg = f"region {r} of {self.spec.filename} for {key} {kind}; the dynamic impl serves it: {result}"

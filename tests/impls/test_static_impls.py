@@ -185,3 +185,20 @@ def test_regions_of_a_decode_step_leave_the_past_to_the_attention(device):
     assert all("past" not in rc.region.syms for rc in spec.regions if rc.region.kernels > 1)
     st = sess.stats()
     assert st["static_hits"] >= 10 * len(spec.regions)  # the same impls serve every decode step
+
+
+def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(device, monkeypatch):
+    """A CUDA capture fails after the region ran once for real on the impl's buffers: the call
+    takes those results; running the region again could read what that run overwrote."""
+    runs = []
+
+    def run_then_refuse(dev, fn, body, params, live_out, symvars, symvals, ins, refresh, results, ns, filename):
+        first = fn(*symvals, *ins)
+        runs.append(1)
+        raise CannotCapture("a kernel synchronises with the host", tuple(first))
+    monkeypatch.setattr(compiled, "build_static", run_then_refuse)
+    ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
+    assert_same(run_all(sess, device), ref)
+    st = sess.stats()
+    assert len(runs) == st["static_refused"] == 3 and st["static_refused_runs"] >= 2
