@@ -11,9 +11,11 @@ Models, each built from a config with seeded random weights and exported here wi
 Runtimes, in one process: PyTorch eager (no_grad; TF32 off, as dynashape's fp32), dynashape
 with static impls off (the dynamic path), dynashape with its default (``static_impls="auto"``:
 async CUDA graphs on CUDA, off on CPU) and with ``"sync"`` (built in the call that asks).
-Each runtime runs the whole sequence ``--repeats`` times; a shape's steady time is the median of
-its calls from the third pass on (a static impl is built when a key comes back: the second pass
-builds, the third replays). "First call" is the first call at each shape in a fresh session.
+Each runtime runs the whole sequence ``--repeats`` times, the runtimes interleaved pass by pass
+(decode: round by round); a shape's steady time is the median of its calls from the third pass
+on (a static impl is built when a key comes back: the second pass builds, the third replays);
+background compilation is waited for after the first pass. "First call" is the first call at
+each new shape in a fresh session, over that shape's steady dynamic-path time.
 
     python benchmarks/static_impls.py --device cuda [--models bert resnet decode] [--json out.json]
 """
@@ -110,41 +112,41 @@ def run_sequence(call, feeds_list, repeats, dev):
 
 
 def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
-    runtimes = {"PyTorch eager": eager}
+    """Every runtime's passes over the sequence, interleaved pass by pass (the machines are
+    shared and noisy: noise then hits all runtimes alike)."""
+    calls, sessions = {}, {}
+
+    def eager_call(feeds):
+        with torch.no_grad():
+            return eager(*feeds)
+    calls["PyTorch eager"] = eager_call
     for label, mode in MODES.items():
         if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
             continue  # auto is off here: the dynamic row says it
-        runtimes[label] = mode
-    results, outs_by = {}, {}
-    for label, what in runtimes.items():
-        if label == "PyTorch eager":
-            def call(feeds):
-                with torch.no_grad():
-                    return eager(*feeds)
-        else:
-            sess = dynashape.InferenceSession(path, device=str(dev), static_impls=what)
-            names = [i.name for i in sess.get_inputs()]
-
-            def call(feeds, sess=sess, names=names):
-                return sess.run(None, dict(zip(names, feeds)))[0]
-        if label == "PyTorch eager":
-            times, outs = run_sequence(call, feeds_list, repeats, dev)
-        else:  # the first pass, then (background compilation done) the rest
-            times, outs = run_sequence(call, feeds_list, 1, dev)
-            if sess.compiled.context is not None:
-                sess.compiled.context.wait(600)
-            more, outs = run_sequence(call, feeds_list, repeats - 1, dev)
-            times = [a + b for a, b in zip(times, more)]
-        steady = [statistics.median(t[2:]) for t in times]
-        first = [t[0] for t in times]
-        results[label] = {"steady_ms": [x * 1e3 for x in steady], "first_ms": [x * 1e3 for x in first],
+        sess = sessions[label] = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
+        names = [i.name for i in sess.get_inputs()]
+        calls[label] = lambda feeds, sess=sess, names=names: sess.run(None, dict(zip(names, feeds)))[0]
+    times = {k: [[] for _ in feeds_list] for k in calls}
+    outs_by = {}
+    for p in range(repeats):
+        for label, call in calls.items():
+            t, outs_by[label] = run_sequence(call, feeds_list, 1, dev)
+            for i, x in enumerate(t):
+                times[label][i] += x
+        if p == 0:  # steady state: background compilation done
+            for sess in sessions.values():
+                if sess.compiled.context is not None:
+                    sess.compiled.context.wait(600)
+    results = {}
+    for label in calls:
+        steady = [statistics.median(t[2:]) for t in times[label]]
+        results[label] = {"steady_ms": [x * 1e3 for x in steady], "first_ms": [t[0] * 1e3 for t in times[label]],
                           "sequence_ms": sum(steady) * 1e3}
-        if label != "PyTorch eager":
-            results[label]["stats"] = _static_stats(sess)
+        if label in sessions:
+            results[label]["stats"] = _static_stats(sessions[label])
             print(label, results[label]["stats"])
-            del sess
-        outs_by[label] = outs
-        _gone()
+    del sessions, calls
+    _gone()
     ref = outs_by["PyTorch eager"]
     for label in results:
         results[label]["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in zip(outs_by[label], ref))
@@ -193,6 +195,22 @@ def bench_resnet(dev, repeats, batches, data):
 
 
 # ---- greedy decode ---------------------------------------------------------------------------------
+def _greedy(step, prompt, cfg, batch, steps, dev):
+    """Seconds of ``steps - 1`` greedy decode steps after the prompt, and the tokens."""
+    past = [torch.zeros(batch, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
+    logits, past = step(prompt, past)
+    tok = logits[:, -1:].argmax(-1)
+    toks = [tok]
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps - 1):
+        logits, past = step(tok, past)
+        tok = logits[:, -1:].argmax(-1)
+        toks.append(tok)
+    _sync(dev)
+    return time.perf_counter() - t0, torch.cat(toks, 1).cpu()
+
+
 def bench_decode(dev, steps, batches, data, layers):
     from tests.models import llama
     cfg = dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
@@ -204,46 +222,39 @@ def bench_decode(dev, steps, batches, data, layers):
     data["decode"] = {}
     for batch in batches:
         prompt = torch.randint(0, cfg["vocab"], (batch, 8), generator=torch.Generator().manual_seed(batch)).to(dev)
-        runs = {"PyTorch eager": None, **MODES}
-        res = {}
-        for label, mode in runs.items():
+        steps_by, sessions = {}, {}
+
+        def eager_step(ids, past):
+            with torch.no_grad():
+                out = eager(ids, *past)
+            return out[0], list(out[1:])
+        steps_by["PyTorch eager"] = eager_step
+        for label, mode in MODES.items():
             if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
                 continue
-            if mode is None:
-                def step(ids, past):
-                    with torch.no_grad():
-                        out = eager(ids, *past)
-                    return out[0], list(out[1:])
-            else:
-                sess = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
+            sess = sessions[label] = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
 
-                def step(ids, past, sess=sess):
-                    out = sess.run(None, dict(zip(names, [ids, *past])))
-                    return out[0], out[1:]
-            per_round = []
-            for k in range(4):  # the first round warms up (and builds the static impls)
-                if k == 1 and mode is not None and sess.compiled.context is not None:
-                    sess.compiled.context.wait(600)  # steady state: background compilation done
-                past = [torch.zeros(batch, cfg["kv_heads"], 0, cfg["head_dim"], device=dev)
-                        for _ in range(2 * cfg["layers"])]
-                logits, past = step(prompt, past)
-                tok = logits[:, -1:].argmax(-1)
-                toks = [tok]
-                _sync(dev)
-                t0 = time.perf_counter()
-                for _ in range(steps - 1):
-                    logits, past = step(tok, past)
-                    tok = logits[:, -1:].argmax(-1)
-                    toks.append(tok)
-                _sync(dev)
-                per_round.append(time.perf_counter() - t0)
-            res[label] = {"tokens_per_s": batch * (steps - 1) / statistics.median(per_round[1:]),
-                          "tokens": torch.cat(toks, 1).cpu()}
-            if mode is not None:
-                res[label]["stats"] = _static_stats(sess)
-                print(f"decode batch {batch}", label, res[label]["stats"])
-                del sess
-            _gone()
+            def step(ids, past, sess=sess):
+                out = sess.run(None, dict(zip(names, [ids, *past])))
+                return out[0], out[1:]
+            steps_by[label] = step
+        per_round = {k: [] for k in steps_by}
+        toks_by = {}
+        for k in range(4):  # interleaved rounds; the first warms up (and builds the static impls)
+            if k == 1:  # steady state: background compilation done
+                for sess in sessions.values():
+                    if sess.compiled.context is not None:
+                        sess.compiled.context.wait(600)
+            for label, step in steps_by.items():
+                t, toks_by[label] = _greedy(step, prompt, cfg, batch, steps, dev)
+                per_round[label].append(t)
+        res = {label: {"tokens_per_s": batch * (steps - 1) / statistics.median(per_round[label][1:]),
+                       "tokens": toks_by[label]} for label in steps_by}
+        for label, sess in sessions.items():
+            res[label]["stats"] = _static_stats(sess)
+            print(f"decode batch {batch}", label, res[label]["stats"])
+        del sessions, steps_by
+        _gone()
         ref = res["PyTorch eager"]
         for label, r in res.items():
             same = float((r["tokens"] == ref["tokens"]).float().mean())

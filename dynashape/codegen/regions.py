@@ -5,9 +5,9 @@ setup lines before them). ``partition`` cuts it into regions:
 
 - an item that cannot be replayed by a static impl bounds regions: break points and control
   flow (``st.sub``), the KV append and output buffers (``st.kv``, ``st.out``: per-call host work
-  and addresses that move), a write into memory the region does not own (an ``out=`` into a
-  local that a bounding item made), and on CUDA anything the host computes (host nodes,
-  ``.cpu()``, ``.item()``, ``.tolist()``);
+  and addresses that move), a write into memory that is neither an arena buffer nor the item's
+  own (an ``out=`` into another line's result), and on CUDA anything that moves data between
+  host and device (host nodes, ``.cpu()``, ``.item()``, ``.tolist()``, ``.to(DEV``);
 - consecutive replayable items stay in one region while they depend on the same symbols, so in a
   decode step the parts that depend only on batch and new tokens are regions of their own apart
   from the attention core, whose shapes follow the past.
@@ -101,18 +101,22 @@ def _rhs_reads(line: str) -> list[str]:
     return _reads(line[m.end():] if m and "(" not in m.group(1) else line)
 
 
-def replayable(item: Item, made_outside: set[str], members: dict[str, Member], cuda: bool) -> bool:
+def replayable(item: Item, members: dict[str, Member], cuda: bool) -> bool:
     if item.bounding or item.node is None:
         return False
     if cuda and item.host:
         return False
+    own: set[str] = set()
     for line in item.lines:
         if "st." in line or (cuda and any(s in line for s in _HOST_SYNC)):
             return False
-        # a write into memory made by a bounding item (an output buffer, a KV slot) must land there
+        # a write (out=, an in-place method) must land in a buffer of the arena or in what this
+        # item made: a static impl would write a refreshed copy of anything else (an output
+        # buffer, a KV slot, another line's result), not the memory the next lines read
         for m in list(_OUT.finditer(line)) + list(_INPLACE.finditer(line)):
-            if m.group(1) in made_outside and m.group(1) not in members:
+            if m.group(1) not in members and m.group(1) not in own:
                 return False
+        own.update(targets(line))
     return True
 
 
@@ -125,14 +129,7 @@ def partition(items: list[Item], members: dict[str, Member], symvars: dict[str, 
         for line in it.lines:
             local.update(targets(line))
     var_sym = {v: s for s, v in symvars.items()}
-    made_by_bounding: set[str] = set()
-    ok: list[bool] = []
-    for it in items:
-        r = replayable(it, made_by_bounding, members, cuda)
-        ok.append(r)
-        if not r:
-            for line in it.lines:
-                made_by_bounding.update(targets(line))
+    ok = [replayable(it, members, cuda) for it in items]
     # runs of replayable items with equal symbols, within stretches between bounding items
     runs: list[list] = []  # [items, syms, stretch]
     stretch = 0

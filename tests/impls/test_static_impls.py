@@ -202,3 +202,14 @@ def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(d
     assert_same(run_all(sess, device), ref)
     st = sess.stats()
     assert len(runs) == st["static_refused"] == 3 and st["static_refused_runs"] >= 2
+
+
+def test_refusals_are_logged_with_verbose(device, monkeypatch, capsys):
+    def refuse(*a, **k):
+        raise CannotCapture("a kernel synchronises with the host")
+    monkeypatch.setattr(compiled, "build_static", refuse)
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", verbose=1)
+    run_all(sess, device)
+    err = capsys.readouterr().out
+    assert "cannot be captured; the dynamic impl serves it: a kernel synchronises with the host" in err
+    assert list(sess.compiled.refusals)[-1].endswith("a kernel synchronises with the host")
