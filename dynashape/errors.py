@@ -96,3 +96,31 @@ class DimensionWarning(UserWarning):
 
 class ExecutionError(DynashapeError, RuntimeError):
     """A node failed while running; names the node and op so the model can be inspected."""
+
+
+class IndexOutOfRangeError(DynashapeError, IndexError):
+    """An index read from data (Gather, GatherND, ScatterND, OneHot, ...) outside the bounds of
+    the axis it indexes; the message names the index, the axis and its size."""
+
+
+class MemoryLimitError(DynashapeError, MemoryError):
+    """A buffer larger than the device or host can hold, or than ``max_buffer_bytes``: refused
+    before anything is allocated; the message names the node, op, shape and bytes."""
+
+
+def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exception:
+    """``e`` as the error of a node: a dynashape error keeps its type (so ``except
+    IndexOutOfRangeError`` works) with the node named in front; anything else becomes an
+    ExecutionError naming the node."""
+    where = f"node {node_name!r} ({op_type}){detail}"
+    if isinstance(e, DynashapeError) and not isinstance(e, ExecutionError):
+        if getattr(e, "node", None) is not None:
+            return e  # named already (a body's node inside a Loop)
+        new = e.__class__.__new__(e.__class__)
+        new.__dict__.update(e.__dict__)
+        new.args = (f"{where}: {e}",)
+        new.node = node_name
+        return new
+    if isinstance(e, ExecutionError):
+        return e
+    return ExecutionError(f"{where} failed: {type(e).__name__}: {e}")

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..errors import ExecutionError, ShapeError
+from ..errors import ShapeError, at_node
 from ..ir import Node
 from ..ops.shapes import prod
 
@@ -207,8 +207,7 @@ class PrimitiveInst:
         try:
             res = self.kernel(*ins, out=self.out)
         except Exception as e:
-            raise ExecutionError(f"node {self.name!r} ({self.op_type}) failed with input shapes "
-                                 f"{list(self.in_shapes or ())}: {type(e).__name__}: {e}") from e
+            raise at_node(e, self.name, self.op_type, f" with input shapes {list(self.in_shapes or ())}") from e
         if not self.writes_out and not self.view:
             res = self._on_device(res)
         if self.single_out:

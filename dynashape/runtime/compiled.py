@@ -27,7 +27,7 @@ import torch
 from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
-from ..errors import ExecutionError, OptionsError
+from ..errors import ExecutionError, OptionsError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
 from ..impls.cache import capacity_from
 from ..ir import Graph, Value
@@ -491,8 +491,7 @@ def _named(e: Exception, spec: SpecCode) -> Exception:
     if node is None:
         return e if isinstance(e, ExecutionError) else ExecutionError(f"generated code failed: {type(e).__name__}: {e}")
     shapes = _input_shapes(node, spec, frame_locals or {})
-    return ExecutionError(f"node {node.name!r} ({node.op_type}) failed with input shapes {shapes}: "
-                          f"{type(e).__name__}: {e}")
+    return at_node(e, node.name, node.op_type, f" with input shapes {shapes}")
 
 
 def _input_shapes(node, spec: SpecCode, f_locals: dict) -> list:
