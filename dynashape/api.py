@@ -14,7 +14,14 @@ import onnx
 import torch
 
 from .compile import Program, compile_graph
-from .errors import DimensionWarning, OptionsError, SymbolDisagreementError, UnknownOutputError
+from .errors import (
+    DimensionWarning,
+    DynashapeError,
+    ExecutionError,
+    OptionsError,
+    SymbolDisagreementError,
+    UnknownOutputError,
+)
 from .frontend.expose import expose
 from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
@@ -23,7 +30,9 @@ from .ir import elem_type_name
 from .ir.dtypes import to_numpy
 from .memory import Engine, host_malloc
 from .memory.config import MemoryConfig
+from .memory.engine import _limit, _verbose_level
 from .memory.staging import InputStager
+from .ops.limits import MAX_LOOP_ITERATIONS
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
@@ -35,7 +44,9 @@ _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "all
             "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
             "kv_growth",
             # implementations (docs/architecture.md: regions and static impls)
-            "static_impls", "impl_cache_size"}
+            "static_impls", "impl_cache_size",
+            # limits (docs/reliability.md)
+            "max_buffer_bytes", "max_loop_iterations"}
 
 
 class _Precision:
@@ -125,6 +136,9 @@ class InferenceSession:
         parse = ParseOptions.make(options.get("default_dynamic_dim"), options.get("dynamic_dims"),
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")
+        _verbose_level(self.verbose)  # a bad level is an OptionsError now, not at the first run
+        self.max_buffer_bytes = _limit(options.get("max_buffer_bytes"), "max_buffer_bytes")
+        self.max_loop_iterations = _limit(options.get("max_loop_iterations"), "max_loop_iterations")
         self.memory = MemoryConfig.make(options)
         self.allocator = options.get("allocator", "direct")
         self.device_memory_limit = options.get("device_memory_limit")
@@ -137,6 +151,8 @@ class InferenceSession:
         self._default: InferRequest | None = None
         self._source = model  # read again if a dim name is unlinked (keeping the proto would double the weights)
         self._extra = options.get("extra_outputs")
+        self._options = dict(options)
+        self._variants: dict[frozenset, InferenceSession] = {}
         self._static = static_mode(options.get("static_impls"), self.device)
         self._impl_cache_size = options.get("impl_cache_size")
         self._load(prepare_proto(self._read()))
@@ -148,6 +164,8 @@ class InferenceSession:
 
     def _load(self, proto) -> None:
         """Parse and compile ``proto``: what a new session does, and what unlinking a dim name redoes."""
+        # graph inputs that have an initializer: a feed may override it (the ONNX spec, onnxruntime)
+        self._overridable = ({i.name for i in proto.graph.input} & {t.name for t in proto.graph.initializer})
         fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
         self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion)
         g = self.program.graph
@@ -211,6 +229,20 @@ class InferenceSession:
             req.runner.prebuild = False
         req._stats["optimal_shapes_prebuilt"] += len(shapes)
 
+    def _with_inputs(self, names: frozenset) -> InferenceSession:
+        """This model with the initializers ``names`` read from the feeds instead (a session of its
+        own, made on the first call that overrides them)."""
+        with self._reload_lock:
+            sess = self._variants.get(names)
+            if sess is None:
+                proto = onnx.ModelProto()
+                proto.CopyFrom(self._read())
+                kept = [t for t in proto.graph.initializer if t.name not in names]
+                del proto.graph.initializer[:]
+                proto.graph.initializer.extend(kept)
+                sess = self._variants[names] = InferenceSession(proto, self.device, **self._options)
+            return sess
+
     def body_model(self, graph) -> CompiledModel:
         """The compiled form of a control-flow body: its outer-scope reads are extra inputs."""
         with self._bodies_lock:  # not the run lock: a run holding it compiles its bodies
@@ -256,6 +288,7 @@ class InferRequest:
         self.session = session
         self.program = session.program
         self.engine = Engine(session.device, allocator=session.allocator, verbose=session.verbose,
+                             max_buffer_bytes=session.max_buffer_bytes,
                              device_memory_limit=session.device_memory_limit)
         self._network: Network | None = None
         self._stats: Counter = Counter()
@@ -299,6 +332,8 @@ class InferRequest:
 
     def run(self, output_names, feeds) -> list:
         s = self.session
+        if s._overridable and isinstance(feeds, dict) and not s._overridable.isdisjoint(feeds):
+            return s._with_inputs(frozenset(s._overridable.intersection(feeds))).run(output_names, feeds)
         if self.program is not s.program:  # the session was parsed again (a dim name unlinked)
             self.__init__(s)
         check = s._check_feeds
@@ -312,11 +347,19 @@ class InferRequest:
             self.__init__(s)
             return self.run(output_names, feeds)
         idx = self._select(output_names)
-        if self.session.precision is not None:
-            with self.session.precision:
+        limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
+        try:
+            if self.session.precision is not None:
+                with self.session.precision:
+                    outs = self._run(tensors, hand_out=not numpy_mode)
+            else:
                 outs = self._run(tensors, hand_out=not numpy_mode)
-        else:
-            outs = self._run(tensors, hand_out=not numpy_mode)
+        except DynashapeError:
+            raise
+        except Exception as e:  # what no node claims (a bug of ours): still a typed error
+            raise ExecutionError(f"run failed: {type(e).__name__}: {e}") from e
+        finally:
+            MAX_LOOP_ITERATIONS.reset(limit)
         if not numpy_mode:
             return [outs[i] for i in idx]
         # the graph's output types name what a held tensor stands for (an int8 tensor of an INT4)

@@ -7,6 +7,8 @@ style code written for ONNX Runtime keeps working.
 
 from __future__ import annotations
 
+import copy
+
 OPERATORS_DOC = "docs/operators.md"
 
 
@@ -108,6 +110,10 @@ class MemoryLimitError(DynashapeError, MemoryError):
     before anything is allocated; the message names the node, op, shape and bytes."""
 
 
+class LimitExceededError(DynashapeError, RuntimeError):
+    """A run stopped by a limit of the session (``max_loop_iterations``)."""
+
+
 def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exception:
     """``e`` as the error of a node: a dynashape error keeps its type (so ``except
     IndexOutOfRangeError`` works) with the node named in front; anything else becomes an
@@ -116,8 +122,11 @@ def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exc
     if isinstance(e, DynashapeError) and not isinstance(e, ExecutionError):
         if getattr(e, "node", None) is not None:
             return e  # named already (a body's node inside a Loop)
-        new = e.__class__.__new__(e.__class__)
-        new.__dict__.update(e.__dict__)
+        try:
+            new = copy.copy(e)  # MemoryError's subclasses must be made by calling the class
+        except TypeError:  # a class whose __init__ takes more than the message
+            new = e.__class__.__new__(e.__class__)
+            new.__dict__.update(e.__dict__)
         new.args = (f"{where}: {e}",)
         new.node = node_name
         return new

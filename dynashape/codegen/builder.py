@@ -97,6 +97,7 @@ class SpecCode:
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
+    sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -140,6 +141,7 @@ class _Builder:
         self.output_values: list[Value] = []
         self.kv_nodes: list[Node] = []
         self.sub_nodes: list[Node] = []
+        self.sized_nodes: list[tuple] = []  # break points whose sizes come from data: (node, output dtypes)
         self.inplace_inputs = 0  # Concat inputs their producers write in place, per run
         self.dropped = 0  # inputs not needed in this specialization (masks that mask nothing)
         self.arena_index: dict[int, int] = {id(b.value): i for i, b in enumerate(self.plan.arena)}
@@ -602,6 +604,13 @@ class _Builder:
             pairs = ", ".join(f"{n!r}: {src}" for n, src in outer.items())
             sep = ", " if args else ""
             self._body([f"{targets} = st.sub[{k}]({args}{sep}_outer={{{pairs}}})"], node)
+        elif node.opdef.infer is not None and node.opdef.shape_deps:
+            # sizes from data: st.sized runs the shape function on the values and refuses a
+            # negative or absurd size before the kernel allocates anything (ops/limits.py)
+            k = len(self.sized_nodes)
+            self.sized_nodes.append((node, [self.t.of(v).dtype if v is not None else None for v in node.outputs]))
+            self._body([f"{targets} = st.sized({k}, {self.kernel(node, ni.host)}, ({args}{',' if args else ''}))"],
+                       node)
         else:
             self._body([f"{targets} = {self.kernel(node, ni.host)}({args})"], node)
         # the dims of the result are runtime symbols from here on
@@ -846,6 +855,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
                           if any(name in a.nbytes.free for a in b.plan.arena)))
     spec.group_keys = [_key_of(g.key) for g in groups]
     spec.kernel_items = sum(1 for it in b.items if it.node is not None)
+    spec.sized_nodes = b.sized_nodes
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]

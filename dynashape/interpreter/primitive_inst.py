@@ -16,8 +16,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..errors import ShapeError, at_node
+from ..errors import at_node
 from ..ir import Node
+from ..ops.limits import check_output_sizes, shape_failure
 from ..ops.shapes import prod
 
 _STRING = 8  # onnx.TensorProto.STRING
@@ -119,11 +120,15 @@ class PrimitiveInst:
             values[i] = t if t.device.type == "cpu" else t.cpu()
         try:
             inferred = self.infer(list(shapes), values)
-        except ShapeError as e:
+            # a shape function may describe optional outputs this node does not have: keep the node's
+            self.out_shapes = [None if s is None else tuple(map(int, s)) for s in inferred[:len(self.out_slots)]]
+            check_output_sizes(self.op_type, self.out_shapes, self.out_dtypes, self.net.engine)
+        except Exception as e:
             self.in_shapes = None
-            raise ShapeError(f"node {self.name!r} ({self.op_type}) with input shapes {list(shapes)}: {e}") from e
-        # a shape function may describe optional outputs this node does not have: keep the node's
-        self.out_shapes = [None if s is None else tuple(map(int, s)) for s in inferred[:len(self.out_slots)]]
+            self.out_shapes = None
+            shown = [tuple(x) if isinstance(x, torch.Size) else x for x in shapes]
+            raise at_node(shape_failure(e, self.op_type), self.name, self.op_type,
+                          f" with input shapes {shown}") from e
         return True
 
     def update_impl(self) -> None:
@@ -227,7 +232,17 @@ class PrimitiveInst:
         return res
 
     def step(self, vals: list) -> None:
-        """The full per-node flow, used whenever some shape in the network may have changed."""
+        """The full per-node flow, used whenever some shape in the network may have changed.
+        Whatever fails in it (shape function, predictor, allocation, kernel) names this node."""
+        try:
+            self._step(vals)
+        except Exception as e:
+            named = at_node(e, self.name, self.op_type, f" with input shapes {list(self.in_shapes or ())}")
+            if named is e:
+                raise
+            raise named from e
+
+    def _step(self, vals: list) -> None:
         ins = self.gather(vals)
         if self.shape_of and self.op_type not in ("Shape", "Size"):
             # Inside a shape_of subgraph every input is a shape value: re-run only when one of

@@ -38,7 +38,7 @@ import weakref
 
 import torch
 
-from ..errors import OptionsError
+from ..errors import MemoryLimitError, OptionsError, ShapeError
 from .allocators import ALLOC_TYPES, OutOfDeviceMemory, make_allocator
 
 __all__ = ["ALLOC_TYPES", "Engine", "OutOfDeviceMemory"]
@@ -56,9 +56,22 @@ def _say(msg: str) -> None:
         print(f"dynashape.memory: {msg}", file=sys.stderr, flush=True)
 
 
+def host_total() -> int:
+    """Bytes of physical memory on this machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
 def _verbose_level(verbose: int | None) -> int:
     if verbose is not None:
-        return int(verbose)
+        if isinstance(verbose, bool) or not isinstance(verbose, (int, str)):
+            raise OptionsError(f"verbose={verbose!r}: expected an integer level (0, 1, 2)")
+        try:
+            return int(verbose)
+        except ValueError:
+            raise OptionsError(f"verbose={verbose!r}: expected an integer level (0, 1, 2)") from None
     text = os.environ.get("DYNASHAPE_VERBOSE", "").strip() or "0"
     try:
         return int(text)
@@ -78,15 +91,15 @@ def _device(device: torch.device | str) -> torch.device:
     return dev
 
 
-def _limit(device_memory_limit) -> int | None:
-    if device_memory_limit is None:
+def _limit(value, name: str = "device_memory_limit") -> int | None:
+    if value is None:
         return None
     try:
-        limit = operator.index(device_memory_limit)
+        limit = operator.index(value)
     except TypeError:
         limit = 0
     if limit <= 0:
-        raise OptionsError(f"device_memory_limit={device_memory_limit!r}: expected a positive number of bytes")
+        raise OptionsError(f"{name}={value!r}: expected a positive number of bytes")
     return limit
 
 
@@ -99,13 +112,15 @@ class Engine:
     """
 
     def __init__(self, device: torch.device | str = "cpu", *, allocator="direct", verbose: int | None = None,
-                 device_memory_limit: int | None = None) -> None:
+                 device_memory_limit: int | None = None, max_buffer_bytes: int | None = None) -> None:
         self.device_memory_limit = _limit(device_memory_limit)
+        self.max_buffer_bytes = _limit(max_buffer_bytes, "max_buffer_bytes")
         self.device = _device(device)
         self.allocator = make_allocator(allocator, self.device)
         self.allocator_name = getattr(self.allocator, "name", type(self.allocator).__name__)
         self.verbose = _verbose_level(verbose)
         self._total: int | None = None
+        self._host_total: int | None = None
         # live buffers by storage address: (bytes counted, allocation type, allocator handle)
         self._live: dict[int, tuple[int, str, object]] = {}
         self._current = dict.fromkeys(ALLOC_TYPES, 0)
@@ -118,6 +133,7 @@ class Engine:
         if alloc_type not in ALLOC_TYPES:
             raise ValueError(f"allocation type {alloc_type!r}; expected one of {ALLOC_TYPES}")
         nbytes = int(numel) * dtype.itemsize
+        self.check_size(nbytes, f"a buffer of {int(numel)} {dtype} elements")
         start = time.perf_counter()
         alloc_type, base, handle = self._alloc(nbytes, alloc_type)
         # a fresh tensor on the allocator's storage, like torch.empty's (not a view: _base is None)
@@ -163,6 +179,27 @@ class Engine:
                 _say(f"Allocation of {nbytes} bytes of device allocation type falls back to host: {reason}")
             alloc_type = "host"
         return (alloc_type, *self._checked(self.allocator.alloc(size, alloc_type), size))
+
+    def buffer_limit(self) -> int:
+        """The largest buffer this engine will try to allocate: ``max_buffer_bytes`` when given,
+        else what the larger of the device and the host holds (a device buffer that does not fit
+        may fall back to host memory, one that fits neither is refused)."""
+        if self.max_buffer_bytes is not None:
+            return self.max_buffer_bytes
+        if self._host_total is None:
+            self._host_total = host_total()
+        return max(self.device_total(), self._host_total) if self.device.type == "cuda" else self._host_total
+
+    def check_size(self, nbytes: int, what: str) -> None:
+        """Refuse, before any allocation, a buffer larger than ``buffer_limit()``."""
+        if nbytes < 0:
+            raise ShapeError(f"{what}: negative size ({nbytes} bytes)")
+        limit = self.buffer_limit()
+        if nbytes > limit:
+            self._stats["refused_allocations"] += 1
+            src = "max_buffer_bytes" if self.max_buffer_bytes is not None else "what this machine holds"
+            raise MemoryLimitError(f"{what} needs {nbytes} bytes, more than {src} ({limit} bytes); "
+                                   f"nothing was allocated")
 
     def _device_refusal(self, nbytes: int) -> str | None:
         """Why a device allocation of ``nbytes`` must not even be tried, or None."""
@@ -279,7 +316,8 @@ class Engine:
 
     def reset_stats(self) -> None:
         """Counters to zero; peaks start again from what is allocated now."""
-        keys = ("allocations", "frees", "handed_out", "allocated_bytes_total", "fallbacks_to_host")
+        keys = ("allocations", "frees", "handed_out", "allocated_bytes_total", "fallbacks_to_host",
+                "refused_allocations")
         self._stats = dict.fromkeys(keys + tuple(f"{t}_allocations" for t in ALLOC_TYPES), 0)
         self._time = 0.0
         self._peak = dict(self._current)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ShapeError
+from .limits import check_loop
 from .registry import op
 from .shapes import norm_axis
 
@@ -89,6 +90,7 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
     scans = _Scans(n_scan, reuses, trips)
     i = 0
     while keep and (trips is None or i < trips):
+        check_loop(i)
         it = torch.tensor(i, dtype=torch.int64, device=_device)
         c = torch.tensor(keep, device=_device)
         outs = body(it, c, *carried)

@@ -31,6 +31,7 @@ from ..errors import ExecutionError, OptionsError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
 from ..impls.cache import capacity_from
 from ..ir import Graph, Value
+from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
 from .kv_append import KVAppend
 
@@ -306,6 +307,22 @@ class SpecState:
             self.runner.model.impls.put(k, result)
         if self.runner.engine.verbose >= 2:
             print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
+
+    # ---- a break point whose sizes come from data ---------------------------------------------
+    def sized(self, k: int, kernel, args: tuple):
+        """Run ``kernel`` after its shape function, on the values of ``args``, said its outputs'
+        sizes are sane (ops/limits.py)."""
+        node, dtypes = self.spec.sized_nodes[k]
+        od = node.opdef
+        shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+        values = [a.cpu() if i in od.shape_deps and isinstance(a, torch.Tensor) else None for i, a in enumerate(args)]
+        try:
+            inferred = od.infer(shapes, values, **node.attrs)
+            outs = [None if s is None else tuple(map(int, s)) for s in inferred[:len(dtypes)]]
+        except Exception as e:  # noqa: BLE001  what a shape function raises on absurd values
+            raise shape_failure(e, node.op_type) from e
+        check_output_sizes(node.op_type, outs, dtypes, self.runner.engine)
+        return kernel(*args)
 
     # ---- buffers the generated code asks for -------------------------------------------------
     def out(self, k: int, shape: tuple) -> torch.Tensor:

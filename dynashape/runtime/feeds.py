@@ -100,7 +100,7 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
         if isinstance(x, torch.Tensor):
             numpy_mode = False
         elif isinstance(x, (np.ndarray, np.generic)):
-            x = np.asarray(x)
+            x = _native(np.asarray(x))
         else:
             raise InputTypeError(f"input {s.name!r}: expected a numpy array or torch tensor of "
                                  f"{elem_type_name(s.elem_type)}, got {type(x).__name__}")
@@ -115,9 +115,16 @@ def _element(s: InputSpec, i: int, x, device: torch.device):
     if not isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
         raise InputTypeError(f"input {s.name!r} element {i}: expected a numpy array or torch tensor, "
                              f"got {type(x).__name__}")
-    x = x if isinstance(x, torch.Tensor) else np.asarray(x)
+    x = x if isinstance(x, torch.Tensor) else _native(np.asarray(x))
     _check_dtype(s, x, f"input {s.name!r} element {i}")
     return _to_tensor(x, device)
+
+
+def _native(x: np.ndarray) -> np.ndarray:
+    """An array in this machine's byte order (a big-endian ``>f4`` feed is read by value)."""
+    if x.dtype.isnative or x.dtype.kind in "OUSV":
+        return x
+    return x.astype(x.dtype.newbyteorder("="))
 
 
 def _check_dtype(s: InputSpec, x, what: str) -> None:
