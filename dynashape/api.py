@@ -137,6 +137,7 @@ class InferenceSession:
                                   options.get("dim_params"))
         self.verbose = options.get("verbose")
         _verbose_level(self.verbose)  # a bad level is an OptionsError now, not at the first run
+        _limit(options.get("device_memory_limit"))  # checked here, not when the first request is made
         self.max_buffer_bytes = _limit(options.get("max_buffer_bytes"), "max_buffer_bytes")
         self.max_loop_iterations = _limit(options.get("max_loop_iterations"), "max_loop_iterations")
         self.memory = MemoryConfig.make(options)
@@ -349,11 +350,12 @@ class InferRequest:
         idx = self._select(output_names)
         limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
         try:
-            if self.session.precision is not None:
-                with self.session.precision:
+            with torch.no_grad():  # a feed that requires grad must not trip the kernels' out=
+                if self.session.precision is not None:
+                    with self.session.precision:
+                        outs = self._run(tensors, hand_out=not numpy_mode)
+                else:
                     outs = self._run(tensors, hand_out=not numpy_mode)
-            else:
-                outs = self._run(tensors, hand_out=not numpy_mode)
         except DynashapeError:
             raise
         except Exception as e:  # what no node claims (a bug of ours): still a typed error
@@ -371,6 +373,8 @@ class InferRequest:
         return dict(zip(names, self.run(names, feeds)))
 
     def _select(self, output_names) -> list[int]:
+        if isinstance(output_names, str):  # one name, not its letters
+            output_names = [output_names]
         if not output_names:
             return list(range(len(self._out_index)))
         idx = []

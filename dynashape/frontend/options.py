@@ -27,15 +27,15 @@ class ParseOptions:
 
     @staticmethod
     def make(default_dynamic_dim=None, dynamic_dims=None, dim_params=None) -> ParseOptions:
+        for name, dims in (dynamic_dims or {}).items():
+            if isinstance(dims, (str, bytes)):
+                raise OptionsError(f"dynamic_dims[{name!r}] must be a list of dims, got {dims!r}")
         try:
             ddd = None if default_dynamic_dim is None else Dimension.of(default_dynamic_dim)
             dd = {k: list(v) for k, v in (dynamic_dims or {}).items()}
             dp = {k: Dimension.of(v) for k, v in (dim_params or {}).items()}
         except (ShapeError, TypeError) as e:
             raise OptionsError(f"malformed dynamic-dim option: {e}") from e
-        for name, dims in dd.items():
-            if isinstance(dims, (str, bytes)):
-                raise OptionsError(f"dynamic_dims[{name!r}] must be a list of dims, got {dims!r}")
         return ParseOptions(ddd, dd, dp)
 
 

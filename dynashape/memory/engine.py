@@ -148,6 +148,10 @@ class Engine:
         mode): torch's allocator makes it (it is the caller's memory, freed when the caller drops
         it; a driver allocation and free per call would cost more than the kernels of a small
         model), and it is counted as an allocation handed out."""
+        n = 1
+        for d in shape:
+            n *= int(d)
+        self.check_size(n * dtype.itemsize, f"an output of shape {list(shape)} ({dtype})")
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         nbytes = buf.numel() * dtype.itemsize
         st = self._stats

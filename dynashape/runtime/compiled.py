@@ -27,7 +27,7 @@ import torch
 from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
-from ..errors import ExecutionError, OptionsError, at_node
+from ..errors import DynashapeError, ExecutionError, OptionsError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
 from ..impls.cache import capacity_from
 from ..ir import Graph, Value
@@ -506,7 +506,7 @@ def _named(e: Exception, spec: SpecCode) -> Exception:
             frame_locals = tb.tb_frame.f_locals
         tb = tb.tb_next
     if node is None:
-        return e if isinstance(e, ExecutionError) else ExecutionError(f"generated code failed: {type(e).__name__}: {e}")
+        return e if isinstance(e, DynashapeError) else ExecutionError(f"generated code failed: {type(e).__name__}: {e}")
     shapes = _input_shapes(node, spec, frame_locals or {})
     return at_node(e, node.name, node.op_type, f" with input shapes {shapes}")
 
