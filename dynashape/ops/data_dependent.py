@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import IndexOutOfRangeError
 from .registry import op
 from .shapes import norm_axis
 
@@ -45,11 +46,24 @@ def _unique(x, *, axis=None, sorted=1, out=None):
 
 @op("Compress", (9, 11, 28), infer=None)
 def _compress(x, condition, *, axis=None, out=None):
-    # the condition may be shorter than the axis: elements past its end are dropped
-    idx = torch.nonzero(condition.reshape(-1).to(device=x.device, dtype=torch.bool)).reshape(-1)
-    if axis is None:
-        return x.reshape(-1).index_select(0, idx)
-    return x.index_select(norm_axis(axis, x.dim()), idx)
+    """The condition may be shorter than the axis: elements past its end are dropped. A longer
+    one may only hold False past the axis's end: a True there selects an index that does not
+    exist, IndexOutOfRangeError (the reference evaluator raises too; onnxruntime ignores it). The
+    tail is looked at only when the condition is longer than the axis (a size known on the host),
+    so the usual call reads nothing more."""
+    src, a = (x.reshape(-1), 0) if axis is None else (x, norm_axis(axis, x.dim()))
+    n = src.shape[a]
+    cond = condition.reshape(-1)
+    if cond.numel() > n:
+        past = torch.nonzero(cond[n:].to(torch.bool)).reshape(-1)
+        if past.numel():
+            where = "of the flattened input" if axis is None else str(a)
+            raise IndexOutOfRangeError(
+                f"Compress: the condition selects index {n + int(past[0])} along axis {where}, which is out of "
+                f"range for size {n} (the condition has {cond.numel()} entries; those past {n} must be false)")
+        cond = cond[:n]
+    idx = torch.nonzero(cond.to(device=x.device, dtype=torch.bool)).reshape(-1)
+    return src.index_select(a, idx)
 
 
 # ---- NonMaxSuppression --------------------------------------------------------------------------

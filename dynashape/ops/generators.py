@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
+from ..errors import ShapeError
 from ..ir.dtypes import TP, cast_tensor, onnx_elem_type, to_numpy
 from ..shape import Dimension
 from .registry import op
@@ -73,10 +76,20 @@ def _size(x, *, out=None):
     return torch.tensor(n, dtype=torch.int64) if out is None else out.fill_(n)
 
 
+def _cos_dims(value) -> list:
+    """The shape input of ConstantOfShape; a negative dim (a plain int: a symbolic one is left to
+    the shape program) is a ShapeError."""
+    dims = int_list(value)
+    for d in dims:
+        if type(d) is int and d < 0:
+            raise ShapeError(f"ConstantOfShape: negative dim {d} in shape {dims}")
+    return dims
+
+
 def _cos_infer(shapes, values, *, value=None):
     if values[0] is None:
         return [tuple(Dimension.dynamic() for _ in range(shapes[0][0]))]
-    return [tuple(int_list(values[0]))]
+    return [tuple(_cos_dims(values[0]))]
 
 
 @op("ConstantOfShape", (9, 20, 21), infer=_cos_infer, shape_deps=(0,))
@@ -84,19 +97,33 @@ def _constant_of_shape(shape, *, value=None, out=None):
     fill = torch.zeros(1, dtype=torch.float32) if value is None else value
     if out is not None:
         return out.fill_(fill.reshape(()).item()) if out.numel() else out
-    return torch.full(tuple(int_list(shape)), fill.reshape(()).item(), dtype=fill.dtype)
+    return torch.full(tuple(_cos_dims(shape)), fill.reshape(()).item(), dtype=fill.dtype)
+
+
+def _range_args(values) -> tuple:
+    """start, limit and delta as numbers; ShapeError for a delta of 0 and for a NaN or infinite
+    one (their length has no answer). Only plain numbers are checked: a symbolic value (the
+    compiler's) is left to the shape program, which guards on what it divides by."""
+    args = tuple(v.reshape(()).item() for v in values)
+    for name, v in zip(("start", "limit", "delta"), args):
+        if type(v) is float and not math.isfinite(v):
+            raise ShapeError(f"Range: {name} must be finite, got {v}")
+    d = args[2]
+    if type(d) in (int, float, bool) and d == 0:
+        raise ShapeError(f"Range: delta must not be 0 (start {args[0]}, limit {args[1]})")
+    return args
 
 
 def _range_infer(shapes, values):
     if any(v is None for v in values):
         return [(Dimension.dynamic(),)]
-    start, limit, delta = (v.reshape(()).item() for v in values)
+    start, limit, delta = _range_args(values)
     return [(dim_ceildiv_or_dyn(start, limit, delta),)]
 
 
 @op("Range", 11, infer=_range_infer, shape_deps=(0, 1, 2), shape_op=True)
 def _range(start, limit, delta, *, out=None):
-    s, l, d = (v.reshape(()).item() for v in (start, limit, delta))
+    s, l, d = _range_args((start, limit, delta))
     n = dim_ceildiv_or_dyn(s, l, d)
     r = (torch.arange(n, dtype=torch.float64 if start.dtype.is_floating_point else torch.int64) * d + s).to(start.dtype)
     return r if out is None else out.copy_(r.to(out.device))

@@ -2,13 +2,37 @@
 
 ONNX indices may be negative (counting from the end) and int32 or int64; torch wants
 non-negative int64, so every kernel normalizes them first.
+
+Indices read from data are bounds-checked: an index outside ``[-size, size)`` of the axis it
+indexes raises ``IndexOutOfRangeError`` naming the op, the index, the axis, the size and where the
+index sits in ``indices``; it never selects another element. The checks:
+
+- on the CPU (where shape subgraphs and host indices live), always: one ``torch.aminmax`` over the
+  indices (per indexed axis for GatherND / ScatterND) compared with the sizes on the host; the
+  offending element is looked up only once the check failed.
+- on CUDA, Gather, GatherElements, ScatterElements / Scatter (and Compress) are not checked from
+  the host: torch's index_select / gather / scatter kernels assert on an out-of-range index on the
+  device (our normalisation maps every out-of-range index to one that is still out of range), so
+  they cannot answer wrongly, and the valid path keeps no host sync. Indices that are on the CPU
+  while the data is on CUDA are checked on the CPU before they are moved (no sync either).
+- GatherND and ScatterND linearise their indices themselves, so an index past one axis would land
+  in the next row (``[[0, 5]]`` of a 3x4 tensor is element 5 = ``[1, 1]``) and nothing in torch
+  would notice: they are checked per axis on every device. On CUDA that costs one host sync per
+  call (a single ``.tolist()`` of the per-axis minima and maxima). While a CUDA graph is being
+  captured (a static impl) no sync is possible: the check is then ``torch._assert_async`` of the
+  combined condition, a device-side assert when the graph is replayed with a bad index, like
+  torch's own index kernels, instead of the typed error.
+- OneHot needs no index check (ONNX: an index outside ``[-depth, depth - 1]`` gives a row of
+  ``off`` values); its depth, read on the host anyway, must be a positive whole number.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..errors import ShapeError
+from ..errors import IndexOutOfRangeError, ShapeError
 from .elementwise import _ukey
 from .registry import op
 from .shapes import int_list, norm_axis, prod, same_as_first
@@ -17,6 +41,71 @@ from .shapes import int_list, norm_axis, prod, same_as_first
 def _norm_index(idx: torch.Tensor, dim: int) -> torch.Tensor:
     idx = idx.to(torch.int64)
     return torch.where(idx < 0, idx + dim, idx)
+
+
+# ---- bounds checks ------------------------------------------------------------------------------
+def _position(flat: int, shape) -> str:
+    """``indices[i, j]`` for the element at flat position ``flat`` of a tensor of ``shape``."""
+    pos = []
+    for d in reversed(tuple(shape)):
+        pos.append(flat % d)
+        flat //= d
+    return "indices" if not pos else f"indices[{', '.join(map(str, reversed(pos)))}]"
+
+
+def _oob(op_name: str, value: int, axis: int, size: int, where: str, count: int = 1) -> IndexOutOfRangeError:
+    valid = f"valid indices are in [{-size}, {size - 1}]" if size else "the axis is empty"
+    more = f"; {count} indices are out of range" if count > 1 else ""
+    return IndexOutOfRangeError(f"{op_name}: index {value} along axis {axis} is out of range for size {size} "
+                                f"({where}; {valid}{more})")
+
+
+def _check_indices(op_name: str, indices: torch.Tensor, size: int, axis: int) -> None:
+    """Raise IndexOutOfRangeError when an element of ``indices`` lies outside ``[-size, size)``.
+    CUDA indices are left to torch's kernel, which asserts on them (module docstring)."""
+    if indices.numel() == 0 or indices.device.type == "cuda":
+        return
+    lo, hi = torch.aminmax(indices)
+    if int(lo) >= -size and int(hi) < size:
+        return
+    # the error path: find the first offending element for the message
+    bad = ((indices < -size) | (indices >= size)).reshape(-1)
+    where = torch.nonzero(bad).reshape(-1)
+    first = int(where[0])
+    raise _oob(op_name, int(indices.reshape(-1)[first]), axis, size, _position(first, indices.shape),
+               where.numel())
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_nd(op_name: str, idx: torch.Tensor, dims: tuple, first_axis: int, shape) -> None:
+    """Per-axis bounds of the (k, m) int64 ``idx`` of GatherND / ScatterND: column j indexes axis
+    ``first_axis + j`` of size ``dims[j]``. ``shape`` is the indices' own shape (for the message).
+    One aminmax over the columns and one transfer of its 2m results (one sync on CUDA; an async
+    device assert while a CUDA graph is captured, see the module docstring)."""
+    if idx.numel() == 0:
+        return
+    lo, hi = torch.aminmax(idx, dim=0)
+    if _capturing(idx):
+        ok = None
+        for j, d in enumerate(dims):
+            okj = (lo[j] >= -d) & (hi[j] < d)
+            ok = okj if ok is None else ok & okj
+        torch._assert_async(ok, f"{op_name}: an index is out of range for the data's shape")
+        return
+    lows, highs = torch.stack((lo, hi)).tolist()
+    if all(-d <= a and b < d for a, b, d in zip(lows, highs, dims)):
+        return
+    limits = torch.tensor(dims, dtype=torch.int64, device=idx.device)
+    bad = ((idx < -limits) | (idx >= limits)).reshape(-1)
+    where = torch.nonzero(bad).reshape(-1)
+    first = int(where[0])
+    m = len(dims)
+    j = first % m
+    raise _oob(op_name, int(idx.reshape(-1)[first]), first_axis + j, dims[j], _position(first, shape),
+               where.numel())
 
 
 # ---- Gather -------------------------------------------------------------------------------------
@@ -29,6 +118,7 @@ def _gather_infer(shapes, values, *, axis=0):
 @op("Gather", (1, 11, 13), infer=_gather_infer, shape_op=True)
 def _gather(x, indices, *, axis=0, out=None):
     a = norm_axis(axis, x.dim())
+    _check_indices("Gather", indices, x.shape[a], a)
     flat = _norm_index(indices, x.shape[a]).reshape(-1)
     if flat.device != x.device:
         flat = flat.to(x.device)
@@ -43,6 +133,7 @@ def _gather(x, indices, *, axis=0, out=None):
 @op("GatherElements", (11, 13), infer=lambda shapes, values, axis=0: [shapes[1]])
 def _gather_elements(x, indices, *, axis=0, out=None):
     a = norm_axis(axis, x.dim())
+    _check_indices("GatherElements", indices, x.shape[a], a)
     idx = _norm_index(indices, x.shape[a])
     return torch.gather(x, a, idx) if out is None else torch.gather(x, a, idx, out=out)
 
@@ -66,8 +157,11 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
     nb = prod(bshape)
     idx_dims = tuple(x.shape[b:b + m])
     rest = tuple(x.shape[b + m:])
-    # linear index over the m indexed dims, per batch entry
-    idx = indices.to(device=x.device, dtype=torch.int64).reshape(nb, -1, m)
+    # linear index over the m indexed dims, per batch entry: each checked against its own axis
+    # first (a linear index cannot tell [0, 5] from [1, 1] of a 3x4 tensor)
+    idx = indices.to(torch.int64).reshape(-1, m)
+    _check_nd("GatherND", idx, idx_dims, b, indices.shape)
+    idx = idx.to(x.device).reshape(nb, -1, m)
     lin = torch.zeros(idx.shape[:2], dtype=torch.int64, device=x.device)
     for j, d in enumerate(idx_dims):
         ij = idx[..., j]
@@ -86,7 +180,12 @@ _REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 
 def _scatter_elements(x, indices, updates, *, axis=0, reduction="none", out=None):
+    return _scatter_elements_impl("ScatterElements", x, indices, updates, axis, reduction, out)
+
+
+def _scatter_elements_impl(op_name, x, indices, updates, axis, reduction, out):
     a = norm_axis(axis, x.dim())
+    _check_indices(op_name, indices, x.shape[a], a)
     idx = _norm_index(indices, x.shape[a])
     r = x.clone() if out is None else out.copy_(x)
     if reduction == "none":
@@ -94,7 +193,7 @@ def _scatter_elements(x, indices, updates, *, axis=0, reduction="none", out=None
     elif reduction in _REDUCE:
         r.scatter_reduce_(a, idx, updates, _REDUCE[reduction], include_self=True)
     else:
-        raise ValueError(f"ScatterElements: unknown reduction {reduction!r}")
+        raise ValueError(f"{op_name}: unknown reduction {reduction!r}")
     return r
 
 
@@ -103,14 +202,16 @@ op("ScatterElements", (11, 13, 16, 18), infer=same_as_first)(_scatter_elements)
 
 @op("Scatter", 9, infer=same_as_first)
 def _scatter(x, indices, updates, *, axis=0, out=None):
-    return _scatter_elements(x, indices, updates, axis=axis, out=out)
+    return _scatter_elements_impl("Scatter", x, indices, updates, axis, "none", out)
 
 
 def _scatter_nd(x, indices, updates, *, reduction="none", out=None):
     m = indices.shape[-1]
     idx_dims = tuple(x.shape[:m])
     rest = tuple(x.shape[m:])
-    idx = indices.to(device=x.device, dtype=torch.int64).reshape(-1, m)
+    idx = indices.to(torch.int64).reshape(-1, m)
+    _check_nd("ScatterND", idx, idx_dims, 0, indices.shape)
+    idx = idx.to(x.device)
     lin = torch.zeros(idx.shape[0], dtype=torch.int64, device=x.device)
     for j, d in enumerate(idx_dims):
         ij = idx[:, j]
@@ -136,7 +237,14 @@ op("ScatterND", (11, 13, 16, 18), infer=same_as_first)(_scatter_nd)
 
 # ---- OneHot -------------------------------------------------------------------------------------
 def _depth(v) -> int:
-    d = int(v.reshape(-1)[0].item())
+    """The depth input as a positive int. A depth of a float type must be a whole number: the spec
+    says "cast to int64", which onnxruntime does by truncating (2.5 -> 2) and the reference
+    evaluator by rounding up (2.5 -> 3); with no agreed answer, a fractional depth is refused."""
+    raw = v.reshape(-1)[0].item()
+    if isinstance(raw, float):
+        if not math.isfinite(raw) or raw != math.floor(raw):
+            raise ShapeError(f"OneHot: depth must be a positive whole number, got {raw}")
+    d = int(raw)
     if d < 1:
         raise ShapeError(f"OneHot: depth must be positive, got {d}")
     return d
@@ -166,10 +274,16 @@ def _onehot(indices, depth, values, *, axis=-1, out=None):
 
 
 # ---- TopK ---------------------------------------------------------------------------------------
+def _check_k(k, s, a: int, axis) -> None:
+    """k must be in [0, size of the axis] (ShapeError, as every bad size: the interpreter checks it
+    in the shape function, the compiled path in the kernel when k comes from data)."""
+    if isinstance(s[a], int) and not 0 <= k <= s[a]:
+        raise ShapeError(f"TopK: k={k} is out of range [0, {s[a]}] for axis {axis} of shape {tuple(s)}")
+
+
 def _topk_shape(s, k, axis):
     a = norm_axis(axis, len(s))
-    if isinstance(s[a], int) and not 0 <= k <= s[a]:
-        raise ShapeError(f"TopK: k={k} is outside [0, {s[a]}] for axis {axis} of shape {tuple(s)}")
+    _check_k(k, s, a, axis)
     t = tuple(k if i == a else d for i, d in enumerate(s))
     return [t, t]
 
@@ -179,6 +293,7 @@ _UNSIGNED_WIDE = (torch.uint16, torch.uint32, torch.uint64)
 
 def _topk_kernel(x, k, axis, largest, out):
     a = norm_axis(axis, x.dim())
+    _check_k(k, tuple(x.shape), a, axis)
     # a stable sort keeps equal values in index order, which is the order ONNX asks for
     # (torch.topk does not promise any order among ties)
     if x.dtype in _UNSIGNED_WIDE:

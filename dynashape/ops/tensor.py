@@ -367,7 +367,13 @@ def _slice10(x, starts, ends, axes=None, steps=None, *, out=None):
 def _expand_infer(shapes, values):
     if values[1] is None:
         raise ValueError("Expand: shape unknown")
-    return broadcast([shapes[0], tuple(int_list(values[1]))])
+    target = int_list(values[1])
+    for d in target:
+        # a negative dim is no size (and torch's expand would read -1 as "keep this dim"); a
+        # symbolic one is left to the shape program
+        if type(d) is int and d < 0:
+            raise ShapeError(f"Expand: negative dim {d} in shape {target}")
+    return broadcast([shapes[0], tuple(target)])
 
 
 @op("Expand", (8, 13), infer=_expand_infer, shape_deps=(1,), shape_op=True)
@@ -377,15 +383,19 @@ def _expand(x, shape, *, out=None):
     return xe.clone() if out is None else out.copy_(xe)
 
 
+def _check_reps(reps: list, rank: int) -> None:
+    if len(reps) != rank:
+        raise ShapeError(f"Tile: {len(reps)} repeats for an input of rank {rank}")
+    if any(r < 0 for r in reps):
+        raise ShapeError(f"Tile: negative repeats {reps}")
+
+
 def _tile_infer(shapes, values):
     if values[1] is None:
         raise ValueError("Tile: repeats unknown")
     reps = int_list(values[1])
     s = shapes[0]
-    if len(reps) != len(s):
-        raise ShapeError(f"Tile: {len(reps)} repeats for an input of rank {len(s)}")
-    if any(r < 0 for r in reps):
-        raise ShapeError(f"Tile: negative repeats {reps}")
+    _check_reps(reps, len(s))
     return [tuple(d * r for d, r in zip(s, reps))]
 
 
@@ -393,6 +403,8 @@ def _tile_infer(shapes, values):
 def _tile(x, repeats, *, out=None):
     reps = int_list(repeats)
     if out is None:
+        # the kernel allocates: check the repeats here too (a caller may not have run the shape function)
+        _check_reps(reps, x.dim())
         return x.repeat(reps)
     # write the tiles straight into out: view it as (r0, d0, r1, d1, ...) and broadcast x over it
     inter = [v for r, d in zip(reps, x.shape) for v in (r, d)]
@@ -416,10 +428,11 @@ def _pad_full(rank, pads, axes):
 
 def _pad_shape(s, full):
     out = []
-    for d, (b, e) in zip(s, full):
+    for a, (d, (b, e)) in enumerate(zip(s, full)):
         n = d + b + e if b + e >= 0 else d - (-b - e)
         if _static(n) and n < 0:
-            raise ShapeError(f"Pad: pads {full} crop more than the shape {tuple(s)}")
+            raise ShapeError(f"Pad: pads ({b}, {e}) on axis {a} crop more than its size {d} (output size {n}; "
+                             f"pads {full}, input shape {tuple(s)})")
         out.append(n)
     return tuple(out)
 
@@ -439,8 +452,8 @@ def _pad_index(d: int, b: int, e: int, mode: str, device) -> torch.Tensor:
 
 
 def _pad_kernel(x, full, mode, value, out):
+    shape = _pad_shape(tuple(x.shape), full)  # pads from data: a negative size is a ShapeError
     if mode == "constant":
-        shape = _pad_shape(tuple(x.shape), full)
         if out is None:
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
         out.fill_(value)

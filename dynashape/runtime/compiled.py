@@ -27,7 +27,7 @@ import torch
 from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
-from ..errors import DynashapeError, ExecutionError, OptionsError, at_node
+from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
 from ..impls.cache import capacity_from
 from ..ir import Graph, Value
@@ -215,6 +215,10 @@ class SpecState:
                 caps[i] = runner.capacity(spec.sig_symbols[i], v)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
+        for b, n in zip(spec.arena, sizes):
+            if n < 0:
+                dims = dict(zip(spec.sig_symbols, sig))
+                raise ShapeError(f"value {b.value.name!r} would have a negative size for input dims {dims}")
         offsets, total = plan_offsets(sizes, [b.first for b in spec.arena], [b.last for b in spec.arena])
         self.total = total
         block = runner.arena_block(total)
@@ -401,6 +405,8 @@ class CompiledRunner:
         else kept per output and reused while it is large enough (numpy mode)."""
         n = 1
         for d in shape:
+            if d < 0:  # dims from the shape program of these inputs (Sub of a dim going below 0)
+                raise ShapeError(f"output {name!r} would have the negative shape {list(shape)}")
             n *= d
         if self.hand_out:
             buf = self.engine.allocate_output(shape, dtype)
@@ -412,6 +418,7 @@ class CompiledRunner:
             self.stats["buffer_reuses"] += 1
             return kept[0][:n].view(shape)
         if kept is not None:
+            del self.kept[key]  # gone before anything below can fail: never released twice
             self.engine.release(kept[0])
         want = n
         if self.predictor is not None:

@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import dynashape
-from dynashape.errors import ExecutionError
+from dynashape.errors import IndexOutOfRangeError, ShapeError
 
 RTOL, ATOL = 1e-5, 1e-6
 ORT_RTOL, ORT_ATOL = 1e-4, 1e-5
@@ -317,12 +317,12 @@ def test_a_kernel_that_fails_is_named_and_the_session_stays_usable(use_torch):
         y = y.numpy() if use_torch else y
         np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(x, 0)[idx])), rtol=1e-5, atol=1e-6)
     good(5, [0, 4, -1])
-    with pytest.raises(ExecutionError) as info:
+    with pytest.raises(IndexOutOfRangeError) as info:  # a typed error (issue 12), the node named
         sess.run(None, {"x": conv(rand(rng, (5, 4))), "idx": conv(np.array([0, 7, 1], np.int64))})
     msg = str(info.value)
     assert "'pick_rows'" in msg and "Gather" in msg and "(5, 4)" in msg
     good(5, [1, 2, 3])  # the same signature again: right
-    with pytest.raises(ExecutionError, match=r"pick_rows.*Gather"):
+    with pytest.raises(IndexOutOfRangeError, match=r"pick_rows.*Gather"):
         sess.run(None, {"x": conv(rand(rng, (3, 4))), "idx": conv(np.array([-4], np.int64))})
     good(3, [2, 0])
     good(6, [5])
@@ -355,7 +355,7 @@ def test_a_failure_inside_a_group_rebuild_is_named_and_the_session_stays_usable(
     builds = sess.stats()["group_builds"]
     kinds = {n.node.name: n.kind for n in sess.compiled.specs[0].trace.nodes}
     assert kinds["the_range"] == "memo"
-    with pytest.raises(ExecutionError) as info:
+    with pytest.raises(ShapeError) as info:
         sess.run(None, {"x": np.ones((5, 0), np.float32)})
     assert "'the_range'" in str(info.value) and "Range" in str(info.value)
     assert sess.stats()["group_builds"] > builds  # it failed in a group build
@@ -368,7 +368,7 @@ def test_a_failure_inside_a_group_rebuild_is_named_and_the_session_stays_usable(
 def test_a_range_whose_step_is_zero_from_the_first_run_is_named():
     model = range_model("i0", "n", "d", [helper.make_node("Sub", ["m", "i1"], ["d"])])
     sess = dynashape.InferenceSession(model, executor="compiled")
-    with pytest.raises(ExecutionError, match=r"'the_range' \(Range\)"):
+    with pytest.raises(ShapeError, match=r"'the_range' \(Range\)"):
         sess.run(None, {"x": np.ones((5, 1), np.float32)})
     (y,) = sess.run(None, {"x": np.ones((5, 3), np.float32)})
     np.testing.assert_array_equal(y, np.arange(0, 5, 2, dtype=np.float32))
@@ -379,17 +379,17 @@ def test_a_range_whose_step_becomes_zero_later_is_named():
     sess = dynashape.InferenceSession(model, executor="compiled")
     (y,) = sess.run(None, {"x": np.ones((5, 3), np.float32)})
     np.testing.assert_array_equal(y, np.arange(0, 5, 2, dtype=np.float32))
-    with pytest.raises(ExecutionError, match=r"'the_range' \(Range\)"):
+    with pytest.raises(ShapeError, match=r"'the_range' \(Range\)"):
         sess.run(None, {"x": np.ones((5, 1), np.float32)})
 
 
 def test_a_range_with_a_zero_step_and_no_elements_fails_like_the_interpreter():
     model = range_model("n", "n", "d", [helper.make_node("Sub", ["m", "i1"], ["d"])])
     interp = dynashape.InferenceSession(model, executor="interpreter")
-    with pytest.raises(ExecutionError):
+    with pytest.raises(ShapeError):
         interp.run(None, {"x": np.ones((5, 1), np.float32)})
     sess = dynashape.InferenceSession(model, executor="compiled")
-    with pytest.raises(ExecutionError, match=r"'the_range' \(Range\)"):
+    with pytest.raises(ShapeError, match=r"'the_range' \(Range\)"):
         sess.run(None, {"x": np.ones((5, 1), np.float32)})
 
 

@@ -875,4 +875,26 @@ def _data_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    return _feeds_cases() + _options_cases() + _load_cases() + _data_cases()
+    return _feeds_cases() + _options_cases() + _load_cases() + _data_cases() + _MORE
+
+
+def negative_from_shape_arithmetic():
+    """ConstantOfShape([N - 5, 4]): the shape program gives a negative dim for N < 5."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Sub", ["n", "five"], ["m"]),
+        helper.make_node("Concat", ["m", "four"], ["shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill"),
+    ]
+    inits = [init("zero", np.array([0], np.int64)), init("five", np.array([5], np.int64)),
+             init("four", np.array([4], np.int64))]
+    return mk(nodes, [("x", TP.FLOAT, ["N", 4])], [("y", TP.FLOAT, None)], inits)
+
+
+_MORE = [
+    Case("negative-dim-from-shape-arithmetic", "sizes", negative_from_shape_arithmetic,
+         lambda: {"x": f32(1, 4)}, E.ShapeError, ("negative",), good=lambda: {"x": f32(7, 4)}),
+    Case("negative-dim-from-shape-arithmetic-torch", "sizes", negative_from_shape_arithmetic,
+         lambda: {"x": torch.rand(2, 4)}, E.ShapeError, ("negative",), good=lambda: {"x": f32(8, 4)}),
+]
