@@ -16,6 +16,7 @@ from ..ir import Graph, Node, Value
 from ..ir.dtypes import to_torch
 from ..shape import Dimension, PartialShape, is_placeholder
 from .options import ModelDim, ParseOptions, resolve_input_shapes
+from .validate import validate_model
 
 ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
 
@@ -60,6 +61,7 @@ def prepare_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def parse_model(proto: onnx.ModelProto, options: ParseOptions) -> Graph:
+    validate_model(proto)  # a bad model fails here, with InvalidModelError, not at the first run
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in proto.opset_import}
     opsets.setdefault("", 1)
     hints = _value_info(proto.graph)
