@@ -35,7 +35,7 @@ What protects what:
   input's initializer (a session of its own is made for that set of overrides);
 - options: checked when the session is made (`OptionsError`);
 - load: attributes against the ONNX schema, opsets, initializers' sizes, cycles, undefined
-  values (`compile/validate.py`);
+  values (`frontend/validate.py`);
 - indices from data: checked per dimension in the kernels (`IndexOutOfRangeError`);
 - sizes from data: the shape function runs on the values before the kernel, and a negative dim
   (`ShapeError`) or a buffer beyond `max_buffer_bytes` or the machine (`MemoryLimitError`) is
@@ -61,7 +61,7 @@ def main() -> None:
     rows, tally = [], Counter()
     for case in cases:
         outs = {ex: run_case(case, ex, args.device) for ex in ("compiled", "interpreter")}
-        for ex, o in outs.items():
+        for o in outs.values():
             tally["pass" if o.passed else "FAIL"] += 1
         want = case.error if isinstance(case.error, tuple) else (case.error,)
         expected = "runs" if case.error is None else " or ".join(w.__name__ for w in want)

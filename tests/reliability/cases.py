@@ -53,6 +53,11 @@ def mk(nodes, inputs, outputs, inits=(), opset=18, name="g"):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
+def one(op, ins, name, inputs, **attrs):
+    """A model of one node ``name`` whose float output is ``y``."""
+    return lambda: mk([helper.make_node(op, ins, ["y"], name=name, **attrs)], inputs, [("y", TP.FLOAT, None)])
+
+
 def init(name, arr):
     return onnx.numpy_helper.from_array(np.asarray(arr), name)
 
@@ -195,36 +200,21 @@ def compress_good():
     return {"x": f32(3, 2), "c": np.array([True, False, True])}
 
 
-def expand():
-    return mk(
-        [helper.make_node("Expand", ["x", "s"], ["y"], name="grow")],
-        [("x", TP.FLOAT, [1, 4]), ("s", TP.INT64, ["R"])],
-        [("y", TP.FLOAT, None)],
-    )
+expand = one("Expand", ["x", "s"], "grow", [("x", TP.FLOAT, [1, 4]), ("s", TP.INT64, ["R"])])
 
 
 def expand_good():
     return {"x": f32(1, 4), "s": np.array([3, 4], np.int64)}
 
 
-def const_of_shape():
-    return mk(
-        [helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")],
-        [("s", TP.INT64, [2])],
-        [("y", TP.FLOAT, None)],
-    )
+const_of_shape = one("ConstantOfShape", ["s"], "fill", [("s", TP.INT64, [2])])
 
 
 def cos_good():
     return {"s": np.array([2, 3], np.int64)}
 
 
-def tile():
-    return mk(
-        [helper.make_node("Tile", ["x", "r"], ["y"], name="tile")],
-        [("x", TP.FLOAT, [2, 2]), ("r", TP.INT64, [2])],
-        [("y", TP.FLOAT, None)],
-    )
+tile = one("Tile", ["x", "r"], "tile", [("x", TP.FLOAT, [2, 2]), ("r", TP.INT64, [2])])
 
 
 def tile_good():
@@ -247,24 +237,14 @@ def rfeed(a, b, c, dt=np.float32):
     return lambda: {"a": np.array(a, dt), "b": np.array(b, dt), "c": np.array(c, dt)}
 
 
-def pad():
-    return mk(
-        [helper.make_node("Pad", ["x", "p"], ["y"], name="pad")],
-        [("x", TP.FLOAT, [2, 2]), ("p", TP.INT64, [4])],
-        [("y", TP.FLOAT, None)],
-    )
+pad = one("Pad", ["x", "p"], "pad", [("x", TP.FLOAT, [2, 2]), ("p", TP.INT64, [4])])
 
 
 def pad_good():
     return {"x": f32(2, 2), "p": np.array([1, 0, 0, 2], np.int64)}
 
 
-def reshape():
-    return mk(
-        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
-        [("x", TP.FLOAT, [2, 6]), ("s", TP.INT64, [2])],
-        [("y", TP.FLOAT, None)],
-    )
+reshape = one("Reshape", ["x", "s"], "reshape", [("x", TP.FLOAT, [2, 6]), ("s", TP.INT64, [2])])
 
 
 def reshape_good():
@@ -887,14 +867,31 @@ def negative_from_shape_arithmetic():
         helper.make_node("Concat", ["m", "four"], ["shape"], axis=0),
         helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill"),
     ]
-    inits = [init("zero", np.array([0], np.int64)), init("five", np.array([5], np.int64)),
-             init("four", np.array([4], np.int64))]
+    inits = [
+        init("zero", np.array([0], np.int64)),
+        init("five", np.array([5], np.int64)),
+        init("four", np.array([4], np.int64)),
+    ]
     return mk(nodes, [("x", TP.FLOAT, ["N", 4])], [("y", TP.FLOAT, None)], inits)
 
 
 _MORE = [
-    Case("negative-dim-from-shape-arithmetic", "sizes", negative_from_shape_arithmetic,
-         lambda: {"x": f32(1, 4)}, E.ShapeError, ("negative",), good=lambda: {"x": f32(7, 4)}),
-    Case("negative-dim-from-shape-arithmetic-torch", "sizes", negative_from_shape_arithmetic,
-         lambda: {"x": torch.rand(2, 4)}, E.ShapeError, ("negative",), good=lambda: {"x": f32(8, 4)}),
+    Case(
+        "negative-dim-from-shape-arithmetic",
+        "sizes",
+        negative_from_shape_arithmetic,
+        lambda: {"x": f32(1, 4)},
+        E.ShapeError,
+        ("negative",),
+        good=lambda: {"x": f32(7, 4)},
+    ),
+    Case(
+        "negative-dim-from-shape-arithmetic-torch",
+        "sizes",
+        negative_from_shape_arithmetic,
+        lambda: {"x": torch.rand(2, 4)},
+        E.ShapeError,
+        ("negative",),
+        good=lambda: {"x": f32(8, 4)},
+    ),
 ]
