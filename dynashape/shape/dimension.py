@@ -51,11 +51,40 @@ class Dimension:
             return Dimension()
         if isinstance(value, tuple):
             return Dimension(*value)
+        if isinstance(value, str):
+            return Dimension.parse(value)
         if isinstance(value, int) and not isinstance(value, bool):
             if value < 0:  # ONNX and torch use -1 for "unknown"
                 return Dimension()
             return Dimension(value, value)
         raise ShapeError(f"cannot make a Dimension from {value!r} ({type(value).__name__})")
+
+    @staticmethod
+    def parse(text: str) -> Dimension:
+        """The inverse of ``repr``: ``"3"`` (fixed), ``"?"`` or ``"-1"`` (dynamic), ``"1..8"``,
+        ``"1.."``, ``"..8"``, with an optional ``"name:"`` in front and ``"@4/8"`` (optimal
+        values) behind; OpenVINO writes dims so, less the name and the optimals."""
+        t = text.strip()
+        symbol = None
+        if ":" in t:
+            symbol, t = (x.strip() for x in t.split(":", 1))
+            if not symbol.isidentifier():
+                raise ShapeError(f"bad dimension {text!r}: {symbol!r} is not a name")
+        body, _, opt = t.partition("@")
+        try:
+            optimals = tuple(int(o) for o in opt.split("/")) if opt else ()
+            body = body.strip()
+            if body in ("?", "-1", ""):
+                lo, hi = 0, None
+            elif ".." in body:
+                a, b = body.split("..", 1)
+                lo, hi = (int(a) if a.strip() else 0), (int(b) if b.strip() else None)
+            else:
+                lo = hi = int(body)
+        except ValueError:
+            raise ShapeError(f"bad dimension {text!r}: expected N, MIN..MAX, MIN.., ..MAX or ?, "
+                             f"optionally name: in front and @OPT/... behind") from None
+        return Dimension(lo, hi, optimals, symbol)
 
     @staticmethod
     def dynamic(symbol: str | None = None) -> Dimension:
@@ -100,7 +129,7 @@ class Dimension:
             body = "?"
         else:
             body = f"{self.min}..{'' if self.max is None else self.max}"
-        opt = f"@{','.join(map(str, self.optimals))}" if self.optimals else ""
+        opt = f"@{'/'.join(map(str, self.optimals))}" if self.optimals else ""
         return f"{name}{body}{opt}"
 
     # set operations -----------------------------------------------------------------------

@@ -13,7 +13,9 @@ class PartialShape:
 
     __slots__ = ("dims",)
 
-    def __init__(self, dims: Iterable[DimLike | tuple] = ()) -> None:
+    def __init__(self, dims: Iterable[DimLike | tuple] | str = ()) -> None:
+        if isinstance(dims, str):  # "[1..8,3,224,224]", what repr prints (OpenVINO's notation)
+            dims = _split(dims)
         self.dims: tuple[Dimension, ...] = tuple(Dimension.of(d) for d in dims)
 
     @staticmethod
@@ -139,3 +141,13 @@ def broadcast_dims(a: Sequence, b: Sequence) -> tuple:
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
     return tuple(broadcast_dim(x, y) for x, y in zip(a, b))
+
+
+def _split(text: str) -> list[str]:
+    t = text.strip()
+    if not (t.startswith("[") and t.endswith("]")):
+        raise ShapeError(f"bad shape {text!r}: expected [d0,d1,...] (e.g. [1..8,3,224,224])")
+    inner = t[1:-1].strip()
+    if not inner:
+        return []
+    return inner.split(",")
