@@ -118,6 +118,10 @@ class _Parser:
     def __init__(self, opsets: dict[str, int], hints: dict, options: ParseOptions) -> None:
         self.opsets, self.hints, self.options = opsets, hints, options
         self.counter = 0
+        # options that widen the inputs make the model's own value_info and output shapes stale
+        # (an output declared [1, 1000] of a model now run at batch 1..8): their types still hold,
+        # their shapes are left to shape inference
+        self.shapes_hold = not options.dynamic_dims
 
     def graph(self, g: onnx.GraphProto, outer_scope: dict[str, Value] | None, top: bool = False) -> Graph:
         values: dict[str, Value] = {}
@@ -127,7 +131,7 @@ class _Parser:
 
         def new_value(name: str) -> Value:
             kind, et = _kind_and_type(hints.get(name))
-            v = Value(name, et, hint_shape(hints.get(name)), kind)
+            v = Value(name, et, hint_shape(hints.get(name)) if self.shapes_hold else None, kind)
             values[name] = v
             return v
 
