@@ -1,29 +1,145 @@
 """The dynashape command: `run` a model on given shapes, `demo` a decode loop, `show` a program or its code,
-`check` a model's ops and inputs (and, --compare, its results against onnxruntime)."""
+`check` a model's ops and inputs (and, --compare, its results against onnxruntime), `bench` latency and
+throughput over a sequence of shapes, `ops` the supported operators.
+
+Exit codes: 0 ok, 1 a check that found problems, 2 a bad command-line value or input, 3 a model that
+cannot be loaded (invalid, or an op without a kernel), 4 another dynashape error, 5 an internal error
+(DYNASHAPE_TRACEBACK=1 shows its traceback), 130 interrupted.
+"""
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 import time
+from types import SimpleNamespace
 
+import click
 import numpy as np
 
-from .errors import DynashapeError
+from .errors import DynashapeError, InputError, InvalidModelError, OptionsError, UnsupportedOpError
+
+
+class UsageExit(SystemExit):
+    """A bad command-line value: exit code 2, the message said once, no traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _version() -> str:
+    try:
+        from . import __version__
+        return __version__
+    except ImportError:
+        from importlib.metadata import version
+        return version("dynashape")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parsing helpers
 
 
 def _parse_dims(text: str) -> tuple[int, ...]:
     parts = text.replace("x", ",").split(",") if text else []
     try:
-        return tuple(int(p) for p in parts if p != "")
+        dims = tuple(int(p) for p in parts if p.strip() != "")
     except ValueError as e:
-        raise SystemExit(f"dynashape: bad dims {text!r}; write them as 1x3x224x224 or 1,3,224,224") from e
+        raise UsageExit(f"dynashape: bad dims {text!r}; write them as 1x3x224x224 or 1,3,224,224") from e
+    if any(d < 0 for d in dims):
+        raise UsageExit(f"dynashape: bad dims {text!r}; dims cannot be negative")
+    return dims
+
+
+def _parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, eq, dims = text.partition("=")
+    if not eq or not name:
+        raise UsageExit(f"dynashape: bad --shape {text!r}; write it as NAME=DIMS, e.g. x=1x3x224x224")
+    return name, _parse_dims(dims)
+
+
+def _parse_shapes(items) -> dict[str, tuple[int, ...]]:
+    return dict(_parse_shape_arg(s) for s in items or ())
 
 
 def _parse_range(text: str):
     from .shape import Dimension
     lo, _, hi = text.partition(":")
-    return Dimension(int(lo), int(hi) if hi else None)
+    try:
+        return Dimension(int(lo), int(hi) if hi else None)
+    except (ValueError, DynashapeError) as e:
+        raise UsageExit(f"dynashape: bad range {text!r}; write it as MIN:MAX (or MIN: for no upper bound)") from e
+
+
+def _parse_dynamic_dim(text: str):
+    """NAME=AXIS:MIN:MAX -> (name, axis, Dimension)."""
+    from .shape import Dimension
+    name, eq, rest = text.partition("=")
+    parts = rest.split(":")
+    try:
+        if not eq or not name or len(parts) != 3:
+            raise ValueError
+        axis, lo, hi = int(parts[0]), int(parts[1]), (int(parts[2]) if parts[2] else None)
+        return name, axis, Dimension(lo, hi)
+    except (ValueError, DynashapeError) as e:
+        raise UsageExit(f"dynashape: bad --dynamic-dim {text!r}; write it as NAME=AXIS:MIN:MAX, e.g. x=0:1:32") from e
+
+
+def load_checked(model):
+    """The ModelProto of ``model``; anything the loader raises untyped (a protobuf ParseError for a .json
+    path, ...) becomes an InvalidModelError."""
+    from .frontend.onnx import load_model_proto
+    try:
+        return load_model_proto(model)
+    except DynashapeError:
+        raise
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise InvalidModelError(f"model file {str(model)!r} is not an ONNX model: {type(e).__name__}: {first}") from e
+
+
+def _model_ranks(model) -> dict[str, int | None]:
+    proto = load_checked(model)
+    inits = {i.name for i in proto.graph.initializer}
+    out = {}
+    for v in proto.graph.input:
+        if v.name in inits:
+            continue
+        t = v.type.tensor_type
+        out[v.name] = len(t.shape.dim) if t.HasField("shape") else None
+    return out
+
+
+def dynamic_dims_option(model, items) -> dict | None:
+    """--dynamic-dim NAME=AXIS:MIN:MAX (repeatable) as the session option dynamic_dims: the named axes
+    widened, the others (None) kept as the model declares them."""
+    if not items:
+        return None
+    ranks = _model_ranks(model)
+    out: dict[str, list] = {}
+    for text in items:
+        name, axis, dim = _parse_dynamic_dim(text)
+        if name not in ranks:
+            raise UsageExit(f"dynashape: --dynamic-dim names {name!r}, which is not an input of the model; "
+                            f"its inputs are {sorted(ranks)}")
+        rank = ranks[name]
+        if rank is None:
+            raise UsageExit(f"dynashape: --dynamic-dim {text!r}: input {name!r} has no declared rank")
+        if not -rank <= axis < rank:
+            raise UsageExit(f"dynashape: --dynamic-dim {text!r}: input {name!r} has rank {rank}")
+        out.setdefault(name, [None] * rank)[axis % rank] = dim
+    return out
+
+
+def check_names(given, known, what: str) -> None:
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise UsageExit(f"dynashape: {what} names {unknown}, which the model's inputs are not; "
+                        f"its inputs are {list(known)}")
 
 
 def _random_input(name: str, elem_type: int, shape, rng, int_high: int):
@@ -36,70 +152,132 @@ def _random_input(name: str, elem_type: int, shape, rng, int_high: int):
     return rng.uniform(-1, 1, size=shape).astype(dt)
 
 
-def _feeds(sess, args, guess: bool = False) -> dict:
-    """Feeds from --inputs and --shape, random where not given; ``guess``: a dynamic dim not
-    given takes a typical value (an optimal value, else 2 within its range) instead of an error."""
-    shapes = {k: _parse_dims(v) for k, v in (s.split("=", 1) for s in args.shape or [])}
-    feeds = dict(np.load(args.inputs)) if getattr(args, "inputs", None) else {}
-    rng = np.random.default_rng(getattr(args, "seed", 0))
+def input_shape(arg, shapes: dict, guess: bool = False) -> tuple[int, ...]:
+    """The shape of one input: given, static, or (``guess``) a typical value; else a usage error."""
+    shape = shapes.get(arg.name)
+    ps = arg.partial_shape
+    if shape is None and ps is not None and not ps.is_static and guess:
+        shape = tuple(d.min if d.is_static else (d.optimals[0] if d.optimals else max(d.min, min(2, d.max or 2)))
+                      for d in ps)
+    if shape is None:
+        if ps is None or not ps.is_static:
+            raise UsageExit(f"dynashape: input {arg.name!r} has dynamic shape {ps}; give it with "
+                            f"--shape {arg.name}=DIMS")
+        shape = ps.to_static()
+    return tuple(shape)
+
+
+def random_feeds(sess, shapes: dict, rng, int_high: int, given: dict | None = None, guess: bool = False) -> dict:
+    feeds = dict(given or {})
     for arg in sess.get_inputs():
         if arg.name in feeds:
             continue
-        shape = shapes.get(arg.name)
-        ps = arg.partial_shape
-        if shape is None and ps is not None and not ps.is_static and guess:
-            shape = tuple(d.min if d.is_static else (d.optimals[0] if d.optimals else max(d.min, min(2, d.max or 2)))
-                          for d in ps)
-        if shape is None:
-            if ps is None or not ps.is_static:
-                raise SystemExit(f"dynashape: input {arg.name!r} has dynamic shape {ps}; give it with "
-                                 f"--shape {arg.name}=DIMS")
-            shape = ps.to_static()
         spec = next(s for s in sess._specs if s.name == arg.name)
-        feeds[arg.name] = _random_input(arg.name, spec.elem_type, shape, rng, getattr(args, "int_high", 10))
+        feeds[arg.name] = _random_input(arg.name, spec.elem_type, input_shape(arg, shapes, guess), rng, int_high)
     return feeds
+
+
+def _feeds(sess, args, guess: bool = False) -> dict:
+    """Feeds from --inputs and --shape, random where not given; ``guess``: a dynamic dim not
+    given takes a typical value (an optimal value, else 2 within its range) instead of an error."""
+    known = [a.name for a in sess.get_inputs()]
+    shapes = _parse_shapes(args.shape)
+    check_names(shapes, known, "--shape")
+    feeds = {}
+    if getattr(args, "inputs", None):
+        try:
+            feeds = dict(np.load(args.inputs))
+        except (OSError, ValueError) as e:
+            raise UsageExit(f"dynashape: cannot read --inputs {args.inputs!r}: {e}") from e
+        check_names(feeds, known, f"the keys of {args.inputs}")
+    rng = np.random.default_rng(getattr(args, "seed", 0))
+    return random_feeds(sess, shapes, rng, getattr(args, "int_high", 10), feeds, guess)
 
 
 def _session(args):
     from . import InferenceSession
+    load_checked(args.model)
     opts = {}
     if getattr(args, "default_dynamic_dim", None):
         opts["default_dynamic_dim"] = _parse_range(args.default_dynamic_dim)
     if getattr(args, "dim_param", None):
-        opts["dim_params"] = {k: _parse_range(v) for k, v in (p.split("=", 1) for p in args.dim_param)}
+        opts["dim_params"] = {}
+        for p in args.dim_param:
+            k, eq, v = p.partition("=")
+            if not eq:
+                raise UsageExit(f"dynashape: bad --dim-param {p!r}; write it as SYMBOL=MIN:MAX")
+            opts["dim_params"][k] = _parse_range(v)
+    dd = dynamic_dims_option(args.model, getattr(args, "dynamic_dim", None))
+    if dd:
+        opts["dynamic_dims"] = dd
     return InferenceSession(args.model, device=getattr(args, "device", "cpu"), **opts)
 
 
-def cmd_run(args) -> int:
+def _console():
+    """A console; written to a file or a pipe, a wide one (rich's default of 80 columns would fold names)."""
     from rich.console import Console
-    from rich.table import Table
+    con = Console()
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(width=200)
+    return con
 
+
+def _table(title: str, cols, numeric=(), **kw):
+    """A table whose name columns fold (never cut) and whose ``numeric`` columns never wrap."""
+    from rich.table import Table
+    t = Table(title=title, **kw)
+    for col in cols:
+        if col in numeric:
+            t.add_column(col, no_wrap=True, justify="right")
+        else:
+            t.add_column(col, no_wrap=False, overflow="fold")
+    return t
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_run(args) -> int:
     sess = _session(args)
     feeds = _feeds(sess, args)
     times = []
-    for _ in range(max(1, args.repeat)):
-        t0 = time.perf_counter()
-        outs = sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    table = Table(title=f"{args.model} on {sess.device}")
-    for col in ("output", "shape", "dtype", "sum", "sum |x|"):
-        table.add_column(col)
+    con = _console()
+    n = max(1, args.repeat)
+    warm = max(0, args.warmup)
+    outs = None
+    try:
+        for i in range(n + warm):
+            t0 = time.perf_counter()
+            outs = sess.run(None, feeds)
+            dt = time.perf_counter() - t0
+            if i == 0 or i >= warm:
+                times.append(dt)
+            if n + warm > 3 and i == 0:
+                con.print(f"first run {dt * 1e3:.2f} ms; {n + warm - 1} more ...", highlight=False)
+    except KeyboardInterrupt:
+        con.print("[yellow]interrupted[/yellow]")
+        if outs is None:
+            return 130
+    table = _table(f"{args.model} on {sess.device}", ("output", "shape", "dtype", "sum", "sum |x|"))
     for arg, o in zip(sess.get_outputs(), outs):
         a = np.asarray(o)
         num = a.dtype != object
         table.add_row(arg.name, str(list(a.shape)), str(a.dtype),
                       f"{a.astype(np.float64).sum():.6g}" if num else "-",
                       f"{np.abs(a.astype(np.float64)).sum():.6g}" if num else "-")
-    con = Console()
     con.print(table)
-    con.print(f"first run {times[0] * 1e3:.2f} ms; median of {len(times)} runs {np.median(times) * 1e3:.2f} ms")
+    rest = times[1:]
+    msg = f"first run {times[0] * 1e3:.2f} ms"
+    if rest:
+        r = np.asarray(rest) * 1e3
+        msg += (f"; after {warm} warm-up run(s), {len(r)} runs: median {np.median(r):.2f} ms, "
+                f"p90 {np.percentile(r, 90):.2f} ms, min {r.min():.2f} ms")
+    con.print(msg, highlight=False, soft_wrap=True)
     return 0
 
 
 def cmd_demo(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from . import InferenceSession
     from .demo_model import HEAD_DIM, HEADS, build_demo_model
     sess = InferenceSession(build_demo_model(), device=args.device)
@@ -108,9 +286,10 @@ def cmd_demo(args) -> int:
     ids = rng.integers(0, 256, size=(b, args.prompt)).astype(np.int64)
     past_k = rng.standard_normal((b, HEADS, 1, HEAD_DIM)).astype(np.float32)  # one "BOS" position
     past_v = rng.standard_normal((b, HEADS, 1, HEAD_DIM)).astype(np.float32)
-    table = Table(title=f"dynashape demo: tiny decoder, batch {b}, on {sess.device}")
-    for col in ("step", "input_ids", "past", "logits", "present", "ms"):
-        table.add_column(col, justify="right")
+    table = _table(f"dynashape demo: tiny decoder, batch {b}, on {sess.device}",
+                   ("step", "input_ids", "past", "logits", "present", "ms"))
+    for c in table.columns:
+        c.justify = "right"
     for step in range(args.steps + 1):
         t0 = time.perf_counter()
         logits, past_k2, past_v2 = sess.run(None, {"input_ids": ids, "past_key": past_k, "past_value": past_v})
@@ -119,7 +298,7 @@ def cmd_demo(args) -> int:
                       str(list(past_k2.shape)), f"{ms:.2f}")
         ids = logits[:, -1:, :].argmax(-1).astype(np.int64)  # greedy next token
         past_k, past_v = past_k2, past_v2
-    con = Console()
+    con = _console()
     con.print(table)
     st = sess.stats()
     con.print(f"specializations of the generated code: {st.get('specializations', 0)} "
@@ -134,7 +313,7 @@ def cmd_show(args) -> int:
         print(sess.program)
         return 0
     if sess.compiled is None:
-        raise SystemExit("dynashape: --code shows generated code; the interpreter has none")
+        raise UsageExit("dynashape: --code shows generated code; the interpreter has none")
     sess.run(None, _feeds(sess, args, guess=True))  # a run makes the specialization of these shapes
     for spec in sess.compiled.specs:
         t = spec.trace
@@ -146,26 +325,20 @@ def cmd_show(args) -> int:
 
 def cmd_check(args) -> int:
     """Ops, inputs and (--compare) errors against onnxruntime; exit 1 when something is missing or wrong."""
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     from . import check
-    from .frontend.onnx import load_model_proto
-    con = Console()
-    proto = load_model_proto(args.model)
+    con = _console()
+    proto = load_checked(args.model)
     ops = check.op_report(proto)
     missing = [r for r in ops if not r.supported]
-    t = Table(title=f"{args.model}: {len(ops)} op types, {sum(r.count for r in ops)} nodes")
-    for col in ("domain", "op", "opset", "nodes", "supported"):
-        t.add_column(col)
+    t = _table(f"{args.model}: {len(ops)} op types, {sum(r.count for r in ops)} nodes",
+               ("domain", "op", "opset", "nodes", "supported"))
     for r in ops:
         t.add_row(r.domain or "ai.onnx", r.op_type, str(r.opset), str(r.count),
-                  "yes" if r.supported else f"[red]NO[/red] {r.detail}")
+                  "yes" if r.supported else f"[red]NO[/red] {escape(r.detail)}")
     con.print(t)
-    t = Table(title="inputs")
-    for col in ("input", "dtype", "dims", "note"):
-        t.add_column(col)
+    t = _table("inputs", ("input", "dtype", "dims", "note"))
     for r in check.input_report(proto):
         t.add_row(r.name, r.dtype, escape("[" + ", ".join("?" if d is None else str(d) for d in r.dims) + "]"),
                   escape(r.note))
@@ -175,15 +348,12 @@ def cmd_check(args) -> int:
         con.print(f"[red]{len(missing)} op type(s) have no kernel here:[/red] "
                   + ", ".join(f"{r.op_type} ({r.domain or 'ai.onnx'}, opset {r.opset})" for r in missing))
     if args.compare and ok:
-        given = {k: _parse_dims(v) for k, v in (s.split("=", 1) for s in args.shape or [])}
-        unknown = sorted(set(given) - {r.name for r in check.input_report(proto)})
-        if unknown:
-            raise SystemExit(f"dynashape: --shape names {unknown}, which the model's inputs are not")
+        given = _parse_shapes(args.shape)
+        check_names(given, [r.name for r in check.input_report(proto)], "--shape")
         rows = check.compare(args.model, trials=args.trials, seed=args.seed, given=given, int_high=args.int_high,
                              device=args.device)
-        t = Table(title=f"dynashape vs onnxruntime, {args.trials} random shapes, one session")
-        for col in ("shapes", "max |error| per output", "result"):
-            t.add_column(col)
+        t = _table(f"dynashape vs onnxruntime, {args.trials} random shapes, one session",
+                   ("shapes", "max |error| per output", "result"))
         for r in rows:
             t.add_row(" ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shapes.items()),
                       ", ".join(f"{k}: {v:.3g}" for k, v in r.errors.items()), r.status)
@@ -193,46 +363,186 @@ def cmd_check(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_ops(args) -> int:
+    from .ops import registered
+    con = _console()
+    rows: dict[str, list] = {}
+    for (domain, op_type), versions in sorted(registered().items()):
+        d = domain or "ai.onnx"
+        if args.domain and args.domain not in (d, domain):
+            continue
+        last = versions[-1]
+        flags = [f for f, on in (("view", last.view), ("data-dependent", last.data_dependent),
+                                 ("shape_of", last.shape_op), ("host", last.host)) if on]
+        if last.notes:
+            flags.append(last.notes)
+        rows.setdefault(d, []).append((op_type, ", ".join(str(v.since) for v in versions), "; ".join(flags)))
+    if not rows:
+        domains = sorted({d or "ai.onnx" for d, _ in registered()})
+        raise UsageExit(f"dynashape: no ops in domain {args.domain!r}; the domains are {domains}")
+    order = sorted(rows, key=lambda d: (d != "ai.onnx", d == "com.dynashape", d))
+    for d in order:
+        t = _table(f"{d} ({len(rows[d])} ops)", ("op", "opsets", "notes"))
+        for r in rows[d]:
+            t.add_row(*r)
+        con.print(t)
+    con.print(f"{sum(len(r) for r in rows.values())} ops")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    return bench.main(args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# click wiring
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "show_default": True}
+
+_model_arg = click.argument("model", metavar="MODEL")
+_device_opt = click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+_seed_opt = click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
+_shape_opt = click.option("--shape", multiple=True, metavar="NAME=DIMS",
+                          help="an input's shape, e.g. input_ids=1x16 (repeatable)")
+_int_high_opt = click.option("--int-high", type=int, default=10, show_default=True,
+                             help="random integer inputs lie in [0, this)")
+_dyn_opt = click.option("--dynamic-dim", multiple=True, metavar="NAME=AXIS:MIN:MAX",
+                        help="widen an input's axis to a range, e.g. x=0:1:32 (repeatable); the other axes stay "
+                             "as the model declares them")
+_ddd_opt = click.option("--default-dynamic-dim", metavar="MIN:MAX", default=None,
+                        help="range of the model's symbolic dims that nothing else bounds")
+_dim_param_opt = click.option("--dim-param", multiple=True, metavar="SYMBOL=MIN:MAX",
+                              help="range of a dim_param of the model (repeatable)")
+
+
+def _ns(**kw) -> SimpleNamespace:
+    return SimpleNamespace(**kw)
+
+
+@click.group(context_settings=CONTEXT, help="Run ONNX models with dynamic shapes on torch kernels.")
+@click.version_option(_version(), "--version", "-V", prog_name="dynashape", message="%(prog)s %(version)s")
+def cli() -> None:
+    pass
+
+
+@cli.command("run", help="Run a model on random inputs of given shapes (or an .npz) and time it.")
+@_model_arg
+@_shape_opt
+@click.option("--inputs", metavar="FILE.npz", default=None, help=".npz file of named inputs")
+@_device_opt
+@click.option("--repeat", type=int, default=3, show_default=True, help="timed runs (the first is reported alone)")
+@click.option("--warmup", type=int, default=0, show_default=True,
+              help="runs after the first left out of the median")
+@_seed_opt
+@_int_high_opt
+@_ddd_opt
+@_dim_param_opt
+@_dyn_opt
+def _run(**kw) -> int:
+    return cmd_run(_ns(**kw))
+
+
+@cli.command("demo", help="Decode loop of the embedded default model, shapes growing each step.")
+@click.option("--steps", type=int, default=16, show_default=True, help="decode steps")
+@click.option("--prompt", type=int, default=8, show_default=True, help="prompt length")
+@click.option("--batch", type=int, default=1, show_default=True, help="batch size")
+@_device_opt
+@_seed_opt
+def _demo(**kw) -> int:
+    return cmd_demo(_ns(**kw))
+
+
+@cli.command("show", help="Print the compiled program, or (--code) the generated code.")
+@_model_arg
+@click.option("--code", is_flag=True,
+              help="the generated code of the specialization for --shape (typical sizes where not given)")
+@_shape_opt
+@_device_opt
+@_dyn_opt
+def _show(**kw) -> int:
+    return cmd_show(_ns(**kw))
+
+
+@cli.command("check", help="Is every op supported, which inputs are dynamic; --compare: errors vs onnxruntime "
+                           "over random shapes. Exit 1 when something is missing or wrong.")
+@_model_arg
+@click.option("--compare", is_flag=True, help="run random shapes here and in onnxruntime")
+@click.option("--trials", type=int, default=3, show_default=True, help="how many random shapes (--compare)")
+@_shape_opt
+@_seed_opt
+@_int_high_opt
+@_device_opt
+def _check(**kw) -> int:
+    return cmd_check(_ns(**kw))
+
+
+@cli.command("ops", help="The supported operators and their opsets, from the op registry.")
+@click.option("--domain", default=None, metavar="D", help="only this domain (ai.onnx, com.microsoft, ...)")
+def _ops(**kw) -> int:
+    return cmd_ops(_ns(**kw))
+
+
+@cli.command("bench", help="Latency and throughput over a shape or a sequence of shapes, optionally side by "
+                           "side with other runtimes. Ctrl-C stops and reports what was measured.")
+@_model_arg
+@_shape_opt
+@click.option("--shapes-file", metavar="FILE", default=None,
+              help="JSON list of {name: dims} (or text, one 'name=DIMS name=DIMS' line per call): a sequence of "
+                   "shape sets, one call each, cycled")
+@click.option("-n", "--runs", type=int, default=None, help="timed calls [default: 100, or unlimited with -t]")
+@click.option("-t", "--time", "time_s", type=float, default=None, help="stop timing after this many seconds")
+@click.option("--warmup", type=int, default=3, show_default=True,
+              help="warm-up calls per distinct shape after its first call (both left out of the statistics)")
+@_device_opt
+@click.option("--threads", type=int, default=None, help="intra-op threads (torch and onnxruntime, openvino) "
+                                                         "[default: the runtime's own]")
+@_dyn_opt
+@_seed_opt
+@_int_high_opt
+@click.option("--compare", default="", metavar="RT[,RT]",
+              help="also time these runtimes on the same feeds: onnxruntime, openvino, torch-eager")
+@click.option("--json", "json_path", metavar="FILE", default=None, help="write all numbers and per-call latencies")
+@click.option("--plot", metavar="FILE.png", default=None, help="plot latency (and memory) per call (matplotlib)")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def _bench(**kw) -> int:
+    return cmd_bench(_ns(**kw))
+
+
+def _fail(code: int, msg: str) -> int:
+    print(msg if msg.startswith("dynashape:") else f"dynashape: {msg}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dynashape", description="Run ONNX models with dynamic shapes.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a model on random inputs of given shapes (or an .npz)")
-    r.add_argument("model")
-    r.add_argument("--shape", action="append", metavar="NAME=DIMS", help="e.g. input_ids=1x16")
-    r.add_argument("--inputs", help=".npz file of named inputs")
-    r.add_argument("--device", default="cpu")
-    r.add_argument("--repeat", type=int, default=3)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--int-high", type=int, default=10, help="random integer inputs lie in [0, this)")
-    r.add_argument("--default-dynamic-dim", metavar="MIN:MAX")
-    r.add_argument("--dim-param", action="append", metavar="SYMBOL=MIN:MAX")
-    d = sub.add_parser("demo", help="decode loop of the embedded default model, shapes growing each step")
-    d.add_argument("--steps", type=int, default=16)
-    d.add_argument("--prompt", type=int, default=8)
-    d.add_argument("--batch", type=int, default=1)
-    d.add_argument("--device", default="cpu")
-    d.add_argument("--seed", type=int, default=0)
-    s = sub.add_parser("show", help="print the compiled program, or (--code) the generated code")
-    s.add_argument("model")
-    s.add_argument("--code", action="store_true",
-                   help="the generated code of the specialization for --shape (typical sizes where not given)")
-    s.add_argument("--shape", action="append", metavar="NAME=DIMS", help="e.g. input_ids=1x16")
-    s.add_argument("--device", default="cpu")
-    c = sub.add_parser("check", help="is every op supported, which inputs are dynamic; --compare: errors vs "
-                                     "onnxruntime over random shapes")
-    c.add_argument("model")
-    c.add_argument("--compare", action="store_true", help="run random shapes here and in onnxruntime")
-    c.add_argument("--trials", type=int, default=3, help="how many random shapes (--compare)")
-    c.add_argument("--shape", action="append", metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x64x64")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--int-high", type=int, default=10, help="random integer inputs lie in [1, this)")
-    c.add_argument("--device", default="cpu")
-    args = p.parse_args(argv)
+    """Entry point: returns the exit code; usage errors about inputs raise SystemExit(2) after saying why."""
     try:
-        return {"run": cmd_run, "demo": cmd_demo, "show": cmd_show, "check": cmd_check}[args.cmd](args)
+        rc = cli.main(args=argv, prog_name="dynashape", standalone_mode=False)
+        return 0 if rc is None else int(rc)
+    except UsageExit as e:
+        print(e.message, file=sys.stderr)
+        raise
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.UsageError as e:
+        hint = f" (see dynashape {e.ctx.info_name} --help)" if e.ctx is not None and e.ctx.info_name else ""
+        return _fail(2, f"dynashape: {e.format_message()}{hint}")
+    except click.ClickException as e:
+        return _fail(e.exit_code, e.format_message())
+    except (click.Abort, KeyboardInterrupt):
+        return _fail(130, "dynashape: interrupted")
+    except (InputError, OptionsError) as e:
+        return _fail(2, f"dynashape: {type(e).__name__}: {e}")
+    except (InvalidModelError, UnsupportedOpError) as e:
+        return _fail(3, f"dynashape: {type(e).__name__}: {e}")
     except DynashapeError as e:
-        print(f"dynashape: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return _fail(4, f"dynashape: {type(e).__name__}: {e}")
+    except Exception as e:
+        if os.environ.get("DYNASHAPE_TRACEBACK") == "1":
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        return _fail(5, f"dynashape: internal error: {type(e).__name__}: {first} "
+                        f"(run with DYNASHAPE_TRACEBACK=1 for the traceback)")
 
 
 if __name__ == "__main__":

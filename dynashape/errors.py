@@ -37,7 +37,7 @@ class UnsupportedOpError(DynashapeError, NotImplementedError):
         extra = f" ({detail})" if detail else ""
         super().__init__(
             f"unsupported op {op_type!r} of domain {dom!r} at opset {opset} in node {node_name!r}{extra}; "
-            f"the supported ops and opsets are listed in {OPERATORS_DOC}"
+            f"the supported ops and opsets are listed by `dynashape ops` and in {OPERATORS_DOC}"
         )
 
 
@@ -112,6 +112,16 @@ class MemoryLimitError(DynashapeError, MemoryError):
 
 class LimitExceededError(DynashapeError, RuntimeError):
     """A run stopped by a limit of the session (``max_loop_iterations``)."""
+
+
+class RunTerminatedError(DynashapeError, RuntimeError):
+    """A run refused because its RunOptions has ``terminate`` set (onnxruntime's "Exiting due
+    to terminate flag being set to true"); the session is unchanged and later runs work."""
+
+
+class UnsupportedFeatureError(DynashapeError, NotImplementedError):
+    """An onnxruntime API form that dynashape does not implement (a raw buffer pointer in
+    IOBinding); the message names the dynashape call to use instead."""
 
 
 def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exception:
