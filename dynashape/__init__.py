@@ -2,7 +2,20 @@
 
 from . import errors
 from .api import InferenceSession, InferRequest, NodeArg
+from .compat import (
+    ExecutionMode,
+    GraphOptimizationLevel,
+    IOBinding,
+    ModelMetadata,
+    RunOptions,
+    SessionOptions,
+    get_all_providers,
+    get_available_providers,
+    get_device,
+)
 from .shape import Dimension, PartialShape
 
-__all__ = ["InferenceSession", "InferRequest", "NodeArg", "Dimension", "PartialShape", "errors"]
+__all__ = ["InferenceSession", "InferRequest", "NodeArg", "Dimension", "PartialShape", "errors",
+           "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "IOBinding", "ModelMetadata",
+           "get_available_providers", "get_all_providers", "get_device"]
 __version__ = "0.1.0"

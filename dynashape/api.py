@@ -13,12 +13,14 @@ import numpy as np
 import onnx
 import torch
 
+from . import compat
 from .compile import Program, compile_graph
 from .errors import (
     DimensionWarning,
     DynashapeError,
     ExecutionError,
     OptionsError,
+    RunTerminatedError,
     SymbolDisagreementError,
     UnknownOutputError,
 )
@@ -33,10 +35,11 @@ from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
 from .memory.staging import InputStager
 from .ops.limits import MAX_LOOP_ITERATIONS
+from .profiler import Profiler
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
-from .shape import PartialShape
+from .shape import Dimension, PartialShape
 
 _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
             "malloc_tuning", "extra_outputs",
@@ -46,7 +49,53 @@ _OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "all
             # implementations (docs/architecture.md: regions and static impls)
             "static_impls", "impl_cache_size",
             # limits (docs/reliability.md)
-            "max_buffer_bytes", "max_loop_iterations"}
+            "max_buffer_bytes", "max_loop_iterations",
+            # onnxruntime's SessionOptions as keywords (dynashape.compat)
+            "threads", "enable_profiling", "profile_file_prefix"}
+
+
+def _session_options(so, options: dict) -> dict:
+    """The dynashape options that onnxruntime's SessionOptions ``so`` stands for; a keyword
+    given as well wins (``dim_params`` merge, the keyword's entries winning)."""
+    if so is None:
+        return options
+    if not hasattr(so, "graph_optimization_level") or not hasattr(so, "intra_op_num_threads"):
+        raise OptionsError(f"sess_options: expected dynashape.SessionOptions (or a device name as the second "
+                           f"argument), got {type(so).__name__}")
+    out = dict(options)
+    if int(so.graph_optimization_level) == int(compat.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        out.setdefault("fusion", False)
+    if so.intra_op_num_threads and so.intra_op_num_threads > 0:
+        out.setdefault("threads", int(so.intra_op_num_threads))
+    if so.enable_profiling:
+        out.setdefault("enable_profiling", True)
+        out.setdefault("profile_file_prefix", so.profile_file_prefix)
+    fixed = getattr(so, "free_dimension_overrides_by_name", None)
+    if fixed:
+        user = out.get("dim_params") or {}
+        if not isinstance(user, dict):
+            raise OptionsError(f"dim_params: expected a dict, got {type(user).__name__}")
+        out["dim_params"] = {**{k: Dimension(v, v) for k, v in fixed.items()}, **user}
+    return out
+
+
+class _Threads:
+    """torch's intra-op thread count set for a run and restored afterwards. The count is
+    process-wide: concurrent runs of sessions with different counts share whichever was set last."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+        self.prev = None
+
+    def __enter__(self):
+        if self.n:
+            self.prev = torch.get_num_threads()
+            if self.prev != self.n:
+                torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        if self.n and self.prev is not None and self.prev != self.n:
+            torch.set_num_threads(self.prev)
 
 
 class _Precision:
@@ -125,11 +174,43 @@ class InferenceSession:
     model's own (see dynashape.debug).
     """
 
-    def __init__(self, model, device: str | torch.device = "cpu", **options) -> None:
+    def __init__(self, model, sess_options=None, providers=None, provider_options=None,
+                 device: str | torch.device | None = None, **options) -> None:
+        # onnxruntime's order (model, sess_options, providers, provider_options); a device name or
+        # torch.device as the second argument is dynashape's older form and still means the device
+        if isinstance(sess_options, (str, torch.device)):
+            if device is not None:
+                raise OptionsError(f"device given twice: {sess_options!r} positionally and device={device!r}")
+            device, sess_options = sess_options, None
         unknown = sorted(set(options) - _OPTIONS)
         if unknown:
             raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(_OPTIONS)}")
-        self.device = _device(device)
+        self._sess_options = sess_options if sess_options is not None else compat.SessionOptions()
+        options = _session_options(sess_options, options)
+        if provider_options is not None and providers is None:
+            raise OptionsError("provider_options given without providers")
+        if device is None and providers:
+            self.device, self._providers, self._provider_options = compat.resolve_providers(providers,
+                                                                                           provider_options)
+        else:
+            if providers:  # checked (an unknown name is an error), but device= decides
+                compat.resolve_providers(providers, provider_options)
+            self.device = _device(device if device is not None else "cpu")
+            if self.device.type == "cuda":
+                self._providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+                self._provider_options = [{"device_id": str(self.device.index)}, {}]
+            else:
+                self._providers, self._provider_options = ["CPUExecutionProvider"], [{}]
+        self.threads = options.get("threads")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 0):
+            raise OptionsError(f"threads={self.threads!r}: expected a non-negative int (0: torch's default)")
+        self._profiler = None
+        if options.get("enable_profiling"):
+            if options.get("executor", "interpreter") != "interpreter":
+                raise OptionsError("enable_profiling times nodes in the interpreter; it cannot be combined "
+                                   f"with executor={options['executor']!r}")
+            options["executor"] = "interpreter"
+            self._profiler = Profiler(options.get("profile_file_prefix") or "onnxruntime_profile_")
         self.executor = _executor(options.get("executor"))
         if self.device.type == "cpu" and options.get("malloc_tuning", True):
             host_malloc.tune()
@@ -167,6 +248,7 @@ class InferenceSession:
         """Parse and compile ``proto``: what a new session does, and what unlinking a dim name redoes."""
         # graph inputs that have an initializer: a feed may override it (the ONNX spec, onnxruntime)
         self._overridable = ({i.name for i in proto.graph.input} & {t.name for t in proto.graph.initializer})
+        self._meta = compat.ModelMetadata(proto)
         fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
         self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion)
         g = self.program.graph
@@ -241,7 +323,9 @@ class InferenceSession:
                 kept = [t for t in proto.graph.initializer if t.name not in names]
                 del proto.graph.initializer[:]
                 proto.graph.initializer.extend(kept)
-                sess = self._variants[names] = InferenceSession(proto, self.device, **self._options)
+                sess = self._variants[names] = InferenceSession(proto, self._sess_options, device=self.device,
+                                                                **self._options)
+                sess._profiler = self._profiler  # one profile for the session and its variants
             return sess
 
     def body_model(self, graph) -> CompiledModel:
@@ -263,12 +347,48 @@ class InferenceSession:
         """A request with its own buffers and shape state; use one per thread."""
         return InferRequest(self)
 
-    def run(self, output_names, feeds, run_options=None) -> list:
-        """Run with ``feeds`` (name -> numpy array or torch tensor); outputs follow the feeds' kind."""
+    def run(self, output_names, input_feed=None, run_options=None, *, feeds=None) -> list:
+        """Run with ``input_feed`` (name -> numpy array or torch tensor; ``feeds=`` is the older
+        keyword); outputs follow the feeds' kind. ``run_options``: a RunOptions (terminate)."""
+        input_feed = _feed_arg(input_feed, feeds)
         with self._lock:
             if self._default is None:
                 self._default = InferRequest(self)
-            return self._default.run(output_names, feeds)
+            return self._default.run(output_names, input_feed, run_options)
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None) -> None:
+        """onnxruntime's run_async: runs on a thread, then calls ``callback(results, user_data,
+        err)`` with ``err`` "" on success (results None and the error's text otherwise)."""
+        def work():
+            try:
+                res = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # handed to the callback, as onnxruntime does
+                callback(None, user_data, f"{type(e).__name__}: {e}")
+                return
+            callback(res, user_data, "")
+        threading.Thread(target=work, name="dynashape-run-async", daemon=True).start()
+
+    def get_modelmeta(self) -> compat.ModelMetadata:
+        return self._meta
+
+    def get_providers(self) -> list[str]:
+        return list(self._providers)
+
+    def get_provider_options(self) -> dict:
+        return {p: dict(o) for p, o in zip(self._providers, self._provider_options)}
+
+    def get_session_options(self):
+        return self._sess_options
+
+    def end_profiling(self) -> str:
+        """Write the profile (dynashape.profiler) and return its path; "" when profiling is off."""
+        return "" if self._profiler is None else self._profiler.end()
+
+    def io_binding(self) -> compat.IOBinding:
+        return compat.IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: compat.IOBinding, run_options=None) -> None:
+        iobinding._run(run_options)
 
     def stats(self) -> dict:
         return {} if self._default is None else self._default.stats()
@@ -309,6 +429,7 @@ class InferRequest:
         if self._network is None:
             self._network = Network(self.session.program, self.session.device, self.engine,
                                     memory=self.session.memory)
+            self._network.profiler = self.session._profiler
         return self._network
 
     def _body_kernel(self, node) -> BodyKernel:
@@ -331,7 +452,10 @@ class InferRequest:
             self._stats["interpreter_runs"] += 1
         return self.network.run(tensors, hand_out=hand_out)
 
-    def run(self, output_names, feeds) -> list:
+    def run(self, output_names, input_feed=None, run_options=None, *, feeds=None) -> list:
+        feeds = _feed_arg(input_feed, feeds)
+        if run_options is not None and getattr(run_options, "terminate", False):
+            raise RunTerminatedError("run refused: RunOptions.terminate is set (clear it to run)")
         s = self.session
         if s._overridable and isinstance(feeds, dict) and not s._overridable.isdisjoint(feeds):
             return s._with_inputs(frozenset(s._overridable.intersection(feeds))).run(output_names, feeds)
@@ -350,7 +474,7 @@ class InferRequest:
         idx = self._select(output_names)
         limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
         try:
-            with torch.no_grad():  # a feed that requires grad must not trip the kernels' out=
+            with torch.no_grad(), _Threads(s.threads):  # a feed that requires grad must not trip the kernels' out=
                 if self.session.precision is not None:
                     with self.session.precision:
                         outs = self._run(tensors, hand_out=not numpy_mode)
@@ -429,6 +553,15 @@ class InferRequest:
                 "concat_inputs_in_place": net["concat_inputs_in_place"], "concat_storages": net["concat_storages"],
                 "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"],
                 "arena_bytes": arena, "arena_plans": net["arena_plans"], "arena_grows": net["arena_grows"]}
+
+
+def _feed_arg(input_feed, feeds):
+    """``input_feed`` (onnxruntime's name) or ``feeds=`` (dynashape's older keyword), not both."""
+    if feeds is not None:
+        if input_feed is not None:
+            raise OptionsError("run: give input_feed or feeds=, not both")
+        return feeds
+    return input_feed  # None: the feed check says it is not a dict (InputTypeError)
 
 
 MAX_OPTIMAL_SHAPES = 32

@@ -59,6 +59,7 @@ class Network:
         self._fast_fns = {id(i): i.step if any(i is o for o, _ in self.output_insts) else _fast_fn(i)
                           for i in self.insts}
         self.fast_steps: list = []
+        self.profiler = None  # a dynashape.profiler.Profiler: every run takes the full flow, timed per node
 
     # ---- building -------------------------------------------------------------------------
     def dtype_of(self, v: Value | None) -> torch.dtype | None:
@@ -156,7 +157,8 @@ class Network:
         if self.outer_slots:
             shapes += tuple(shape_key(vals[s]) for s in self.outer_slots)
         try:
-            if self.shapes_follow_inputs and shapes == self.last_in_shapes:
+            prof = self.profiler
+            if prof is None and self.shapes_follow_inputs and shapes == self.last_in_shapes:
                 self.stats["fast_runs"] += 1
                 try:
                     for f in self.fast_steps:
@@ -171,7 +173,10 @@ class Network:
             else:
                 self.stats["shape_change_runs"] += 1
                 for inst in self.insts:
-                    inst.step(vals)
+                    if prof is None:
+                        inst.step(vals)
+                    else:
+                        prof.step(inst, vals)
                 self.last_in_shapes = shapes
                 # the nodes the unchanged-shape path runs: not shape_of ones, not empty ones
                 self.fast_steps = [self._fast_fns[id(i)] for i in self.insts if not i.shape_of and not i.skipped]
