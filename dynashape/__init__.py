@@ -13,9 +13,10 @@ from .compat import (
     get_available_providers,
     get_device,
 )
+from .queue import AsyncInferQueue
 from .shape import Dimension, PartialShape
 
 __all__ = ["InferenceSession", "InferRequest", "NodeArg", "Dimension", "PartialShape", "errors",
            "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "IOBinding", "ModelMetadata",
-           "get_available_providers", "get_all_providers", "get_device"]
+           "get_available_providers", "get_all_providers", "get_device", "AsyncInferQueue"]
 __version__ = "0.1.0"

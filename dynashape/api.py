@@ -20,8 +20,10 @@ from .errors import (
     DynashapeError,
     ExecutionError,
     OptionsError,
+    RequestBusyError,
     RunTerminatedError,
     SymbolDisagreementError,
+    UnknownInputError,
     UnknownOutputError,
 )
 from .frontend.expose import expose
@@ -269,6 +271,23 @@ class InferenceSession:
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
 
+    def reshape(self, shapes: dict) -> None:
+        """OpenVINO's ``model.reshape``: new declared shapes for inputs (``PartialShape``s, lists of
+        dims, or text like ``"[1..8,3,224,224]"``); the model is parsed and compiled again for
+        them, requests made before see the new shapes at their next run."""
+        dims = dict(self._parse.dynamic_dims)
+        for name, shape in shapes.items():
+            dims[name] = list(PartialShape(shape) if isinstance(shape, str) else shape)
+        parse = ParseOptions.make(self._parse.default_dynamic_dim, dims, self._parse.dim_params, reshape=True)
+        with self._reload_lock:
+            old = self._parse
+            self._parse = parse
+            try:
+                self._load(prepare_proto(self._read()))
+            except Exception:
+                self._parse = old
+                raise
+
     def _unlink(self, err: SymbolDisagreementError) -> None:
         """Feeds gave two axes of one dim name different sizes. onnxruntime runs them, and so do
         we: the name stops linking the axes (the model is parsed again without it, since shapes
@@ -422,6 +441,12 @@ class InferRequest:
                                          make_body=self._body_kernel)
         self._input_names = [v.name for v in session.program.graph.inputs]
         self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
+        self._busy = getattr(self, "_busy", None) or threading.Lock()  # kept when re-made after a re-parse
+        self._tensors: dict = getattr(self, "_tensors", {})
+        self._results: dict = {}
+        self._job: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._callback = getattr(self, "_callback", None)
 
     @property
     def network(self) -> Network:
@@ -453,13 +478,21 @@ class InferRequest:
         return self.network.run(tensors, hand_out=hand_out)
 
     def run(self, output_names, input_feed=None, run_options=None, *, feeds=None) -> list:
-        feeds = _feed_arg(input_feed, feeds)
+        if not self._busy.acquire(blocking=False):
+            raise RequestBusyError("this request is running for another caller; use one request per thread "
+                                   "(session.create_infer_request()) or an AsyncInferQueue")
+        try:
+            return self._run_checked(output_names, _feed_arg(input_feed, feeds), run_options)
+        finally:
+            self._busy.release()
+
+    def _run_checked(self, output_names, feeds, run_options) -> list:
         if run_options is not None and getattr(run_options, "terminate", False):
             raise RunTerminatedError("run refused: RunOptions.terminate is set (clear it to run)")
         s = self.session
         if s._overridable and isinstance(feeds, dict) and not s._overridable.isdisjoint(feeds):
             return s._with_inputs(frozenset(s._overridable.intersection(feeds))).run(output_names, feeds)
-        if self.program is not s.program:  # the session was parsed again (a dim name unlinked)
+        if self.program is not s.program:  # the session was parsed again (a dim name unlinked, reshape)
             self.__init__(s)
         check = s._check_feeds
         try:
@@ -470,7 +503,7 @@ class InferRequest:
                     raise  # unlinked already, and still linked: not a dim_param of the inputs (no loop)
                 s._unlink(e)
             self.__init__(s)
-            return self.run(output_names, feeds)
+            return self._run_checked(output_names, feeds, run_options)
         idx = self._select(output_names)
         limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
         try:
@@ -492,9 +525,66 @@ class InferRequest:
         g_outs = self.session.program.graph.outputs
         return [_to_numpy(outs[i], g_outs[i].elem_type) for i in idx]
 
-    def infer(self, feeds) -> dict:
+    # ---- OpenVINO's request API -----------------------------------------------------------------
+    def set_tensor(self, name: str, value) -> None:
+        """Set an input for the next ``infer()`` / ``start_async()`` without feeds."""
+        if name not in self._input_names and name not in self.session._overridable:
+            raise UnknownInputError(name, list(self._input_names))
+        self._tensors[name] = value
+
+    def get_tensor(self, name: str):
+        """An input set with ``set_tensor``, or an output of the last ``infer``."""
+        if name in self._tensors:
+            return self._tensors[name]
+        if name in self._results:
+            return self._results[name]
+        raise UnknownOutputError(name, list(self._input_names) + list(self._out_index))
+
+    def infer(self, feeds=None) -> dict:
+        """Run with ``feeds`` (or the tensors set with ``set_tensor``); outputs by name."""
         names = [a.name for a in self.session._outputs]
-        return dict(zip(names, self.run(names, feeds)))
+        self._results = dict(zip(names, self.run(names, self._tensors if feeds is None else feeds)))
+        return self._results
+
+    def start_async(self, feeds=None, userdata=None) -> None:
+        """Run on a worker thread; ``wait()`` for it. The request is busy until it finishes."""
+        if self._job is not None and self._job.is_alive():
+            raise RequestBusyError("this request is still running its last start_async(); wait() for it first")
+        self._error = None
+        feeds = dict(self._tensors) if feeds is None else feeds
+
+        def work():
+            try:
+                self.infer(feeds)
+            except BaseException as e:  # noqa: BLE001  re-raised by wait()
+                self._error = e
+            if self._callback is not None:
+                self._callback(self, userdata)
+        self._job = threading.Thread(target=work, daemon=True)
+        self._job.start()
+
+    def wait(self) -> None:
+        """Block until the last ``start_async`` finished; raise its error, if any."""
+        if self._job is not None:
+            self._job.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    def wait_for(self, timeout_ms: int) -> bool:
+        """True when the last ``start_async`` finished within ``timeout_ms``."""
+        if self._job is None:
+            return True
+        self._job.join(timeout_ms / 1000)
+        return not self._job.is_alive()
+
+    def set_callback(self, callback) -> None:
+        """``callback(request, userdata)`` after each ``start_async`` (its worker thread)."""
+        self._callback = callback
+
+    @property
+    def results(self) -> dict:
+        return dict(self._results)
 
     def _select(self, output_names) -> list[int]:
         if isinstance(output_names, str):  # one name, not its letters

@@ -119,6 +119,11 @@ class RunTerminatedError(DynashapeError, RuntimeError):
     to terminate flag being set to true"); the session is unchanged and later runs work."""
 
 
+class RequestBusyError(DynashapeError, RuntimeError):
+    """A request asked to run while it is running for another caller (one request serves one
+    caller at a time: make one per thread, or use an AsyncInferQueue)."""
+
+
 class UnsupportedFeatureError(DynashapeError, NotImplementedError):
     """An onnxruntime API form that dynashape does not implement (a raw buffer pointer in
     IOBinding); the message names the dynashape call to use instead."""

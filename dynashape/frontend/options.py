@@ -24,9 +24,11 @@ class ParseOptions:
     default_dynamic_dim: Dimension | None = None
     dynamic_dims: Mapping[str, Sequence[DimLike]] = field(default_factory=dict)
     dim_params: Mapping[str, Dimension] = field(default_factory=dict)
+    # session.reshape(): dynamic_dims replace the model's fixed sizes instead of having to contain them
+    reshape: bool = False
 
     @staticmethod
-    def make(default_dynamic_dim=None, dynamic_dims=None, dim_params=None) -> ParseOptions:
+    def make(default_dynamic_dim=None, dynamic_dims=None, dim_params=None, reshape: bool = False) -> ParseOptions:
         for name, dims in (dynamic_dims or {}).items():
             if isinstance(dims, (str, bytes)):
                 raise OptionsError(f"dynamic_dims[{name!r}] must be a list of dims, got {dims!r}")
@@ -36,7 +38,7 @@ class ParseOptions:
             dp = {k: Dimension.of(v) for k, v in (dim_params or {}).items()}
         except (ShapeError, TypeError) as e:
             raise OptionsError(f"malformed dynamic-dim option: {e}") from e
-        return ParseOptions(ddd, dd, dp)
+        return ParseOptions(ddd, dd, dp, reshape)
 
 
 @dataclass
@@ -82,7 +84,7 @@ def _resolve_axis(name: str, axis: int, md: ModelDim, given: DimLike, opts: Pars
     where = f"input {name!r} axis {axis}"
     if given is not None:
         d = Dimension.of(given)
-        if md.value is not None and not d.contains(md.value):
+        if md.value is not None and not d.contains(md.value) and not opts.reshape:
             raise OptionsError(f"{where}: the model fixes it to {md.value} but dynamic_dims gives {d}")
         if md.symbol and md.symbol in opts.dim_params:
             try:
