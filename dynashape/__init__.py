@@ -13,10 +13,11 @@ from .compat import (
     get_available_providers,
     get_device,
 )
+from .custom_ops import register_op
 from .queue import AsyncInferQueue
 from .shape import Dimension, PartialShape
 
 __all__ = ["InferenceSession", "InferRequest", "NodeArg", "Dimension", "PartialShape", "errors",
            "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "IOBinding", "ModelMetadata",
-           "get_available_providers", "get_all_providers", "get_device", "AsyncInferQueue"]
+           "get_available_providers", "get_all_providers", "get_device", "AsyncInferQueue", "register_op"]
 __version__ = "0.1.0"

@@ -37,23 +37,14 @@ from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
 from .memory.staging import InputStager
 from .ops.limits import MAX_LOOP_ITERATIONS
+from .options import OPTION_NAMES
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .shape import Dimension, PartialShape
 
-_OPTIONS = {"default_dynamic_dim", "dynamic_dims", "dim_params", "verbose", "allow_tf32", "executor", "fusion",
-            "malloc_tuning", "extra_outputs",
-            # memory (docs/memory.md)
-            "allocator", "device_memory_limit", "memory_pool", "memory_deps", "preallocation", "inplace_concat",
-            "kv_growth",
-            # implementations (docs/architecture.md: regions and static impls)
-            "static_impls", "impl_cache_size",
-            # limits (docs/reliability.md)
-            "max_buffer_bytes", "max_loop_iterations",
-            # onnxruntime's SessionOptions as keywords (dynashape.compat)
-            "threads", "enable_profiling", "profile_file_prefix"}
+_OPTIONS = OPTION_NAMES  # every keyword option, documented in dynashape/options.py
 
 
 def _session_options(so, options: dict) -> dict:

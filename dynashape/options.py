@@ -1,0 +1,76 @@
+"""Every keyword option of ``InferenceSession``, in one place: its type, default, environment
+variable (where one exists) and what it does. ``InferenceSession`` accepts exactly these names
+(anything else is an OptionsError listing them); ``dynashape.options.describe()`` prints them.
+
+The values are checked where they are used, at session creation (an OptionsError naming the
+option); this table is their documentation and the list the session checks names against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _opt(default: Any, doc: str, env: str | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "env": env})
+
+
+@dataclass(frozen=True)
+class Options:
+    # ---- shapes (docs/architecture.md "Shapes", frontend/options.py) ----
+    default_dynamic_dim: Any = _opt(None, "Dimension for every axis the model leaves symbolic or unnamed.")
+    dynamic_dims: dict | None = _opt(None, "input name -> list of dims (int, None, (min, max), Dimension, "
+                                           "'1..8'): per-axis ranges; may widen the model's fixed sizes' ranges.")
+    dim_params: dict | None = _opt(None, "dim name (dim_param) -> Dimension: the range of every axis that "
+                                         "carries that name; feeds that break it are an error.")
+    # ---- execution ----
+    executor: str = _opt("compiled", "'compiled' (generated code, the default) or 'interpreter' (the per-node "
+                                     "flow, the reference).", "DYNASHAPE_EXECUTOR")
+    fusion: bool = _opt(True, "rewrite exported patterns (attention, norms, GELU/SiLU, Linear, Conv+BN, "
+                              "quantized chains) into single kernels.", "DYNASHAPE_FUSION")
+    allow_tf32: bool = _opt(False, "CUDA: let matrix products and convolutions use TF32 (faster, ~1e-3 relative).")
+    threads: int | None = _opt(None, "torch CPU threads during a run (restored afterwards; process-wide).")
+    malloc_tuning: bool = _opt(True, "CPU: tune glibc malloc thresholds so large buffers are not returned to "
+                                     "the OS between runs.")
+    extra_outputs: Any = _opt(None, "value names (or 'all') made outputs too, after the model's own (debugging).")
+    static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, off on CPU), 'async', 'sync' "
+                                     "or 'off'.", "DYNASHAPE_STATIC_IMPLS")
+    impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
+    # ---- memory (docs/memory.md) ----
+    allocator: Any = _opt("direct", "'direct' (driver allocations), 'torch' (torch's caching allocator) or an "
+                                    "object following memory/allocators.py.")
+    device_memory_limit: int | None = _opt(None, "bytes of device memory the session may hold (device buffers "
+                                                 "beyond it go to host memory).")
+    memory_pool: bool = _opt(True, "interpreter: reuse buffers whose lifetimes do not overlap.")
+    memory_deps: str = _opt("in_order", "interpreter: how buffer lifetimes are computed ('in_order' or "
+                                        "'out_of_order').")
+    preallocation: Any = _opt(None, "ShapePredictor settings 'iters max_bytes max_count growth' "
+                                    "(e.g. '10 16384 2 1.1'); '0 0 0 1.0' turns it off.",
+                              "DYNASHAPE_MEM_PREALLOCATION_OPTIONS")
+    inplace_concat: bool = _opt(True, "producers write into their slot of a Concat's buffer; a KV cache grows "
+                                      "in place.")
+    kv_growth: str = _opt("geometric", "spare room of in-place KV storages: 'geometric' or 'openvino' "
+                                       "(128 + i % 64).")
+    verbose: int | None = _opt(None, "log level of the memory engine and static impls (0, 1, 2).",
+                               "DYNASHAPE_VERBOSE")
+    # ---- limits (docs/reliability.md) ----
+    max_buffer_bytes: int | None = _opt(None, "refuse (MemoryLimitError) any buffer larger than this; default: "
+                                              "what the machine holds.")
+    max_loop_iterations: int | None = _opt(None, "stop a Loop after this many iterations (LimitExceededError).")
+    # ---- onnxruntime's SessionOptions, as keywords (dynashape.compat) ----
+    enable_profiling: bool = _opt(False, "record a chrome trace per node (runs use the per-node flow); "
+                                         "end_profiling() writes it.")
+    profile_file_prefix: str = _opt("onnxruntime_profile_", "file name prefix of end_profiling()'s trace.")
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(Options))
+
+
+def describe() -> str:
+    """One line per option: name, default, environment variable, what it does."""
+    lines = []
+    for f in fields(Options):
+        env = f" [{f.metadata['env']}]" if f.metadata.get("env") else ""
+        lines.append(f"{f.name} = {f.default!r}{env}: {f.metadata['doc']}")
+    return "\n".join(lines)
