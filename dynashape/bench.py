@@ -28,7 +28,7 @@ from .cli import (
 )
 
 RUNTIMES = ("onnxruntime", "openvino", "torch-eager")
-TORCH_EAGER_NOTE = "torch-eager needs the torch module; not available for an ONNX file"
+TORCH_EAGER_NOTE = "torch-eager needs the torch module; not available for an ONNX file alone"
 
 
 @dataclass
@@ -144,8 +144,39 @@ def _make_runtime(name: str, args, dd):
         req = compiled.create_infer_request()
         return (lambda feeds: req.infer(feeds)), (core, compiled, req)
     if name == "torch-eager":
-        raise _Skip(TORCH_EAGER_NOTE)
+        return _torch_eager(args)
     raise UsageExit(f"dynashape: --compare: unknown runtime {name!r}; choose from {list(RUNTIMES)}")
+
+
+def _torch_eager(args):
+    """The torch module the ONNX file came from (``--torch-module MODULE:FACTORY``), run eagerly
+    under no_grad on the same feeds, in the model's input order; outputs copied to the host, as the
+    other runtimes hand back numpy arrays."""
+    spec = getattr(args, "torch_module", None)
+    if not spec:
+        raise _Skip(TORCH_EAGER_NOTE + " (give it with --torch-module MODULE:FACTORY)")
+    import importlib
+
+    import onnx
+    import torch
+    mod_name, _, factory = spec.partition(":")
+    try:
+        module = getattr(importlib.import_module(mod_name), factory or "build")()
+    except (ImportError, AttributeError) as e:
+        raise UsageExit(f"dynashape: --torch-module {spec!r}: {type(e).__name__}: {e}") from e
+    dev = torch.device(args.device or "cpu")
+    if isinstance(module, torch.nn.Module):
+        module = module.to(dev).eval()
+    proto = onnx.load(str(args.model), load_external_data=False)
+    inits = {t.name for t in proto.graph.initializer}
+    names = [i.name for i in proto.graph.input if i.name not in inits]
+
+    def run(feeds):
+        with torch.no_grad():
+            out = module(*[torch.as_tensor(feeds[n]).to(dev) for n in names])
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return [o.cpu() for o in outs if isinstance(o, torch.Tensor)]
+    return run, module
 
 
 class _Skip(Exception):

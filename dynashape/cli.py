@@ -502,6 +502,9 @@ def _ops(**kw) -> int:
 @_int_high_opt
 @click.option("--compare", default="", metavar="RT[,RT]",
               help="also time these runtimes on the same feeds: onnxruntime, openvino, torch-eager")
+@click.option("--torch-module", metavar="MODULE:FACTORY", default=None,
+              help="for --compare torch-eager: a function returning the torch module the ONNX file was exported "
+                   "from (e.g. mypkg.models:build); it is called with the inputs in the model's order")
 @click.option("--json", "json_path", metavar="FILE", default=None, help="write all numbers and per-call latencies")
 @click.option("--plot", metavar="FILE.png", default=None, help="plot latency (and memory) per call (matplotlib)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")

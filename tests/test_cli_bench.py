@@ -135,3 +135,23 @@ def test_ops_lists_the_registry():
     assert r.exit_code == 0 and "Conv" in r.output and "com.microsoft" in r.output
     r = _invoke(["ops", "--domain", "com.microsoft"])
     assert r.exit_code == 0 and "Attention" in r.output and "ai.onnx" not in r.output
+
+
+def test_bench_compare_torch_eager_with_the_module(model, shapes, tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    class M(torch.nn.Module):\n"
+        "        def __init__(self):\n"
+        "            super().__init__()\n"
+        "            self.w = torch.full((8, 16), 0.01)\n"
+        "        def forward(self, x):\n"
+        "            return torch.relu(x @ self.w)\n"
+        "    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "t.json"
+    r = _invoke(["bench", model, "--shapes-file", shapes, "-n", "8", "--compare", "torch-eager",
+                 "--torch-module", "mymodels:build", "--json", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["runtimes"]["torch-eager"]["calls"] == 8 and doc["runtimes"]["dynashape"]["calls"] == 8
