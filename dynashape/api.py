@@ -400,6 +400,21 @@ class InferenceSession:
     def run_with_iobinding(self, iobinding: compat.IOBinding, run_options=None) -> None:
         iobinding._run(run_options)
 
+    def _run_bound(self, output_names, feeds, run_options, bound: dict) -> list:
+        """A run whose outputs in ``bound`` (name -> tensor) are written straight into those
+        tensors where the kernel that makes them can (io_binding's zero-copy outputs)."""
+        with self._lock:
+            if self._default is None:
+                self._default = InferRequest(self)
+            runner = self._default.runner
+            if runner is not None:
+                runner.bound = bound
+            try:
+                return self._default.run(output_names, feeds, run_options)
+            finally:
+                if runner is not None:
+                    runner.bound = {}
+
     def stats(self) -> dict:
         return {} if self._default is None else self._default.stats()
 

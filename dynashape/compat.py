@@ -223,8 +223,9 @@ class IOBinding:
     torch tensor on any device). ``bind_input`` with a raw ``buffer_ptr`` (onnxruntime's form)
     raises UnsupportedFeatureError: use ``bind_input_tensor``. Outputs: ``bind_output(name,
     device_type, device_id)`` (the output comes back as a tensor on that device), or
-    ``bind_output_tensor(name, tensor)`` (a preallocated tensor the output is copied into; its
-    shape and dtype must match). ``run_with_iobinding`` runs; ``get_outputs()`` gives torch
+    ``bind_output_tensor(name, tensor)`` (a preallocated tensor: with tensor inputs and the
+    compiled executor, the kernel that makes the output writes straight into it, no copy; else the
+    output is copied in; its shape and dtype must match). ``run_with_iobinding`` runs; ``get_outputs()`` gives torch
     tensors, ``copy_outputs_to_cpu()`` numpy arrays."""
 
     def __init__(self, session) -> None:
@@ -303,7 +304,8 @@ class IOBinding:
             feeds = dict(self._inputs)
         else:
             feeds = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in self._inputs.items()}
-        outs = s.run(names, feeds, run_options)
+        bound = {n: pre for n, (_, pre) in self._outputs.items() if pre is not None}
+        outs = s._run_bound(names, feeds, run_options, bound)
         results = []
         for n, o in zip(names, outs):
             t = torch.from_numpy(np.ascontiguousarray(o)) if isinstance(o, np.ndarray) else o
@@ -312,7 +314,8 @@ class IOBinding:
                 if tuple(pre.shape) != tuple(t.shape) or pre.dtype != t.dtype:
                     raise OptionsError(f"bind_output_tensor({n!r}): the bound tensor is {pre.dtype}"
                                        f"{list(pre.shape)}, the output is {t.dtype}{list(t.shape)}")
-                pre.copy_(t)
+                if t is not pre:  # written in place when its kernel could (no copy); else copied in
+                    pre.copy_(t)
                 t = pre
             elif dev is not None and isinstance(t, torch.Tensor) and t.device != dev:
                 t = t.to(dev)
