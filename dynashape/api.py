@@ -60,6 +60,9 @@ def _session_options(so, options: dict) -> dict:
         out.setdefault("fusion", False)
     if so.intra_op_num_threads and so.intra_op_num_threads > 0:
         out.setdefault("threads", int(so.intra_op_num_threads))
+    level = getattr(so, "log_severity_level", 2)
+    if level is not None and 0 <= int(level) <= 1:  # onnxruntime's 0 verbose, 1 info: the engine's log levels 2 and 1
+        out.setdefault("verbose", 2 if int(level) == 0 else 1)
     if so.enable_profiling:
         out.setdefault("enable_profiling", True)
         out.setdefault("profile_file_prefix", so.profile_file_prefix)

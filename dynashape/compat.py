@@ -9,8 +9,10 @@ What maps to dynashape and what is only recorded:
   count is process-wide, so concurrent runs of sessions with different counts share it.
 * ``add_free_dimension_override_by_name(name, v)``: ``dim_params={name: Dimension(v, v)}``.
 * ``enable_profiling`` / ``profile_file_prefix``: see dynashape.profiler.
-* ``inter_op_num_threads``, ``execution_mode``, ``log_*``, the memory flags, config entries:
-  recorded, no effect.
+* ``log_severity_level`` 0 (verbose) / 1 (info): dynashape's ``verbose=2`` / ``1`` (the memory
+  engine's and the static impls' log lines); 2-4 (warning and up): the default, quiet.
+* ``inter_op_num_threads``, ``execution_mode`` (torch runs a graph's kernels in order: there is no
+  parallel executor), ``log_verbosity_level``, the memory flags, config entries: recorded, no effect.
 * Providers: ``CPUExecutionProvider`` -> cpu, ``CUDAExecutionProvider`` -> ``cuda:<device_id>``
   (cpu with a RuntimeWarning when torch sees no CUDA device); ``TensorrtExecutionProvider`` is
   run as CUDA (torch kernels, with a RuntimeWarning); the other onnxruntime providers

@@ -327,3 +327,15 @@ def test_bound_output_tensor_is_written_in_place():
         torch.testing.assert_close(out, torch.tanh(x) * x)
         assert b.get_outputs()[0].data_ptr() == ptr
     assert sess.stats()["outputs_written_in_place"] == 2
+
+
+def test_log_severity_level_maps_to_verbose():
+    import dynashape
+    from dynashape.api import _session_options
+
+    so = dynashape.SessionOptions()
+    assert "verbose" not in _session_options(so, {})
+    so.log_severity_level = 0
+    assert _session_options(so, {})["verbose"] == 2
+    so.log_severity_level = 1
+    assert _session_options(so, {"verbose": 0})["verbose"] == 0  # the keyword wins
