@@ -27,8 +27,8 @@ from .errors import (
     UnknownOutputError,
 )
 from .frontend.expose import expose
-from .frontend.onnx import load_model_proto, parse_model, prepare_proto
 from .frontend.options import ParseOptions
+from .frontend.parse import load_model_proto, parse_model, prepare_proto
 from .interpreter.network import Network
 from .ir import elem_type_name
 from .ir.dtypes import to_numpy

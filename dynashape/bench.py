@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cli import (
+from .cli_common import (
     UsageExit,
     _console,
     _parse_dims,

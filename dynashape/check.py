@@ -132,7 +132,7 @@ def compare(model, trials: int = 3, seed: int = 0, given: dict | None = None, in
 
     from .api import InferenceSession
     from .debug import compare_values
-    from .frontend.onnx import load_model_proto
+    from .frontend.parse import load_model_proto
 
     proto = load_model_proto(model)
     inputs = input_report(proto)

@@ -36,7 +36,7 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     import onnxruntime as ort
 
     from .api import InferenceSession
-    from .frontend.onnx import load_model_proto
+    from .frontend.parse import load_model_proto
 
     proto = expose(load_model_proto(model), "all")
     typed = onnx.ModelProto()

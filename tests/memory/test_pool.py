@@ -18,8 +18,8 @@ from dynashape.compile.memory_deps import (
     basic_memory_dependencies,
     out_of_order_memory_dependencies,
 )
-from dynashape.frontend.onnx import parse_model, prepare_proto
 from dynashape.frontend.options import ParseOptions
+from dynashape.frontend.parse import parse_model, prepare_proto
 from dynashape.memory.pool import MemoryPool
 
 # ---- helpers ------------------------------------------------------------------------------------
