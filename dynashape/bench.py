@@ -121,10 +121,7 @@ def _make_runtime(name: str, args, dd):
         sess = InferenceSession(args.model, device=args.device, **({"dynamic_dims": dd} if dd else {}))
         return (lambda feeds: sess.run(None, feeds)), sess
     if name == "onnxruntime":
-        try:
-            import onnxruntime as ort
-        except ImportError as e:
-            raise _Skip("onnxruntime is not installed") from e
+        ort = _optional("onnxruntime")
         so = ort.SessionOptions()
         so.intra_op_num_threads = args.threads or 0
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -134,10 +131,7 @@ def _make_runtime(name: str, args, dd):
         sess = ort.InferenceSession(str(args.model), so, providers=providers)
         return (lambda feeds: sess.run(None, feeds)), sess
     if name == "openvino":
-        try:
-            import openvino as ov
-        except ImportError as e:
-            raise _Skip("openvino is not installed") from e
+        ov = _optional("openvino")
         core = ov.Core()
         cfg = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
         compiled = core.compile_model(str(args.model), "CPU", cfg)
@@ -146,6 +140,15 @@ def _make_runtime(name: str, args, dd):
     if name == "torch-eager":
         return _torch_eager(args)
     raise UsageExit(f"dynashape: --compare: unknown runtime {name!r}; choose from {list(RUNTIMES)}")
+
+
+def _optional(module: str):
+    """A runtime's package, or _Skip when it is not installed (the comparison goes on without it)."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise _Skip(f"{module} is not installed") from e
 
 
 def _torch_eager(args):
