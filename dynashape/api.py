@@ -75,6 +75,16 @@ def _session_options(so, options: dict) -> dict:
     return out
 
 
+def _precompile(value, static: str | None) -> bool:
+    """``precompile``: 'auto' traces the likely specializations at load when static impls are on
+    (CUDA by default), where a first call at a new shape should not pay a trace; True / False."""
+    if value == "auto":
+        return static is not None
+    if isinstance(value, bool):
+        return value
+    raise OptionsError(f"precompile={value!r}: expected 'auto', True or False")
+
+
 class _Threads:
     """torch's intra-op thread count set for a run and restored afterwards. The count is
     process-wide: concurrent runs of sessions with different counts share whichever was set last."""
@@ -232,6 +242,7 @@ class InferenceSession:
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
         self._static = static_mode(options.get("static_impls"), self.device)
+        self._precompile = _precompile(options.get("precompile", "auto"), self._static)
         self._impl_cache_size = options.get("impl_cache_size")
         self._load(prepare_proto(self._read()))
         self._prebuild()
@@ -257,10 +268,10 @@ class InferenceSession:
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size)
                          if self.executor == "compiled" else None)
-        if self.compiled is not None and self._static:
+        if self.compiled is not None and self._precompile:
             # the specializations that shapes to come will most likely need (every dynamic dim at a
-            # generic value, and each at 1), traced in the background: a first call at a new shape
-            # then finds its generated code ready
+            # generic value, each at 1, all at 1), traced now: a first call at a new shape then
+            # finds its generated code ready
             self.compiled.precompile(representative_shapes(self._specs))
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()

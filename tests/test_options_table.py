@@ -34,3 +34,22 @@ def test_the_session_accepts_exactly_these_names():
         dynashape.InferenceSession(add_chain(2), speed="max")
     assert "max_buffer_bytes" in OPTION_NAMES and "threads" in OPTION_NAMES
     assert all(name in describe() for name in OPTION_NAMES)
+
+
+def test_precompile_traces_at_load_and_is_validated():
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "S"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", "S"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    lazy = dynashape.InferenceSession(m)
+    assert len(lazy.compiled.specs) == 0
+    eager = dynashape.InferenceSession(m, precompile=True)
+    traced = len(eager.compiled.specs)
+    assert traced >= 2  # the generic signature and the ones at 1
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 5)).astype(np.float32)
+    np.testing.assert_allclose(eager.run(None, {"x": x})[0], x * x)
+    with pytest.raises(OptionsError, match="precompile"):
+        dynashape.InferenceSession(m, precompile="sometimes")
