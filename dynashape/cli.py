@@ -167,23 +167,19 @@ def cmd_check(args) -> int:
 
 def cmd_ops(args) -> int:
     from .ops import registered
+    from .ops.registry import domain_order, op_flags
     con = _console()
     rows: dict[str, list] = {}
     for (domain, op_type), versions in sorted(registered().items()):
         d = domain or "ai.onnx"
         if args.domain and args.domain not in (d, domain):
             continue
-        last = versions[-1]
-        flags = [f for f, on in (("view", last.view), ("data-dependent", last.data_dependent),
-                                 ("shape_of", last.shape_op), ("host", last.host)) if on]
-        if last.notes:
-            flags.append(last.notes)
+        flags = op_flags(versions[-1], adopts=False, host=True)
         rows.setdefault(d, []).append((op_type, ", ".join(str(v.since) for v in versions), "; ".join(flags)))
     if not rows:
         domains = sorted({d or "ai.onnx" for d, _ in registered()})
         raise UsageExit(f"dynashape: no ops in domain {args.domain!r}; the domains are {domains}")
-    order = sorted(rows, key=lambda d: (d != "ai.onnx", d == "com.dynashape", d))
-    for d in order:
+    for d in domain_order(rows):
         t = _table(f"{d} ({len(rows[d])} ops)", ("op", "opsets", "notes"))
         for r in rows[d]:
             t.add_row(*r)

@@ -16,6 +16,7 @@ from collections import Counter
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dynashape.ops import registered  # noqa: E402
+from dynashape.ops.registry import domain_order, op_flags  # noqa: E402
 
 FUSED = "com.dynashape"  # the domain of the ops the fusion passes rewrite patterns into
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "operators.md")
@@ -98,17 +99,7 @@ def render() -> str:
     sections: dict[str, list[str]] = {}
     for (domain, op_type), versions in sorted(registered().items(), key=lambda kv: (kv[0][0], kv[0][1])):
         last = versions[-1]
-        flags = []
-        if last.view:
-            flags.append("view")
-        if last.data_dependent:
-            flags.append("data-dependent")
-        if last.shape_op:
-            flags.append("shape_of")
-        if not last.writes_out and not last.view and not last.data_dependent:
-            flags.append("adopts")
-        if last.notes:
-            flags.append(last.notes)
+        flags = op_flags(last)
         if domain in NOT_IN_SUITE:  # the node test suite only knows ONNX's domains (its op names clash)
             cpu = cuda = NOT_IN_SUITE[domain]
         else:
@@ -117,8 +108,8 @@ def render() -> str:
         opsets = ", ".join(str(v.since) for v in versions)
         sections.setdefault(domain or "ai.onnx", []).append(
             f"| {op_type} | {opsets} | {cpu} | {cuda} | {'; '.join(flags)} |")
-    order = sorted(sections, key=lambda d: (d != "ai.onnx", d == FUSED, d))
-    body = "".join(f"\n## {d} ({len(sections[d])} ops)\n{TABLE}" + "\n".join(sections[d]) + "\n" for d in order)
+    body = "".join(f"\n## {d} ({len(sections[d])} ops)\n{TABLE}" + "\n".join(sections[d]) + "\n"
+                   for d in domain_order(sections))
     total = sum(len(r) for r in sections.values())
     return HEADER.format(summary=_summary(runs)) + body + f"\n{total} ops.\n"
 

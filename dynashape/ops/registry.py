@@ -87,3 +87,16 @@ def lookup(op_type: str, domain: str, opset: int, node_name: str = "") -> OpDef:
 
 def registered() -> dict[tuple[str, str], list[OpDef]]:
     return dict(_REGISTRY)
+
+
+def op_flags(d: OpDef, *, adopts: bool = True, host: bool = False) -> list[str]:
+    """What the operators table says of an op beside its opsets (docs/operators.md, ``dynashape ops``)."""
+    flags = [f for f, on in (("view", d.view), ("data-dependent", d.data_dependent), ("shape_of", d.shape_op),
+                             ("adopts", adopts and not d.writes_out and not d.view and not d.data_dependent),
+                             ("host", host and d.host)) if on]
+    return flags + ([d.notes] if d.notes else [])
+
+
+def domain_order(domains) -> list[str]:
+    """The table's order of domains: ai.onnx first, the fused ops of com.dynashape last."""
+    return sorted(domains, key=lambda d: (d != "ai.onnx", d == "com.dynashape", d))
