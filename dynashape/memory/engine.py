@@ -285,7 +285,7 @@ class Engine:
             if total is None and self.device.type == "cuda":
                 total = torch.cuda.get_device_properties(self.device).total_memory
             if total is None:
-                total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                total = host_total()
             self._total = int(total)
         return self._total
 
