@@ -69,7 +69,6 @@ class RegionCode:
     fn: object  # r<k>(*key symbols, *live-ins) -> live-outs: the region's lines as a function
     symvars: list[str]  # locals of the key symbols, in key order
     body: list[str]
-    params: list[str]  # symvars + live-ins
 
 
 @dataclass
@@ -859,7 +858,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]
-        spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body, symvars + r.live_in))
+        spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body))
     return spec
 
 
