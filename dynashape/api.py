@@ -41,6 +41,7 @@ from .options import OPTION_NAMES
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
+from .runtime.decode_graph import bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .shape import Dimension, PartialShape
 
@@ -244,6 +245,8 @@ class InferenceSession:
         self._static = static_mode(options.get("static_impls"), self.device)
         self._precompile = _precompile(options.get("precompile", "auto"), self._static)
         self._impl_cache_size = options.get("impl_cache_size")
+        self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static, self.device)
+        self._kv_bucket = bucket_rule(options.get("kv_bucket"))
         self._load(prepare_proto(self._read()))
         self._prebuild()
 
@@ -257,7 +260,7 @@ class InferenceSession:
         self._overridable = ({i.name for i in proto.graph.input} & {t.name for t in proto.graph.initializer})
         self._meta = compat.ModelMetadata(proto)
         fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
-        self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion)
+        self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
         self._check_feeds = FeedChecker(self._specs, self.device)
@@ -266,7 +269,8 @@ class InferenceSession:
         # the specializations of the generated code, shared by the requests (and one per body)
         run_graph = self.program.fused if self.program.fused is not None else g
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
-                                       static=self._static, impl_cache_size=self._impl_cache_size)
+                                       static=self._static, impl_cache_size=self._impl_cache_size,
+                                       decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket)
                          if self.executor == "compiled" else None)
         if self.compiled is not None and self._precompile:
             # the specializations that shapes to come will most likely need (every dynamic dim at a

@@ -37,6 +37,12 @@ class Options:
     static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, off on CPU), 'async', 'sync' "
                                      "or 'off'.", "DYNASHAPE_STATIC_IMPLS")
     impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
+    decode_graphs: Any = _opt("auto", "whole decode steps (KV appends + attention over KV storages of a "
+                                      "bucketed capacity) as one static impl, replayed every step: 'auto' (with "
+                                      "static impls on CUDA), 'on' (CPU too, no graph) or 'off'.",
+                              "DYNASHAPE_DECODE_GRAPHS")
+    kv_bucket: Any = _opt("256", "capacity of those KV storages for a length n: a multiple of an int, 'pow2' or "
+                                 "'openvino' (n + 128 + n % 64).", "DYNASHAPE_KV_BUCKET")
     precompile: Any = _opt("auto", "trace the likely specializations at load (every dynamic dim generic, each "
                                    "at 1, all at 1) so a first call at a new shape skips the trace; 'auto': "
                                    "when static impls are on (measured on CPU, tiny BERT: load 55 -> 389 ms, "

@@ -42,6 +42,7 @@ from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt
 from .emitters import Emit, emit
 from .regions import Item, Member, Region, partition
+from .step_graph import HELPERS, KVInfo, Refused, StepPlan, step_plan
 
 _ids = count()
 
@@ -97,6 +98,16 @@ class SpecCode:
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
+    input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
+    step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
+    step_refused: str = ""  # why there is no whole-step function (when there are KV appends)
+
+
+@dataclass
+class StepCode:
+    plan: StepPlan
+    fn: object  # step(*other symbols, C, P, *storages, *live-ins) -> results that are not presents
+    members: dict[str, tuple[int, int]]  # live-in member -> (group, position): where SpecState.cur has it
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -126,7 +137,7 @@ class _Builder:
         self.device = device
         self.plan = plan_memory(trace, inplace)
         self.names = _Names()
-        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result}
+        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, **HELPERS}
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)
@@ -152,6 +163,9 @@ class _Builder:
         self.input_symbols = {d.symbol for d in trace.input_dims if d.defines}
         self.strides: dict[int, tuple] = {}  # strides (SymInts) of the group members that are views
         self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
+        self.sval_members: dict[str, tuple] = {}  # member -> (element sources, dtype, shape): values of shapes
+        self.step: StepPlan | None = None  # the whole-step function (step_graph.py), or why not
+        self.step_refused = ""
 
     # ---- sources of dims -----------------------------------------------------------------------
     def src(self, d) -> str:
@@ -235,8 +249,12 @@ class _Builder:
                 return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev})"]
             return [f"{name} = torch.tensor([{', '.join(items)}], dtype={dt}{dev}).reshape({shape!r})"]
         if self.is_input_only(syms):
-            return self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines,
+            name = self.add_member(("sval", id(v), host), syms, f"{v.name}_{'h' if host else 'd'}", lines,
                                    buffer=False, shape_syms=frozenset())
+            # its elements as sources: a whole-step function computes them on the device
+            self.sval_members[name] = ([self.src(x) if not isinstance(x, bool) else repr(x) for x in elems], dt,
+                                       shape)
+            return name
         name = self.names.new(f"{v.name}_val")
         inline.extend(lines(name))
         return name
@@ -649,6 +667,26 @@ class _Builder:
             r.index = k
         return keep
 
+    def _step_plan(self, params: list[str]) -> tuple[StepPlan | None, str]:
+        """The whole-step function of this specialization (step_graph.py), or why there is none."""
+        kv = []
+        for i, node in enumerate(self.kv_nodes):
+            past, out = node.inputs[0], node.outputs[0]
+            dims = self.t.of(past).dims
+            axis = node.attrs.get("axis", 0) % len(dims)
+            d = dims[axis]
+            free = self.free(d)
+            growth = next(iter(free)) if len(free) == 1 and self.src(d) == self.symvar.get(next(iter(free))) else None
+            new_len = self.src(self.t.of(node.inputs[1]).dims[axis]) if len(node.inputs) == 2 else "?"
+            kv.append(KVInfo(i, axis, self.local.get(id(past), "?"), self.local.get(id(out), "?"), growth, new_len))
+        out_dtypes = {k: repr(self.t.of(v).dtype) for k, v in enumerate(self.output_values)}
+        try:
+            plan = step_plan(self.items, kv, self.member_info, self.sval_members, self.symvar, self.sig_symbols,
+                             params, self.results, out_dtypes, self.device.type == "cuda")
+        except Refused as e:
+            return None, str(e)
+        return plan, ""
+
     def _put_region(self, r: Region, put) -> None:
         """``run``'s lines for region ``r``: its static impl for the key when there is one, else
         its lines inline (the dynamic impl); the counters of its nodes either way."""
@@ -725,6 +763,9 @@ class _Builder:
                     put(line, self.items[i].node)
             put(f"return ({', '.join(r.live_out)}{',' if len(r.live_out) == 1 else ''})")
             out.append("")
+        self.step, self.step_refused = self._step_plan(param_list)
+        if self.step is not None:
+            out.extend(self.step.source.splitlines() + [""])
         # run
         params = ", ".join(param_list)
         out.append(f"def run(st{', ' if params else ''}{params}):")
@@ -732,6 +773,11 @@ class _Builder:
             if d.defines:
                 put(f"{self.symvar[d.symbol]} = {self.local[id(self.t.input_values[d.input])]}.shape[{d.axis}]")
         put(f"sig = ({sig_unpack}{',' if len(self.sig_symbols) == 1 else ''})")
+        if self.step is not None:  # the whole step over KV storages (runtime/decode_graph.py), else the lines
+            put("if st.step_on:")
+            put(f"o = st.step(sig, {_tuple(param_list)})", indent=2)
+            put("if o is not None:", indent=2)
+            put("return o", indent=3)
         put("if sig != st.sig:")
         put("st.enter(sig)", indent=2)
         if any(g.members for g in groups):
@@ -855,6 +901,11 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     spec.group_keys = [_key_of(g.key) for g in groups]
     spec.kernel_items = sum(1 for it in b.items if it.node is not None)
     spec.sized_nodes = b.sized_nodes
+    spec.step_refused = b.step_refused if b.kv_nodes else ""
+    spec.input_locals = [b.local[id(v)] for v in trace.input_values]
+    if b.step is not None:
+        where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
+        spec.step = StepCode(b.step, ns["step"], {n: where[n] for n in b.step.live_in if n in where})
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]

@@ -65,7 +65,9 @@ class CudaGraphImpl:
     kind = "cuda_graph"
 
     def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 device: torch.device) -> None:
+                 device: torch.device, warm: bool = True) -> None:
+        """``warm=False``: no real run before the capture (the caller knows every kernel of the
+        region has run before, at other shapes); the call that built it then replays it."""
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
         self.refresh_idx: list[int] = []
         self.static: list[torch.Tensor] = []
@@ -93,7 +95,8 @@ class CudaGraphImpl:
             with torch.cuda.stream(side):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
-                first = fn(*symvals, *args)  # this call's results, and the warm-up of the capture
+                # this call's results, and the warm-up of the capture
+                first = fn(*symvals, *args) if warm else ()
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     outs = fn(*symvals, *args)
@@ -112,7 +115,7 @@ class CudaGraphImpl:
         first = _handed(first, caller)
         if not all(isinstance(o, torch.Tensor) for o in outs):
             raise CannotCapture("a live-out is not a tensor")
-        self.first: tuple | None = tuple(first)
+        self.first: tuple | None = tuple(first) if warm else None
         self.graph, self.outs = graph, tuple(outs)
         self.nbytes += sum(o.numel() * o.element_size() for o in self.outs)
 

@@ -33,6 +33,7 @@ from ..impls.cache import capacity_from
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
+from .decode_graph import DecodeGraphs, bucket_rule
 from .kv_append import KVAppend
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,11 @@ class CompiledModel:
     """The specializations of one graph on one device (shared by the session's requests)."""
 
     def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
-                 inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None) -> None:
+                 inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None,
+                 decode_graphs: bool = False, kv_bucket=None) -> None:
         self.graph, self.device = graph, device
+        # whole decode steps over KV storages of a bucketed capacity (decode_graph.py)
+        self.decode_graphs, self.kv_bucket = decode_graphs, kv_bucket or bucket_rule(None)
         # static impls of the regions: the cache (LRU) and the context that builds them
         self.static = static
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last
@@ -179,6 +183,13 @@ class SpecState:
         self.seen: dict = {}
         self.refused: set = set()
         self.orphans: dict = {}  # key -> results of a region's real run whose capture then failed
+        # the whole decode step (decode_graph.py): run's first stop when the specialization has one
+        decode = runner.model.decode_graphs
+        self.step_on = spec.step is not None and decode
+        self.step = DecodeGraphs(self) if self.step_on else None
+        if decode and spec.step_refused:
+            self.stats["decode_graph_specs_refused"] += 1
+            runner.model.refusals.append(f"no whole-step decode for {spec.filename}: {spec.step_refused}")
 
     # ---- a new signature ---------------------------------------------------------------------
     def enter(self, sig: tuple) -> None:

@@ -119,10 +119,11 @@ class Llama(nn.Module):
         pos = torch.arange(s, device=input_ids.device) + p  # [s]
         freqs = pos[:, None].float() * self.inv_freq[None, :]  # [s, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, s, d]
+        x = self.embed(input_ids)
+        # rotary angles in fp32 (as HF computes them), applied in the model's dtype
+        cos, sin = emb.cos()[None, None].to(x.dtype), emb.sin()[None, None].to(x.dtype)  # [1, 1, s, d]
         kpos = torch.arange(p + s, device=input_ids.device)
         mask = (kpos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, p + s]
-        x = self.embed(input_ids)
         presents = []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, cos, sin, mask, past[2 * i], past[2 * i + 1])
@@ -144,14 +145,23 @@ def output_names(cfg: dict = TINY) -> list[str]:
     return names
 
 
+def dtype_of(cfg: dict) -> torch.dtype:
+    """The weights' dtype (``cfg["dtype"]``: 'float32', the default, 'float16' or 'bfloat16')."""
+    return getattr(torch, cfg.get("dtype", "float32"))
+
+
 def build(cfg: dict = TINY) -> Llama:
     torch.manual_seed(cfg["seed"])
-    return Llama(cfg).eval()
+    model = Llama(cfg).eval()
+    for p in model.parameters():  # the rotary frequencies stay fp32
+        p.data = p.data.to(dtype_of(cfg))
+    return model
 
 
 def example_args(cfg: dict = TINY, batch: int = 2, seq: int = 3, past: int = 5) -> tuple:
     ids = torch.randint(0, cfg["vocab"], (batch, seq))
-    kv = [torch.randn(batch, cfg["kv_heads"], past, cfg["head_dim"]) for _ in range(2 * cfg["layers"])]
+    kv = [torch.randn(batch, cfg["kv_heads"], past, cfg["head_dim"]).to(dtype_of(cfg))
+          for _ in range(2 * cfg["layers"])]
     return (ids, *kv)
 
 

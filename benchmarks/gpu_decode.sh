@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
+# benchmark against eager and the compiled static-cache rewrite, results under $OUT.
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|memory]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+run() { echo "== $*"; timeout "${T:-580}" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+case "${1:-bench}" in
+  smoke)
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -x tests/impls/test_decode_graphs.py
+    T=300 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 4 --steps 128 --rounds 2 \
+      --no-compile --json "$OUT/smoke.json" ;;
+  tests)
+    DYNASHAPE_TEST_DEVICE=cuda T=580 run python -m pytest -q -p no:warnings tests/impls tests/reliability \
+      tests/compat ;;
+  bench)
+    run python benchmarks/decode_graphs.py --device cuda --memory-steps 1024 --json "$OUT/decode_graphs_cuda.json" ;;
+  buckets)
+    for b in 256 pow2 openvino; do
+      DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \
+        --steps 1024 --rounds 1 --no-compile --json "$OUT/bucket_$b.json"
+    done ;;
+esac

@@ -1,0 +1,227 @@
+"""The decode step as one function over KV storages of fixed capacity (whole-step graphs).
+
+A decode step's specialization has one symbol that grows by the new tokens every call: the past
+length ``g`` (the past axis of the KV Concats). A CUDA graph per value of ``g`` would never be
+replayed. Yet only three kinds of lines depend on ``g``:
+
+- the KV appends ``present = st.kv[i](past, new)``: here ``new`` is written into a storage of
+  capacity ``C`` at the device positions ``P .. P + n - 1`` (``index_copy_``; ``P`` is a device
+  tensor holding ``g``, filled before each replay), and ``present`` is the whole storage;
+- the attention kernels that read the presents: here they read the whole storage with a mask
+  built on the device (``VALID``: key ``j`` is visible when ``j < P + n``), so their shapes follow
+  ``C``, not ``g``; positions beyond the length hold finite values (zeros at first) and get a
+  weight of exactly 0;
+- values the shape program made from ``g`` (position ids from the past length): computed on the
+  device from ``P`` rather than copied from the host.
+
+``step_plan`` rewrites the lines of ``run`` that way into
+``step(<other symbols>, C, P, KS0, ..., <live-ins>) -> <results that are not presents>`` or says
+why it cannot (the attention reads a mask made from ``g``, a line outside these three depends on
+``g``, a break point, host work...): then the regions and the dynamic path serve that
+specialization, and the reason is reported. ``runtime/decode_graph.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ops.kv_attention import kv_attention
+from .regions import Item, Member, _rhs_reads, targets
+
+_KV_CALL = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\((\w+), (\w+)\)$")
+_KV_PREPARE = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\.prepare\((\w+), (.*)\)$")
+_OUT = re.compile(r"^(\w+) = st\.out\((\d+), (.*)\)$")
+_ATTN = re.compile(r"^(\w+) = (k_\w+)\((\w+), (\w+), (\w+), None\)$")
+_HOST_SYNC = (".cpu()", ".item()", ".tolist()", ".numpy()", ".to(DEV", "torch.tensor(", "torch.as_tensor(",
+              "torch.from_numpy(")
+
+
+@dataclass
+class KVInfo:
+    """What the builder knows of one KV Concat (``st.kv[index]``)."""
+
+    index: int
+    axis: int
+    past: str  # the local of its past (an input of run)
+    out: str  # the local of its result (the present)
+    growth: str | None  # the symbol of the past's length along the axis, when it is one symbol
+    new_len: str  # source of the new part's length along the axis
+
+
+@dataclass
+class StepPlan:
+    source: str  # def step(...)
+    growth: str  # the symbol that grows
+    keyvars: list[str]  # locals of the other signature symbols, in signature order
+    kv: list[KVInfo]
+    new_len: str  # source of the new tokens' count (from the key symbols)
+    live_in: list[str]  # locals read from run: inputs (refreshed) and group members (stable)
+    inputs: list[str]  # the live-ins that are inputs of run
+    results: list[tuple[str, int]]  # per result of run: ("kv", kv position) or ("out", position in step's)
+    svals: list[str] = field(default_factory=list)  # members computed on the device from P
+
+
+class Refused(Exception):
+    """Why a specialization has no whole-step function."""
+
+
+def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], svals: dict[str, tuple],
+              symvar: dict[str, str], sig_symbols: list[str], params: list[str], results: list[str],
+              out_dtypes: dict[int, str], cuda: bool) -> StepPlan:
+    """The whole-step function of a specialization (module docstring), or ``Refused``.
+    ``svals``: member -> (element sources, dtype source, shape) of values made from shapes;
+    ``out_dtypes``: st.out index -> dtype source."""
+    if not kv:
+        raise Refused("no KV cache")
+    growth = {k.growth for k in kv}
+    if len(growth) != 1 or None in growth:
+        raise Refused("the KV pasts do not grow along one symbol")
+    g = growth.pop()
+    gvar = symvar[g]
+    new_lens = {k.new_len for k in kv}
+    if len(new_lens) != 1 or re.search(rf"(?<!\w){gvar}(?!\w)", next(iter(new_lens))):
+        raise Refused("the KV appends add parts of different or growing lengths")
+    new_len = next(iter(new_lens))
+    by_index = {k.index: k for k in kv}
+    presents = {k.out: k for k in kv}
+    pasts = {k.past for k in kv}
+    lines: list[str] = []
+    used_svals: list[str] = []
+    for it in items:
+        if it.node is None:
+            raise Refused("lines that belong to no node")
+        if it.bounding:
+            raise Refused(f"node {it.node.name!r} is a break point or control flow")
+        if cuda and it.host:
+            raise Refused(f"node {it.node.name!r} runs on the host")
+        is_kv = any(k.out in targets(x) for x in it.lines for k in kv)
+        for line in it.lines:
+            new = _rewrite(line, it, by_index, presents, pasts, out_dtypes, gvar, is_kv, cuda, new_len)
+            lines.append(new)
+        if not is_kv and g in it.syms and not any(_ATTN.match(x) for x in it.lines):
+            raise Refused(f"node {it.node.name!r} has shapes that depend on {g!r}")
+    # what the lines read: inputs, group members (stable, or values of g made here), made locals
+    made: set[str] = set()
+    live_in: list[str] = []
+    local = set(params) | set(members)
+    for line in lines:
+        for n in _rhs_reads(line):
+            if n in made or n in live_in or n not in local:
+                continue
+            m = members.get(n)
+            if m is not None and g in m.group_syms:
+                if n not in svals:
+                    raise Refused(f"{n!r} is made per value of {g!r} and is not a value of shapes")
+                if n not in used_svals:
+                    used_svals.append(n)
+                continue
+            if n in pasts:
+                raise Refused(f"the past {n!r} is read outside the KV append")
+            live_in.append(n)
+        made.update(targets(line))
+    out_results: list[tuple[str, int]] = []
+    returned: list[str] = []
+    for r in results:
+        if r in presents:
+            out_results.append(("kv", kv.index(presents[r])))
+        elif r in made:
+            out_results.append(("out", len(returned)))
+            returned.append(r)
+        else:
+            raise Refused(f"result {r!r} is not made by the step")
+    keyvars = [symvar[s] for s in sig_symbols if s != g]
+    head = [f"# whole step over KV storages of capacity C; the past length {g!r} is the device tensor P",
+            "P0 = P[0]",
+            f"IDX = torch.arange({new_len}, device=DEV) + P",
+            f"VALID = torch.arange(C, device=DEV)[None, :] < (P + {new_len})",
+            # the mask as the attention adds it: 0 for the keys written so far, -inf beyond
+            f"NEG = torch.zeros((1, 1, 1, C), dtype=KS{kv[0].index}.dtype, device=DEV).masked_fill_("
+            "VALID.logical_not().view(1, 1, 1, C), float('-inf'))"]
+    for n in used_svals:
+        elems, dt, shape = svals[n]
+        srcs = [_device_expr(e, gvar) for e in elems]
+        head.append(f"{n} = torch.stack([{', '.join(f'_tdev({s}, P0)' for s in srcs)}]).to({dt}).reshape({shape!r})")
+    args = keyvars + ["C", "P"] + [f"KS{k.index}" for k in kv] + live_in
+    src = [f"def step({', '.join(args)}):"] + ["    " + x for x in head + lines]
+    src.append(f"    return ({', '.join(returned)}{',' if len(returned) == 1 else ''})")
+    return StepPlan("\n".join(src) + "\n", g, keyvars, kv, new_len, live_in, [n for n in live_in if n in params],
+                    out_results, used_svals)
+
+
+def _rewrite(line: str, it: Item, kv: dict[int, KVInfo], presents: dict[str, KVInfo], pasts: set[str],
+             out_dtypes: dict[int, str], gvar: str, is_kv: bool, cuda: bool, new_len: str) -> str:
+    """One line of ``run`` as the whole step runs it, or ``Refused``."""
+    m = _KV_PREPARE.match(line)
+    if m:  # the producer of the new part writes into a buffer of the step's own
+        return f"{m.group(1)} = torch.empty({m.group(4)}, dtype=KS{m.group(2)}.dtype, device=DEV)"
+    m = _KV_CALL.match(line)
+    if m:
+        k = kv[int(m.group(2))]
+        if m.group(3) != k.past:
+            raise Refused(f"KV append {k.index} reads {m.group(3)!r}, not its past")
+        return f"{m.group(1)} = _kv_write(KS{k.index}, {k.axis}, IDX, {m.group(4)})"
+    if is_kv:
+        raise Refused(f"the KV append of node {it.node.name!r} is not past + one new part")
+    m = _OUT.match(line)
+    if m:  # an output buffer: the graph's own memory (the impl copies results out)
+        return f"{m.group(1)} = torch.empty({m.group(3)}, dtype={out_dtypes[int(m.group(2))]}, device=DEV)"
+    if "st." in line:
+        raise Refused(f"node {it.node.name!r} needs the request state ({line.strip()[:60]})")
+    if cuda and any(s in line for s in _HOST_SYNC):
+        raise Refused(f"node {it.node.name!r} moves data between host and device")
+    reads = set(_rhs_reads(line))
+    if re.search(rf"(?<!\w){gvar}(?!\w)", line):
+        raise Refused(f"node {it.node.name!r} reads the growing length as a number")
+    read_presents = [n for n in reads if n in presents]
+    if not read_presents:
+        return line
+    m = _ATTN.match(line)
+    if m is None or getattr(it.node, "op_type", None) != "Attention" or m.group(3) in presents:
+        raise Refused(f"node {it.node.name!r} reads a KV present and is not an attention without a mask")
+    k, v = presents.get(m.group(4)), presents.get(m.group(5))
+    if k is None or v is None:
+        raise Refused(f"attention {it.node.name!r} reads one present and something else")
+    attrs = it.node.attrs
+    if attrs.get("k_transposed", 0):  # (its mask, if it has one, masks nothing here: the line passes None)
+        raise Refused(f"attention {it.node.name!r} reads its keys transposed")
+    return f"{m.group(1)} = _kv_attn({m.group(3)}, KS{k.index}, KS{v.index}, P, {new_len}, NEG, " \
+           f"{float(attrs.get('scale', 1.0))!r})"
+
+
+def _device_expr(src: str, gvar: str) -> str:
+    """A symbol expression's source with the growing symbol read from the device (``P0``)."""
+    src = re.sub(rf"(?<!\w){gvar}(?!\w)", "P0", src)
+    return re.sub(r"(?<![\w.])(max|min)\(", r"_t\1(", src)
+
+
+# ---- what the step's lines call (added to the specialization's namespace) -----------------------
+def _kv_write(storage, axis: int, idx, new):
+    """Write ``new`` at the device positions ``idx`` along ``axis``: the present is the storage."""
+    storage.index_copy_(axis, idx, new)
+    return storage
+
+
+def _tdev(x, like):
+    """``x`` as a device tensor like ``like``: an int of the shape program becomes a fill, never
+    a copy from the host (which a graph would replay from the address it was captured with)."""
+    return x if isinstance(x, torch.Tensor) else torch.full_like(like, x)
+
+
+def _tmax(a, b):
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return max(a, b)
+    like = a if isinstance(a, torch.Tensor) else b
+    return torch.maximum(_tdev(a, like), _tdev(b, like))
+
+
+def _tmin(a, b):
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return min(a, b)
+    like = a if isinstance(a, torch.Tensor) else b
+    return torch.minimum(_tdev(a, like), _tdev(b, like))
+
+
+HELPERS = {"_kv_attn": kv_attention, "_kv_write": _kv_write, "_tdev": _tdev, "_tmax": _tmax, "_tmin": _tmin}

@@ -1,0 +1,126 @@
+"""Attention of a decode step over KV storages of fixed capacity (the whole-step graphs).
+
+``kv_attention(q, k, v, length, n_new, neg, scale)``: ``q`` [b, heads, s, d] attends to the first
+``length[0] + n_new`` positions of ``k`` / ``v`` [b, kv_heads, capacity, d] (``length`` a device
+tensor: nothing here reads it on the host, so a CUDA graph replays it at any length); every query
+sees every key written so far (the decode step's attention has no mask left: its causal mask
+masks nothing for its queries). The query heads that share a KV head are that head's rows.
+
+On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, block of 64
+keys) computes its block's softmax numerator and running max, a second kernel combines the
+blocks; blocks beyond the length return at once, so the work follows the length, not the
+capacity. torch's fused attention kernels parallelise over heads and query blocks, which a decode
+step has few of (measured on an H200, 12 heads / 4 KV heads, 256 keys: 30 us for the
+memory-efficient kernel, ~15 us for two batched products and a softmax). Elsewhere: the batched
+products, masked by ``neg`` (0 for the keys written, -inf beyond).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # CI has no GPU and no triton: the torch form serves there
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+BLOCK_N = 64  # keys per program of the split kernel (benchmarks/kv_attention_tune.py)
+NUM_WARPS = 4
+
+
+def kv_attention(q, k, v, length, n_new: int, neg, scale: float):
+    b, h, s, d = q.shape
+    kvh, cap, dv = k.shape[1], k.shape[2], v.shape[-1]
+    rows = (h // kvh) * s
+    q3 = q.reshape(b * kvh, rows, d)
+    if triton is not None and q.is_cuda and d <= 256 and dv <= 256 and rows <= 64 and k.stride(-1) == 1 \
+            and v.stride(-1) == 1:
+        return _triton(q3, k, v, length, n_new, scale).view(b, h, s, dv)
+    scores = torch.baddbmm(neg.view(1, 1, cap), q3, k.reshape(b * kvh, cap, d).transpose(1, 2), alpha=scale)
+    p = torch.softmax(scores, dim=-1)
+    return torch.bmm(p, v.reshape(b * kvh, cap, dv)).view(b, h, s, dv)
+
+
+def _triton(q3, k, v, length, n_new: int, scale: float):
+    bh, rows, d = q3.shape
+    b, kvh, cap, dv = v.shape
+    splits = triton.cdiv(cap, BLOCK_N)
+    block_r = max(16, triton.next_power_of_2(rows))
+    block_dv = max(16, triton.next_power_of_2(dv))
+    if q3.stride(-1) != 1:
+        q3 = q3.contiguous()
+    part = torch.empty((bh, splits, block_r, block_dv), dtype=torch.float32, device=q3.device)
+    mx = torch.empty((bh, splits, block_r), dtype=torch.float32, device=q3.device)
+    den = torch.empty_like(mx)
+    out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
+    ieee = q3.dtype == torch.float32
+    _partial[(bh, splits)](q3, k, v, length, part, mx, den, n_new, scale, kvh, rows, d, dv,
+                           q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                           v.stride(0), v.stride(1), v.stride(2), splits,
+                           BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                           BLOCK_DV=block_dv, IEEE=ieee, num_warps=NUM_WARPS)
+    _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
+                    BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
+    return out
+
+
+if triton is not None:
+    # ints that change with the capacity are not specialised on: a new bucket's capture must not
+    # compile a kernel variant
+    @triton.jit(do_not_specialize=["n_new", "sk0", "sk1", "sv0", "sv1", "SPLITS"])
+    def _partial(Q, K, V, LEN, PART, MX, DEN, n_new, scale, KVH, R, D, DV,
+                 sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS,
+                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 IEEE: tl.constexpr):
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // KVH
+        h = bh % KVH
+        length = tl.load(LEN) + n_new
+        start = split * BLOCK_N
+        rows = tl.arange(0, BLOCK_R)
+        dv = tl.arange(0, BLOCK_DV)
+        base = (bh * SPLITS + split) * BLOCK_R
+        d = tl.arange(0, BLOCK_D)
+        n = start + tl.arange(0, BLOCK_N)
+        q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
+                    other=0.0)
+        valid = n < length
+        kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None], mask=valid[None, :] & (d[:, None] < D),
+                     other=0.0)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        m = tl.max(s, axis=1)  # -inf in a block beyond the length (every load masked: no reads)
+        p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # such a block adds 0
+        vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
+                     other=0.0)
+        if IEEE:
+            acc = tl.dot(p, vv, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(vv.dtype), vv)
+        tl.store(MX + base + rows, m)
+        tl.store(DEN + base + rows, tl.sum(p, axis=1))
+        tl.store(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :], acc)
+
+    @triton.jit(do_not_specialize=["SPLITS"])
+    def _combine(PART, MX, DEN, OUT, R, DV, SPLITS, so0, so1, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+        bh = tl.program_id(0)
+        rows = tl.arange(0, BLOCK_R)
+        dv = tl.arange(0, BLOCK_DV)
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        for i in range(0, SPLITS):
+            m = tl.maximum(m, tl.load(MX + (bh * SPLITS + i) * BLOCK_R + rows))
+        den = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+        for i in range(0, SPLITS):
+            base = (bh * SPLITS + i) * BLOCK_R
+            w = tl.exp(tl.load(MX + base + rows) - m)  # 0 for a block beyond the length
+            den += tl.load(DEN + base + rows) * w
+            acc += tl.load(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :]) * w[:, None]
+        out = acc / den[:, None]
+        tl.store(OUT + bh * so0 + rows[:, None] * so1 + dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(rows[:, None] < R) & (dv[None, :] < DV))

@@ -1,0 +1,292 @@
+"""Whole-step decode: one static impl per (other symbols, capacity bucket), replayed every step.
+
+The specialization's ``step`` function (``codegen/step_graph.py``) writes this step's keys and
+values into KV storages of capacity ``C`` at the device position ``P`` and runs attention over
+the whole storage with a mask built from ``P``. Nothing in it depends on the past length as a
+host number, so one CUDA graph serves every step until ``past + new`` passes ``C``; then the
+next bucket gets new storages (the past copied over once) and a graph of its own.
+
+The caller's ``present_*`` outputs are views of the storages with the current length (no copy).
+A step is served here only when each fed past is exactly the last step's present (a decode loop
+feeding its presents back), or the storages are still ours alone (the first step after a
+prefill, numpy mode): then the past is copied in. Anything else, such as a beam search's
+reordered past while the caller holds views of the storage, falls out to the dynamic path,
+counted (``decode_graph_fallbacks``); the storage is left to the caller and the next step starts
+a new one. On CPU (opt-in) the step function runs as it is: the same logic, no graph.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from ..errors import OptionsError
+from ..impls import CannotCapture
+from ..impls.static import CudaGraphImpl
+
+MAX_RETIRES = 4  # storages given up in a row per key before the whole-step path pauses (beam search)
+PAUSE_RUNS = 64  # how many runs it then leaves to the dynamic path before it tries again
+
+
+def decode_mode(option, static: str | None, device: torch.device) -> bool:
+    """``decode_graphs``: 'auto' (on with static impls on CUDA), 'on' (also on CPU: the logic
+    without a graph) or 'off'."""
+    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_GRAPHS", "auto")
+    text = str(value).lower()
+    if text == "auto":
+        return static is not None and device.type == "cuda"
+    if text in ("1", "true", "on"):
+        return True
+    if text in ("0", "false", "off", "none"):
+        return False
+    raise OptionsError(f"decode_graphs={value!r}: expected 'auto', 'on' or 'off'")
+
+
+def bucket_rule(option):
+    """``kv_bucket``: the capacity for a length ``n``: a multiple of an int (default 256; a
+    multiple of 16, so that the attention kernels read aligned rows of the mask), 'pow2' (the
+    next power of two, at least 16) or 'openvino' (n + 128 + n % 64, OpenVINO's growth of its KV
+    buffers, rounded up to 16: a new bucket every ~128 steps)."""
+    value = option if option is not None else os.environ.get("DYNASHAPE_KV_BUCKET", "256")
+    text = str(value).lower()
+    if text == "pow2":
+        return lambda n: max(16, 1 << max(0, n - 1).bit_length())
+    if text == "openvino":  # rounded up to 16: the attention kernels read aligned rows of the mask
+        return lambda n: -(-(n + 128 + n % 64) // 16) * 16
+    try:
+        step = int(text)
+    except ValueError:
+        step = 0
+    if step <= 0 or step % 16:
+        raise OptionsError(f"kv_bucket={value!r}: expected a positive int, 'pow2' or 'openvino'")
+    return lambda n: max(step, math.ceil(n / step) * step)
+
+
+class _Bucket:
+    """The storages of one key (the other symbols' values) and the impl over them."""
+
+    def __init__(self, cap: int, storages: list[torch.Tensor]) -> None:
+        self.cap, self.storages = cap, storages
+        self.impl = None
+        self.token = None
+        self.filled = -1  # the length written along the axis (-1: nothing valid yet)
+        self.handed = False  # views of the storages went to the caller
+        self.template: list | None = None  # the impl's inputs: P, storages, live-ins
+        self.ptrs = [s.data_ptr() for s in storages]
+        self.strides = [s.stride() for s in storages]
+        self.shapes: list = []  # of the presents last handed out
+
+
+class _EagerStep:
+    """The step function run as it is (CPU): the whole-step logic without a graph."""
+
+    kind = "eager_step"
+    nbytes = 0
+
+    def __init__(self, fn, symvals: tuple, ins: tuple) -> None:
+        self.fn, self.symvals = fn, symvals
+        self.first: tuple | None = tuple(fn(*symvals, *ins))
+
+    def __call__(self, ins: tuple):
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        return tuple(self.fn(*self.symvals, *ins))
+
+
+class DecodeGraphs:
+    """``st.step`` of a SpecState whose specialization has a whole-step function."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        spec = state.spec
+        self.step = spec.step
+        plan = self.step.plan
+        self.plan = plan
+        model = state.runner.model
+        self.device, self.rule = model.device, model.kv_bucket
+        self.stats = state.runner.stats
+        syms = spec.sig_symbols
+        self.gpos = syms.index(plan.growth)
+        self.kpos = [i for i, s in enumerate(syms) if s != plan.growth]
+        self.new_len = eval(f"lambda {', '.join(plan.keyvars) or '_'}: {plan.new_len}")  # noqa: S307  our source
+        params = spec.input_locals
+        self.past_pos = [params.index(k.past) for k in plan.kv]
+        self.axes = [k.axis for k in plan.kv]
+        self.input_slots = [(1 + len(plan.kv) + j, params.index(n)) for j, n in enumerate(plan.live_in)
+                            if n in plan.inputs]
+        self.buckets: dict[tuple, _Bucket] = {}
+        self.retired: dict[tuple, int] = {}
+        self.off: dict[tuple, int | None] = {}  # key -> runs left to the dynamic path (None: for good)
+        self.P = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.warmed = False  # a step has run for real: later captures need no warm-up run
+
+    # ---- a step ------------------------------------------------------------------------------
+    def __call__(self, sig: tuple, inputs: tuple):
+        key = tuple(sig[i] for i in self.kpos)
+        if key in self.off:
+            self.stats["decode_graph_off_runs"] += 1
+            dead = self.buckets.pop(key, None)
+            if dead is not None:
+                self._release(dead)
+            left = self.off[key]
+            if left is not None:  # a pause, not a refusal: it ends
+                if left <= 1:
+                    del self.off[key]
+                    self.retired.pop(key, None)
+                else:
+                    self.off[key] = left - 1
+            return None
+        g = sig[self.gpos]
+        n = self.new_len(*key) if self.kpos else self.new_len(0)
+        total = g + n
+        pasts = [inputs[i] for i in self.past_pos]
+        b = self.buckets.get(key)
+        ours = b is not None and b.filled == g and self._ours(pasts, b)
+        if b is not None and not ours and b.handed:
+            # the caller fed another past (a reorder, another sequence) and holds views of the
+            # storages: they are the caller's now; the dynamic path serves this step
+            self._retire(key, b, "a past that is not the last step's present")
+            return None
+        if b is None or total > b.cap:
+            b = self._new_bucket(key, b, total, pasts)
+        elif not ours:
+            self._adopt(b, pasts, g)
+        if b.impl is None or b.token != self.state.token or self.state.epoch != self.state.runner.epoch:
+            outs = self._build(key, b, sig, inputs, g)
+        else:
+            outs = self._replay(b, inputs, g)
+            if self.retired:
+                self.retired.clear()  # back in a decode loop: the storages given up were not in a row
+        if outs is None:
+            return None
+        b.filled = total
+        if self.state.runner.hand_out:
+            b.handed = True
+        presents = [s.narrow(a, 0, total) for s, a in zip(b.storages, self.axes)]
+        b.shapes = [p.shape for p in presents]  # what the next step's pasts are when they are these
+        return tuple(presents[j] if kind == "kv" else outs[j] for kind, j in self.plan.results)
+
+    @staticmethod
+    def _ours(pasts: list, b: _Bucket) -> bool:
+        """Each past is its storage's first ``filled`` positions (the presents the last step
+        handed out): same start, strides and shape."""
+        for p, ptr, stride, shape in zip(pasts, b.ptrs, b.strides, b.shapes):
+            if not isinstance(p, torch.Tensor) or p.data_ptr() != ptr or p.shape != shape or p.stride() != stride:
+                return False
+        return True
+
+    def _replay(self, b: _Bucket, inputs: tuple, g: int):
+        self.P.fill_(g)  # a fill kernel with g as its argument: no copy from the host to wait for
+        ins = b.template
+        for pos, k in self.input_slots:
+            ins[pos] = inputs[k]
+        try:
+            outs = b.impl(tuple(ins))
+        finally:
+            for pos, _ in self.input_slots:
+                ins[pos] = None
+        if outs is None:  # an input of another shape or dtype than the graph's
+            self.stats["decode_graph_guard_fails"] += 1
+            return None
+        self.stats["decode_graph_replays"] += 1
+        return outs
+
+    # ---- storages ------------------------------------------------------------------------------
+    def _new_bucket(self, key: tuple, old: _Bucket | None, total: int, pasts: list) -> _Bucket:
+        cap = self.rule(total)
+        engine = self.state.runner.engine
+        storages = []
+        for p, a in zip(pasts, self.axes):
+            shape = list(p.shape)
+            shape[a] = cap
+            # zeros: positions beyond the length stay finite, so their weight of 0 is exact
+            storages.append(engine.allocate(math.prod(shape), p.dtype).view(shape).zero_())
+        if old is not None:
+            self._release(old)
+            self.stats["decode_graph_bucket_changes"] += 1
+        b = self.buckets[key] = _Bucket(cap, storages)
+        self.stats["decode_graph_storages"] += 1
+        self._adopt(b, pasts, pasts[0].shape[self.axes[0]])
+        return b
+
+    def _adopt(self, b: _Bucket, pasts: list, g: int) -> None:
+        """Copy the fed pasts into storages that only we hold."""
+        for p, s, a in zip(pasts, b.storages, self.axes):
+            if g and not (p.data_ptr() == s.data_ptr() and p.stride() == s.stride()):
+                s.narrow(a, 0, g).copy_(p)
+                self.stats["decode_graph_past_copies"] += 1
+                self.stats["concat_bytes_copied"] += p.numel() * p.element_size()
+        b.filled = g
+
+    def _retire(self, key: tuple, b: _Bucket, why: str) -> None:
+        self.stats["decode_graph_fallbacks"] += 1
+        self._release(b)
+        del self.buckets[key]
+        self.retired[key] = self.retired.get(key, 0) + 1
+        if self.retired[key] > MAX_RETIRES:
+            self.off[key] = PAUSE_RUNS
+            self._refuse(key, f"{why}, {self.retired[key]} times: the dynamic path serves the next "
+                              f"{PAUSE_RUNS} runs of these shapes")
+
+    def _release(self, b: _Bucket) -> None:
+        engine = self.state.runner.engine
+        for s in b.storages:
+            engine.release(s, handed_out=b.handed)
+        b.storages, b.impl, b.template = [], None, None
+
+    def _refuse(self, key: tuple, why: str) -> None:
+        msg = f"whole-step decode of {self.state.spec.filename} for {key}: {why}"
+        self.state.runner.model.refusals.append(msg)
+        self.stats["decode_graph_refused"] += 1
+
+    # ---- building ------------------------------------------------------------------------------
+    def _build(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, g: int):
+        """The impl for this bucket, built in this call; its first (real) run serves the call."""
+        st = self.state
+        if st.sig != sig or st.epoch != st.runner.epoch:
+            st.enter(sig)  # the group members (arena views) of these shapes
+        live = []
+        for name in self.plan.live_in:
+            where = self.step.members.get(name)
+            live.append(st.cur[where[0]][where[1]] if where is not None else None)
+        ins = [self.P, *b.storages, *live]
+        for pos, k in self.input_slots:
+            ins[pos] = inputs[k]
+        self.P.fill_(g)
+        symvals = (*key, b.cap)
+        refresh = [False] * (1 + len(b.storages)) + [n in self.plan.inputs for n in self.plan.live_in]
+        t0 = time.perf_counter()
+        try:
+            if self.device.type == "cuda":
+                # the first build runs the step for real before capturing it (handles, workspaces,
+                # kernels compiled); a later bucket's kernels are the same at another capacity
+                impl = CudaGraphImpl(self.step.fn, symvals, tuple(ins), refresh,
+                                     [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device,
+                                     warm=not self.warmed)
+            else:
+                impl = _EagerStep(self.step.fn, symvals, tuple(ins))
+        except CannotCapture as e:
+            self.off[key] = None
+            self._refuse(key, f"cannot be captured: {e}")
+            return e.first  # the step ran for real before the capture failed: its results
+        except Exception as e:  # noqa: BLE001  the dynamic path runs the step and names a failing node
+            self.off[key] = None
+            self._refuse(key, f"failed: {type(e).__name__}: {e}")
+            return None
+        b.impl, b.token = impl, st.token
+        for pos, _ in self.input_slots:
+            ins[pos] = None
+        b.template = ins
+        first, impl.first = impl.first, None
+        if first is None:  # captured without a run: this call is its first replay
+            first = self._replay(b, inputs, g)
+        self.warmed = True
+        took = time.perf_counter() - t0
+        self.stats["decode_graph_builds"] += 1
+        self.stats["decode_graph_build_time_s"] += took
+        self.stats["decode_graph_build_max_s"] = max(self.stats["decode_graph_build_max_s"], took)
+        return first

@@ -1,0 +1,57 @@
+"""The CUDA-only pass that stores fp32 MatMul weights in torch's Linear layout
+(compile/linear_layout.py): which products it takes, and that the result is the same product."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from dynashape.compile.pipeline import compile_graph
+from dynashape.frontend.options import ParseOptions
+from dynashape.frontend.parse import parse_model as _parse
+from dynashape.ops.fused import _linear
+from tests.models import llama
+
+
+def _model(out_dim: int, dtype=np.float32) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, out_dim)).astype(dtype), "W")
+    et = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", et, ["b", 8])],
+                          [helper.make_tensor_value_info("y", et, ["b", out_dim])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def parse_model(m):
+    return _parse(m, ParseOptions())
+
+
+def _ops(program) -> list[str]:
+    return [n.op_type for n in program.fused.nodes]
+
+
+def test_fp32_products_take_the_linear_layout_on_cuda_only():
+    m = _model(16)
+    assert _ops(compile_graph(parse_model(m), device="cuda")) == ["Linear"]
+    assert _ops(compile_graph(parse_model(m), device="cpu")) == ["MatMul"]
+    assert _ops(compile_graph(parse_model(_model(16, np.float16)), device="cuda")) == ["MatMul"]
+    assert _ops(compile_graph(parse_model(_model(9000)), device="cuda")) == ["MatMul"]  # a wide LM head
+
+
+def test_the_stored_weight_is_the_transpose_and_gives_the_same_product():
+    program = compile_graph(parse_model(_model(16)), device="cuda")
+    (node,) = program.fused.nodes
+    w = numpy_helper.to_array(_model(16).graph.initializer[0])
+    wt = node.inputs[1].const
+    assert tuple(wt.shape) == (16, 8) and wt.is_contiguous()
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(_linear(x, wt), x @ torch.from_numpy(w))
+
+
+def test_llama_projections_all_move():
+    program = compile_graph(parse_model(onnx.load(str(llama.model_path()))), device="cuda")
+    ops = _ops(program)
+    assert "MatMul" not in ops  # the attention's products are in its fused op; every projection moved
+    assert ops.count("Linear") >= 3 * llama.TINY["layers"]

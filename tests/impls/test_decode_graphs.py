@@ -1,0 +1,175 @@
+"""Whole-step decode over KV storages of a bucketed capacity (codegen/step_graph.py,
+runtime/decode_graph.py). On CPU (``decode_graphs="on"``) the step function runs as it is: the
+same storages, positions, masks and fallbacks as the CUDA graph replays it on a GPU
+(DYNASHAPE_TEST_DEVICE=cuda runs these there).
+
+Every decode here is checked step by step against PyTorch eager of the same module, on fresh
+random prompts, with the past fed back as the caller got it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import dynashape
+from dynashape.errors import OptionsError
+from dynashape.runtime.decode_graph import DecodeGraphs, bucket_rule
+from tests.models import llama
+
+NAMES = llama.input_names()
+
+
+@pytest.fixture(scope="module")
+def path():
+    return str(llama.model_path())
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return llama.build()
+
+
+def _session(path, device, bucket="16", **kw):
+    return dynashape.InferenceSession(path, device=device, decode_graphs="on", kv_bucket=bucket, **kw)
+
+
+def _decoders(sess) -> list[DecodeGraphs]:
+    runner = sess._default.runner
+    return [st.step for st in runner.states.values() if st.step is not None]
+
+
+def _eager_step(eager, ids, past):
+    with torch.no_grad():
+        out = eager(ids.cpu(), *[p.cpu() for p in past])
+    return out[0], list(out[1:])
+
+
+def _decode(sess, eager, device, steps, batch=2, seed=0, tamper=None):
+    """Greedy decode with dynashape and eager side by side; every step's logits and presents
+    compared. ``tamper(step, dyn_past, eager_past)`` may change what is fed next."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 1000, (batch, 5), generator=g)
+    past = [torch.zeros(batch, 2, 0, 16) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for i in range(steps):
+        out = sess.run(None, dict(zip(NAMES, [ids.to(device), *dpast])))
+        ref, past = _eager_step(eager, ids, past)
+        torch.testing.assert_close(out[0].cpu(), ref, atol=2e-5, rtol=1e-4)
+        for a, b in zip(out[1:], past):
+            torch.testing.assert_close(a.cpu(), b, atol=2e-5, rtol=1e-4)
+        dpast = list(out[1:])
+        # the next token: greedy, with a random one now and then (the path must not care)
+        ids = ref[:, -1:].argmax(-1) if i % 3 else torch.randint(0, 1000, (batch, 1), generator=g)
+        if tamper is not None:
+            dpast, past = tamper(i, dpast, past)
+    return sess.stats()
+
+
+def test_decode_matches_eager_across_buckets(path, eager, device):
+    sess = _session(path, device)
+    st = _decode(sess, eager, device, 40)
+    # prompt 5, then 39 steps of one token: lengths 6..44 in buckets of 16 -> 16, 32, 48
+    assert st["decode_graph_replays"] >= 30
+    assert st["decode_graph_storages"] == 3 and st["decode_graph_bucket_changes"] == 2
+    assert st["decode_graph_builds"] == 3 and st.get("decode_graph_fallbacks", 0) == 0
+    # the prefill step's attention reads a causal mask made from the past: the dynamic path
+    # serves it, and says why
+    assert st["decode_graph_specs_refused"] >= 1
+    assert any("mask" in r for r in sess.compiled.refusals)
+
+
+def test_presents_are_views_of_the_storage_and_old_ones_stay_as_handed_out(path, eager, device):
+    sess = _session(path, device)
+    kept, snapshot = {}, {}
+
+    def keep(i, dpast, past):
+        if i == 6:
+            kept["p"], snapshot["p"] = dpast[0], dpast[0].clone()
+        return dpast, past
+    _decode(sess, eager, device, 14, tamper=keep)
+    (dec,) = _decoders(sess)
+    (b,) = dec.buckets.values()
+    assert kept["p"].data_ptr() != b.storages[0].data_ptr() or kept["p"].shape[2] < b.filled
+    torch.testing.assert_close(kept["p"], snapshot["p"], atol=0, rtol=0)  # later steps wrote beyond it
+
+
+def test_storage_beyond_the_length_never_leaks(path, eager, device):
+    sess = _session(path, device, bucket="32")
+
+    def garbage(i, dpast, past):
+        for dec in _decoders(sess):
+            for b in dec.buckets.values():
+                for s in b.storages:
+                    s.narrow(2, b.filled, s.shape[2] - b.filled).fill_(1e4)  # large and finite
+        return dpast, past
+    st = _decode(sess, eager, device, 24, tamper=garbage)
+    assert st["decode_graph_replays"] >= 15
+
+
+def test_a_reordered_past_falls_back_and_stays_correct(path, eager, device, monkeypatch):
+    monkeypatch.setattr("dynashape.runtime.decode_graph.PAUSE_RUNS", 4)
+    sess = _session(path, device)
+    replays = {}
+
+    def reorder(i, dpast, past):
+        replays[i] = sess.stats().get("decode_graph_replays", 0)
+        if 8 <= i < 18:  # beam search: the past gathered along the batch, step after step
+            order = torch.tensor([1, 0])
+            return [p.index_select(0, order.to(p.device)) for p in dpast], [p.index_select(0, order) for p in past]
+        return dpast, past
+    st = _decode(sess, eager, device, 30, tamper=reorder)
+    assert st["decode_graph_fallbacks"] >= 5  # each reorder while the caller held the storage: counted
+    assert st["decode_graph_off_runs"] == 4  # five in a row: the path paused for PAUSE_RUNS runs
+    assert st["decode_graph_replays"] - replays[20] >= 5  # then the loop came back to the graphs
+
+
+def test_numpy_feeds_copy_the_past_in(path, eager):
+    sess = _session(path, "cpu")
+    ids = np.random.default_rng(1).integers(0, 1000, (1, 4))
+    past = [np.zeros((1, 2, 0, 16), np.float32) for _ in range(4)]
+    ref_past = [torch.zeros(1, 2, 0, 16) for _ in range(4)]
+    for _ in range(10):
+        out = sess.run(None, dict(zip(NAMES, [ids, *past])))
+        ref, ref_past = _eager_step(eager, torch.from_numpy(ids), ref_past)
+        np.testing.assert_allclose(out[0], ref.numpy(), atol=2e-5, rtol=1e-4)
+        past, ids = out[1:], ref[:, -1:].argmax(-1).numpy()
+    st = sess.stats()
+    assert st["decode_graph_replays"] >= 7 and st["decode_graph_past_copies"] >= 7 * 4
+
+
+def test_half_precision_decode(device):
+    if device == "cpu":
+        pytest.skip("half-precision decode runs on the GPU (the CPU run covers the logic in fp32)")
+    cfg = {**llama.TINY, "dtype": "bfloat16"}
+    model = llama.build(cfg)
+    sess = dynashape.InferenceSession(str(llama.model_path(cfg)), device=device, decode_graphs="on", kv_bucket="16")
+    names = llama.input_names(cfg)
+    ids = torch.randint(0, 1000, (2, 5))
+    past = [torch.zeros(2, 2, 0, 16, dtype=torch.bfloat16) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for _ in range(12):
+        out = sess.run(None, dict(zip(names, [ids.to(device), *dpast])))
+        with torch.no_grad():
+            ref = model(ids, *past)
+        torch.testing.assert_close(out[0].cpu().float(), ref[0].float(), atol=3e-2, rtol=3e-2)
+        dpast, past = list(out[1:]), list(ref[1:])
+        ids = ref[0][:, -1:].argmax(-1)
+    assert sess.stats()["decode_graph_replays"] >= 8
+
+
+def test_options():
+    assert bucket_rule("pow2")(17) == 32 and bucket_rule("pow2")(3) == 16
+    assert bucket_rule("256")(1) == 256 and bucket_rule(96)(101) == 192
+    assert bucket_rule("openvino")(100) == 272  # 100 + 128 + 36 = 264, rounded up to 16
+    for bad in ("zero", "100"):  # not a multiple of 16
+        with pytest.raises(OptionsError):
+            bucket_rule(bad)
+    with pytest.raises(OptionsError):
+        dynashape.InferenceSession(str(llama.model_path()), decode_graphs="sometimes")
+
+
+def test_off_leaves_the_dynamic_path(path, eager):
+    sess = dynashape.InferenceSession(path, decode_graphs="off")
+    st = _decode(sess, eager, "cpu", 6)
+    assert not any(k.startswith("decode_graph") for k in st)

@@ -1,0 +1,66 @@
+"""The decode step's attention over KV storages (ops/kv_attention.py): every query sees the
+first ``length + n_new`` keys and nothing beyond, whatever the storage holds there; on CUDA the
+Triton kernels (split over blocks of keys) against the same attention in plain torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynashape.ops import kv_attention as ka
+
+
+def _reference(q, k, v, total, scale):
+    g = q.shape[1] // k.shape[1]
+    kk = k[:, :, :total].repeat_interleave(g, dim=1).float()
+    vv = v[:, :, :total].repeat_interleave(g, dim=1).float()
+    return F.scaled_dot_product_attention(q.float(), kk, vv, scale=scale)
+
+
+def _case(device, dtype, b, h, kvh, s, cap, past, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s, d, generator=g).to(device, dtype)
+    k = torch.randn(b, kvh, cap, d, generator=g).to(device, dtype)
+    v = torch.randn(b, kvh, cap, d, generator=g).to(device, dtype)
+    total = past + s
+    k[:, :, total:] = 1e4  # large and finite beyond the length: must get a weight of exactly 0
+    v[:, :, total:] = -1e4
+    length = torch.tensor([past], device=device)
+    valid = torch.arange(cap, device=device)[None, :] < total
+    neg = torch.zeros((1, 1, 1, cap), dtype=dtype, device=device).masked_fill_(~valid.view(1, 1, 1, cap),
+                                                                                float("-inf"))
+    return q, k, v, length, neg, total
+
+
+CASES = [(1, 12, 4, 1, 256, 16), (2, 8, 8, 1, 64, 0), (3, 12, 4, 2, 128, 100), (1, 4, 1, 1, 64, 63),
+         (2, 16, 2, 4, 320, 200)]
+
+
+@pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES)
+def test_torch_form_sees_only_the_keys_written(b, h, kvh, s, cap, past, monkeypatch):
+    monkeypatch.setattr(ka, "triton", None)
+    q, k, v, length, neg, total = _case("cpu", torch.float32, b, h, kvh, s, cap, past)
+    out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
+    torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES)
+def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype):
+    if not torch.cuda.is_available() or ka.triton is None:
+        pytest.skip("the Triton kernels need CUDA and triton")
+    q, k, v, length, neg, total = _case("cuda", dtype, b, h, kvh, s, cap, past)
+    out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), _reference(q, k, v, total, 0.125), **tol)
+    # the same kernels replayed from a CUDA graph at another length read the length from the device
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = ka.kv_attention(q, k, v, length, s, neg, 0.125)
+    shorter = max(0, past - 7)
+    length.fill_(shorter)
+    neg.zero_()[..., shorter + s:] = float("-inf")
+    k[:, :, shorter + s:] = 1e4
+    graph.replay()
+    torch.testing.assert_close(res.float(), _reference(q, k, v, shorter + s, 0.125), **tol)
