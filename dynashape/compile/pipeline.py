@@ -19,6 +19,7 @@ from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
 from .inline_if import inline_constant_if
+from .linear_layout import linear_layout
 from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
@@ -64,13 +65,22 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
     return graph
 
 
-def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True) -> Program:
+# Fusion passes that pay off on CUDA only (measured): after the others
+CUDA_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("linear_layout", linear_layout),
+    ("remove_dead_nodes", remove_dead_nodes),
+]
+
+
+def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True,
+                  device: str = "cpu") -> Program:
     timings: dict[str, float] = {}
     graph = _run(PASSES, graph, timings, dump_after)
     _compile_subgraphs_tail(graph)
     fused = None
     if fusion:
-        fused = _run(FUSION_PASSES, copy_graph(graph), timings, dump_after)
+        passes = FUSION_PASSES + (CUDA_PASSES if str(device).startswith("cuda") else [])
+        fused = _run(passes, copy_graph(graph), timings, dump_after)
         fused.rebuild_users()
     return Program(graph, timings, fused)
 
