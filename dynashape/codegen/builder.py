@@ -160,6 +160,8 @@ class _Builder:
             dt = self.t.of(b.value).dtype
             if dt not in self.arena_dtypes:
                 self.arena_dtypes.append(dt)
+        for k, dt in enumerate(self.arena_dtypes):  # the dtypes of the arena's views, for the whole step
+            self.ns[f"ADT{k}"] = dt
         self.input_symbols = {d.symbol for d in trace.input_dims if d.defines}
         self.strides: dict[int, tuple] = {}  # strides (SymInts) of the group members that are views
         self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
@@ -253,7 +255,7 @@ class _Builder:
                                    buffer=False, shape_syms=frozenset())
             # its elements as sources: a whole-step function computes them on the device
             self.sval_members[name] = ([self.src(x) if not isinstance(x, bool) else repr(x) for x in elems], dt,
-                                       shape)
+                                       shape, host)
             return name
         name = self.names.new(f"{v.name}_val")
         inline.extend(lines(name))
@@ -667,7 +669,7 @@ class _Builder:
             r.index = k
         return keep
 
-    def _step_plan(self, params: list[str]) -> tuple[StepPlan | None, str]:
+    def _step_plan(self, params: list[str], groups: list[Group]) -> tuple[StepPlan | None, str]:
         """The whole-step function of this specialization (step_graph.py), or why there is none."""
         kv = []
         for i, node in enumerate(self.kv_nodes):
@@ -682,7 +684,8 @@ class _Builder:
         out_dtypes = {k: repr(self.t.of(v).dtype) for k, v in enumerate(self.output_values)}
         try:
             plan = step_plan(self.items, kv, self.member_info, self.sval_members, self.symvar, self.sig_symbols,
-                             params, self.results, out_dtypes, self.device.type == "cuda")
+                             params, self.results, out_dtypes, self.device.type == "cuda",
+                             [(grp.symbols, [line for line, _ in grp.lines]) for grp in groups])
         except Refused as e:
             return None, str(e)
         return plan, ""
@@ -763,7 +766,7 @@ class _Builder:
                     put(line, self.items[i].node)
             put(f"return ({', '.join(r.live_out)}{',' if len(r.live_out) == 1 else ''})")
             out.append("")
-        self.step, self.step_refused = self._step_plan(param_list)
+        self.step, self.step_refused = self._step_plan(param_list, groups)
         if self.step is not None:
             out.extend(self.step.source.splitlines() + [""])
         # run

@@ -14,6 +14,10 @@ replayed. Yet only three kinds of lines depend on ``g``:
 - values the shape program made from ``g`` (position ids from the past length): computed on the
   device from ``P`` rather than copied from the host.
 
+The buffers the lines write (arena views, and views of them) are the step's own: allocated when
+it is captured, from the graph's memory pool, so a re-plan of the request's arena (a longer
+prompt's prefill) never moves memory under a graph.
+
 ``step_plan`` rewrites the lines of ``run`` that way into
 ``step(<other symbols>, C, P, KS0, ..., <live-ins>) -> <results that are not presents>`` or says
 why it cannot (the attention reads a mask made from ``g``, a line outside these three depends on
@@ -70,10 +74,11 @@ class Refused(Exception):
 
 def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], svals: dict[str, tuple],
               symvar: dict[str, str], sig_symbols: list[str], params: list[str], results: list[str],
-              out_dtypes: dict[int, str], cuda: bool) -> StepPlan:
+              out_dtypes: dict[int, str], cuda: bool, groups: list[tuple[frozenset, list[str]]]) -> StepPlan:
     """The whole-step function of a specialization (module docstring), or ``Refused``.
-    ``svals``: member -> (element sources, dtype source, shape) of values made from shapes;
-    ``out_dtypes``: st.out index -> dtype source."""
+    ``svals``: member -> (element sources, dtype source, shape, on the host) of values made from
+    shapes; ``out_dtypes``: st.out index -> dtype source; ``groups``: (symbols, lines) of each
+    group, in the order run unpacks them."""
     if not kv:
         raise Refused("no KV cache")
     growth = {k.growth for k in kv}
@@ -103,6 +108,11 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
             lines.append(new)
         if not is_kv and g in it.syms and not any(_ATTN.match(x) for x in it.lines):
             raise Refused(f"node {it.node.name!r} has shapes that depend on {g!r}")
+    # the buffers the lines write (arena views and views of them) become the step's own memory:
+    # allocated when the graph is captured, from its pool, so that no re-plan of the request's
+    # arena (a longer prompt's prefill) moves them under the graph
+    buffers = _buffer_lines(lines, groups, members, g)
+    lines = buffers + lines
     # what the lines read: inputs, group members (stable, or values of g made here), made locals
     made: set[str] = set()
     live_in: list[str] = []
@@ -113,8 +123,8 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
                 continue
             m = members.get(n)
             if m is not None and g in m.group_syms:
-                if n not in svals:
-                    raise Refused(f"{n!r} is made per value of {g!r} and is not a value of shapes")
+                if n not in svals or svals[n][3]:
+                    raise Refused(f"{n!r} is made per value of {g!r} and is not a device value of shapes")
                 if n not in used_svals:
                     used_svals.append(n)
                 continue
@@ -141,7 +151,7 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
             f"NEG = torch.zeros((1, 1, 1, C), dtype=KS{kv[0].index}.dtype, device=DEV).masked_fill_("
             "VALID.logical_not().view(1, 1, 1, C), float('-inf'))"]
     for n in used_svals:
-        elems, dt, shape = svals[n]
+        elems, dt, shape, _ = svals[n]
         srcs = [_device_expr(e, gvar) for e in elems]
         head.append(f"{n} = torch.stack([{', '.join(f'_tdev({s}, P0)' for s in srcs)}]).to({dt}).reshape({shape!r})")
     args = keyvars + ["C", "P"] + [f"KS{k.index}" for k in kv] + live_in
@@ -149,6 +159,32 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     src.append(f"    return ({', '.join(returned)}{',' if len(returned) == 1 else ''})")
     return StepPlan("\n".join(src) + "\n", g, keyvars, kv, new_len, live_in, [n for n in live_in if n in params],
                     out_results, used_svals)
+
+
+_ARENA_VIEW = re.compile(r"^(\w+) = A\[(\d+)\]\.as_strided\((.*), off\[\d+\]\)$")
+
+
+def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], members: dict[str, Member],
+                  g: str) -> list[str]:
+    """The group lines that make the buffers ``lines`` read (transitively), arena views made
+    fresh allocations of the same shape and strides."""
+    wanted = {n for line in lines for n in _rhs_reads(line) if n in members and members[n].buffer}
+    ordered = [(syms, line) for syms, glines in groups for line in glines]
+    picked: list[str] = []
+    for syms, line in reversed(ordered):
+        made = [t for t in targets(line) if t in wanted]
+        if not made:
+            continue
+        if g in syms:
+            raise Refused(f"buffer {made[0]!r} has a size that depends on {g!r}")
+        m = _ARENA_VIEW.match(line)
+        if m:
+            line = f"{m.group(1)} = torch.empty_strided({m.group(3)}, dtype=ADT{m.group(2)}, device=DEV)"
+        elif "A[" in line or "off[" in line or "st." in line:
+            raise Refused(f"buffer {made[0]!r} is made in a way the step cannot make it ({line.strip()[:60]})")
+        picked.append(line)
+        wanted.update(n for n in _rhs_reads(line) if n in members and members[n].buffer)
+    return picked[::-1]
 
 
 def _rewrite(line: str, it: Item, kv: dict[int, KVInfo], presents: dict[str, KVInfo], pasts: set[str],

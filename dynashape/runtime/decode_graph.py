@@ -8,11 +8,13 @@ next bucket gets new storages (the past copied over once) and a graph of its own
 
 The caller's ``present_*`` outputs are views of the storages with the current length (no copy).
 A step is served here only when each fed past is exactly the last step's present (a decode loop
-feeding its presents back), or the storages are still ours alone (the first step after a
-prefill, numpy mode): then the past is copied in. Anything else, such as a beam search's
-reordered past while the caller holds views of the storage, falls out to the dynamic path,
-counted (``decode_graph_fallbacks``); the storage is left to the caller and the next step starts
-a new one. On CPU (opt-in) the step function runs as it is: the same logic, no graph.
+feeding its presents back), or the storages are ours alone (the first step after a prefill, a
+new conversation once the caller dropped the old presents, numpy mode): then the past is copied
+in. Anything else, such as a beam search's reordered past while the caller still holds views of
+the storage, falls out to the dynamic path, counted (``decode_graph_fallbacks``); the storage is
+left to the caller and the next step starts a new one (after ``MAX_RETIRES`` in a row, the path
+pauses for ``PAUSE_RUNS`` runs). On CPU (opt-in) the step function runs as it is: the same
+logic, no graph.
 """
 
 from __future__ import annotations
@@ -71,13 +73,25 @@ class _Bucket:
     def __init__(self, cap: int, storages: list[torch.Tensor]) -> None:
         self.cap, self.storages = cap, storages
         self.impl = None
-        self.token = None
         self.filled = -1  # the length written along the axis (-1: nothing valid yet)
         self.handed = False  # views of the storages went to the caller
         self.template: list | None = None  # the impl's inputs: P, storages, live-ins
         self.ptrs = [s.data_ptr() for s in storages]
+        self.refs = [_use_count(s) for s in storages]  # references to each storage while only we hold it
         self.strides = [s.stride() for s in storages]
         self.shapes: list = []  # of the presents last handed out
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """How many tensors share ``t``'s memory (torch's count of references to its storage); a
+    large number where torch does not say, so that the storage counts as held."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count(t.untyped_storage()._cdata) if count is not None else 1 << 30
+
+
+def _held(b: _Bucket) -> bool:
+    """Whether the caller still holds a view of one of the bucket's storages."""
+    return any(_use_count(s) > n for s, n in zip(b.storages, b.refs))
 
 
 class _EagerStep:
@@ -147,15 +161,17 @@ class DecodeGraphs:
         b = self.buckets.get(key)
         ours = b is not None and b.filled == g and self._ours(pasts, b)
         if b is not None and not ours and b.handed:
-            # the caller fed another past (a reorder, another sequence) and holds views of the
-            # storages: they are the caller's now; the dynamic path serves this step
-            self._retire(key, b, "a past that is not the last step's present")
-            return None
+            if _held(b):
+                # the caller fed another past (a reorder, another sequence) and still holds views
+                # of the storages: they are the caller's now; the dynamic path serves this step
+                self._retire(key, b, "a past that is not the last step's present, with views of the storage held")
+                return None
+            b.handed = False  # the caller let go of every view: the storages are ours again
         if b is None or total > b.cap:
             b = self._new_bucket(key, b, total, pasts)
         elif not ours:
             self._adopt(b, pasts, g)
-        if b.impl is None or b.token != self.state.token or self.state.epoch != self.state.runner.epoch:
+        if b.impl is None:
             outs = self._build(key, b, sig, inputs, g)
         else:
             outs = self._replay(b, inputs, g)
@@ -247,8 +263,8 @@ class DecodeGraphs:
     def _build(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, g: int):
         """The impl for this bucket, built in this call; its first (real) run serves the call."""
         st = self.state
-        if st.sig != sig or st.epoch != st.runner.epoch:
-            st.enter(sig)  # the group members (arena views) of these shapes
+        if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
+            st.enter(sig)  # the values of shapes the step reads (its buffers are its own)
         live = []
         for name in self.plan.live_in:
             where = self.step.members.get(name)
@@ -277,7 +293,7 @@ class DecodeGraphs:
             self.off[key] = None
             self._refuse(key, f"failed: {type(e).__name__}: {e}")
             return None
-        b.impl, b.token = impl, st.token
+        b.impl = impl
         for pos, _ in self.input_slots:
             ins[pos] = None
         b.template = ins

@@ -173,3 +173,34 @@ def test_off_leaves_the_dynamic_path(path, eager):
     sess = dynashape.InferenceSession(path, decode_graphs="off")
     st = _decode(sess, eager, "cpu", 6)
     assert not any(k.startswith("decode_graph") for k in st)
+
+
+def test_a_new_conversation_reuses_the_storage_once_the_caller_let_go(path, eager, device):
+    sess = _session(path, device, bucket="32")
+    _decode(sess, eager, device, 10, seed=1)
+    before = sess.stats()
+    _decode(sess, eager, device, 10, seed=2)  # a new prompt: the old presents are gone with the first loop
+    st = sess.stats()
+    assert st.get("decode_graph_fallbacks", 0) == 0 and st["decode_graph_builds"] == before["decode_graph_builds"]
+    assert st["decode_graph_replays"] - before["decode_graph_replays"] >= 8
+
+
+def test_a_longer_prefill_does_not_disturb_the_decode_graphs(path, eager, device):
+    sess = _session(path, device, bucket="64")
+    _decode(sess, eager, device, 6, seed=3)
+    builds = sess.stats()["decode_graph_builds"]
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 1000, (2, 40), generator=g)  # a longer prompt: its arena is larger
+    past = [torch.zeros(2, 2, 0, 16) for _ in range(4)]
+    out = sess.run(None, dict(zip(NAMES, [ids.to(device), *[p.to(device) for p in past]])))
+    ref, rpast = _eager_step(eager, ids, past)
+    dpast = list(out[1:])
+    del out
+    for _ in range(5):
+        ids = ref[:, -1:].argmax(-1)
+        out = sess.run(None, dict(zip(NAMES, [ids.to(device), *dpast])))
+        ref, rpast = _eager_step(eager, ids, rpast)
+        torch.testing.assert_close(out[0].cpu(), ref, atol=2e-5, rtol=1e-4)
+        dpast = list(out[1:])
+        del out
+    assert sess.stats()["decode_graph_builds"] == builds  # same key, same bucket: the same graph
