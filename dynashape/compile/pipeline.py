@@ -19,7 +19,7 @@ from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
 from .inline_if import inline_constant_if
-from .linear_layout import linear_layout
+from .linear_layout import linear_layout_pass
 from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
@@ -65,11 +65,10 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
     return graph
 
 
-# Fusion passes that pay off on CUDA only (measured): after the others
-CUDA_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
-    ("linear_layout", linear_layout),
-    ("remove_dead_nodes", remove_dead_nodes),
-]
+
+def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
+    """Fusion passes whose choice depends on the device (measured there): after the others."""
+    return [("linear_layout", linear_layout_pass(device)), ("remove_dead_nodes", remove_dead_nodes)]
 
 
 def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True,
@@ -79,7 +78,7 @@ def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool
     _compile_subgraphs_tail(graph)
     fused = None
     if fusion:
-        passes = FUSION_PASSES + (CUDA_PASSES if str(device).startswith("cuda") else [])
+        passes = FUSION_PASSES + device_passes(device)
         fused = _run(passes, copy_graph(graph), timings, dump_after)
         fused.rebuild_users()
     return Program(graph, timings, fused)

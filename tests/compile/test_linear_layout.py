@@ -1,5 +1,6 @@
-"""The CUDA-only pass that stores fp32 MatMul weights in torch's Linear layout
-(compile/linear_layout.py): which products it takes, and that the result is the same product."""
+"""The pass that stores MatMul weights in torch's Linear layout where that was measured faster
+(compile/linear_layout.py: fp32 on CUDA, half precision on CPU): which products it takes, and
+that the result is the same product."""
 
 from __future__ import annotations
 
@@ -32,12 +33,23 @@ def _ops(program) -> list[str]:
     return [n.op_type for n in program.fused.nodes]
 
 
-def test_fp32_products_take_the_linear_layout_on_cuda_only():
+def test_which_products_take_the_linear_layout():
     m = _model(16)
     assert _ops(compile_graph(parse_model(m), device="cuda")) == ["Linear"]
     assert _ops(compile_graph(parse_model(m), device="cpu")) == ["MatMul"]
     assert _ops(compile_graph(parse_model(_model(16, np.float16)), device="cuda")) == ["MatMul"]
+    assert _ops(compile_graph(parse_model(_model(16, np.float16)), device="cpu")) == ["Linear"]
     assert _ops(compile_graph(parse_model(_model(9000)), device="cuda")) == ["MatMul"]  # a wide LM head
+
+
+def test_half_precision_on_cpu_runs_the_same_product():
+    import dynashape
+    m = _model(16, np.float16)
+    sess = dynashape.InferenceSession(m.SerializeToString())
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float16)
+    w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0].astype(np.float32), x.astype(np.float32) @ w,
+                               rtol=2e-2, atol=2e-2)
 
 
 def test_the_stored_weight_is_the_transpose_and_gives_the_same_product():
