@@ -227,8 +227,8 @@ def memory_run(cfg, dev, steps: int, data) -> None:
     past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], dtype=llama.dtype_of(cfg), device=dev)
             for _ in range(2 * cfg["layers"])]
     tok = torch.randint(0, cfg["vocab"], (1, 16), device=dev)
-    low, allocs_at = free0, []
-    last_allocs = None
+    low, allocs_at, device_allocs_at = free0, [], []
+    last_allocs = last_dev = None
     for i in range(steps):
         out = sess.run(None, dict(zip(names, [tok, *past])))
         past = out[1:]
@@ -237,6 +237,10 @@ def memory_run(cfg, dev, steps: int, data) -> None:
         if last_allocs is not None and st.get("allocations", 0) != last_allocs:
             allocs_at.append(i)
         last_allocs = st.get("allocations", 0)
+        n_dev = torch.cuda.memory_stats(dev).get("num_device_alloc", 0)  # cudaMalloc calls of torch's allocator
+        if last_dev is not None and n_dev != last_dev:
+            device_allocs_at.append(i)
+        last_dev = n_dev
         if i % 8 == 0:
             _sync(dev)
             low = min(low, torch.cuda.mem_get_info(dev)[0])
@@ -245,10 +249,33 @@ def memory_run(cfg, dev, steps: int, data) -> None:
     cap = past[0].untyped_storage().nbytes() // past[0].element_size() // (cfg["kv_heads"] * cfg["head_dim"])
     kv = 2 * cfg["layers"] * cfg["kv_heads"] * cfg["head_dim"] * cap * llama.dtype_of(cfg).itemsize
     peak = free0 - low
-    data["memory"] = {"steps": steps, "peak_bytes": peak, "weights_bytes": weights, "kv_storage_bytes": kv,
+    big = sorted(((t.untyped_storage().nbytes(), tuple(t.shape), str(t.dtype)) for t in _cuda_tensors()),
+                 reverse=True)
+    seen, largest = set(), []
+    for n, shape, dt in big:  # by storage: views of one storage once
+        if (n, shape) not in seen and len(largest) < 10:
+            seen.add((n, shape))
+            largest.append([n, shape, dt])
+    data["memory"] = {"largest_tensors": largest, "steps": steps, "peak_bytes": peak, "weights_bytes": weights,
+                      "kv_storage_bytes": kv,
                       "peak_over_weights_plus_kv": peak / (weights + kv), "engine_allocations_at_steps": allocs_at,
+                      "torch_device_allocations_at_steps": device_allocs_at,
+                      "torch_allocated_bytes": torch.cuda.memory_allocated(dev),
+                      "torch_reserved_bytes": torch.cuda.memory_reserved(dev),
+                      "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
+                      "engine": {k: v for k, v in sess.stats().items() if k.startswith("device_")},
+                      "static_bytes": sess.stats().get("static_bytes"),
                       "stats": {k: v for k, v in sess.stats().items() if k.startswith("decode_graph")}}
     print("memory", data["memory"], flush=True)
+
+
+def _cuda_tensors():
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.Tensor) and o.is_cuda:
+                yield o
+        except Exception:  # noqa: BLE001  objects that fail isinstance checks
+            continue
 
 
 def main() -> None:
@@ -267,16 +294,22 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device(args.device)
-    bw = copy_bandwidth(dev) if dev.type == "cuda" else float("nan")
+    bw = float("nan")
     data = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "copy_bandwidth_GBps": bw / 1e9, "prompt": args.prompt,
+            "date": time.strftime("%Y-%m-%d"), "prompt": args.prompt,
             "steps": args.steps}
+    if dev.type == "cuda":
+        torch.cuda.init()
     rows: list = []
+    if args.memory_steps:  # first, in a process that has allocated nothing: free memory says the truth
+        memory_run(config(args.layers, args.dtype[0]), dev, args.memory_steps, data)
+    if dev.type == "cuda":
+        bw = copy_bandwidth(dev)
+        data["copy_bandwidth_GBps"] = bw / 1e9
+        _gone()
     for dt in args.dtype:
         bench(config(args.layers, dt), dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile,
               bw, rows, data)
-    if args.memory_steps:
-        memory_run(config(args.layers, "float32"), dev, args.memory_steps, data)
     print_table(f"greedy decode, {args.steps} tokens after {args.prompt}, {data['device']}",
                 ["model", "batch", "runtime", "tokens/s", "x eager", "fraction of bandwidth limit",
                  "tokens equal to eager", "compile s"], rows)
