@@ -43,6 +43,7 @@ from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
 from .runtime.decode_graph import bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
+from .runtime.index_feeds import IndexFeedChecks
 from .shape import Dimension, PartialShape
 
 _OPTIONS = OPTION_NAMES  # every keyword option, documented in dynashape/options.py
@@ -264,6 +265,9 @@ class InferenceSession:
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
         self._check_feeds = FeedChecker(self._specs, self.device)
+        # CUDA: indices fed from the host are checked before the copy (a device assert would
+        # poison the process's CUDA context)
+        self._check_index_feeds = IndexFeedChecks(g) if self.device.type == "cuda" else None
         self._inputs = [_node_arg(v) for v in g.inputs]
         self._outputs = [_node_arg(v) for v in g.outputs]
         # the specializations of the generated code, shared by the requests (and one per body)
@@ -519,6 +523,8 @@ class InferRequest:
         if self.program is not s.program:  # the session was parsed again (a dim name unlinked, reshape)
             self.__init__(s)
         check = s._check_feeds
+        if s._check_index_feeds is not None:
+            s._check_index_feeds(feeds)
         try:
             tensors, numpy_mode = check(feeds)
         except SymbolDisagreementError as e:

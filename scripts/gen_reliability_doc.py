@@ -36,7 +36,10 @@ What protects what:
 - options: checked when the session is made (`OptionsError`);
 - load: attributes against the ONNX schema, opsets, initializers' sizes, cycles, undefined
   values (`frontend/validate.py`);
-- indices from data: checked per dimension in the kernels (`IndexOutOfRangeError`);
+- indices from data: checked per dimension in the kernels (`IndexOutOfRangeError`); on CUDA,
+  where torch's gather kernels would assert on the device (an untyped error that leaves the
+  process's CUDA context unusable), indices fed from the host are checked before the copy
+  (`runtime/index_feeds.py`); indices fed as CUDA tensors or computed inside the model are not;
 - sizes from data: the shape function runs on the values before the kernel, and a negative dim
   (`ShapeError`) or a buffer beyond `max_buffer_bytes` or the machine (`MemoryLimitError`) is
   refused before any allocation (`ops/limits.py`, `memory/engine.py`); `max_loop_iterations`
