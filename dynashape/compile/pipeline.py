@@ -18,6 +18,7 @@ from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
+from .fuse_rotary import fuse_rotary
 from .inline_if import inline_constant_if
 from .linear_layout import linear_layout_pass
 from .program import Program
@@ -47,6 +48,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_rms_norm", fuse_rms_norm),
     ("fuse_gelu", fuse_gelu),
     ("fuse_silu", fuse_silu),
+    ("fuse_rotary", fuse_rotary),
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
     ("remove_dead_nodes", remove_dead_nodes),

@@ -25,6 +25,7 @@ from . import (  # noqa: F401
     reduce,
     resize,
     rnn,
+    rotary,
     sequence,
     signal,
     softmax,
