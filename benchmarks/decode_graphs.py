@@ -249,6 +249,7 @@ def memory_run(cfg, dev, steps: int, data) -> None:
     cap = past[0].untyped_storage().nbytes() // past[0].element_size() // (cfg["kv_heads"] * cfg["head_dim"])
     kv = 2 * cfg["layers"] * cfg["kv_heads"] * cfg["head_dim"] * cap * llama.dtype_of(cfg).itemsize
     peak = free0 - low
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _cuda_tensors()}
     big = sorted(((t.untyped_storage().nbytes(), tuple(t.shape), str(t.dtype)) for t in _cuda_tensors()),
                  reverse=True)
     seen, largest = set(), []
@@ -256,7 +257,8 @@ def memory_run(cfg, dev, steps: int, data) -> None:
         if (n, shape) not in seen and len(largest) < 10:
             seen.add((n, shape))
             largest.append([n, shape, dt])
-    data["memory"] = {"largest_tensors": largest, "steps": steps, "peak_bytes": peak, "weights_bytes": weights,
+    data["memory"] = {"python_visible_cuda_bytes": sum(storages.values()), "largest_tensors": largest,
+                      "steps": steps, "peak_bytes": peak, "weights_bytes": weights,
                       "kv_storage_bytes": kv,
                       "peak_over_weights_plus_kv": peak / (weights + kv), "engine_allocations_at_steps": allocs_at,
                       "torch_device_allocations_at_steps": device_allocs_at,
