@@ -41,3 +41,20 @@ def write_json(path: str | None, data: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
+
+
+def sync(dev) -> None:
+    """Wait for the device's queued work (timings of CUDA calls end here)."""
+    import torch
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def gone() -> None:
+    """Free what the last runtime left (its session deleted by the caller) before the next is timed."""
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

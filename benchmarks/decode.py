@@ -16,7 +16,6 @@ so that no other runtime's thread pool spins while one is timed.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -27,7 +26,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gone as _gone  # noqa: E402
 from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import sync as _sync  # noqa: E402
 from tests.models import llama  # noqa: E402
 
 CONFIGS = {"tiny": llama.TINY,
@@ -35,10 +36,6 @@ CONFIGS = {"tiny": llama.TINY,
            "small": dict(layers=12, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
                          rope_theta=10000.0, eps=1e-5, seed=0)}
 
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def _loop(step, past0, ids, steps: int, dev: torch.device) -> list[float]:
@@ -111,11 +108,6 @@ def ort_rounds(path: str, cfg: dict, batch: int, steps: int, rounds: int, thread
             times += t
     return times  # the session (and its thread pool) goes with this frame
 
-
-def _gone() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def main() -> None:

@@ -34,7 +34,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gone as _gone  # noqa: E402
 from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import sync as _sync  # noqa: E402
 from tests.models import llama  # noqa: E402
 
 
@@ -43,15 +45,6 @@ def config(layers: int, dtype: str) -> dict:
                 rope_theta=10000.0, eps=1e-5, seed=0, dtype=dtype)
 
 
-def _sync(dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _gone() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # ---- the gpt-fast-style rewrite ------------------------------------------------------------------

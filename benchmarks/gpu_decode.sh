@@ -2,12 +2,7 @@
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
 #   bash benchmarks/gpu_decode.sh [smoke|tests|bench|memory]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-run() { echo "== $*"; timeout "${T:-580}" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -x tests/impls/test_decode_graphs.py

@@ -23,7 +23,6 @@ each new shape in a fresh session, over that shape's steady dynamic-path time.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -34,22 +33,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gone as _gone  # noqa: E402
 from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import sync as _sync  # noqa: E402
 
 BERT_SHAPES = [(1, 16), (4, 64), (2, 128), (8, 32), (1, 128), (16, 64)]
 RESNET_BATCHES = [1, 8, 3, 16, 1]
 MODES = {"dynashape dynamic": "off", "dynashape static (auto)": "auto", "dynashape static (sync)": "sync"}
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _gone() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _timed(fn, dev):
@@ -195,23 +187,8 @@ def bench_resnet(dev, repeats, batches, data):
 
 
 # ---- greedy decode ---------------------------------------------------------------------------------
-def _greedy(step, prompt, cfg, batch, steps, dev):
-    """Seconds of ``steps - 1`` greedy decode steps after the prompt, and the tokens."""
-    past = [torch.zeros(batch, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
-    logits, past = step(prompt, past)
-    tok = logits[:, -1:].argmax(-1)
-    toks = [tok]
-    _sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(steps - 1):
-        logits, past = step(tok, past)
-        tok = logits[:, -1:].argmax(-1)
-        toks.append(tok)
-    _sync(dev)
-    return time.perf_counter() - t0, torch.cat(toks, 1).cpu()
-
-
 def bench_decode(dev, steps, batches, data, layers):
+    from benchmarks.decode_graphs import greedy_past
     from tests.models import llama
     cfg = dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
                rope_theta=10000.0, eps=1e-5, seed=0)
@@ -246,7 +223,7 @@ def bench_decode(dev, steps, batches, data, layers):
                     if sess.compiled.context is not None:
                         sess.compiled.context.wait(600)
             for label, step in steps_by.items():
-                t, toks_by[label] = _greedy(step, prompt, cfg, batch, steps, dev)
+                t, toks_by[label] = greedy_past(step, prompt, cfg, steps, dev)
                 per_round[label].append(t)
         res = {label: {"tokens_per_s": batch * (steps - 1) / statistics.median(per_round[label][1:]),
                        "tokens": toks_by[label]} for label in steps_by}

@@ -33,14 +33,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ops.kv_attention import kv_attention
-from .regions import Item, Member, _rhs_reads, targets
+from .regions import _HOST_SYNC, Item, Member, _rhs_reads, targets
 
 _KV_CALL = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\((\w+), (\w+)\)$")
 _KV_PREPARE = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\.prepare\((\w+), (.*)\)$")
 _OUT = re.compile(r"^(\w+) = st\.out\((\d+), (.*)\)$")
 _ATTN = re.compile(r"^(\w+) = (k_\w+)\((\w+), (\w+), (\w+), None\)$")
-_HOST_SYNC = (".cpu()", ".item()", ".tolist()", ".numpy()", ".to(DEV", "torch.tensor(", "torch.as_tensor(",
-              "torch.from_numpy(")
 
 
 @dataclass
