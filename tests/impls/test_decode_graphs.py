@@ -204,3 +204,20 @@ def test_a_longer_prefill_does_not_disturb_the_decode_graphs(path, eager, device
         dpast = list(out[1:])
         del out
     assert sess.stats()["decode_graph_builds"] == builds  # same key, same bucket: the same graph
+
+
+def test_io_binding_outputs_are_written_by_the_dynamic_path(path, eager, device):
+    sess = _session(path, device)
+    _decode(sess, eager, device, 4, seed=5)
+    ids = torch.randint(0, 1000, (2, 1))  # a decode step: the specialization with a whole-step function
+    past = [torch.randn(2, 2, 6, 16) for _ in range(4)]
+    b = sess.io_binding()
+    b.bind_input_tensor("input_ids", ids.to(device))
+    for name, p in zip(NAMES[1:], past):
+        b.bind_input_tensor(name, p.to(device))
+    logits = torch.empty(2, 1, 1000, device=device)
+    b.bind_output_tensor("logits", logits)
+    sess.run_with_iobinding(b)
+    ref, _ = _eager_step(eager, ids, past)
+    torch.testing.assert_close(logits.cpu(), ref, atol=2e-5, rtol=1e-4)
+    assert sess.stats()["decode_graph_bound_runs"] >= 1
