@@ -138,15 +138,16 @@ def test_numpy_feeds_copy_the_past_in(path, eager):
     assert st["decode_graph_replays"] >= 7 and st["decode_graph_past_copies"] >= 7 * 4
 
 
-def test_half_precision_decode(device):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_decode(device, dtype):
     if device == "cpu":
         pytest.skip("half-precision decode runs on the GPU (the CPU run covers the logic in fp32)")
-    cfg = {**llama.TINY, "dtype": "bfloat16"}
+    cfg = {**llama.TINY, "dtype": dtype}
     model = llama.build(cfg)
     sess = dynashape.InferenceSession(str(llama.model_path(cfg)), device=device, decode_graphs="on", kv_bucket="16")
     names = llama.input_names(cfg)
     ids = torch.randint(0, 1000, (2, 5))
-    past = [torch.zeros(2, 2, 0, 16, dtype=torch.bfloat16) for _ in range(4)]
+    past = [torch.zeros(2, 2, 0, 16, dtype=getattr(torch, dtype)) for _ in range(4)]
     dpast = [p.to(device) for p in past]
     for _ in range(12):
         out = sess.run(None, dict(zip(names, [ids.to(device), *dpast])))
