@@ -264,6 +264,32 @@ def memory_run(cfg, dev, steps: int, data) -> None:
     print("memory", data["memory"], flush=True)
 
 
+def eager_memory_run(cfg, dev, steps: int, data) -> None:
+    """The same decode's peak device memory with PyTorch eager of the module, measured the same
+    way (in a process that has allocated nothing before): what the CUDA libraries cost anyone."""
+    _gone()
+    free0 = torch.cuda.mem_get_info(dev)[0]
+    model = llama.build(cfg).to(dev)
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], dtype=llama.dtype_of(cfg), device=dev)
+            for _ in range(2 * cfg["layers"])]
+    tok = torch.randint(0, cfg["vocab"], (1, 16), device=dev)
+    low = free0
+    with torch.no_grad():
+        for i in range(steps):
+            out = model(tok, *past)
+            past, tok = list(out[1:]), out[0][:, -1:].argmax(-1)
+            if i % 8 == 0:
+                _sync(dev)
+                low = min(low, torch.cuda.mem_get_info(dev)[0])
+    _sync(dev)
+    low = min(low, torch.cuda.mem_get_info(dev)[0])
+    data["eager_memory"] = {"steps": steps, "peak_bytes": free0 - low, "weights_bytes": weights,
+                            "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
+                            "torch_reserved_bytes": torch.cuda.memory_reserved(dev)}
+    print("eager memory", data["eager_memory"], flush=True)
+
+
 def _cuda_tensors():
     for o in gc.get_objects():
         try:
@@ -284,6 +310,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--memory-steps", type=int, default=0)
+    ap.add_argument("--eager-memory", action="store_true", help="with --memory-steps: eager's instead")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -297,7 +324,8 @@ def main() -> None:
         torch.cuda.init()
     rows: list = []
     if args.memory_steps:  # first, in a process that has allocated nothing: free memory says the truth
-        memory_run(config(args.layers, args.dtype[0]), dev, args.memory_steps, data)
+        run_memory = eager_memory_run if args.eager_memory else memory_run
+        run_memory(config(args.layers, args.dtype[0]), dev, args.memory_steps, data)
     if dev.type == "cuda":
         bw = copy_bandwidth(dev)
         data["copy_bandwidth_GBps"] = bw / 1e9
