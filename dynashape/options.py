@@ -41,8 +41,9 @@ class Options:
                                       "bucketed capacity) as one static impl, replayed every step: 'auto' (with "
                                       "static impls on CUDA), 'on' (CPU too, no graph) or 'off'.",
                               "DYNASHAPE_DECODE_GRAPHS")
-    kv_bucket: Any = _opt("256", "capacity of those KV storages for a length n: a multiple of an int, 'pow2' or "
-                                 "'openvino' (n + 128 + n % 64).", "DYNASHAPE_KV_BUCKET")
+    kv_bucket: Any = _opt("256", "capacity of those KV storages for a length n: the next multiple of an int "
+                                 "(a multiple of 16), 'pow2' or 'openvino' (n + 128 + n % 64, rounded up to 16).",
+                          "DYNASHAPE_KV_BUCKET")
     precompile: Any = _opt("auto", "trace the likely specializations at load (every dynamic dim generic, each "
                                    "at 1, all at 1) so a first call at a new shape skips the trace; 'auto': "
                                    "when static impls are on (measured on CPU, tiny BERT: load 55 -> 389 ms, "

@@ -165,7 +165,8 @@ class _Builder:
         self.input_symbols = {d.symbol for d in trace.input_dims if d.defines}
         self.strides: dict[int, tuple] = {}  # strides (SymInts) of the group members that are views
         self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
-        self.sval_members: dict[str, tuple] = {}  # member -> (element sources, dtype, shape): values of shapes
+        # member -> (element sources, dtype, shape, on the host): the values of shapes made in groups
+        self.sval_members: dict[str, tuple] = {}
         self.step: StepPlan | None = None  # the whole-step function (step_graph.py), or why not
         self.step_refused = ""
 
@@ -679,8 +680,8 @@ class _Builder:
             d = dims[axis]
             free = self.free(d)
             growth = next(iter(free)) if len(free) == 1 and self.src(d) == self.symvar.get(next(iter(free))) else None
-            new_len = self.src(self.t.of(node.inputs[1]).dims[axis]) if len(node.inputs) == 2 else "?"
-            kv.append(KVInfo(i, axis, self.local.get(id(past), "?"), self.local.get(id(out), "?"), growth, new_len))
+            new_len = self.src(self.t.of(node.inputs[1]).dims[axis]) if len(node.inputs) == 2 else None
+            kv.append(KVInfo(i, axis, self.local.get(id(past)), self.local.get(id(out)), growth, new_len))
         out_dtypes = {k: repr(self.t.of(v).dtype) for k, v in enumerate(self.output_values)}
         try:
             plan = step_plan(self.items, kv, self.member_info, self.sval_members, self.symvar, self.sig_symbols,
@@ -777,7 +778,7 @@ class _Builder:
                 put(f"{self.symvar[d.symbol]} = {self.local[id(self.t.input_values[d.input])]}.shape[{d.axis}]")
         put(f"sig = ({sig_unpack}{',' if len(self.sig_symbols) == 1 else ''})")
         if self.step is not None:  # the whole step over KV storages (runtime/decode_graph.py), else the lines
-            put("if st.step_on:")
+            put("if st.step is not None:")
             put(f"o = st.step(sig, {_tuple(param_list)})", indent=2)
             put("if o is not None:", indent=2)
             put("return o", indent=3)

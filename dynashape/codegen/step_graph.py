@@ -47,10 +47,10 @@ class KVInfo:
 
     index: int
     axis: int
-    past: str  # the local of its past (an input of run)
-    out: str  # the local of its result (the present)
+    past: str | None  # the local of its past (an input of run)
+    out: str | None  # the local of its result (the present)
     growth: str | None  # the symbol of the past's length along the axis, when it is one symbol
-    new_len: str  # source of the new part's length along the axis
+    new_len: str | None  # source of the new part's length along the axis (None: not past + one part)
 
 
 @dataclass
@@ -84,6 +84,8 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
         raise Refused("the KV pasts do not grow along one symbol")
     g = growth.pop()
     gvar = symvar[g]
+    if any(k.new_len is None or k.past is None or k.out is None for k in kv):
+        raise Refused("a KV append that is not past + one new part")
     new_lens = {k.new_len for k in kv}
     if len(new_lens) != 1 or re.search(rf"(?<!\w){gvar}(?!\w)", next(iter(new_lens))):
         raise Refused("the KV appends add parts of different or growing lengths")

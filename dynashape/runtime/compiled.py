@@ -185,8 +185,7 @@ class SpecState:
         self.orphans: dict = {}  # key -> results of a region's real run whose capture then failed
         # the whole decode step (decode_graph.py): run's first stop when the specialization has one
         decode = runner.model.decode_graphs
-        self.step_on = spec.step is not None and decode
-        self.step = DecodeGraphs(self) if self.step_on else None
+        self.step = DecodeGraphs(self) if spec.step is not None and decode else None
         if decode and spec.step_refused:
             self.stats["decode_graph_specs_refused"] += 1
             runner.model.refusals.append(f"no whole-step decode for {spec.filename}: {spec.step_refused}")
