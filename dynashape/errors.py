@@ -129,6 +129,20 @@ class UnsupportedFeatureError(DynashapeError, NotImplementedError):
     IOBinding); the message names the dynashape call to use instead."""
 
 
+class ServerBusyError(DynashapeError, RuntimeError):
+    """A serving replica's queue is full (``max_queue``): the request was refused at once rather
+    than queued without bound (HTTP 503); retry later or add replicas."""
+
+
+class ConversationLostError(DynashapeError, KeyError):
+    """A decode step for a conversation whose state (its KV cache) is not on the replica that got
+    it: it expired after the idle timeout, was evicted, or its replica restarted. Start the
+    conversation again (``start=True``) with its whole prompt."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exception:
     """``e`` as the error of a node: a dynashape error keeps its type (so ``except
     IndexOutOfRangeError`` works) with the node named in front; anything else becomes an
