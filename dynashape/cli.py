@@ -310,6 +310,34 @@ def _bench(**kw) -> int:
     return cmd_bench(_ns(**kw))
 
 
+@cli.command("serve", help="Serve a model over HTTP (KServe v2 JSON) as Ray Serve replicas with shape-aware "
+                           "batching (needs dynashape[serve]). See docs/serving.md.")
+@_model_arg
+@click.option("--replicas", type=int, default=1, help="replicas (each loads the model once)")
+@click.option("--max-batch", type=int, default=8, help="rows per merged run")
+@click.option("--max-wait-ms", type=float, default=5.0, help="how long the first request of a batch waits for others")
+@click.option("--max-queue", type=int, default=64, help="requests waiting before the next is refused with 503")
+@click.option("--no-batching", is_flag=True, help="run every request alone")
+@click.option("--pad", multiple=True, metavar="NAME=[AXIS:]VALUE",
+              help="an input's paddable axis and pad value (text length); needs --mask (repeatable)")
+@click.option("--mask", default=None, metavar="NAME", help="the mask input that hides padding")
+@click.option("--pad-multiple", type=int, default=16, help="padded lengths are rounded up to multiples of this")
+@click.option("--batch-symbol", default=None, metavar="DIM", help="the batch dim's name [default: axis 0's]")
+@click.option("--conversation-timeout", type=float, default=600.0, help="seconds before an idle conversation's "
+                                                                         "KV cache is freed")
+@click.option("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica (its threads)")
+@click.option("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (1: one GPU each, on cuda)")
+@click.option("--device", default=None, help="cpu or cuda [default: cuda with GPUs per replica, else cpu]")
+@click.option("--host", default="127.0.0.1", help="HTTP address")
+@click.option("--port", type=int, default=8000, help="HTTP port")
+@click.option("--name", default="model", help="the model's name in URLs")
+@click.option("--address", default=None, help="a Ray cluster to join (ray://... or auto) [default: a local one]")
+@click.option("--dry-run", is_flag=True, help="load the model, print the batching policy and options, stop")
+def _serve(**kw) -> int:
+    from .serve import command
+    return command.main(_ns(**kw))
+
+
 def _fail(code: int, msg: str) -> int:
     print(msg if msg.startswith("dynashape:") else f"dynashape: {msg}", file=sys.stderr)
     return code

@@ -1,0 +1,78 @@
+"""``dynashape serve MODEL``: the command's work (cli.py wires its options)."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import OptionsError
+
+
+def parse_pad(items) -> dict:
+    """``NAME=VALUE`` or ``NAME=AXIS:VALUE`` -> the ``pad=`` option."""
+    pad = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        if not sep or not name:
+            raise OptionsError(f"--pad {item!r}: expected NAME=VALUE or NAME=AXIS:VALUE")
+        axis, _, value = rest.rpartition(":")
+        try:
+            v = float(value)
+            pad[name] = (int(axis), v) if axis else v
+        except ValueError as e:
+            raise OptionsError(f"--pad {item!r}: expected NAME=VALUE or NAME=AXIS:VALUE with numbers") from e
+    return pad
+
+
+def options(args) -> dict:
+    opts = dict(replicas=args.replicas, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                max_queue=args.max_queue, batching=not args.no_batching, num_cpus=args.cpus_per_replica,
+                num_gpus=args.gpus_per_replica, conversation_timeout_s=args.conversation_timeout,
+                pad_multiple=args.pad_multiple)
+    if args.pad:
+        opts["pad"] = parse_pad(args.pad)
+    if args.mask:
+        opts["mask"] = args.mask
+    if args.batch_symbol:
+        opts["batch_symbol"] = args.batch_symbol
+    if args.device:
+        opts["device"] = args.device
+    return opts
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from .replica import ModelReplica
+
+    con = Console()
+    opts = options(args)
+    replica_keys = ("pad", "mask", "batch_symbol", "pad_multiple", "max_batch")
+    # load it here first: a bad option or model is said now, not in a replica's log
+    probe = ModelReplica(args.model, device="cpu", **{k: opts[k] for k in replica_keys if k in opts})
+    p = probe.policy
+    con.print(f"model {args.model}: batch dim {p.batch_symbol!r} "
+              + ("batched" if p.batches else f"not batched ({p.why_not_batched})")
+              + (f", {p.pad_symbol!r} padded to multiples of {p.pad_multiple} (mask {p.mask!r})" if p.pad_symbol else "")
+              + (f", {len(p.state)} state pairs (conversations)" if p.state else ""))
+    del probe
+    if args.dry_run:
+        con.print(f"would serve: {opts}")
+        return 0
+    import ray
+    from ray import serve
+
+    from .ray_app import run
+
+    if args.address:
+        ray.init(address=args.address, include_dashboard=False)
+    run(args.model, host=args.host, port=args.port, name=args.name, **opts)
+    con.print(f"serving {args.name!r} on http://{args.host}:{args.port}/v2/models/{args.name}/infer "
+              f"({args.replicas} replicas); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        con.print("stopping")
+    finally:
+        serve.shutdown()
+    return 0
