@@ -140,70 +140,100 @@ def _worker(i: int, device: str, path: str, opts: dict, batching: bool, max_wait
     outbox.put(("stats", i, {"stats": rep.stats(), "max_err": max(checked, default=None)}))
 
 
+class _Pool:
+    """Replica processes and a least-loaded dispatcher over multiprocessing queues."""
+
+    def __init__(self, path: str, replicas: int, batching: bool, args) -> None:
+        ctx = mp.get_context("spawn")
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(replicas)]
+        opts = dict(max_batch=args.max_batch, pad_multiple=args.pad_multiple, threads=args.threads, **PAD)
+        self.procs = [ctx.Process(target=_worker, args=(i, args.device, path, dict(opts), batching, args.max_wait_ms,
+                                                        8, self.inboxes[i], self.outbox)) for i in range(replicas)]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            assert self.outbox.get(timeout=600)[0] == "ready"
+        self.waiting: dict[str, threading.Event] = {}
+        self.load = [0] * replicas
+        self.lock = threading.Lock()
+        self.errors: list = []
+        self.stats: list = []
+        self.collector = threading.Thread(target=self._collect, daemon=True)
+        self.collector.start()
+
+    def _collect(self) -> None:
+        while (msg := self.outbox.get())[0] != "stats":
+            rid, _, err = msg
+            if err is not None:
+                self.errors.append(err)
+            self.waiting.pop(rid).set()
+        self.stats.append(msg[2])
+
+    def call(self, feeds) -> None:
+        rid, ev = uuid.uuid4().hex, threading.Event()
+        with self.lock:  # the replica with the fewest requests in flight
+            i = min(range(len(self.load)), key=self.load.__getitem__)
+            self.load[i] += 1
+            self.waiting[rid] = ev
+        self.inboxes[i].put((rid, feeds))
+        ev.wait()
+        with self.lock:
+            self.load[i] -= 1
+
+    def close(self) -> list[dict]:
+        for q in self.inboxes:
+            q.put(None)
+        self.collector.join(timeout=600)
+        while len(self.stats) < len(self.procs):
+            self.stats.append(self.outbox.get(timeout=600)[2])
+        for p in self.procs:
+            p.join(timeout=60)
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} requests failed, e.g. {self.errors[0]}")
+        return self.stats
+
+
 def bench_local(path: str, configs, reqs, clients, args) -> list[dict]:
-    ctx = mp.get_context("spawn")
     rows = []
     n_dev = torch.cuda.device_count() if args.device == "cuda" else 2
     for replicas, batching in configs:
         if replicas > n_dev:
             print(f"skipped: {replicas} replicas on {n_dev} devices")
             continue
-        outbox = ctx.Queue()
-        inboxes = [ctx.Queue() for _ in range(replicas)]
-        opts = dict(max_batch=args.max_batch, pad_multiple=args.pad_multiple, threads=args.threads, **PAD)
-        procs = [ctx.Process(target=_worker, args=(i, args.device, path, dict(opts), batching, args.max_wait_ms,
-                                                   8, inboxes[i], outbox)) for i in range(replicas)]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            assert outbox.get(timeout=600)[0] == "ready"
-        waiting: dict[str, threading.Event] = {}
-        load = [0] * replicas
-        lock = threading.Lock()
-
-        def collect():
-            while (msg := outbox.get())[0] != "stats":
-                rid, _, err = msg
-                if err is not None:
-                    errors.append(err)
-                waiting.pop(rid).set()
-            extra.append(msg)
-
-        extra: list = []
-        errors: list = []
-        collector = threading.Thread(target=collect, daemon=True)
-        collector.start()
-
-        def call(feeds):
-            rid, ev = uuid.uuid4().hex, threading.Event()
-            with lock:  # the replica with the fewest requests in flight
-                i = min(range(replicas), key=load.__getitem__)
-                load[i] += 1
-                waiting[rid] = ev
-            inboxes[i].put((rid, feeds))
-            ev.wait()
-            with lock:
-                load[i] -= 1
-
-        closed_loop(call, reqs, clients)
-        r = closed_loop(call, reqs, clients)
-        for q in inboxes:
-            q.put(None)
-        collector.join(timeout=600)
-        stats = [extra[0][2]] if extra else []
-        while len(stats) < replicas:
-            stats.append(outbox.get(timeout=600)[2])
-        for p in procs:
-            p.join(timeout=60)
+        pool = _Pool(path, replicas, batching, args)
+        closed_loop(pool.call, reqs, clients)
+        r = closed_loop(pool.call, reqs, clients)
+        stats = pool.close()
         errs = [s["max_err"] for s in stats if s["max_err"] is not None]
         runs = sum(s["stats"]["counts"].get("runs", 0) for s in stats)
         done = sum(s["stats"]["counts"].get("requests_run", 0) for s in stats)
-        if errors:
-            raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
         rows.append({"replicas": replicas, "batching": batching, **r, "requests_per_run": done / max(runs, 1),
                      "max_err_vs_alone": max(errs, default=None)})
         print(rows[-1], flush=True)
     return rows
+
+
+def baseline(path: str, reqs: list[dict], device: str, threads: int) -> dict:
+    """The stream through one session, one request after another, no server: what the servers'
+    own overhead and their batching are measured against."""
+    import dynashape
+
+    torch.set_num_threads(threads)
+    sess = dynashape.InferenceSession(path, device="cuda:0" if device == "cuda" else device)
+    for r in reqs:
+        sess.run(None, r)
+    lat = []
+    t0 = time.perf_counter()
+    for r in reqs:
+        t1 = time.perf_counter()
+        sess.run(None, r)
+        lat.append(time.perf_counter() - t1)
+    wall = time.perf_counter() - t0
+    del sess
+    ms = np.asarray(lat) * 1e3
+    return {"replicas": 0, "batching": False, "req_per_s": len(reqs) / wall, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "wall_s": wall, "requests": len(reqs)}
 
 
 def main() -> None:
@@ -223,12 +253,14 @@ def main() -> None:
     configs = [(int(a), b == "1") for a, b in (c.split(":") for c in args.configs.split(","))]
     path = export_bert(args.layers)
     reqs = stream(args.requests, seed=0)
-    rows = (bench_ray if args.backend == "ray" else bench_local)(path, configs, reqs, args.clients, args)
+    rows = [baseline(path, reqs, args.device, args.threads)]
+    print(rows[-1], flush=True)
+    rows += (bench_ray if args.backend == "ray" else bench_local)(path, configs, reqs, args.clients, args)
     dev = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print_table(f"serving BERT-base ({args.layers} layers), {args.backend}, {dev}, {args.clients} clients, "
                 f"lengths 8..128", ["replicas", "batching", "req/s", "p50 ms", "p99 ms"],
-                [[r["replicas"], "on" if r["batching"] else "off", r["req_per_s"], r["p50_ms"], r["p99_ms"]]
-                 for r in rows])
+                [[r["replicas"] or "no server", "on" if r["batching"] else "off", r["req_per_s"], r["p50_ms"],
+                  r["p99_ms"]] for r in rows])
     write_json(args.json, {"backend": args.backend, "device": dev, "layers": args.layers, "clients": args.clients,
                            "max_batch": args.max_batch, "date": time.strftime("%Y-%m-%d"), "rows": rows})
 

@@ -44,16 +44,19 @@ def main(args) -> int:
 
     from .replica import ModelReplica
 
-    con = Console()
+    con = Console(soft_wrap=True)  # lines whole, also in logs and pipes
     opts = options(args)
     replica_keys = ("pad", "mask", "batch_symbol", "pad_multiple", "max_batch")
     # load it here first: a bad option or model is said now, not in a replica's log
     probe = ModelReplica(args.model, device="cpu", **{k: opts[k] for k in replica_keys if k in opts})
     p = probe.policy
-    con.print(f"model {args.model}: batch dim {p.batch_symbol!r} "
-              + ("batched" if p.batches else f"not batched ({p.why_not_batched})")
-              + (f", {p.pad_symbol!r} padded to multiples of {p.pad_multiple} (mask {p.mask!r})" if p.pad_symbol else "")
-              + (f", {len(p.state)} state pairs (conversations)" if p.state else ""))
+    said = [f"model {args.model}: batch dim {p.batch_symbol!r} "
+            + ("batched" if p.batches else f"not batched ({p.why_not_batched})")]
+    if p.pad_symbol:
+        said.append(f"{p.pad_symbol!r} padded to multiples of {p.pad_multiple} (mask {p.mask!r})")
+    if p.state:
+        said.append(f"{len(p.state)} state pairs (conversations)")
+    con.print(", ".join(said))
     del probe
     if args.dry_run:
         con.print(f"would serve: {opts}")

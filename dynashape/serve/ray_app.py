@@ -180,7 +180,9 @@ def build_app(model, *, name: str = "model", replicas: int = 1, max_batch: int =
         options["device"] = "cuda" if num_gpus else "cpu"
     if options["device"] == "cpu" and "threads" not in options:
         options["threads"] = max(1, int(num_cpus))  # one replica per CPU share, not every core each
-    in_flight = max_ongoing or 2 * ((window or 4 * max_batch) if batching else 1)
+    # requests a replica accepts at once: they wait in its own queue (FIFO, the batcher's window)
+    # rather than at the callers' routers, whose retry backoff was measured to triple latency
+    in_flight = max_ongoing or max(32, 2 * (window or 4 * max_batch))
     dep = DynashapeDeployment.options(
         name=f"dynashape-{name}", num_replicas=replicas, max_ongoing_requests=in_flight,
         max_queued_requests=max_queue, ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},

@@ -1,0 +1,33 @@
+"""``dynashape serve``: options parsed and checked by loading the model (--dry-run starts nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynashape.cli import main
+from dynashape.errors import OptionsError
+from dynashape.serve.command import parse_pad
+from tests.models import llama, transformers_models
+
+
+def test_parse_pad():
+    assert parse_pad(["input_ids=0", "x=1:-1.5"]) == {"input_ids": 0.0, "x": (1, -1.5)}
+    for bad in ("input_ids", "=0", "a=b"):
+        with pytest.raises(OptionsError, match="NAME=VALUE"):
+            parse_pad([bad])
+
+
+def test_dry_run_prints_the_policy(capsys):
+    bert = str(transformers_models.model_path("bert"))
+    assert main(["serve", bert, "--pad", "input_ids=0", "--mask", "attention_mask", "--replicas", "2",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "'batch' batched" in out and "'seq' padded to multiples of 16" in out and "'replicas': 2" in out
+    assert main(["serve", str(llama.model_path()), "--dry-run"]) == 0
+    assert "4 state pairs" in capsys.readouterr().out
+
+
+def test_padding_without_mask_is_a_usage_error(capsys):
+    bert = str(transformers_models.model_path("bert"))
+    assert main(["serve", bert, "--pad", "input_ids=0", "--dry-run"]) == 2
+    assert "needs mask=" in capsys.readouterr().err
