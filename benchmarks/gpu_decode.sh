@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|memory]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -13,6 +13,14 @@ case "${1:-bench}" in
       tests/compat ;;
   bench)
     run python benchmarks/decode_graphs.py --device cuda --memory-steps 1024 --json "$OUT/decode_graphs_cuda.json" ;;
+  half32)  # fp16 at batch 1-32 and fp32 at batch 32, beside eager and the compiled rewrite
+    T=330 run python benchmarks/decode_graphs.py --device cuda --dtype float16 --batch 1 4 16 32 --rounds 2 \
+      --json "$OUT/decode_graphs_fp16.json"
+    T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 32 --rounds 2 \
+      --json "$OUT/decode_graphs_fp32_b32.json" ;;
+  cuda1)  # a session on the second GPU (a device that is not the current one)
+    DYNASHAPE_TEST_DEVICE=cuda:1 T=580 run python -m pytest -q -p no:warnings tests/impls tests/serve/test_batching.py \
+      tests/test_runtime.py ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \

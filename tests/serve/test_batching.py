@@ -113,8 +113,8 @@ def test_ready_shapes_run_first_and_odd_requests_alone():
 
 
 # ---- the replica on real models ------------------------------------------------------------------
-def test_replica_batches_padded_text_like_single_runs(bert):
-    rep = ModelReplica(bert, max_batch=8, pad={"input_ids": 0}, mask="attention_mask", pad_multiple=8)
+def test_replica_batches_padded_text_like_single_runs(bert, device):
+    rep = ModelReplica(bert, device=device, max_batch=8, pad={"input_ids": 0}, mask="attention_mask", pad_multiple=8)
     ref = dynashape.InferenceSession(bert)
     rng = np.random.default_rng(2)
     for _ in range(3):  # sequences of changing shapes, fresh inputs each time
@@ -129,8 +129,8 @@ def test_replica_batches_padded_text_like_single_runs(bert):
     assert max(s["batch_requests"]) > 1 and s["counts"]["padded_elements"] > 0
 
 
-def test_a_bad_request_fails_alone(bert):
-    rep = ModelReplica(bert, max_batch=8)
+def test_a_bad_request_fails_alone(bert, device):
+    rep = ModelReplica(bert, device=device, max_batch=8)
     rng = np.random.default_rng(3)
     good = {"input_ids": rng.integers(0, 1000, (1, 6)), "attention_mask": np.ones((1, 6), np.int64)}
     bad = {"input_ids": rng.integers(0, 1000, (1, 6, 2)), "attention_mask": np.ones((1, 6), np.int64)}
@@ -155,9 +155,9 @@ def decode_reference(path: str, prompt: np.ndarray, steps: list[np.ndarray]) -> 
     return logits
 
 
-def test_conversations_keep_their_cache_and_expire(decoder):
+def test_conversations_keep_their_cache_and_expire(decoder, device):
     clock = [0.0]
-    rep = ModelReplica(decoder, conversation_timeout_s=10)
+    rep = ModelReplica(decoder, device=device, conversation_timeout_s=10)
     rep.conversations.clock = lambda: clock[0]
     rng = np.random.default_rng(4)
     prompts = {k: rng.integers(0, 1000, (1, n)) for k, n in (("a", 5), ("b", 3))}
@@ -188,8 +188,8 @@ def test_conversation_store_evicts_least_recent():
     assert store.get("a") is None and store.drop("b") and not store.drop("b")
 
 
-def test_local_server_batches_and_refuses_beyond_its_queue(bert):
-    rep = ModelReplica(bert, max_batch=4)
+def test_local_server_batches_and_refuses_beyond_its_queue(bert, device):
+    rep = ModelReplica(bert, device=device, max_batch=4)
     rng = np.random.default_rng(5)
     reqs = [{"input_ids": rng.integers(0, 1000, (1, 8)), "attention_mask": np.ones((1, 8), np.int64)}
             for _ in range(12)]
