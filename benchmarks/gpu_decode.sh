@@ -20,6 +20,7 @@ case "${1:-bench}" in
       --json "$OUT/decode_graphs_fp32_b32.json" ;;
   cuda1)  # a session on the second GPU (a device that is not the current one)
     DYNASHAPE_TEST_DEVICE=cuda:1 T=580 run python -m pytest -q -p no:warnings tests/impls tests/serve/test_batching.py \
+      tests/ops/test_kv_attention.py tests/compile/test_fuse_rotary.py \
       tests/test_runtime.py ;;
   buckets)
     for b in 256 pow2 openvino; do

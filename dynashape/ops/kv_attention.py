@@ -55,13 +55,14 @@ def _triton(q3, k, v, length, n_new: int, scale: float):
     den = torch.empty_like(mx)
     out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
     ieee = q3.dtype == torch.float32
-    _partial[(bh, splits)](q3, k, v, length, part, mx, den, n_new, scale, kvh, rows, d, dv,
-                           q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
-                           v.stride(0), v.stride(1), v.stride(2), splits,
-                           BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                           BLOCK_DV=block_dv, IEEE=ieee, num_warps=NUM_WARPS)
-    _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
-                    BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
+    with torch.cuda.device(q3.device):  # Triton launches on the current device: make it q's (cuda:1)
+        _partial[(bh, splits)](q3, k, v, length, part, mx, den, n_new, scale, kvh, rows, d, dv,
+                               q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                               v.stride(0), v.stride(1), v.stride(2), splits,
+                               BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                               BLOCK_DV=block_dv, IEEE=ieee, num_warps=NUM_WARPS)
+        _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
+                        BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
     return out
 
 

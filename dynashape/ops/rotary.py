@@ -70,8 +70,9 @@ def _triton(x, cos, sin):
     s4 = _as_4d(sin.expand(x.shape))
     a, b, c, d = x4.shape
     block = triton.next_power_of_2(d)
-    _rotary_kernel[(a * b * c,)](x4, c4, s4, out, b, c, *x4.stride(), *c4.stride(), *s4.stride(),
-                                 D=d, H=d // 2, BLOCK=block, num_warps=1 if block <= 256 else 4)
+    with torch.cuda.device(x.device):  # Triton launches on the current device: make it x's (cuda:1)
+        _rotary_kernel[(a * b * c,)](x4, c4, s4, out, b, c, *x4.stride(), *c4.stride(), *s4.stride(),
+                                     D=d, H=d // 2, BLOCK=block, num_warps=1 if block <= 256 else 4)
     return out
 
 
