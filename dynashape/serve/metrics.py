@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,6 +32,9 @@ class Metrics:
         self.batch_requests: Counter = Counter()   # requests per run -> runs
         self.queue_ms: deque = deque(maxlen=WINDOW)
         self.latency_ms: dict[str, deque] = {}     # merged shape -> run times
+        # told of every run (shape, requests, rows, ms), outside the lock: the Ray deployment
+        # mirrors runs into Ray's metrics this way
+        self.listeners: list[Callable[[str, int, int, float], None]] = []
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -45,6 +49,11 @@ class Metrics:
             self.batch_rows[rows] += 1
             self.batch_requests[requests] += 1
             self.latency_ms.setdefault(shape, deque(maxlen=WINDOW)).append(ms)
+        for f in self.listeners:
+            try:
+                f(shape, requests, rows, ms)
+            except Exception:  # noqa: BLE001  a metrics exporter's failure must not fail the requests
+                self.count("listener_errors")
 
     def queued(self, ms: float) -> None:
         with self.lock:

@@ -63,35 +63,32 @@ class DynashapeDeployment:
                                tag_keys=("model", "shape"))
         self.m_memory = Gauge("dynashape_memory_bytes", "engine memory in use", tag_keys=("model", "kind"))
         self.m_conv = Gauge("dynashape_conversations", "conversations held", tag_keys=("model",))
+        self.core.metrics.listeners.append(self._observe_run)
 
     # ---- batching ------------------------------------------------------------------------------
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def _batched(self, requests: list) -> list:
         now = time.time()
         queued = [(now - t) * 1e3 for _, t in requests]
-        loop = asyncio.get_running_loop()
-        before = self.core.metrics.snapshot()["latency_ms"]
-        results = await loop.run_in_executor(self.pool, self.core.infer_many, [f for f, _ in requests], queued)
-        self._export(queued, results, before)
-        return [("err", r) if isinstance(r, Exception) else ("ok", r) for r in results]
-
-    def _export(self, queued: list[float], results: list, before: dict) -> None:
         tags = {"model": self.name}
         for ms in queued:
             self.m_queue.observe(ms, tags=tags)
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self.pool, self.core.infer_many, [f for f, _ in requests], queued)
         bad = sum(isinstance(r, Exception) for r in results)
         if len(results) - bad:
             self.m_requests.inc(len(results) - bad, tags={**tags, "outcome": "ok"})
         if bad:
             self.m_requests.inc(bad, tags={**tags, "outcome": "error"})
-        snap = self.core.metrics.snapshot()
-        for shape, pct in snap["latency_ms"].items():
-            if pct["n"] != before.get(shape, {}).get("n", 0):
-                self.m_run.observe(pct["max"] if pct["n"] == 1 else pct["p50"], tags={**tags, "shape": shape})
         mem = self.core.session.memory_stats()
-        for kind in ("device_bytes_in_use", "host_bytes_in_use"):
+        for kind in ("device_current_bytes", "host_current_bytes", "peak_bytes"):
             if kind in mem:
                 self.m_memory.set(mem[kind], tags={**tags, "kind": kind})
+        return [("err", r) if isinstance(r, Exception) else ("ok", r) for r in results]
+
+    def _observe_run(self, shape: str, requests: int, rows: int, ms: float) -> None:
+        self.m_rows.observe(rows, tags={"model": self.name})
+        self.m_run.observe(ms, tags={"model": self.name, "shape": shape})
 
     async def infer(self, feeds: dict) -> dict:
         """Outputs of one request (dict name -> numpy), batched with its neighbours."""

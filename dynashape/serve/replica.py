@@ -126,8 +126,9 @@ class ModelReplica:
         real = padded = 0
         if self.policy.mask is not None:
             m = feeds[self.policy.mask]
-            per_row_len = m.size // (m.shape[self.policy.batch_axes[self.policy.mask]] * m.shape[
-                self.policy.pad_axes[self.policy.mask]])
+            b = self.policy.batch_axes.get(self.policy.mask)
+            per_row = (m.shape[b] if b is not None else 1) * m.shape[self.policy.pad_axes[self.policy.mask]]
+            per_row_len = m.size // per_row
             real, padded = int(sum(r * n for r, n in meta)) * per_row_len, int(m.size)
         first = next(iter(feeds.values()))
         self.metrics.run("x".join(map(str, first.shape)), len(group), n_rows, ms, padded - real, real)
