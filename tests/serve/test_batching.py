@@ -214,3 +214,15 @@ def test_local_server_batches_and_refuses_beyond_its_queue(bert, device):
     finally:
         full.queue.clear()
         full.close()
+
+
+def test_metrics_tell_listeners_and_survive_a_failing_one():
+    from dynashape.serve.metrics import Metrics
+
+    m, seen = Metrics(), []
+    m.listeners += [lambda *a: seen.append(a), lambda *a: 1 / 0]
+    m.run("4x32", requests=3, rows=4, ms=2.5)
+    m.queued(1.0)
+    snap = m.snapshot()
+    assert seen == [("4x32", 3, 4, 2.5)] and snap["counts"]["listener_errors"] == 1
+    assert snap["batch_rows"] == {4: 1} and snap["latency_ms"]["4x32"]["p50"] == 2.5 and snap["queue_ms"]["n"] == 1
