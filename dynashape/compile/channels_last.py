@@ -2,16 +2,24 @@
 
 torch's CPU convolutions (oneDNN) are several times faster on channels-last tensors than on
 NCHW ones, which they reorder on every call (measured on this project's machine: a 3x3 conv of
-16 -> 32 channels at 160x160, 3.8 ms NCHW against 1.1 ms NHWC; a depthwise one 3.7 against 0.12);
-on CUDA, cuDNN prefers it too. The conv weights are stored channels-last once, at load (the
-update_weights step for convolutions), and every 4-D value that a conv, or an op that keeps the
-memory format of its input (element-wise ops, pools, normalisations, Resize, Concat), produces
-from a channels-last value is marked ``layout = "nhwc"``: the generated code gives it arena
-memory with channels-last strides, so the kernels writing into it keep the format instead of
-converting back and forth. The values are the same; only their strides differ.
+16 -> 32 channels at 160x160, 3.8 ms NCHW against 1.1 ms NHWC; a depthwise one 3.7 against 0.12).
+On CUDA only half-precision convolutions take it (tensor cores read NHWC): fp32 cuDNN was measured
+faster in NCHW (ResNet-50 on an H100 over batches 1, 8, 3, 16, 1: 17.8 ms with static impls against
+19.8, batch 16 alone 6.4 against 7.5 ms; the dynamic path 21.0 against 26.2).
+
+The conv weights are stored channels-last once, at load (the update_weights step for
+convolutions), and every 4-D value that a conv, or an op that keeps the memory format of its input
+(element-wise ops, pools, normalisations, Resize, Concat), produces from a channels-last value is
+marked ``layout = "nhwc"``: the generated code gives it arena memory with channels-last strides,
+so the kernels writing into it keep the format instead of converting back and forth. The values
+are the same; only their strides differ.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -32,7 +40,28 @@ def _rank(v: Value | None) -> int | None:
     return None if v is None or v.shape is None else len(v.shape)
 
 
-def channels_last(graph: Graph) -> Graph:
+def channels_last_pass(device: str) -> Callable[[Graph], Graph]:
+    """The pass for a session on ``device`` ('cpu' or 'cuda...'). DYNASHAPE_CHANNELS_LAST=0 / 1
+    forces it off / on (to measure the layouts against each other)."""
+    forced = os.environ.get("DYNASHAPE_CHANNELS_LAST")
+    if forced is not None:
+        wanted = (lambda w: True) if forced != "0" else (lambda w: False)
+    elif str(device).startswith("cuda"):
+        wanted = _half
+    else:
+        wanted = _floating
+    return functools.partial(channels_last, wanted=wanted)
+
+
+def _half(w: torch.Tensor) -> bool:
+    return w.dtype in (torch.float16, torch.bfloat16)
+
+
+def _floating(w: torch.Tensor) -> bool:
+    return w.is_floating_point()
+
+
+def channels_last(graph: Graph, wanted: Callable[[torch.Tensor], bool] = _floating) -> Graph:
     converted: set[int] = set()
     for node in graph.nodes:
         out = node.outputs[0] if node.outputs else None
@@ -40,7 +69,7 @@ def channels_last(graph: Graph) -> Graph:
             continue
         if node.op_type in CONVS and node.domain in ("", "ai.onnx"):
             w = node.inputs[1]
-            if w is None or not w.is_const or w.const.dim() != 4 or not w.const.is_floating_point():
+            if w is None or not w.is_const or w.const.dim() != 4 or not wanted(w.const):
                 continue
             if id(w) not in converted:
                 w.const = w.const.contiguous(memory_format=torch.channels_last)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from ..ir.copy import copy_graph
-from .channels_last import channels_last
+from .channels_last import channels_last_pass
 from .dead_nodes import remove_dead_nodes
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_silu
@@ -52,7 +52,6 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
     ("remove_dead_nodes", remove_dead_nodes),
-    ("channels_last", channels_last),
 ]
 
 
@@ -70,7 +69,8 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
 
 def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """Fusion passes whose choice depends on the device (measured there): after the others."""
-    return [("linear_layout", linear_layout_pass(device)), ("remove_dead_nodes", remove_dead_nodes)]
+    return [("linear_layout", linear_layout_pass(device)), ("remove_dead_nodes", remove_dead_nodes),
+            ("channels_last", channels_last_pass(device))]
 
 
 def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True,

@@ -1004,3 +1004,27 @@ def test_conv_bn_not_folded_when_conv_output_is_read():
     ops = fused_ops(sess)
     assert ops["BatchNormalization"] == 1 and ops["Conv"] == 3, dict(ops)
     check_sequence(model, conv_feeds(np.random.default_rng(20), CONV_SHAPES[:3]), sess=sess)
+
+
+def test_channels_last_by_device_and_dtype(monkeypatch):
+    """NHWC on CPU; on CUDA only for half-precision convs (fp32 cuDNN measured faster in NCHW)."""
+    from dynashape.compile.channels_last import channels_last_pass
+    from dynashape.ir.copy import copy_graph
+
+    graph = dynashape.InferenceSession(conv_bn_model()).program.graph
+
+    def layouts(device, half=False):
+        g = copy_graph(graph)
+        if half:
+            for n in g.nodes:
+                if n.op_type == "Conv":
+                    n.inputs[1].const = n.inputs[1].const.half()
+        g = channels_last_pass(device)(g)
+        return {getattr(n.outputs[0], "layout", None) for n in g.nodes if n.op_type == "Conv"}
+
+    assert layouts("cpu") == {"nhwc"}
+    assert layouts("cuda") == {None} and layouts("cuda:1", half=True) == {"nhwc"}
+    monkeypatch.setenv("DYNASHAPE_CHANNELS_LAST", "1")
+    assert layouts("cuda") == {"nhwc"}
+    monkeypatch.setenv("DYNASHAPE_CHANNELS_LAST", "0")
+    assert layouts("cpu") == {None}
