@@ -40,9 +40,17 @@ from benchmarks.common import sync as _sync  # noqa: E402
 from tests.models import llama  # noqa: E402
 
 
-def config(layers: int, dtype: str) -> dict:
-    return dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
-                rope_theta=10000.0, eps=1e-5, seed=0, dtype=dtype)
+def config(layers: int, dtype: str, mask: bool = False) -> dict:
+    cfg = dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000,
+               rope_theta=10000.0, eps=1e-5, seed=0, dtype=dtype)
+    if mask:  # the export takes an attention_mask [batch, past + new] as HF optimum's decoders do
+        cfg["mask_input"] = True
+    return cfg
+
+
+def _mask(ids, past):
+    """The attention_mask a caller feeds with a step: every token seen, none padded."""
+    return [torch.ones(ids.shape[0], past[0].shape[2] + ids.shape[1], dtype=torch.int64, device=ids.device)]
 
 
 
@@ -147,7 +155,8 @@ def bench(cfg, dev, batches, prompt_len, steps, rounds, compiled: bool, bw: floa
     weight_bytes = sum(p.numel() * p.element_size() for p in eager.parameters())
     weight_bytes -= eager.embed.weight.numel() * eager.embed.weight.element_size()  # a lookup reads one row
     itemsize = eager.embed.weight.element_size()
-    label = f"{cfg['layers']} layers {cfg['dtype']}"
+    label = f"{cfg['layers']} layers {cfg['dtype']}" + (" attention_mask" if cfg.get("mask_input") else "")
+    mask = _mask if cfg.get("mask_input") else (lambda ids, past: [])
     for batch in batches:
         prompt = torch.randint(0, cfg["vocab"], (batch, prompt_len),
                                generator=torch.Generator().manual_seed(batch)).to(dev)
@@ -155,12 +164,12 @@ def bench(cfg, dev, batches, prompt_len, steps, rounds, compiled: bool, bw: floa
         sess = dynashape.InferenceSession(path, device=str(dev))
 
         def ds_step(ids, past, sess=sess):
-            out = sess.run(None, dict(zip(names, [ids, *past])))
+            out = sess.run(None, dict(zip(names, [ids, *mask(ids, past), *past])))
             return out[0], out[1:]
 
         def eager_step(ids, past, eager=eager):
             with torch.no_grad():
-                out = eager(ids, *past)
+                out = eager(ids, *mask(ids, past), *past)
             return out[0], list(out[1:])
         for name, step in (("dynashape", ds_step), ("PyTorch eager", eager_step)):
             times, toks = [], None
@@ -311,6 +320,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--memory-steps", type=int, default=0)
     ap.add_argument("--eager-memory", action="store_true", help="with --memory-steps: eager's instead")
+    ap.add_argument("--mask", action="store_true", help="the export with an attention_mask input")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -331,7 +341,7 @@ def main() -> None:
         data["copy_bandwidth_GBps"] = bw / 1e9
         _gone()
     for dt in args.dtype:
-        bench(config(args.layers, dt), dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile,
+        bench(config(args.layers, dt, args.mask), dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile,
               bw, rows, data)
     print_table(f"greedy decode, {args.steps} tokens after {args.prompt}, {data['device']}",
                 ["model", "batch", "runtime", "tokens/s", "x eager", "fraction of bandwidth limit",

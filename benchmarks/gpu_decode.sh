@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -22,6 +22,13 @@ case "${1:-bench}" in
     DYNASHAPE_TEST_DEVICE=cuda:1 T=580 run python -m pytest -q -p no:warnings tests/impls tests/serve/test_batching.py \
       tests/ops/test_kv_attention.py tests/compile/test_fuse_rotary.py \
       tests/test_runtime.py ;;
+  mask)  # the export that takes an attention_mask (as HF optimum's decoders), fp32 and bf16
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
+      tests/ops/test_kv_attention.py
+    T=300 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 4 16 --rounds 2 --no-compile \
+      --mask --json "$OUT/decode_graphs_mask_fp32.json"
+    T=200 run python benchmarks/decode_graphs.py --device cuda --dtype bfloat16 --batch 1 4 --rounds 2 --no-compile \
+      --mask --json "$OUT/decode_graphs_mask_bf16.json" ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \

@@ -34,6 +34,7 @@ from itertools import count
 
 import torch
 
+from ..compile import affine
 from ..compile.memory_plan import AS_VIEW, ArenaBuffer, MemoryPlan, plan_memory
 from ..compile.shape_program import Trace
 from ..ir import Node, Value
@@ -167,6 +168,7 @@ class _Builder:
         self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
         # member -> (element sources, dtype, shape, on the host): the values of shapes made in groups
         self.sval_members: dict[str, tuple] = {}
+        self.member_value: dict[str, Value] = {}  # members that hold a value of the graph
         self.step: StepPlan | None = None  # the whole-step function (step_graph.py), or why not
         self.step_refused = ""
 
@@ -205,7 +207,7 @@ class _Builder:
         return g
 
     def add_member(self, key: tuple, syms: frozenset[str], base: str, lines_fn, node: Node | None = None,
-                   buffer: bool = True, shape_syms: frozenset[str] | None = None) -> str:
+                   buffer: bool = True, shape_syms: frozenset[str] | None = None, value: Value | None = None) -> str:
         """A name made in the group of ``syms``. ``buffer``: memory kernels read and write in
         place (an arena view, a slot, a view of one), else a value made from shapes;
         ``shape_syms``: the symbols its shape depends on (default: ``syms``)."""
@@ -219,6 +221,8 @@ class _Builder:
         g.members.append(name)
         self.member[key] = (g, name)
         self.member_info[name] = Member(g.symbols, buffer, g.symbols if shape_syms is None else shape_syms)
+        if value is not None:
+            self.member_value[name] = value
         return name
 
     def member_syms(self, key: tuple) -> frozenset[str] | None:
@@ -285,7 +289,7 @@ class _Builder:
             to = ".cpu()" if host else ".to(DEV, non_blocking=True)"
             info = self.member_info[name]
             return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"],
-                                   buffer=False, shape_syms=info.shape_syms)
+                                   buffer=False, shape_syms=info.shape_syms, value=v)
         name = self.local[id(v)]
         if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype):
             return name
@@ -364,7 +368,8 @@ class _Builder:
             info = self.t.info.get(id(v))
             return syms if info is None or info.dims is None else self.dims_free(info.dims)
         if len(outs) == 1:
-            self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node, False, shape_syms(outs[0]))
+            self.add_member(("value", id(outs[0])), syms, outs[0].name, lines, node, False, shape_syms(outs[0]),
+                            value=outs[0])
         else:
             tup = self.add_member(("node", id(node)), syms, f"{node.name}_res", lines, node, False, syms)
             for k, v in enumerate(outs):
@@ -679,17 +684,44 @@ class _Builder:
             axis = node.attrs.get("axis", 0) % len(dims)
             d = dims[axis]
             free = self.free(d)
-            growth = next(iter(free)) if len(free) == 1 and self.src(d) == self.symvar.get(next(iter(free))) else None
+            growth = shift = None
+            if len(free) == 1:  # the past's length is g + c (c free of g): g grows, P holds g + c
+                g = next(iter(free))
+                rest = self.env.canon(E.sub(E.sym(g), self.env.canon(d.expr if isinstance(d, SymInt) else d)))
+                if g not in rest.free:
+                    growth, shift = g, E.source(rest, self._symname)
             new_len = self.src(self.t.of(node.inputs[1]).dims[axis]) if len(node.inputs) == 2 else None
-            kv.append(KVInfo(i, axis, self.local.get(id(past)), self.local.get(id(out)), growth, new_len))
+            total = self.src(self.t.of(out).dims[axis])
+            kv.append(KVInfo(i, axis, self.local.get(id(past)), self.local.get(id(out)), growth, new_len, shift,
+                             total))
         out_dtypes = {k: repr(self.t.of(v).dtype) for k, v in enumerate(self.output_values)}
+        input_dims = {self.local[id(v)]: [self.src(x) for x in self.t.of(v).dims or ()] for v in self.t.input_values}
+        keysyms = [s for s in self.sig_symbols if s not in self.env.replace]
         try:
-            plan = step_plan(self.items, kv, self.member_info, self.sval_members, self.symvar, self.sig_symbols,
+            plan = step_plan(self.items, kv, self.member_info, self.sval_members, self.symvar, keysyms,
                              params, self.results, out_dtypes, self.device.type == "cuda",
-                             [(grp.symbols, [line for line, _ in grp.lines]) for grp in groups])
+                             [(grp.symbols, [line for line, _ in grp.lines]) for grp in groups],
+                             self._fills(), input_dims)
         except Refused as e:
             return None, str(e)
         return plan, ""
+
+    def _fills(self) -> dict[str, tuple]:
+        """Members that hold a mask made from shapes that is the same everywhere in this
+        specialization (a causal mask of a one-token step): name -> (value, dtype, dims sources)."""
+        out = {}
+        for name, v in self.member_value.items():
+            info = self.t.of(v)
+            a = info.affine
+            if a is None or a.pred is None or info.dims is None:
+                continue
+            try:
+                truth = affine.always(a, self.env)
+            except NeedsConcrete:
+                truth = None
+            if truth is not None:
+                out[name] = (truth, repr(info.dtype), [self.src(x) for x in info.dims])
+        return out
 
     def _put_region(self, r: Region, put) -> None:
         """``run``'s lines for region ``r``: its static impl for the key when there is one, else

@@ -38,7 +38,7 @@ from .regions import _HOST_SYNC, Item, Member, _rhs_reads, targets
 _KV_CALL = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\((\w+), (\w+)\)$")
 _KV_PREPARE = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\.prepare\((\w+), (.*)\)$")
 _OUT = re.compile(r"^(\w+) = st\.out\((\d+), (.*)\)$")
-_ATTN = re.compile(r"^(\w+) = (k_\w+)\((\w+), (\w+), (\w+), None\)$")
+_ATTN = re.compile(r"^(\w+) = (k_\w+)\((\w+), (\w+), (\w+), (\w+)\)$")
 
 
 @dataclass
@@ -49,8 +49,10 @@ class KVInfo:
     axis: int
     past: str | None  # the local of its past (an input of run)
     out: str | None  # the local of its result (the present)
-    growth: str | None  # the symbol of the past's length along the axis, when it is one symbol
+    growth: str | None  # the symbol g the past's length grows with: the past is g + c along the axis
     new_len: str | None  # source of the new part's length along the axis (None: not past + one part)
+    shift: str | None = None  # source of g - (the past's length): c's negation, free of g
+    total: str | None = None  # source of the present's length along the axis (keys seen)
 
 
 @dataclass
@@ -64,19 +66,45 @@ class StepPlan:
     inputs: list[str]  # the live-ins that are inputs of run
     results: list[tuple[str, int]]  # per result of run: ("kv", kv position) or ("out", position in step's)
     svals: list[str] = field(default_factory=list)  # members computed on the device from P
+    keysyms: list[str] = field(default_factory=list)  # the symbols of keyvars
+    padded: list[tuple[str, int]] = field(default_factory=list)  # inputs read padded to C: (local, axis)
 
 
 class Refused(Exception):
     """Why a specialization has no whole-step function."""
 
 
+# ops whose lines a mask made from the growing length may run through, at the capacity: each
+# element of their results depends only on the same key position of their inputs (elementwise),
+# or they move elements without mixing key positions (views, broadcasts)
+_MASK_OPS = frozenset({"Cast", "CastLike", "Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater",
+                       "GreaterOrEqual", "Where", "Add", "Sub", "Mul", "Div", "Neg", "Min", "Max", "Identity",
+                       "Unsqueeze", "Squeeze", "Reshape", "Expand"})
+
+
+def _mentions(src: str, var: str) -> bool:
+    return re.search(rf"(?<!\w){var}(?!\w)", src) is not None
+
+
+def _at_capacity(src: str, total: str) -> str:
+    """``src`` with the count of keys seen (``total``, a source) made the capacity ``C``."""
+    if re.fullmatch(r"\w+", total):
+        return re.sub(rf"(?<!\w){total}(?!\w)", "C", src)
+    return src.replace(f"({total})", "C").replace(total, "C")
+
+
 def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], svals: dict[str, tuple],
               symvar: dict[str, str], sig_symbols: list[str], params: list[str], results: list[str],
-              out_dtypes: dict[int, str], cuda: bool, groups: list[tuple[frozenset, list[str]]]) -> StepPlan:
+              out_dtypes: dict[int, str], cuda: bool, groups: list[tuple[frozenset, list[str]]],
+              fills: dict[str, tuple] | None = None, input_dims: dict[str, list[str]] | None = None) -> StepPlan:
     """The whole-step function of a specialization (module docstring), or ``Refused``.
     ``svals``: member -> (element sources, dtype source, shape, on the host) of values made from
     shapes; ``out_dtypes``: st.out index -> dtype source; ``groups``: (symbols, lines) of each
-    group, in the order run unpacks them."""
+    group, in the order run unpacks them; ``fills``: member -> (value, dtype source, dims
+    sources) of masks made from shapes that are one value everywhere; ``input_dims``: input
+    local -> its dims' sources; ``sig_symbols``: the symbols that key the specialization's
+    values (those the shape program did not replace)."""
+    fills, input_dims = fills or {}, input_dims or {}
     if not kv:
         raise Refused("no KV cache")
     growth = {k.growth for k in kv}
@@ -86,13 +114,24 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     gvar = symvar[g]
     if any(k.new_len is None or k.past is None or k.out is None for k in kv):
         raise Refused("a KV append that is not past + one new part")
-    new_lens = {k.new_len for k in kv}
-    if len(new_lens) != 1 or re.search(rf"(?<!\w){gvar}(?!\w)", next(iter(new_lens))):
+    new_lens, shifts, totals = ({getattr(k, a) for k in kv} for a in ("new_len", "shift", "total"))
+    if len(new_lens) != 1 or _mentions(next(iter(new_lens)), gvar):
         raise Refused("the KV appends add parts of different or growing lengths")
-    new_len = next(iter(new_lens))
+    if len(shifts) != 1 or len(totals) != 1 or None in shifts or None in totals:
+        raise Refused("the KV pasts do not grow alike")
+    new_len, shift, total = next(iter(new_lens)), next(iter(shifts)), next(iter(totals))
     by_index = {k.index: k for k in kv}
     presents = {k.out: k for k in kv}
     pasts = {k.past for k in kv}
+    # inputs other than the pasts whose dims grow (an attention_mask over the keys seen): a mask
+    # line reads them padded to the capacity along that axis (keys beyond the length are masked
+    # by the attention itself, so what the padding holds does not matter)
+    growing: dict[str, int | None] = {}
+    for n, dims in input_dims.items():
+        hits = [a for a, d in enumerate(dims) if _mentions(d, gvar)]
+        if n not in pasts and hits:
+            growing[n] = hits[0] if len(hits) == 1 and dims[hits[0]] == total else None
+    padded: set[str] = set()  # values the step makes at the capacity along the keys
     lines: list[str] = []
     used_svals: list[str] = []
     for it in items:
@@ -103,26 +142,37 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
         if cuda and it.host:
             raise Refused(f"node {it.node.name!r} runs on the host")
         is_kv = any(k.out in targets(x) for x in it.lines for k in kv)
+        is_attn = any(_ATTN.match(x) for x in it.lines)
+        mask = not is_kv and not is_attn and g in it.syms and getattr(it.node, "op_type", None) in _MASK_OPS
         for line in it.lines:
-            new = _rewrite(line, it, by_index, presents, pasts, out_dtypes, gvar, is_kv, cuda, new_len)
-            lines.append(new)
-        if not is_kv and g in it.syms and not any(_ATTN.match(x) for x in it.lines):
+            if mask:
+                lines.append(_mask_line(line, it, total, gvar, growing, presents, pasts))
+                padded.update(targets(line))
+                continue
+            lines.append(_rewrite(line, it, by_index, presents, pasts, out_dtypes, gvar, is_kv, cuda, new_len,
+                                  padded))
+        if not is_kv and not mask and g in it.syms and not is_attn:
             raise Refused(f"node {it.node.name!r} has shapes that depend on {g!r}")
     # the buffers the lines write (arena views and views of them) become the step's own memory:
     # allocated when the graph is captured, from its pool, so that no re-plan of the request's
     # arena (a longer prompt's prefill) moves them under the graph
-    buffers = _buffer_lines(lines, groups, members, g)
+    buffers = _buffer_lines(lines, groups, members, g, gvar, total)
     lines = buffers + lines
     # what the lines read: inputs, group members (stable, or values of g made here), made locals
     made: set[str] = set()
     live_in: list[str] = []
+    pads: list[tuple[str, int]] = []
+    made_fills: list[str] = []
     local = set(params) | set(members)
     for line in lines:
         for n in _rhs_reads(line):
-            if n in made or n in live_in or n not in local:
+            if n in made or n in live_in or n in made_fills or n not in local:
                 continue
             m = members.get(n)
             if m is not None and g in m.group_syms:
+                if n in fills:
+                    made_fills.append(n)
+                    continue
                 if n not in svals or svals[n][3]:
                     raise Refused(f"{n!r} is made per value of {g!r} and is not a device value of shapes")
                 if n not in used_svals:
@@ -130,6 +180,10 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
                 continue
             if n in pasts:
                 raise Refused(f"the past {n!r} is read outside the KV append")
+            if n in growing:
+                if growing[n] is None:
+                    raise Refused(f"input {n!r} grows along an axis that is not the keys seen")
+                pads.append((n, growing[n]))
             live_in.append(n)
         made.update(targets(line))
     out_results: list[tuple[str, int]] = []
@@ -137,13 +191,15 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     for r in results:
         if r in presents:
             out_results.append(("kv", kv.index(presents[r])))
-        elif r in made:
+        elif r in made and r not in padded:
             out_results.append(("out", len(returned)))
             returned.append(r)
         else:
             raise Refused(f"result {r!r} is not made by the step")
-    keyvars = [symvar[s] for s in sig_symbols if s != g]
-    head = [f"# whole step over KV storages of capacity C; the past length {g!r} is the device tensor P",
+    keysyms = [s for s in sig_symbols if s != g]
+    keyvars = [symvar[s] for s in keysyms]
+    gdev = f"(P0 + {shift})" if shift != "0" else "P0"  # g on the device
+    head = ["# whole step over KV storages of capacity C; the past length is the device tensor P",
             "P0 = P[0]",
             f"IDX = torch.arange({new_len}, device=DEV) + P",
             f"VALID = torch.arange(C, device=DEV)[None, :] < (P + {new_len})",
@@ -152,22 +208,41 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
             "VALID.logical_not().view(1, 1, 1, C), float('-inf'))"]
     for n in used_svals:
         elems, dt, shape, _ = svals[n]
-        srcs = [_device_expr(e, gvar) for e in elems]
+        srcs = [_device_expr(e, gvar, gdev) for e in elems]
         head.append(f"{n} = torch.stack([{', '.join(f'_tdev({s}, P0)' for s in srcs)}]).to({dt}).reshape({shape!r})")
+    for n in made_fills:  # a mask made from shapes, one value everywhere: made at the capacity
+        value, dt, dims = fills[n]
+        dims = [_at_capacity(d, total) for d in dims]
+        if any(_mentions(d, gvar) for d in dims):
+            raise Refused(f"{n!r} has a size that grows with {g!r} other than the keys seen")
+        head.append(f"{n} = torch.full(({', '.join(dims)}{',' if len(dims) == 1 else ''}), {value!r}, dtype={dt}, "
+                    "device=DEV)")
     args = keyvars + ["C", "P"] + [f"KS{k.index}" for k in kv] + live_in
     src = [f"def step({', '.join(args)}):"] + ["    " + x for x in head + lines]
     src.append(f"    return ({', '.join(returned)}{',' if len(returned) == 1 else ''})")
-    return StepPlan("\n".join(src) + "\n", g, keyvars, kv, new_len, live_in, [n for n in live_in if n in params],
-                    out_results, used_svals)
+    return StepPlan("\n".join(src) + "\n", g, keyvars, kv, new_len, live_in,
+                    [n for n in live_in if n in params and n not in growing], out_results, used_svals, keysyms, pads)
+
+
+def _mask_line(line: str, it: Item, total: str, gvar: str, growing: dict, presents: dict, pasts: set) -> str:
+    """A line of a mask made from the growing length, made at the capacity instead."""
+    reads = set(_rhs_reads(line))
+    if reads & (set(presents) | pasts) or "st." in line:
+        raise Refused(f"node {it.node.name!r} makes a mask from the KV cache or the request state")
+    new = _at_capacity(line, total)
+    if _mentions(new, gvar):
+        raise Refused(f"node {it.node.name!r} reads the growing length as a number")
+    return new
 
 
 _ARENA_VIEW = re.compile(r"^(\w+) = A\[(\d+)\]\.as_strided\((.*), off\[\d+\]\)$")
 
 
 def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], members: dict[str, Member],
-                  g: str) -> list[str]:
+                  g: str, gvar: str, total: str) -> list[str]:
     """The group lines that make the buffers ``lines`` read (transitively), arena views made
-    fresh allocations of the same shape and strides."""
+    fresh allocations of the same shape and strides; those of a mask over the keys seen are
+    made at the capacity."""
     wanted = {n for line in lines for n in _rhs_reads(line) if n in members and members[n].buffer}
     ordered = [(syms, line) for syms, glines in groups for line in glines]
     picked: list[str] = []
@@ -176,7 +251,9 @@ def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], m
         if not made:
             continue
         if g in syms:
-            raise Refused(f"buffer {made[0]!r} has a size that depends on {g!r}")
+            line = _at_capacity(line, total)
+            if _mentions(line, gvar):
+                raise Refused(f"buffer {made[0]!r} has a size that depends on {g!r}")
         m = _ARENA_VIEW.match(line)
         if m:
             line = f"{m.group(1)} = torch.empty_strided({m.group(3)}, dtype=ADT{m.group(2)}, device=DEV)"
@@ -188,7 +265,7 @@ def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], m
 
 
 def _rewrite(line: str, it: Item, kv: dict[int, KVInfo], presents: dict[str, KVInfo], pasts: set[str],
-             out_dtypes: dict[int, str], gvar: str, is_kv: bool, cuda: bool, new_len: str) -> str:
+             out_dtypes: dict[int, str], gvar: str, is_kv: bool, cuda: bool, new_len: str, padded: set[str]) -> str:
     """One line of ``run`` as the whole step runs it, or ``Refused``."""
     m = _KV_PREPARE.match(line)
     if m:  # the producer of the new part writes into a buffer of the step's own
@@ -209,27 +286,33 @@ def _rewrite(line: str, it: Item, kv: dict[int, KVInfo], presents: dict[str, KVI
     if cuda and any(s in line for s in _HOST_SYNC):
         raise Refused(f"node {it.node.name!r} moves data between host and device")
     reads = set(_rhs_reads(line))
-    if re.search(rf"(?<!\w){gvar}(?!\w)", line):
+    if _mentions(line, gvar):
         raise Refused(f"node {it.node.name!r} reads the growing length as a number")
     read_presents = [n for n in reads if n in presents]
-    if not read_presents:
-        return line
     m = _ATTN.match(line)
+    if not read_presents:
+        if reads & padded:
+            raise Refused(f"node {it.node.name!r} reads a mask over the keys seen and is not their attention")
+        return line
     if m is None or getattr(it.node, "op_type", None) != "Attention" or m.group(3) in presents:
-        raise Refused(f"node {it.node.name!r} reads a KV present and is not an attention without a mask")
+        raise Refused(f"node {it.node.name!r} reads a KV present and is not an attention")
+    mask = m.group(6)
+    if mask != "None" and mask not in padded:
+        raise Refused(f"attention {it.node.name!r} reads a mask that is not over the keys seen")
     k, v = presents.get(m.group(4)), presents.get(m.group(5))
     if k is None or v is None:
         raise Refused(f"attention {it.node.name!r} reads one present and something else")
     attrs = it.node.attrs
-    if attrs.get("k_transposed", 0):  # (its mask, if it has one, masks nothing here: the line passes None)
+    if attrs.get("k_transposed", 0):
         raise Refused(f"attention {it.node.name!r} reads its keys transposed")
+    extra = "" if mask == "None" else f", {mask}, {attrs.get('mask_kind', 'add')!r}"
     return f"{m.group(1)} = _kv_attn({m.group(3)}, KS{k.index}, KS{v.index}, P, {new_len}, NEG, " \
-           f"{float(attrs.get('scale', 1.0))!r})"
+           f"{float(attrs.get('scale', 1.0))!r}{extra})"
 
 
-def _device_expr(src: str, gvar: str) -> str:
-    """A symbol expression's source with the growing symbol read from the device (``P0``)."""
-    src = re.sub(rf"(?<!\w){gvar}(?!\w)", "P0", src)
+def _device_expr(src: str, gvar: str, gdev: str = "P0") -> str:
+    """A symbol expression's source with the growing symbol read from the device (``gdev``)."""
+    src = re.sub(rf"(?<!\w){gvar}(?!\w)", gdev, src)
     return re.sub(r"(?<![\w.])(max|min)\(", r"_t\1(", src)
 
 

@@ -1,10 +1,13 @@
 """Attention of a decode step over KV storages of fixed capacity (the whole-step graphs).
 
-``kv_attention(q, k, v, length, n_new, neg, scale)``: ``q`` [b, heads, s, d] attends to the first
-``length[0] + n_new`` positions of ``k`` / ``v`` [b, kv_heads, capacity, d] (``length`` a device
-tensor: nothing here reads it on the host, so a CUDA graph replays it at any length); every query
-sees every key written so far (the decode step's attention has no mask left: its causal mask
-masks nothing for its queries). The query heads that share a KV head are that head's rows.
+``kv_attention(q, k, v, length, n_new, neg, scale, mask=None, kind="add")``: ``q`` [b, heads, s, d]
+attends to the first ``length[0] + n_new`` positions of ``k`` / ``v`` [b, kv_heads, capacity, d]
+(``length`` a device tensor: nothing here reads it on the host, so a CUDA graph replays it at any
+length). Without ``mask`` every query sees every key written so far (a decode step's causal mask
+masks nothing for its queries); with one (an ``attention_mask`` input made a mask, padded to the
+capacity: what it holds beyond the length does not matter), ``mask`` broadcast to
+[b, heads, s, capacity] is added to the scores (``kind`` 'add'), or says which keys are seen
+('keep') or not ('drop'). The query heads that share a KV head are that head's rows.
 
 On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, block of 64
 keys) computes its block's softmax numerator and running max, a second kernel combines the
@@ -29,20 +32,33 @@ BLOCK_N = 64  # keys per program of the split kernel (benchmarks/kv_attention_tu
 NUM_WARPS = 4
 
 
-def kv_attention(q, k, v, length, n_new: int, neg, scale: float):
+def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind: str = "add"):
     b, h, s, d = q.shape
     kvh, cap, dv = k.shape[1], k.shape[2], v.shape[-1]
     rows = (h // kvh) * s
     q3 = q.reshape(b * kvh, rows, d)
+    bias = None if mask is None else _additive(mask, kind).expand(b, h, s, cap)
     if triton is not None and q.is_cuda and d <= 256 and dv <= 256 and rows <= 64 and k.stride(-1) == 1 \
             and v.stride(-1) == 1:
-        return _triton(q3, k, v, length, n_new, scale).view(b, h, s, dv)
-    scores = torch.baddbmm(neg.view(1, 1, cap), q3, k.reshape(b * kvh, cap, d).transpose(1, 2), alpha=scale)
+        return _triton(q3, k, v, length, n_new, scale, bias, s).view(b, h, s, dv)
+    full = neg.view(1, 1, cap)
+    if bias is not None:  # the query heads of a KV head are its rows: [b * kv_heads, rows, capacity]
+        full = (bias.to(neg.dtype) + neg.view(1, 1, 1, cap)).reshape(b * kvh, rows, cap)
+    scores = torch.baddbmm(full, q3, k.reshape(b * kvh, cap, d).transpose(1, 2), alpha=scale)
     p = torch.softmax(scores, dim=-1)
     return torch.bmm(p, v.reshape(b * kvh, cap, dv)).view(b, h, s, dv)
 
 
-def _triton(q3, k, v, length, n_new: int, scale: float):
+def _additive(mask, kind: str):
+    """The mask as fp32 numbers to add to the scores: 0 where a key is seen."""
+    if kind == "add":
+        return mask.float()
+    seen = mask if kind == "keep" else mask.logical_not()
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(seen.logical_not(),
+                                                                                         float("-inf"))
+
+
+def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
     splits = triton.cdiv(cap, BLOCK_N)
@@ -55,12 +71,15 @@ def _triton(q3, k, v, length, n_new: int, scale: float):
     den = torch.empty_like(mx)
     out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
     ieee = q3.dtype == torch.float32
+    has_mask = bias is not None
+    sb = bias.stride() if has_mask else (0, 0, 0, 0)
     with torch.cuda.device(q3.device):  # Triton launches on the current device: make it q's (cuda:1)
-        _partial[(bh, splits)](q3, k, v, length, part, mx, den, n_new, scale, kvh, rows, d, dv,
-                               q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
-                               v.stride(0), v.stride(1), v.stride(2), splits,
-                               BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                               BLOCK_DV=block_dv, IEEE=ieee, num_warps=NUM_WARPS)
+        _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, n_new, scale, kvh, rows,
+                               d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                               v.stride(0), v.stride(1), v.stride(2), splits, s, *sb,
+                               HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=BLOCK_N,
+                               BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=block_dv, IEEE=ieee,
+                               num_warps=NUM_WARPS)
         _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
                         BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
     return out
@@ -69,11 +88,11 @@ def _triton(q3, k, v, length, n_new: int, scale: float):
 if triton is not None:
     # ints that change with the capacity are not specialised on: a new bucket's capture must not
     # compile a kernel variant
-    @triton.jit(do_not_specialize=["n_new", "sk0", "sk1", "sv0", "sv1", "SPLITS"])
-    def _partial(Q, K, V, LEN, PART, MX, DEN, n_new, scale, KVH, R, D, DV,
-                 sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS,
-                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 IEEE: tl.constexpr):
+    @triton.jit(do_not_specialize=["n_new", "sk0", "sk1", "sv0", "sv1", "SPLITS", "sb0", "sb1", "sb2"])
+    def _partial(Q, K, V, LEN, PART, MX, DEN, B, n_new, scale, KVH, R, D, DV,
+                 sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS, S, sb0, sb1, sb2, sb3,
+                 HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // KVH
@@ -95,6 +114,11 @@ if triton is not None:
         else:
             s = tl.dot(q, kt)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
+        if HAS_MASK:  # row r is query r % S of query head h * (R // S) + r // S
+            hq = h * (R // S) + rows // S
+            bias = tl.load(B + b * sb0 + hq[:, None] * sb1 + (rows % S)[:, None] * sb2 + n[None, :] * sb3,
+                           mask=(rows[:, None] < R) & valid[None, :], other=0.0)
+            s = s + bias
         m = tl.max(s, axis=1)  # -inf in a block beyond the length (every load masked: no reads)
         p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # such a block adds 0
         vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),

@@ -70,8 +70,8 @@ def bucket_rule(option):
 class _Bucket:
     """The storages of one key (the other symbols' values) and the impl over them."""
 
-    def __init__(self, cap: int, storages: list[torch.Tensor]) -> None:
-        self.cap, self.storages = cap, storages
+    def __init__(self, cap: int, storages: list[torch.Tensor], pads: list[torch.Tensor]) -> None:
+        self.cap, self.storages, self.pads = cap, storages, pads
         self.impl = None
         self.filled = -1  # the length written along the axis (-1: nothing valid yet)
         self.handed = False  # views of the storages went to the caller
@@ -124,14 +124,17 @@ class DecodeGraphs:
         self.device, self.rule = model.device, model.kv_bucket
         self.stats = state.runner.stats
         syms = spec.sig_symbols
-        self.gpos = syms.index(plan.growth)
-        self.kpos = [i for i, s in enumerate(syms) if s != plan.growth]
+        self.kpos = [syms.index(s) for s in plan.keysyms]
         self.new_len = eval(f"lambda {', '.join(plan.keyvars) or '_'}: {plan.new_len}")  # noqa: S307  our source
         params = spec.input_locals
         self.past_pos = [params.index(k.past) for k in plan.kv]
         self.axes = [k.axis for k in plan.kv]
         self.input_slots = [(1 + len(plan.kv) + j, params.index(n)) for j, n in enumerate(plan.live_in)
                             if n in plan.inputs]
+        # inputs read padded to the capacity (an attention_mask over the keys seen): (slot, input, axis)
+        pads = dict(plan.padded)
+        self.pad_slots = [(1 + len(plan.kv) + j, params.index(n), pads[n]) for j, n in enumerate(plan.live_in)
+                          if n in pads]
         self.buckets: dict[tuple, _Bucket] = {}
         self.retired: dict[tuple, int] = {}
         self.off: dict[tuple, int | None] = {}  # key -> runs left to the dynamic path (None: for good)
@@ -157,10 +160,10 @@ class DecodeGraphs:
                 else:
                     self.off[key] = left - 1
             return None
-        g = sig[self.gpos]
+        pasts = [inputs[i] for i in self.past_pos]
+        g = int(pasts[0].shape[self.axes[0]])  # the past's length (P)
         n = self.new_len(*key) if self.kpos else self.new_len(0)
         total = g + n
-        pasts = [inputs[i] for i in self.past_pos]
         b = self.buckets.get(key)
         ours = b is not None and b.filled == g and self._ours(pasts, b)
         if b is not None and not ours and b.handed:
@@ -171,9 +174,11 @@ class DecodeGraphs:
                 return None
             b.handed = False  # the caller let go of every view: the storages are ours again
         if b is None or total > b.cap:
-            b = self._new_bucket(key, b, total, pasts)
+            b = self._new_bucket(key, b, total, pasts, inputs)
         elif not ours:
             self._adopt(b, pasts, g)
+        if not self._fill_pads(b, inputs):
+            return None
         if b.impl is None:
             outs = self._build(key, b, sig, inputs, g)
         else:
@@ -214,20 +219,35 @@ class DecodeGraphs:
         self.stats["decode_graph_replays"] += 1
         return outs
 
+    def _fill_pads(self, b: _Bucket, inputs: tuple) -> bool:
+        """Copy each padded input into its buffer (what lies beyond its length is masked by the
+        attention whatever it holds); False when one does not fit the bucket's buffer."""
+        for (_, k, axis), buf in zip(self.pad_slots, b.pads):
+            x = inputs[k]
+            shape = list(x.shape)
+            shape[axis] = buf.shape[axis]
+            if not isinstance(x, torch.Tensor) or x.shape[axis] > buf.shape[axis] or list(buf.shape) != shape:
+                self.stats["decode_graph_guard_fails"] += 1
+                return False
+            buf.narrow(axis, 0, x.shape[axis]).copy_(x)
+        return True
+
     # ---- storages ------------------------------------------------------------------------------
-    def _new_bucket(self, key: tuple, old: _Bucket | None, total: int, pasts: list) -> _Bucket:
+    def _new_bucket(self, key: tuple, old: _Bucket | None, total: int, pasts: list, inputs: tuple) -> _Bucket:
         cap = self.rule(total)
         engine = self.state.runner.engine
-        storages = []
-        for p, a in zip(pasts, self.axes):
-            shape = list(p.shape)
-            shape[a] = cap
+
+        def zeros(like, axis):
+            shape = list(like.shape)
+            shape[axis] = cap
             # zeros: positions beyond the length stay finite, so their weight of 0 is exact
-            storages.append(engine.allocate(math.prod(shape), p.dtype).view(shape).zero_())
+            return engine.allocate(math.prod(shape), like.dtype).view(shape).zero_()
+        storages = [zeros(p, a) for p, a in zip(pasts, self.axes)]
+        pads = [zeros(inputs[k], axis) for _, k, axis in self.pad_slots]
         if old is not None:
             self._release(old)
             self.stats["decode_graph_bucket_changes"] += 1
-        b = self.buckets[key] = _Bucket(cap, storages)
+        b = self.buckets[key] = _Bucket(cap, storages, pads)
         self.stats["decode_graph_storages"] += 1
         self._adopt(b, pasts, pasts[0].shape[self.axes[0]])
         return b
@@ -255,7 +275,9 @@ class DecodeGraphs:
         engine = self.state.runner.engine
         for s in b.storages:
             engine.release(s, handed_out=b.handed)
-        b.storages, b.impl, b.template = [], None, None
+        for s in b.pads:
+            engine.release(s)
+        b.storages, b.pads, b.impl, b.template = [], [], None, None
 
     def _refuse(self, key: tuple, why: str) -> None:
         msg = f"whole-step decode of {self.state.spec.filename} for {key}: {why}"
@@ -275,6 +297,8 @@ class DecodeGraphs:
         ins = [self.P, *b.storages, *live]
         for pos, k in self.input_slots:
             ins[pos] = inputs[k]
+        for (pos, _, _), buf in zip(self.pad_slots, b.pads):
+            ins[pos] = buf
         self.P.fill_(g)
         symvals = (*key, b.cap)
         refresh = [False] * (1 + len(b.storages)) + [n in self.plan.inputs for n in self.plan.live_in]

@@ -222,3 +222,75 @@ def test_io_binding_outputs_are_written_by_the_dynamic_path(path, eager, device)
     ref, _ = _eager_step(eager, ids, past)
     torch.testing.assert_close(logits.cpu(), ref, atol=2e-5, rtol=1e-4)
     assert sess.stats()["decode_graph_bound_runs"] >= 1
+
+
+# ---- decoders that take an attention_mask (as HF optimum exports them) --------------------------
+MASKED = {**llama.TINY, "mask_input": True}
+
+
+@pytest.fixture(scope="module")
+def masked():
+    return str(llama.model_path(MASKED)), llama.build(MASKED)
+
+
+def _decode_masked(sess, model, device, steps, seed=0, garbage=False):
+    """Greedy decode of a left-padded batch (the second prompt is two tokens shorter), the mask
+    growing by a one each step; logits compared with eager at every step."""
+    names = llama.input_names(MASKED)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 1000, (2, 5), generator=g)
+    am = torch.ones(2, 5, dtype=torch.int64)
+    am[1, :2] = 0
+    past = [torch.zeros(2, 2, 0, 16) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for _ in range(steps):
+        out = sess.run(None, dict(zip(names, [ids.to(device), am.to(device), *dpast])))
+        with torch.no_grad():
+            ref = model(ids, am, *past)
+        torch.testing.assert_close(out[0].cpu(), ref[0], atol=2e-5, rtol=1e-4)
+        dpast, past = list(out[1:]), list(ref[1:])
+        ids = ref[0][:, -1:].argmax(-1)
+        am = torch.cat([am, torch.ones(2, 1, dtype=torch.int64)], 1)
+        if garbage:  # what lies beyond the length in the storages and the padded mask: never read
+            for dec in _decoders(sess):
+                for b in dec.buckets.values():
+                    for s in b.storages:
+                        s.narrow(2, b.filled, s.shape[2] - b.filled).fill_(1e4)
+                    for p in b.pads:
+                        p.narrow(1, b.filled, p.shape[1] - b.filled).fill_(1)
+    return sess.stats()
+
+
+def test_a_decoder_with_an_attention_mask_replays_one_graph_per_bucket(masked, device):
+    path, model = masked
+    sess = _session(path, device)
+    st = _decode_masked(sess, model, device, 30, garbage=True)
+    # prompt 5, then 29 one-token steps: lengths 6..34 in buckets of 16 -> 16, 32, 48
+    assert st["decode_graph_builds"] == 3 and st["decode_graph_replays"] >= 25
+    assert st.get("decode_graph_fallbacks", 0) == 0
+    (dec,) = _decoders(sess)
+    assert dec.plan.padded == [("x_attention_mask", 1)]  # read padded to the capacity, not refreshed
+    assert "x_attention_mask" not in dec.plan.inputs
+
+
+def test_a_mask_that_hides_past_tokens_is_honoured(masked, device):
+    """Tokens of the past masked out step by step (as a caller drops a turn) change the logits
+    exactly as in eager: the graph reads the mask, not only the length."""
+    path, model = masked
+    sess = _session(path, device)
+    names = llama.input_names(MASKED)
+    ids = torch.randint(0, 1000, (2, 6))
+    am = torch.ones(2, 6, dtype=torch.int64)
+    past = [torch.zeros(2, 2, 0, 16) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for step in range(8):
+        if step >= 2:
+            am[step % 2, step] = 0  # hide one more past token, in one row or the other
+        out = sess.run(None, dict(zip(names, [ids.to(device), am.to(device), *dpast])))
+        with torch.no_grad():
+            ref = model(ids, am, *past)
+        torch.testing.assert_close(out[0].cpu(), ref[0], atol=2e-5, rtol=1e-4)
+        dpast, past = list(out[1:]), list(ref[1:])
+        ids = torch.randint(0, 1000, (2, 1))
+        am = torch.cat([am, torch.ones(2, 1, dtype=torch.int64)], 1)
+    assert sess.stats()["decode_graph_replays"] >= 5

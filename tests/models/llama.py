@@ -65,7 +65,10 @@ class Attention(nn.Module):
         kk = k.repeat_interleave(groups, dim=1)
         vv = v.repeat_interleave(groups, dim=1)
         scores = q @ kk.transpose(-1, -2) / (self.head_dim ** 0.5)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:  # HF's additive mask: 0 where a key is seen, the dtype's lowest value where not
+            scores = scores + mask
         out = torch.softmax(scores, dim=-1) @ vv
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         return self.o_proj(out), k, v
@@ -114,6 +117,8 @@ class Llama(nn.Module):
                     m.weight.uniform_(0.5, 1.5)
 
     def forward(self, input_ids, *past):
+        if self.cfg.get("mask_input"):
+            attention_mask, past = past[0], past[1:]
         s = input_ids.shape[1]
         p = past[0].shape[2]
         pos = torch.arange(s, device=input_ids.device) + p  # [s]
@@ -124,6 +129,11 @@ class Llama(nn.Module):
         cos, sin = emb.cos()[None, None].to(x.dtype), emb.sin()[None, None].to(x.dtype)  # [1, 1, s, d]
         kpos = torch.arange(p + s, device=input_ids.device)
         mask = (kpos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, p + s]
+        if self.cfg.get("mask_input"):
+            # as HF's exports (optimum's decoders) take it: attention_mask [batch, p + s], 1 for a
+            # token, 0 for padding; made an additive [batch, 1, s, p + s] mask with the lowest value
+            keep = mask & attention_mask[:, None, None, :].bool()
+            mask = torch.zeros(keep.shape, dtype=x.dtype).masked_fill(~keep, torch.finfo(x.dtype).min)
         presents = []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, cos, sin, mask, past[2 * i], past[2 * i + 1])
@@ -132,7 +142,7 @@ class Llama(nn.Module):
 
 
 def input_names(cfg: dict = TINY) -> list[str]:
-    names = ["input_ids"]
+    names = ["input_ids"] + (["attention_mask"] if cfg.get("mask_input") else [])
     for i in range(cfg["layers"]):
         names += [f"past_key_{i}", f"past_value_{i}"]
     return names
@@ -162,7 +172,8 @@ def example_args(cfg: dict = TINY, batch: int = 2, seq: int = 3, past: int = 5) 
     ids = torch.randint(0, cfg["vocab"], (batch, seq))
     kv = [torch.randn(batch, cfg["kv_heads"], past, cfg["head_dim"]).to(dtype_of(cfg))
           for _ in range(2 * cfg["layers"])]
-    return (ids, *kv)
+    mask = [torch.ones(batch, past + seq, dtype=torch.int64)] if cfg.get("mask_input") else []
+    return (ids, *mask, *kv)
 
 
 def export(path: Path, cfg: dict = TINY) -> None:
@@ -172,7 +183,10 @@ def export(path: Path, cfg: dict = TINY) -> None:
     past = torch.export.Dim("past", min=0, max=MAX_PAST)
     names = input_names(cfg)
     # forward(input_ids, *past): the var-positional ``past`` takes one spec per tensor
-    dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in names[1:])}
+    kv = tuple({0: batch, 2: past} for _ in range(2 * cfg["layers"]))
+    if cfg.get("mask_input"):  # the mask's length is its own dim, as in optimum's exports
+        kv = ({0: batch, 1: torch.export.Dim("total", min=1, max=MAX_PAST + MAX_SEQ)},) + kv
+    dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "past": kv}
     with torch.no_grad():
         torch.onnx.export(model, example_args(cfg), str(path), dynamo=True, dynamic_shapes=dynamic_shapes,
                           input_names=names, output_names=output_names(cfg), external_data=False)

@@ -64,3 +64,47 @@ def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype):
     k[:, :, shorter + s:] = 1e4
     graph.replay()
     torch.testing.assert_close(res.float(), _reference(q, k, v, shorter + s, 0.125), **tol)
+
+
+def _masked_case(device, dtype, b, h, kvh, s, cap, past, kind, seed=1):
+    """A case with a key mask over the capacity (as an attention_mask input makes it): random
+    keys hidden per batch row and, for an [b, 1, s, cap] mask, per query; garbage beyond."""
+    q, k, v, length, neg, total = _case(device, dtype, b, h, kvh, s, cap, past, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    seen = torch.rand(b, 1, s, cap, generator=g) > 0.3
+    seen[..., total - 1] = True  # every query sees one key at least
+    seen[..., total:] = torch.rand(b, 1, s, cap - total, generator=g) > 0.5  # beyond the length: ignored
+    seen = seen.to(device)
+    if kind == "add":
+        mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)
+    else:
+        mask = seen if kind == "keep" else ~seen
+    g_ = h // kvh
+    kk = k[:, :, :total].repeat_interleave(g_, dim=1).float()
+    vv = v[:, :, :total].repeat_interleave(g_, dim=1).float()
+    ref = F.scaled_dot_product_attention(q.float(), kk, vv, attn_mask=seen[..., :total], scale=0.125)
+    return q, k, v, length, neg, mask, ref
+
+
+MASKED_CASES = [(2, 12, 4, 1, 64, 20), (3, 8, 8, 1, 128, 100), (2, 4, 2, 3, 64, 30)]
+
+
+@pytest.mark.parametrize("kind", ["add", "keep", "drop"])
+@pytest.mark.parametrize("b,h,kvh,s,cap,past", MASKED_CASES)
+def test_a_key_mask_is_applied_and_ignored_beyond_the_length(b, h, kvh, s, cap, past, kind, monkeypatch):
+    monkeypatch.setattr(ka, "triton", None)
+    q, k, v, length, neg, mask, ref = _masked_case("cpu", torch.float32, b, h, kvh, s, cap, past, kind)
+    out = ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, kind)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", ["add", "keep"])
+@pytest.mark.parametrize("b,h,kvh,s,cap,past", MASKED_CASES)
+def test_triton_kernels_apply_a_key_mask(b, h, kvh, s, cap, past, kind, dtype):
+    if not torch.cuda.is_available() or ka.triton is None:
+        pytest.skip("the Triton kernels need CUDA and triton")
+    q, k, v, length, neg, mask, ref = _masked_case("cuda", dtype, b, h, kvh, s, cap, past, kind)
+    out = ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, kind)
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), ref, **tol)
