@@ -133,7 +133,7 @@ class Llama(nn.Module):
             # as HF's exports (optimum's decoders) take it: attention_mask [batch, p + s], 1 for a
             # token, 0 for padding; made an additive [batch, 1, s, p + s] mask with the lowest value
             keep = mask & attention_mask[:, None, None, :].bool()
-            mask = torch.zeros(keep.shape, dtype=x.dtype).masked_fill(~keep, torch.finfo(x.dtype).min)
+            mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
         presents = []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, cos, sin, mask, past[2 * i], past[2 * i + 1])
