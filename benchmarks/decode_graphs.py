@@ -48,6 +48,12 @@ def config(layers: int, dtype: str, mask: bool = False) -> dict:
     return cfg
 
 
+def hf_config(layers: int) -> dict:
+    """transformers' LlamaForCausalLM at the same size (tests/models/hf_llama.py), fp32."""
+    return dict(layers=layers, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, vocab=32000, seed=0,
+                dtype="float32", hf=True)
+
+
 def _mask(ids, past):
     """The attention_mask a caller feeds with a step: every token seen, none padded."""
     return [torch.ones(ids.shape[0], past[0].shape[2] + ids.shape[1], dtype=torch.int64, device=ids.device)]
@@ -149,14 +155,20 @@ def copy_bandwidth(dev) -> float:
 
 
 def bench(cfg, dev, batches, prompt_len, steps, rounds, compiled: bool, bw: float, rows, data):
-    path = str(llama.model_path(cfg))
-    names = llama.input_names(cfg)
-    eager = llama.build(cfg).to(dev)
+    if cfg.get("hf"):  # an HF decoder as users export it: its eager is transformers' own forward
+        from tests.models import hf_llama
+
+        path, names, eager = str(hf_llama.model_path(cfg)), hf_llama.input_names(cfg), hf_llama.build(cfg).to(dev)
+        embed, compiled = eager.model.model.embed_tokens, False
+    else:
+        path, names, eager = str(llama.model_path(cfg)), llama.input_names(cfg), llama.build(cfg).to(dev)
+        embed = eager.embed
     weight_bytes = sum(p.numel() * p.element_size() for p in eager.parameters())
-    weight_bytes -= eager.embed.weight.numel() * eager.embed.weight.element_size()  # a lookup reads one row
-    itemsize = eager.embed.weight.element_size()
+    weight_bytes -= embed.weight.numel() * embed.weight.element_size()  # a lookup reads one row
+    itemsize = embed.weight.element_size()
     label = f"{cfg['layers']} layers {cfg['dtype']}" + (" attention_mask" if cfg.get("mask_input") else "")
-    mask = _mask if cfg.get("mask_input") else (lambda ids, past: [])
+    label = f"HF LlamaForCausalLM {cfg['layers']} layers {cfg['dtype']}" if cfg.get("hf") else label
+    mask = _mask if cfg.get("mask_input") or cfg.get("hf") else (lambda ids, past: [])
     for batch in batches:
         prompt = torch.randint(0, cfg["vocab"], (batch, prompt_len),
                                generator=torch.Generator().manual_seed(batch)).to(dev)
@@ -321,6 +333,7 @@ def main() -> None:
     ap.add_argument("--memory-steps", type=int, default=0)
     ap.add_argument("--eager-memory", action="store_true", help="with --memory-steps: eager's instead")
     ap.add_argument("--mask", action="store_true", help="the export with an attention_mask input")
+    ap.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM exported (fp32)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -341,8 +354,8 @@ def main() -> None:
         data["copy_bandwidth_GBps"] = bw / 1e9
         _gone()
     for dt in args.dtype:
-        bench(config(args.layers, dt, args.mask), dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile,
-              bw, rows, data)
+        cfg = hf_config(args.layers) if args.hf else config(args.layers, dt, args.mask)
+        bench(cfg, dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile, bw, rows, data)
     print_table(f"greedy decode, {args.steps} tokens after {args.prompt}, {data['device']}",
                 ["model", "batch", "runtime", "tokens/s", "x eager", "fraction of bandwidth limit",
                  "tokens equal to eager", "compile s"], rows)

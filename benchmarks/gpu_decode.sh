@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -29,6 +29,11 @@ case "${1:-bench}" in
       --mask --json "$OUT/decode_graphs_mask_fp32.json"
     T=200 run python benchmarks/decode_graphs.py --device cuda --dtype bfloat16 --batch 1 4 --rounds 2 --no-compile \
       --mask --json "$OUT/decode_graphs_mask_bf16.json" ;;
+  hf)  # transformers' LlamaForCausalLM as users export it (dynamo), beside transformers' own eager
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
+      tests/ops/test_kv_attention.py tests/compile/test_fuse_attention.py
+    T=330 run python benchmarks/decode_graphs.py --device cuda --hf --batch 1 4 16 --rounds 2 \
+      --json "$OUT/decode_graphs_hf_fp32.json" ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \

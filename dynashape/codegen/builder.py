@@ -109,6 +109,7 @@ class StepCode:
     plan: StepPlan
     fn: object  # step(*other symbols, C, P, *storages, *live-ins) -> results that are not presents
     members: dict[str, tuple[int, int]]  # live-in member -> (group, position): where SpecState.cur has it
+    prep: object = None  # prep(*other symbols, C, *its live-ins) -> the capacity values (step_capacity.py)
 
 
 def _ident(name: str, prefix: str) -> str:
@@ -168,7 +169,7 @@ class _Builder:
         self.memo_nodes: dict[int, object] = {}  # id(Value) -> NodeInfo of a memo node, made on use
         # member -> (element sources, dtype, shape, on the host): the values of shapes made in groups
         self.sval_members: dict[str, tuple] = {}
-        self.member_value: dict[str, Value] = {}  # members that hold a value of the graph
+        self.member_value: dict[str, tuple[Value, bool]] = {}  # members that hold a value: (it, on the device)
         self.step: StepPlan | None = None  # the whole-step function (step_graph.py), or why not
         self.step_refused = ""
 
@@ -207,7 +208,8 @@ class _Builder:
         return g
 
     def add_member(self, key: tuple, syms: frozenset[str], base: str, lines_fn, node: Node | None = None,
-                   buffer: bool = True, shape_syms: frozenset[str] | None = None, value: Value | None = None) -> str:
+                   buffer: bool = True, shape_syms: frozenset[str] | None = None, value: Value | None = None,
+                   on_device: bool = False) -> str:
         """A name made in the group of ``syms``. ``buffer``: memory kernels read and write in
         place (an arena view, a slot, a view of one), else a value made from shapes;
         ``shape_syms``: the symbols its shape depends on (default: ``syms``)."""
@@ -222,7 +224,7 @@ class _Builder:
         self.member[key] = (g, name)
         self.member_info[name] = Member(g.symbols, buffer, g.symbols if shape_syms is None else shape_syms)
         if value is not None:
-            self.member_value[name] = value
+            self.member_value[name] = (value, on_device)
         return name
 
     def member_syms(self, key: tuple) -> frozenset[str] | None:
@@ -289,7 +291,7 @@ class _Builder:
             to = ".cpu()" if host else ".to(DEV, non_blocking=True)"
             info = self.member_info[name]
             return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"],
-                                   buffer=False, shape_syms=info.shape_syms, value=v)
+                                   buffer=False, shape_syms=info.shape_syms, value=v, on_device=not host)
         name = self.local[id(v)]
         if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype):
             return name
@@ -708,9 +710,10 @@ class _Builder:
 
     def _fills(self) -> dict[str, tuple]:
         """Members that hold a mask made from shapes that is the same everywhere in this
-        specialization (a causal mask of a one-token step): name -> (value, dtype, dims sources)."""
+        specialization (a causal mask of a one-token step): name -> (value, dtype, dims sources,
+        on the device)."""
         out = {}
-        for name, v in self.member_value.items():
+        for name, (v, on_device) in self.member_value.items():
             info = self.t.of(v)
             a = info.affine
             if a is None or a.pred is None or info.dims is None:
@@ -720,7 +723,7 @@ class _Builder:
             except NeedsConcrete:
                 truth = None
             if truth is not None:
-                out[name] = (truth, repr(info.dtype), [self.src(x) for x in info.dims])
+                out[name] = (truth, repr(info.dtype), [self.src(x) for x in info.dims], on_device)
         return out
 
     def _put_region(self, r: Region, put) -> None:
@@ -802,6 +805,8 @@ class _Builder:
         self.step, self.step_refused = self._step_plan(param_list, groups)
         if self.step is not None:
             out.extend(self.step.source.splitlines() + [""])
+            if self.step.prep:
+                out.extend(self.step.prep.splitlines() + [""])
         # run
         params = ", ".join(param_list)
         out.append(f"def run(st{', ' if params else ''}{params}):")
@@ -941,7 +946,8 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     spec.input_locals = [b.local[id(v)] for v in trace.input_values]
     if b.step is not None:
         where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
-        spec.step = StepCode(b.step, ns["step"], {n: where[n] for n in b.step.live_in if n in where})
+        spec.step = StepCode(b.step, ns["step"], {n: where[n] for n in b.step.live_in + b.step.prep_live_in
+                                                  if n in where}, ns.get("prep") if b.step.prep else None)
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]

@@ -34,6 +34,7 @@ import torch
 
 from ..ops.kv_attention import kv_attention
 from .regions import _HOST_SYNC, Item, Member, _rhs_reads, targets
+from .step_capacity import GATHER_OPS, MASK_OPS, Refused, at_capacity, mask_line, mentions, prep_source
 
 _KV_CALL = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\((\w+), (\w+)\)$")
 _KV_PREPARE = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\.prepare\((\w+), (.*)\)$")
@@ -68,29 +69,9 @@ class StepPlan:
     svals: list[str] = field(default_factory=list)  # members computed on the device from P
     keysyms: list[str] = field(default_factory=list)  # the symbols of keyvars
     padded: list[tuple[str, int]] = field(default_factory=list)  # inputs read padded to C: (local, axis)
-
-
-class Refused(Exception):
-    """Why a specialization has no whole-step function."""
-
-
-# ops whose lines a mask made from the growing length may run through, at the capacity: each
-# element of their results depends only on the same key position of their inputs (elementwise),
-# or they move elements without mixing key positions (views, broadcasts)
-_MASK_OPS = frozenset({"Cast", "CastLike", "Not", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater",
-                       "GreaterOrEqual", "Where", "Add", "Sub", "Mul", "Div", "Neg", "Min", "Max", "Identity",
-                       "Unsqueeze", "Squeeze", "Reshape", "Expand"})
-
-
-def _mentions(src: str, var: str) -> bool:
-    return re.search(rf"(?<!\w){var}(?!\w)", src) is not None
-
-
-def _at_capacity(src: str, total: str) -> str:
-    """``src`` with the count of keys seen (``total``, a source) made the capacity ``C``."""
-    if re.fullmatch(r"\w+", total):
-        return re.sub(rf"(?<!\w){total}(?!\w)", "C", src)
-    return src.replace(f"({total})", "C").replace(total, "C")
+    cap: list[str] = field(default_factory=list)  # live-ins made at the capacity by prep, once per bucket
+    prep: str = ""  # def prep(<keyvars>, C, <prep_live_in>) -> cap (step_capacity.py)
+    prep_live_in: list[str] = field(default_factory=list)
 
 
 def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], svals: dict[str, tuple],
@@ -115,7 +96,7 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     if any(k.new_len is None or k.past is None or k.out is None for k in kv):
         raise Refused("a KV append that is not past + one new part")
     new_lens, shifts, totals = ({getattr(k, a) for k in kv} for a in ("new_len", "shift", "total"))
-    if len(new_lens) != 1 or _mentions(next(iter(new_lens)), gvar):
+    if len(new_lens) != 1 or mentions(next(iter(new_lens)), gvar):
         raise Refused("the KV appends add parts of different or growing lengths")
     if len(shifts) != 1 or len(totals) != 1 or None in shifts or None in totals:
         raise Refused("the KV pasts do not grow alike")
@@ -123,15 +104,10 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     by_index = {k.index: k for k in kv}
     presents = {k.out: k for k in kv}
     pasts = {k.past for k in kv}
-    # inputs other than the pasts whose dims grow (an attention_mask over the keys seen): a mask
-    # line reads them padded to the capacity along that axis (keys beyond the length are masked
-    # by the attention itself, so what the padding holds does not matter)
-    growing: dict[str, int | None] = {}
-    for n, dims in input_dims.items():
-        hits = [a for a, d in enumerate(dims) if _mentions(d, gvar)]
-        if n not in pasts and hits:
-            growing[n] = hits[0] if len(hits) == 1 and dims[hits[0]] == total else None
+    growing, aliases = _growing_inputs(input_dims, pasts, gvar, total, new_len, symvar, sig_symbols)
+    alias_syms = {s for s in sig_symbols if symvar[s] in aliases}
     padded: set[str] = set()  # values the step makes at the capacity along the keys
+    gathers: list[tuple[str, str]] = []  # (line, node name) of gathers in mask lines
     lines: list[str] = []
     used_svals: list[str] = []
     for it in items:
@@ -143,12 +119,18 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
             raise Refused(f"node {it.node.name!r} runs on the host")
         is_kv = any(k.out in targets(x) for x in it.lines for k in kv)
         is_attn = any(_ATTN.match(x) for x in it.lines)
-        mask = not is_kv and not is_attn and g in it.syms and getattr(it.node, "op_type", None) in _MASK_OPS
+        op = getattr(it.node, "op_type", None)
+        on_keys = g in it.syms or bool(alias_syms & it.syms)
+        mask = not is_kv and not is_attn and on_keys and op in MASK_OPS | GATHER_OPS
         for line in it.lines:
             if mask:
-                lines.append(_mask_line(line, it, total, gvar, growing, presents, pasts))
+                lines.append(mask_line(line, it.node.name, total, aliases, gvar, set(presents) | pasts))
                 padded.update(targets(line))
+                if op in GATHER_OPS:
+                    gathers.append((lines[-1], it.node.name))
                 continue
+            if any(mentions(line, a) for a in aliases):
+                raise Refused(f"node {it.node.name!r} reads the length of {sorted(growing)} and is not a mask")
             lines.append(_rewrite(line, it, by_index, presents, pasts, out_dtypes, gvar, is_kv, cuda, new_len,
                                   padded))
         if not is_kv and not mask and g in it.syms and not is_attn:
@@ -156,27 +138,26 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     # the buffers the lines write (arena views and views of them) become the step's own memory:
     # allocated when the graph is captured, from its pool, so that no re-plan of the request's
     # arena (a longer prompt's prefill) moves them under the graph
-    buffers = _buffer_lines(lines, groups, members, g, gvar, total)
+    buffers = _buffer_lines(lines, groups, members, g, gvar, total, aliases, alias_syms)
     lines = buffers + lines
     # what the lines read: inputs, group members (stable, or values of g made here), made locals
     made: set[str] = set()
     live_in: list[str] = []
     pads: list[tuple[str, int]] = []
-    made_fills: list[str] = []
+    cap: list[str] = []
     local = set(params) | set(members)
     for line in lines:
         for n in _rhs_reads(line):
-            if n in made or n in live_in or n in made_fills or n not in local:
+            if n in made or n in live_in or n not in local:
                 continue
             m = members.get(n)
-            if m is not None and g in m.group_syms:
-                if n in fills:
-                    made_fills.append(n)
+            if m is not None and (g in m.group_syms or alias_syms & m.group_syms):
+                if n in svals and not svals[n][3] and not alias_syms & m.group_syms:
+                    if n not in used_svals:  # a value of the length: computed on the device from P
+                        used_svals.append(n)
                     continue
-                if n not in svals or svals[n][3]:
-                    raise Refused(f"{n!r} is made per value of {g!r} and is not a device value of shapes")
-                if n not in used_svals:
-                    used_svals.append(n)
+                cap.append(n)  # made at the capacity once per bucket (prep)
+                live_in.append(n)
                 continue
             if n in pasts:
                 raise Refused(f"the past {n!r} is read outside the KV append")
@@ -186,6 +167,12 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
                 pads.append((n, growing[n]))
             live_in.append(n)
         made.update(targets(line))
+    for line, name in gathers:  # indices that are capacity values (checked non-negative at run time)
+        call = re.match(r"^\w+ = [\w.]+\((.*)\)$", line)
+        args = [a.strip() for a in call.group(1).split(",")] if call else []
+        indices = [a for a in args if "=" not in a][1:]
+        if not indices or not all(a in cap for a in indices):
+            raise Refused(f"gather {name!r} in a mask reads indices that are not made from shapes")
     out_results: list[tuple[str, int]] = []
     returned: list[str] = []
     for r in results:
@@ -196,8 +183,9 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
             returned.append(r)
         else:
             raise Refused(f"result {r!r} is not made by the step")
-    keysyms = [s for s in sig_symbols if s != g]
+    keysyms = [s for s in sig_symbols if s != g and s not in alias_syms]
     keyvars = [symvar[s] for s in keysyms]
+    prep, prep_live = prep_source(cap, groups, members, fills, total, aliases, g, gvar, keyvars) if cap else ("", [])
     gdev = f"(P0 + {shift})" if shift != "0" else "P0"  # g on the device
     head = ["# whole step over KV storages of capacity C; the past length is the device tensor P",
             "P0 = P[0]",
@@ -210,36 +198,48 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
         elems, dt, shape, _ = svals[n]
         srcs = [_device_expr(e, gvar, gdev) for e in elems]
         head.append(f"{n} = torch.stack([{', '.join(f'_tdev({s}, P0)' for s in srcs)}]).to({dt}).reshape({shape!r})")
-    for n in made_fills:  # a mask made from shapes, one value everywhere: made at the capacity
-        value, dt, dims = fills[n]
-        dims = [_at_capacity(d, total) for d in dims]
-        if any(_mentions(d, gvar) for d in dims):
-            raise Refused(f"{n!r} has a size that grows with {g!r} other than the keys seen")
-        head.append(f"{n} = torch.full(({', '.join(dims)}{',' if len(dims) == 1 else ''}), {value!r}, dtype={dt}, "
-                    "device=DEV)")
     args = keyvars + ["C", "P"] + [f"KS{k.index}" for k in kv] + live_in
     src = [f"def step({', '.join(args)}):"] + ["    " + x for x in head + lines]
     src.append(f"    return ({', '.join(returned)}{',' if len(returned) == 1 else ''})")
     return StepPlan("\n".join(src) + "\n", g, keyvars, kv, new_len, live_in,
-                    [n for n in live_in if n in params and n not in growing], out_results, used_svals, keysyms, pads)
+                    [n for n in live_in if n in params and n not in growing], out_results, used_svals, keysyms, pads,
+                    cap, prep, prep_live)
 
 
-def _mask_line(line: str, it: Item, total: str, gvar: str, growing: dict, presents: dict, pasts: set) -> str:
-    """A line of a mask made from the growing length, made at the capacity instead."""
-    reads = set(_rhs_reads(line))
-    if reads & (set(presents) | pasts) or "st." in line:
-        raise Refused(f"node {it.node.name!r} makes a mask from the KV cache or the request state")
-    new = _at_capacity(line, total)
-    if _mentions(new, gvar):
-        raise Refused(f"node {it.node.name!r} reads the growing length as a number")
-    return new
+def _growing_inputs(input_dims: dict[str, list[str]], pasts: set[str], gvar: str, total: str, new_len: str,
+                    symvar: dict[str, str], sig_symbols: list[str]) -> tuple[dict[str, int | None], tuple[str, ...]]:
+    """Inputs other than the pasts whose dims grow with the keys seen: input -> the axis (None when
+    it is not one axis of the keys seen), and the variables that stand for the keys seen: an
+    input's dim of its own symbol (an ``attention_mask [batch, total]`` whose length the shape
+    program does not tie to the past: a model that gathers from it) that no other dim names."""
+    growing: dict[str, int | None] = {}
+    aliases: list[str] = []
+    sigvars = {symvar[s] for s in sig_symbols}
+    uses: dict[str, int] = {}
+    for dims in input_dims.values():
+        for d in dims:
+            for v in sigvars:
+                if mentions(d, v):
+                    uses[v] = uses.get(v, 0) + 1
+    for n, dims in input_dims.items():
+        if n in pasts:
+            continue
+        hits = [a for a, d in enumerate(dims) if mentions(d, gvar)]
+        if hits:
+            growing[n] = hits[0] if len(hits) == 1 and dims[hits[0]] == total else None
+            continue
+        own = [a for a, d in enumerate(dims) if d in sigvars and uses.get(d) == 1 and a > 0 and d != new_len]
+        if len(own) == 1 and n not in growing:
+            growing[n] = own[0]
+            aliases.append(dims[own[0]])
+    return growing, tuple(aliases)
 
 
 _ARENA_VIEW = re.compile(r"^(\w+) = A\[(\d+)\]\.as_strided\((.*), off\[\d+\]\)$")
 
 
 def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], members: dict[str, Member],
-                  g: str, gvar: str, total: str) -> list[str]:
+                  g: str, gvar: str, total: str, aliases: tuple[str, ...], alias_syms: set[str]) -> list[str]:
     """The group lines that make the buffers ``lines`` read (transitively), arena views made
     fresh allocations of the same shape and strides; those of a mask over the keys seen are
     made at the capacity."""
@@ -250,9 +250,9 @@ def _buffer_lines(lines: list[str], groups: list[tuple[frozenset, list[str]]], m
         made = [t for t in targets(line) if t in wanted]
         if not made:
             continue
-        if g in syms:
-            line = _at_capacity(line, total)
-            if _mentions(line, gvar):
+        if g in syms or alias_syms & syms:
+            line = at_capacity(line, total, aliases)
+            if mentions(line, gvar):
                 raise Refused(f"buffer {made[0]!r} has a size that depends on {g!r}")
         m = _ARENA_VIEW.match(line)
         if m:
@@ -286,7 +286,7 @@ def _rewrite(line: str, it: Item, kv: dict[int, KVInfo], presents: dict[str, KVI
     if cuda and any(s in line for s in _HOST_SYNC):
         raise Refused(f"node {it.node.name!r} moves data between host and device")
     reads = set(_rhs_reads(line))
-    if _mentions(line, gvar):
+    if mentions(line, gvar):
         raise Refused(f"node {it.node.name!r} reads the growing length as a number")
     read_presents = [n for n in reads if n in presents]
     m = _ATTN.match(line)

@@ -69,6 +69,8 @@ def _unrepeated(x: Value) -> tuple[Value, list[Node], int] | None:
     axes = u.attrs.get("axes") if u.attrs.get("axes") is not None else const_ints(u.inputs[1] if len(u.inputs) > 1
                                                                                    else None)
     reps = const_ints(e.inputs[1])
+    if reps is None:  # a shape computed at run time ([b, kv_heads, g, n, d] from Shape nodes): read the dims
+        reps = _expand_factors(u.outputs[0].shape, e.outputs[0].shape)
     kv = u.inputs[0]
     if axes not in ([2], [-3]) or reps is None or len(reps) != 5 or any(v != 1 for i, v in enumerate(reps) if i != 2):
         return None
@@ -78,6 +80,22 @@ def _unrepeated(x: Value) -> tuple[Value, list[Node], int] | None:
     if ks[1].is_static and out[1].is_static and out[1].min != ks[1].min * reps[2]:
         return None
     return kv, [u, e, r], reps[2]
+
+
+def _expand_factors(src, out) -> list[int] | None:
+    """The factors of an Expand of shape ``src`` to ``out``: 1 where the dims are equal, the out
+    dim where the source's is 1 and the out dim static; None when the dims do not prove it."""
+    if src is None or out is None or len(src) != len(out):
+        return None
+    reps = []
+    for a, b in zip(src, out):
+        if a.known_equal(b):
+            reps.append(1)
+        elif a.is_static and a.min == 1 and b.is_static:
+            reps.append(b.min)
+        else:
+            return None
+    return reps
 
 
 def _scores_mask(s: Value):
@@ -183,8 +201,14 @@ def _match(graph: Graph, mm: Node):
     # the transposes and repeats go too when nothing else reads them; else the keys are read
     # transposed as they are, and nothing is repeated by the kernel
     extra = k_extra + v_extra
+    fused = nodes + extra
     if extra and not all(only_feeds(o, nodes + extra, graph) for n in extra for o in n.outputs if o is not None):
-        k, k_transposed, gqa, v, extra = kt, 1, 0, mm.inputs[1], []
+        if all(_read_or_measured(o, nodes + extra) for n in extra for o in n.outputs if o is not None):
+            # Shape nodes read the repeated keys too (to build the Reshape's target): the repeat
+            # stays for them, and as only its shape is read, no kernel runs for it
+            fused = nodes
+        else:
+            k, k_transposed, gqa, v, extra, fused = kt, 1, 0, mm.inputs[1], [], nodes
     if mask is not None and mask_kind in ("drop", "keep"):
         flipped = producer(mask, "Not")  # Where(Not(m), -inf, s) is Where(m, s, -inf): read m
         if flipped is not None:
@@ -192,7 +216,13 @@ def _match(graph: Graph, mm: Node):
     ins = [q, k, v] + ([mask] if mask is not None else [])
     attrs = {"scale": scale, "mask_kind": mask_kind, "k_transposed": k_transposed, "gqa": gqa,
              "nan_to_zero": int(nan)}
-    return _ordered(graph, extra + nodes), ins, attrs
+    return _ordered(graph, fused), ins, attrs
+
+
+def _read_or_measured(v: Value, nodes: list[Node]) -> bool:
+    """``v`` is read by ``nodes`` or by Shape nodes only (and is no graph output)."""
+    ids = {id(n) for n in nodes}
+    return all(id(u) in ids or u.op_type == "Shape" for u in v.users)
 
 
 def _ordered(graph: Graph, nodes: list[Node]) -> list[Node]:

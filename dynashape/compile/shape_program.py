@@ -140,11 +140,20 @@ def _drop_dead(t: Trace) -> None:
         if not any(v is not None and id(v) in needed for v in ni.node.outputs):
             ni.kind = "dead"
             continue
+        if ni.kind == "sym" and ni.node.op_type == "Shape" and _measured_only(t, ni.node.inputs[0]):
+            continue  # the program knows the shape it reads: its input need not be made for it
         for i, v in enumerate(ni.node.inputs):
             if v is not None and i not in ni.drop_inputs:
                 needed.add(id(v))
         for sub in ni.node.subgraphs.values():
             needed.update(id(v) for v in sub.outer)
+
+
+def _measured_only(t: Trace, v: Value | None) -> bool:
+    """Whether ``v``'s dims are expressions of the input symbols (none bound by a node at run
+    time): a Shape of it is then known without making it."""
+    info = t.info.get(id(v)) if v is not None else None
+    return info is not None and info.dims is not None and not info.runtime
 
 
 def _trace_once(graph: Graph, input_shapes: list, inputs: list[Value], seed: ShapeEnv | None) -> Trace:

@@ -82,6 +82,18 @@ class _Bucket:
         self.shapes: list = []  # of the presents last handed out
 
 
+def _prefix_equal(big, small) -> bool:
+    """``small`` equals the first positions of ``big`` (the same rank, no dim of ``small`` larger)."""
+    if not isinstance(big, torch.Tensor) or not isinstance(small, torch.Tensor) or big.dim() != small.dim():
+        return False
+    for axis, (x, y) in enumerate(zip(big.shape, small.shape)):
+        if y > x:
+            return False
+        if y < x:
+            big = big.narrow(axis, 0, y)
+    return big.dtype == small.dtype and torch.equal(big, small.to(big.device))
+
+
 def _use_count(t: torch.Tensor) -> int:
     """How many tensors share ``t``'s memory (torch's count of references to its storage); a
     large number where torch does not say, so that the storage counts as held."""
@@ -285,15 +297,40 @@ class DecodeGraphs:
         self.stats["decode_graph_refused"] += 1
 
     # ---- building ------------------------------------------------------------------------------
+    def _capacity_values(self, key: tuple, cap: int) -> dict | None:
+        """The values the step reads made at the capacity (``prep``), or None (refused) when one
+        is not what the model makes at the real length in its first positions, nor at a larger
+        capacity in its first ``cap``, or holds a negative index (one counted from the end)."""
+        st, plan = self.state, self.plan
+        live = [st.cur[w[0]][w[1]] for w in (self.step.members[n] for n in plan.prep_live_in)]
+        vals = self.step.prep(*key, cap, *live)
+        more = self.step.prep(*key, cap + 16, *live)
+        for name, v, v2 in zip(plan.cap, vals, more):
+            w = self.step.members[name]
+            real = st.cur[w[0]][w[1]]
+            if not (_prefix_equal(v, real) and _prefix_equal(v2, v)):
+                why = f"{name!r} made at the capacity differs from the model's in its first positions"
+            elif not v.is_floating_point() and v.dtype != torch.bool and bool((v < 0).any()):
+                why = f"{name!r} holds negative indices (counted from the end of the keys)"
+            else:
+                continue
+            self.off[key] = None
+            self._refuse(key, why)
+            return None
+        return dict(zip(plan.cap, vals))
+
     def _build(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, g: int):
         """The impl for this bucket, built in this call; its first (real) run serves the call."""
         st = self.state
         if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
             st.enter(sig)  # the values of shapes the step reads (its buffers are its own)
+        caps = self._capacity_values(key, b.cap) if self.plan.cap else {}
+        if caps is None:
+            return None
         live = []
         for name in self.plan.live_in:
             where = self.step.members.get(name)
-            live.append(st.cur[where[0]][where[1]] if where is not None else None)
+            live.append(caps[name] if name in caps else st.cur[where[0]][where[1]] if where is not None else None)
         ins = [self.P, *b.storages, *live]
         for pos, k in self.input_slots:
             ins[pos] = inputs[k]

@@ -294,3 +294,71 @@ def test_a_mask_that_hides_past_tokens_is_honoured(masked, device):
         ids = torch.randint(0, 1000, (2, 1))
         am = torch.cat([am, torch.ones(2, 1, dtype=torch.int64)], 1)
     assert sess.stats()["decode_graph_replays"] >= 5
+
+
+# ---- an HF decoder as users export it (transformers' LlamaForCausalLM, dynamo) ------------------
+@pytest.fixture(scope="module")
+def hf():
+    pytest.importorskip("transformers")
+    from tests.models import hf_llama
+
+    return str(hf_llama.model_path()), hf_llama.build(), hf_llama
+
+
+def test_an_hf_llama_export_decodes_on_one_graph_per_bucket(hf, device):
+    """transformers makes its mask by gathering attention_mask[batch, key] over a Range of the
+    keys, and repeats the KV heads: the step reads the mask padded to the capacity, the gather's
+    indices are made at the capacity once per bucket (checked against the model's own at the
+    real length), and the attention reads the storages without the repeat."""
+    path, model, mod = hf
+    names = mod.input_names()
+    sess = _session(path, device)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 1000, (2, 5), generator=g)
+    am = torch.ones(2, 6, dtype=torch.int64)
+    am[1, :3] = 0  # a left-padded second row (its first past slot and two tokens)
+    past = [torch.randn(2, 2, 1, 16, generator=g) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for step in range(24):
+        out = sess.run(None, dict(zip(names, [ids.to(device), am.to(device), *dpast])))
+        with torch.no_grad():
+            ref = model(ids, am, *past)
+        # a padded query sees no key: its row is the exporter's choice, so the last ones are compared
+        torch.testing.assert_close(out[0][:, -1:].cpu(), ref[0][:, -1:], atol=2e-5, rtol=1e-4)
+        dpast, past = list(out[1:]), list(ref[1:])
+        ids = ref[0][:, -1:].argmax(-1)
+        am = torch.cat([am, torch.ones(2, 1, dtype=torch.int64)], 1)
+    st = sess.stats()
+    assert st["decode_graph_builds"] == 2 and st["decode_graph_replays"] >= 20  # buckets 16 and 32
+    assert st.get("decode_graph_fallbacks", 0) == 0
+    (dec,) = _decoders(sess)
+    assert dec.plan.cap and dec.plan.padded == [("x_attention_mask", 1)]
+    assert not any("Expand" in line or "expand" in line for line in dec.plan.source.splitlines()
+                   if "KS" in line.split("=")[-1])  # no repeat of the storages
+
+
+def test_a_capacity_value_that_is_not_a_prefix_is_refused(hf, monkeypatch):
+    """A value made at the capacity must begin with what the model makes at the real length:
+    where it does not, the bucket is refused (counted, with the reason) and the dynamic path
+    serves; the results stay right."""
+    from dynashape.runtime import decode_graph as dg
+
+    monkeypatch.setattr(dg, "_prefix_equal", lambda big, small: False)
+    path, model, mod = hf
+    sess = dynashape.InferenceSession(path, decode_graphs="on", kv_bucket="16")
+    names = mod.input_names()
+    ids = torch.randint(0, 1000, (1, 4))
+    am = torch.ones(1, 5, dtype=torch.int64)
+    past = [torch.randn(1, 2, 1, 16) for _ in range(4)]
+    dpast = list(past)
+    for _ in range(5):
+        out = sess.run(None, dict(zip(names, [ids, am, *dpast])))
+        with torch.no_grad():
+            ref = model(ids, am, *past)
+        torch.testing.assert_close(out[0][:, -1:], ref[0][:, -1:], atol=2e-5, rtol=1e-4)
+        dpast, past = list(out[1:]), list(ref[1:])
+        ids = ref[0][:, -1:].argmax(-1)
+        am = torch.cat([am, torch.ones(1, 1, dtype=torch.int64)], 1)
+    st = sess.stats()
+    assert st["decode_graph_refused"] >= 1 and st.get("decode_graph_replays", 0) == 0
+    assert any("differs from the model's" in r for r in sess.compiled.refusals)
