@@ -31,7 +31,7 @@ case "${1:-bench}" in
       --mask --json "$OUT/decode_graphs_mask_bf16.json" ;;
   hf)  # transformers' LlamaForCausalLM as users export it (dynamo), beside transformers' own eager
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
-      tests/ops/test_kv_attention.py tests/compile/test_fuse_attention.py
+      tests/ops/test_kv_attention.py tests/compile/test_fusion.py
     T=330 run python benchmarks/decode_graphs.py --device cuda --hf --batch 1 4 16 --rounds 2 \
       --json "$OUT/decode_graphs_hf_fp32.json" ;;
   buckets)
