@@ -203,7 +203,7 @@ def _match(graph: Graph, mm: Node):
     extra = k_extra + v_extra
     fused = nodes + extra
     if extra and not all(only_feeds(o, nodes + extra, graph) for n in extra for o in n.outputs if o is not None):
-        if all(_read_or_measured(o, nodes + extra) for n in extra for o in n.outputs if o is not None):
+        if all(_read_or_measured(o, nodes + extra, graph) for n in extra for o in n.outputs if o is not None):
             # Shape nodes read the repeated keys too (to build the Reshape's target): the repeat
             # stays for them, and as only its shape is read, no kernel runs for it
             fused = nodes
@@ -219,8 +219,10 @@ def _match(graph: Graph, mm: Node):
     return _ordered(graph, fused), ins, attrs
 
 
-def _read_or_measured(v: Value, nodes: list[Node]) -> bool:
+def _read_or_measured(v: Value, nodes: list[Node], graph: Graph) -> bool:
     """``v`` is read by ``nodes`` or by Shape nodes only (and is no graph output)."""
+    if any(v is o for o in graph.outputs):
+        return False
     ids = {id(n) for n in nodes}
     return all(id(u) in ids or u.op_type == "Shape" for u in v.users)
 

@@ -319,7 +319,7 @@ def test_an_hf_llama_export_decodes_on_one_graph_per_bucket(hf, device):
     am[1, :3] = 0  # a left-padded second row (its first past slot and two tokens)
     past = [torch.randn(2, 2, 1, 16, generator=g) for _ in range(4)]
     dpast = [p.to(device) for p in past]
-    for step in range(24):
+    for _step in range(24):
         out = sess.run(None, dict(zip(names, [ids.to(device), am.to(device), *dpast])))
         with torch.no_grad():
             ref = model(ids, am, *past)
