@@ -41,7 +41,7 @@ from .options import OPTION_NAMES
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
-from .runtime.decode_graph import bucket_rule, decode_mode
+from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .runtime.index_feeds import IndexFeedChecks
 from .shape import Dimension, PartialShape
@@ -248,6 +248,7 @@ class InferenceSession:
         self._impl_cache_size = options.get("impl_cache_size")
         self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static, self.device)
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
+        self._decode_ahead = ahead_rule(options.get("decode_ahead"))
         self._load(prepare_proto(self._read()))
         self._prebuild()
 
@@ -274,7 +275,8 @@ class InferenceSession:
         run_graph = self.program.fused if self.program.fused is not None else g
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size,
-                                       decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket)
+                                       decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket,
+                                       decode_ahead=self._decode_ahead)
                          if self.executor == "compiled" else None)
         if self.compiled is not None and self._precompile:
             # the specializations that shapes to come will most likely need (every dynamic dim at a

@@ -33,7 +33,7 @@ from ..impls.cache import capacity_from
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
-from .decode_graph import DecodeGraphs, bucket_rule
+from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule
 from .kv_append import KVAppend
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,11 @@ class CompiledModel:
 
     def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
                  inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None,
-                 decode_graphs: bool = False, kv_bucket=None) -> None:
+                 decode_graphs: bool = False, kv_bucket=None, decode_ahead: int | None = None) -> None:
         self.graph, self.device = graph, device
         # whole decode steps over KV storages of a bucketed capacity (decode_graph.py)
         self.decode_graphs, self.kv_bucket = decode_graphs, kv_bucket or bucket_rule(None)
+        self.decode_ahead = ahead_rule(None) if decode_ahead is None else decode_ahead
         # static impls of the regions: the cache (LRU) and the context that builds them
         self.static = static
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last

@@ -4,7 +4,11 @@ The specialization's ``step`` function (``codegen/step_graph.py``) writes this s
 values into KV storages of capacity ``C`` at the device position ``P`` and runs attention over
 the whole storage with a mask built from ``P``. Nothing in it depends on the past length as a
 host number, so one CUDA graph serves every step until ``past + new`` passes ``C``; then the
-next bucket gets new storages (the past copied over once) and a graph of its own.
+next bucket gets new storages (the past copied over once) and a graph of its own. That graph is
+built ahead (``decode_ahead`` positions before the end) on a background thread while the current
+one keeps serving: its kernels have all run before, so the thread only records them; the step
+that passes the end copies the past over and replays it (waiting for the thread if it is late,
+counted).
 
 The caller's ``present_*`` outputs are views of the storages with the current length (no copy).
 A step is served here only when each fed past is exactly the last step's present (a decode loop
@@ -22,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -67,6 +72,22 @@ def bucket_rule(option):
     return lambda n: max(step, math.ceil(n / step) * step)
 
 
+def ahead_rule(option) -> int:
+    """``decode_ahead``: how many positions before the end of a bucket the next one's graph is
+    built on a background thread (0: in the call that passes the end)."""
+    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "64")
+    text = str(value).lower()
+    if text in ("off", "none", "false"):
+        return 0
+    try:
+        ahead = int(text)
+    except ValueError:
+        ahead = -1
+    if ahead < 0:
+        raise OptionsError(f"decode_ahead={value!r}: expected a number of positions >= 0 or 'off'")
+    return ahead
+
+
 class _Bucket:
     """The storages of one key (the other symbols' values) and the impl over them."""
 
@@ -80,6 +101,7 @@ class _Bucket:
         self.refs = [_use_count(s) for s in storages]  # references to each storage while only we hold it
         self.strides = [s.stride() for s in storages]
         self.shapes: list = []  # of the presents last handed out
+        self.future: Future | None = None  # its impl being built on the background thread
 
 
 def _prefix_equal(big, small) -> bool:
@@ -152,6 +174,9 @@ class DecodeGraphs:
         self.off: dict[tuple, int | None] = {}  # key -> runs left to the dynamic path (None: for good)
         self.P = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.warmed = False  # a step has run for real: later captures need no warm-up run
+        self.ahead = model.decode_ahead
+        self.next: dict[tuple, _Bucket] = {}  # key -> the next bucket, its impl built ahead
+        self.pool: ThreadPoolExecutor | None = None  # one thread: captures in order, one cuBLAS handle
 
     # ---- a step ------------------------------------------------------------------------------
     def __call__(self, sig: tuple, inputs: tuple):
@@ -161,9 +186,9 @@ class DecodeGraphs:
         key = tuple(sig[i] for i in self.kpos)
         if key in self.off:
             self.stats["decode_graph_off_runs"] += 1
-            dead = self.buckets.pop(key, None)
-            if dead is not None:
-                self._release(dead)
+            for dead in (self.buckets.pop(key, None), self.next.pop(key, None)):
+                if dead is not None:
+                    self._release(dead)
             left = self.off[key]
             if left is not None:  # a pause, not a refusal: it ends
                 if left <= 1:
@@ -185,6 +210,12 @@ class DecodeGraphs:
                 self._retire(key, b, "a past that is not the last step's present, with views of the storage held")
                 return None
             b.handed = False  # the caller let go of every view: the storages are ours again
+        if b is not None and total > b.cap and key in self.next:
+            nb = self._switch(key, b, total, pasts)
+            if nb is not b:  # the past is in its storages already
+                b, ours = nb, True
+            elif key in self.off:  # its build failed: refused, the dynamic path serves
+                return None
         if b is None or total > b.cap:
             b = self._new_bucket(key, b, total, pasts, inputs)
         elif not ours:
@@ -200,6 +231,8 @@ class DecodeGraphs:
         if outs is None:
             return None
         b.filled = total
+        if self.ahead and total + self.ahead >= b.cap and key not in self.next:
+            self._build_ahead(key, b, sig, inputs, n)
         if self.state.runner.hand_out:
             b.handed = True
         presents = [s.narrow(a, 0, total) for s, a in zip(b.storages, self.axes)]
@@ -246,7 +279,18 @@ class DecodeGraphs:
 
     # ---- storages ------------------------------------------------------------------------------
     def _new_bucket(self, key: tuple, old: _Bucket | None, total: int, pasts: list, inputs: tuple) -> _Bucket:
-        cap = self.rule(total)
+        b = self._allocate(self.rule(total), pasts, inputs)
+        if old is not None:
+            self._release(old)
+            self.stats["decode_graph_bucket_changes"] += 1
+        if key in self.next:  # built ahead for a capacity this step passed already
+            self._release(self.next.pop(key))
+        self.buckets[key] = b
+        self._adopt(b, pasts, pasts[0].shape[self.axes[0]])
+        return b
+
+    def _allocate(self, cap: int, pasts: list, inputs: tuple) -> _Bucket:
+        """Storages of capacity ``cap`` shaped like ``pasts`` and the padded inputs' buffers."""
         engine = self.state.runner.engine
 
         def zeros(like, axis):
@@ -256,13 +300,8 @@ class DecodeGraphs:
             return engine.allocate(math.prod(shape), like.dtype).view(shape).zero_()
         storages = [zeros(p, a) for p, a in zip(pasts, self.axes)]
         pads = [zeros(inputs[k], axis) for _, k, axis in self.pad_slots]
-        if old is not None:
-            self._release(old)
-            self.stats["decode_graph_bucket_changes"] += 1
-        b = self.buckets[key] = _Bucket(cap, storages, pads)
         self.stats["decode_graph_storages"] += 1
-        self._adopt(b, pasts, pasts[0].shape[self.axes[0]])
-        return b
+        return _Bucket(cap, storages, pads)
 
     def _adopt(self, b: _Bucket, pasts: list, g: int) -> None:
         """Copy the fed pasts into storages that only we hold."""
@@ -277,6 +316,8 @@ class DecodeGraphs:
         self.stats["decode_graph_fallbacks"] += 1
         self._release(b)
         del self.buckets[key]
+        if key in self.next:
+            self._release(self.next.pop(key))
         self.retired[key] = self.retired.get(key, 0) + 1
         if self.retired[key] > MAX_RETIRES:
             self.off[key] = PAUSE_RUNS
@@ -284,6 +325,9 @@ class DecodeGraphs:
                               f"{PAUSE_RUNS} runs of these shapes")
 
     def _release(self, b: _Bucket) -> None:
+        if b.future is not None:  # the thread still records a graph over these storages
+            b.future.exception()
+            b.future = None
         engine = self.state.runner.engine
         for s in b.storages:
             engine.release(s, handed_out=b.handed)
@@ -324,31 +368,15 @@ class DecodeGraphs:
         st = self.state
         if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
             st.enter(sig)  # the values of shapes the step reads (its buffers are its own)
-        caps = self._capacity_values(key, b.cap) if self.plan.cap else {}
-        if caps is None:
+        ins = self._impl_inputs(key, b, inputs)
+        if ins is None:
             return None
-        live = []
-        for name in self.plan.live_in:
-            where = self.step.members.get(name)
-            live.append(caps[name] if name in caps else st.cur[where[0]][where[1]] if where is not None else None)
-        ins = [self.P, *b.storages, *live]
-        for pos, k in self.input_slots:
-            ins[pos] = inputs[k]
-        for (pos, _, _), buf in zip(self.pad_slots, b.pads):
-            ins[pos] = buf
         self.P.fill_(g)
-        symvals = (*key, b.cap)
-        refresh = [False] * (1 + len(b.storages)) + [n in self.plan.inputs for n in self.plan.live_in]
         t0 = time.perf_counter()
         try:
-            if self.device.type == "cuda":
-                # the first build runs the step for real before capturing it (handles, workspaces,
-                # kernels compiled); a later bucket's kernels are the same at another capacity
-                impl = CudaGraphImpl(self.step.fn, symvals, tuple(ins), refresh,
-                                     [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device,
-                                     warm=not self.warmed)
-            else:
-                impl = _EagerStep(self.step.fn, symvals, tuple(ins))
+            # the first build runs the step for real before capturing it (handles, workspaces,
+            # kernels compiled); a later bucket's kernels are the same at another capacity
+            impl = self._make_impl(key, b, ins, warm=not self.warmed)
         except CannotCapture as e:
             self.off[key] = None
             self._refuse(key, f"cannot be captured: {e}")
@@ -370,3 +398,104 @@ class DecodeGraphs:
         self.stats["decode_graph_build_time_s"] += took
         self.stats["decode_graph_build_max_s"] = max(self.stats["decode_graph_build_max_s"], took)
         return first
+
+    def _impl_inputs(self, key: tuple, b: _Bucket, inputs: tuple) -> list | None:
+        """The impl's inputs: P, the storages, the live-ins (values made at the capacity, the
+        padded inputs' buffers, this call's inputs); None when the key is refused."""
+        st = self.state
+        caps = self._capacity_values(key, b.cap) if self.plan.cap else {}
+        if caps is None:
+            return None
+        live = []
+        for name in self.plan.live_in:
+            where = self.step.members.get(name)
+            live.append(caps[name] if name in caps else st.cur[where[0]][where[1]] if where is not None else None)
+        ins = [self.P, *b.storages, *live]
+        for pos, k in self.input_slots:
+            ins[pos] = inputs[k]
+        for (pos, _, _), buf in zip(self.pad_slots, b.pads):
+            ins[pos] = buf
+        return ins
+
+    def _make_impl(self, key: tuple, b: _Bucket, ins: list, warm: bool):
+        symvals = (*key, b.cap)
+        if self.device.type != "cuda":
+            return _EagerStep(self.step.fn, symvals, tuple(ins))
+        refresh = [False] * (1 + len(b.storages)) + [n in self.plan.inputs for n in self.plan.live_in]
+        return CudaGraphImpl(self.step.fn, symvals, tuple(ins), refresh,
+                             [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device, warm=warm)
+
+    # ---- the next bucket, built ahead ------------------------------------------------------------
+    def _build_ahead(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, n: int) -> None:
+        """Allocate the next bucket of ``key`` and build its impl on the background thread. Its
+        inputs are made here (the state is this thread's); the thread only captures. The thread's
+        first capture runs the step once for real (its own cuBLAS handle and workspace are made
+        outside the capture): into the new storages, beyond anything adopted later."""
+        st = self.state
+        if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
+            st.enter(sig)
+        cap = self.rule(b.cap + max(n, 1))
+        nb = self._allocate(cap, [s.narrow(a, 0, 0) for s, a in zip(b.storages, self.axes)], inputs)
+        ins = self._impl_inputs(key, nb, inputs)
+        if ins is None:
+            self._release(nb)
+            return
+        for pos, _ in self.input_slots:  # this call's inputs are not the graph's: a copy of each
+            ins[pos] = ins[pos].clone()
+        self.next[key] = nb
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynashape-decode-capture")
+            self.pool_warm = False
+        warm, self.pool_warm = not self.pool_warm, True
+        device = self.device
+
+        def build():
+            t0 = time.perf_counter()
+            with torch.cuda.device(device) if device.type == "cuda" else _nothing():
+                impl = self._make_impl(key, nb, ins, warm=warm)
+            impl.first = None  # a run of the thread's: its results are no call's
+            for pos, _ in self.input_slots:
+                ins[pos] = None
+            return impl, ins, time.perf_counter() - t0
+
+        nb.future = self.pool.submit(build)
+        self.stats["decode_graph_ahead_builds"] += 1
+
+    def _switch(self, key: tuple, b: _Bucket, total: int, pasts: list) -> _Bucket:
+        """The next bucket, its impl built ahead, takes over from ``b`` (the past copied over);
+        ``b`` again (a new bucket is then made here) when it is too small or its build failed."""
+        nb = self.next.pop(key)
+        if total > nb.cap:
+            self._release(nb)
+            return b
+        fut, nb.future = nb.future, None
+        if not fut.done():
+            t0 = time.perf_counter()
+            fut.exception()
+            self.stats["decode_graph_ahead_waits"] += 1
+            self.stats["decode_graph_ahead_wait_s"] += time.perf_counter() - t0
+        err = fut.exception()
+        if err is not None:
+            self._release(nb)
+            if not isinstance(err, CannotCapture):
+                raise err
+            self.off[key] = None
+            self._refuse(key, f"cannot be captured: {err}")
+            return b
+        nb.impl, nb.template, took = fut.result()
+        self.stats["decode_graph_builds"] += 1
+        self.stats["decode_graph_build_time_s"] += took
+        self.stats["decode_graph_build_max_s"] = max(self.stats["decode_graph_build_max_s"], took)
+        self._adopt(nb, pasts, pasts[0].shape[self.axes[0]])
+        self._release(b)
+        self.stats["decode_graph_bucket_changes"] += 1
+        self.buckets[key] = nb
+        return nb
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -14,7 +14,7 @@ import torch
 
 import dynashape
 from dynashape.errors import OptionsError
-from dynashape.runtime.decode_graph import DecodeGraphs, bucket_rule
+from dynashape.runtime.decode_graph import DecodeGraphs, ahead_rule, bucket_rule
 from tests.models import llama
 
 NAMES = llama.input_names()
@@ -66,13 +66,23 @@ def _decode(sess, eager, device, steps, batch=2, seed=0, tamper=None):
     return sess.stats()
 
 
-def test_decode_matches_eager_across_buckets(path, eager, device):
-    sess = _session(path, device)
+@pytest.mark.parametrize("ahead", ["off", "4", "64"])
+def test_decode_matches_eager_across_buckets(path, eager, device, ahead):
+    sess = _session(path, device, decode_ahead=ahead)
     st = _decode(sess, eager, device, 40)
     # prompt 5, then 39 steps of one token: lengths 6..44 in buckets of 16 -> 16, 32, 48
     assert st["decode_graph_replays"] >= 30
-    assert st["decode_graph_storages"] == 3 and st["decode_graph_bucket_changes"] == 2
-    assert st["decode_graph_builds"] == 3 and st.get("decode_graph_fallbacks", 0) == 0
+    assert st["decode_graph_bucket_changes"] == 2 and st.get("decode_graph_fallbacks", 0) == 0
+    if ahead == "off":
+        assert st["decode_graph_storages"] == 3 and st["decode_graph_builds"] == 3
+        assert st.get("decode_graph_ahead_builds", 0) == 0
+    else:
+        # 32 and 48 built ahead on the thread (4 positions before the end, or at once when the
+        # bucket is smaller than 64), then 64, built for a length the decode never reaches
+        assert st["decode_graph_ahead_builds"] == 3 and st["decode_graph_storages"] == 4
+        assert st["decode_graph_builds"] == 3  # 16 in the call, 32 and 48 taken over from the thread
+        (dec,) = _decoders(sess)
+        assert [b.cap for b in dec.buckets.values()] == [48] and [b.cap for b in dec.next.values()] == [64]
     # the prefill step's attention reads a causal mask made from the past: the dynamic path
     # serves it, and says why
     assert st["decode_graph_specs_refused"] >= 1
@@ -168,6 +178,30 @@ def test_options():
             bucket_rule(bad)
     with pytest.raises(OptionsError):
         dynashape.InferenceSession(str(llama.model_path()), decode_graphs="sometimes")
+    assert ahead_rule("off") == 0 and ahead_rule(None) == 64 and ahead_rule("8") == 8
+    for bad in ("-1", "soon"):
+        with pytest.raises(OptionsError, match="decode_ahead"):
+            dynashape.InferenceSession(str(llama.model_path()), decode_ahead=bad)
+
+
+def test_a_failed_build_ahead_refuses_at_the_switch_and_the_decode_goes_on(path, eager, device, monkeypatch):
+    """The thread's build raises what a failed capture raises: the step that passes the end of the
+    bucket says why and the dynamic path serves the key from then on, still correct."""
+    from dynashape.impls import CannotCapture
+    calls = []
+    real = DecodeGraphs._make_impl
+
+    def failing(self, key, b, ins, warm):
+        calls.append(b.cap)
+        if b.cap > 16:
+            raise CannotCapture("no capture at this capacity (test)")
+        return real(self, key, b, ins, warm)
+    monkeypatch.setattr(DecodeGraphs, "_make_impl", failing)
+    sess = _session(path, device, decode_ahead="4")
+    st = _decode(sess, eager, device, 20)
+    assert calls == [16, 32] and st["decode_graph_ahead_builds"] == 1
+    assert st["decode_graph_refused"] == 1 and st["decode_graph_off_runs"] >= 6
+    assert any("no capture at this capacity" in r for r in sess.compiled.refusals)
 
 
 def test_off_leaves_the_dynamic_path(path, eager):
