@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -34,6 +34,10 @@ case "${1:-bench}" in
       tests/ops/test_kv_attention.py tests/compile/test_fusion.py
     T=330 run python benchmarks/decode_graphs.py --device cuda --hf --batch 1 4 16 --rounds 2 \
       --json "$OUT/decode_graphs_hf_fp32.json" ;;
+  ahead)  # the next bucket's graph built ahead on a thread, against built at the bucket change
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
+      tests/ops/test_kv_attention.py tests/compile/test_fusion.py
+    T=300 run python benchmarks/decode_ahead.py --device cuda --steps 1024 --repeats 3 --json "$OUT/decode_ahead.json" ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \
