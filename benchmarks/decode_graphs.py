@@ -353,7 +353,7 @@ def main() -> None:
         bw = copy_bandwidth(dev)
         data["copy_bandwidth_GBps"] = bw / 1e9
         _gone()
-    for dt in args.dtype:
+    for dt in ["float32"] if args.hf else args.dtype:  # transformers' model is exported in fp32
         cfg = hf_config(args.layers) if args.hf else config(args.layers, dt, args.mask)
         bench(cfg, dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile, bw, rows, data)
     print_table(f"greedy decode, {args.steps} tokens after {args.prompt}, {data['device']}",

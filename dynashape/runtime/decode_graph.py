@@ -4,11 +4,13 @@ The specialization's ``step`` function (``codegen/step_graph.py``) writes this s
 values into KV storages of capacity ``C`` at the device position ``P`` and runs attention over
 the whole storage with a mask built from ``P``. Nothing in it depends on the past length as a
 host number, so one CUDA graph serves every step until ``past + new`` passes ``C``; then the
-next bucket gets new storages (the past copied over once) and a graph of its own. That graph is
-built ahead (``decode_ahead`` positions before the end) on a background thread while the current
-one keeps serving: its kernels have all run before, so the thread only records them; the step
-that passes the end copies the past over and replays it (waiting for the thread if it is late,
-counted).
+next bucket gets new storages (the past copied over once) and a graph of its own, built in the
+call that passes the end (~20 ms for a 12-layer model on an H100). With ``decode_ahead=N`` it is
+built N positions before the end on a background thread while the current graph keeps serving:
+its kernels have all run before, so the thread only records them; the step that passes the end
+copies the past over and replays it (waiting for the thread if it is late, counted). Opt-in:
+while the thread captures, a device-wide synchronize elsewhere in the process
+(``torch.cuda.synchronize()``, ``empty_cache``) is an error that CUDA raises to its caller.
 
 The caller's ``present_*`` outputs are views of the storages with the current length (no copy).
 A step is served here only when each fed past is exactly the last step's present (a decode loop
@@ -75,7 +77,7 @@ def bucket_rule(option):
 def ahead_rule(option) -> int:
     """``decode_ahead``: how many positions before the end of a bucket the next one's graph is
     built on a background thread (0: in the call that passes the end)."""
-    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "64")
+    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "off")
     text = str(value).lower()
     if text in ("off", "none", "false"):
         return 0
@@ -214,8 +216,6 @@ class DecodeGraphs:
             nb = self._switch(key, b, total, pasts)
             if nb is not b:  # the past is in its storages already
                 b, ours = nb, True
-            elif key in self.off:  # its build failed: refused, the dynamic path serves
-                return None
         if b is None or total > b.cap:
             b = self._new_bucket(key, b, total, pasts, inputs)
         elif not ours:
@@ -476,11 +476,12 @@ class DecodeGraphs:
             self.stats["decode_graph_ahead_wait_s"] += time.perf_counter() - t0
         err = fut.exception()
         if err is not None:
+            # a capture the thread could not finish (a device-wide synchronize elsewhere in the
+            # process invalidates it): the bucket is made and built in this call instead, where
+            # a capture that truly cannot be done is refused
             self._release(nb)
-            if not isinstance(err, CannotCapture):
-                raise err
-            self.off[key] = None
-            self._refuse(key, f"cannot be captured: {err}")
+            self.stats["decode_graph_ahead_failures"] += 1
+            self.state.runner.model.refusals.append(f"decode graph built ahead for {key}: {type(err).__name__}: {err}")
             return b
         nb.impl, nb.template, took = fut.result()
         self.stats["decode_graph_builds"] += 1
