@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -38,6 +38,10 @@ case "${1:-bench}" in
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
       tests/ops/test_kv_attention.py tests/compile/test_fusion.py
     T=300 run python benchmarks/decode_ahead.py --device cuda --steps 1024 --repeats 3 --json "$OUT/decode_ahead.json" ;;
+  fusions)  # the residual add in the product, the SwiGLU gate in one kernel: with / without
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/compile/test_fuse_residual.py \
+      tests/compile/test_fusion.py tests/compile/test_linear_layout.py tests/impls/test_decode_graphs.py
+    T=330 run python benchmarks/decode_fusions.py --device cuda --json "$OUT/decode_fusions.json" ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \

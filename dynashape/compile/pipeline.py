@@ -18,6 +18,7 @@ from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
+from .fuse_residual import fuse_matmul_add, fuse_silu_mul
 from .fuse_rotary import fuse_rotary
 from .inline_if import inline_constant_if
 from .linear_layout import linear_layout_pass
@@ -48,6 +49,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_rms_norm", fuse_rms_norm),
     ("fuse_gelu", fuse_gelu),
     ("fuse_silu", fuse_silu),
+    ("fuse_silu_mul", fuse_silu_mul),
     ("fuse_rotary", fuse_rotary),
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
@@ -69,7 +71,8 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
 
 def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """Fusion passes whose choice depends on the device (measured there): after the others."""
-    return [("linear_layout", linear_layout_pass(device)), ("remove_dead_nodes", remove_dead_nodes),
+    return [("linear_layout", linear_layout_pass(device)), ("fuse_matmul_add", fuse_matmul_add),
+            ("remove_dead_nodes", remove_dead_nodes),
             ("channels_last", channels_last_pass(device))]
 
 

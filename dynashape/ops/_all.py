@@ -23,6 +23,7 @@ from . import (  # noqa: F401
     pool,
     quant,
     reduce,
+    residual,
     resize,
     rnn,
     rotary,

@@ -1,0 +1,135 @@
+"""Products that end a residual branch, and the gated activation of a SwiGLU MLP
+(``compile/fuse_residual.py``).
+
+``MatMulAdd(x, w, r) = x @ w + r`` with ``w`` a constant matrix ([in, out], or [out, in] read
+transposed with ``transposed=1``) and ``r`` a tensor of the product's shape: the residual add of a
+transformer layer (attention output projection, MLP down projection). BLAS adds ``r`` in the
+product's epilogue (``addmm`` with beta = 1): one kernel instead of two, and in float32 the same
+value (the product is rounded once either way before ``r`` is added).
+
+``SiluMul(a, b) = silu(a) * b``: the gate of a SwiGLU MLP, one kernel on CUDA (Triton) instead of
+two; elsewhere the torch form, which is what the replaced nodes computed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from .fused import DOMAIN, CannotServe
+from .registry import op
+
+try:  # CI has no GPU and no triton: the torch form serves there
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+def _matmul_add_infer(shapes, values, *, transposed=0):
+    x, w, r = tuple(shapes[0]), tuple(shapes[1]), tuple(shapes[2])
+    k, n = (w[1], w[0]) if transposed else (w[0], w[1])
+    if len(x) < 2 or x[-1] != k:
+        raise ShapeError(f"MatMulAdd: input {x} does not match weight {w}")
+    out = x[:-1] + (n,)
+    if not _same_shape(out, r):  # a residual that broadcasts: the replaced MatMul and Add serve it
+        raise CannotServe("a residual of another shape than the product")
+    return [out]
+
+
+@op("MatMulAdd", 1, DOMAIN, infer=_matmul_add_infer,
+    notes="x @ w + r in one BLAS call, r added in its epilogue (fuse_residual)")
+def _matmul_add(x, w, r, *, transposed=0, out=None):
+    wt = w.t() if transposed else w
+    k, n = wt.shape
+    x2, r2 = x.reshape(-1, k), r.reshape(-1, n)
+    if out is not None and out.is_contiguous():
+        torch.addmm(r2, x2, wt, out=out.view(-1, n))
+        return out
+    res = torch.addmm(r2, x2, wt).view(*x.shape[:-1], n)
+    if out is None:
+        return res
+    return out.copy_(res)
+
+
+def _silu_mul_infer(shapes, values):
+    a, b = tuple(shapes[0]), tuple(shapes[1])
+    if not _same_shape(a, b):
+        raise CannotServe("a gate and an input of other shapes")
+    return [a]
+
+
+@op("SiluMul", 1, DOMAIN, infer=_silu_mul_infer, notes="silu(a) * b, the SwiGLU gate (fuse_residual)")
+def _silu_mul(a, b, *, out=None):
+    if (triton is not None and a.is_cuda and a.dtype in _TRITON_DTYPES and b.dtype == a.dtype and a.dim() >= 1
+            and a.shape[-1] > 0 and a.stride(-1) == 1 and b.stride(-1) == 1):
+        return _triton(a, b, out)
+    return silu_mul_torch(a, b, out)
+
+
+def silu_mul_torch(a, b, out=None):
+    """What the exported nodes compute: silu rounded to the dtype, then the product."""
+    s = F.silu(a)
+    return torch.mul(s, b) if out is None else torch.mul(s, b, out=out)
+
+
+def _rows(t):
+    """``t`` as rows of its last dim: (rows, row stride) when every leading dim steps by whole rows
+    of one stride (a contiguous tensor, a slice of the last dim), else None."""
+    d = t.shape[-1]
+    lead = t.shape[:-1]
+    rows = 1
+    for s in lead:
+        rows *= s
+    if t.dim() == 1:
+        return 1, d
+    stride = t.stride(-2)
+    expect = stride
+    for size, st in zip(reversed(lead), reversed(t.stride()[:-1])):
+        if size != 1 and st != expect:
+            return None
+        expect *= size
+    return rows, stride
+
+
+def _triton(a, b, out):
+    ra, rb = _rows(a), _rows(b)
+    if ra is None or rb is None:
+        return silu_mul_torch(a, b, out)
+    if out is None or not out.is_contiguous():
+        res = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    else:
+        res = out
+    d = a.shape[-1]
+    rows = ra[0]
+    if rows == 0:
+        return res if out is None else out
+    block = min(triton.next_power_of_2(d), 1024)
+    with torch.cuda.device(a.device):  # Triton launches on the current device: make it a's (cuda:1)
+        _silu_mul_kernel[(rows, triton.cdiv(d, block))](a, b, res, ra[1], rb[1], d, BLOCK=block,
+                                                         num_warps=4 if block >= 512 else 1)
+    if out is not None and res is not out:
+        out.copy_(res)
+        return out
+    return res
+
+
+if triton is not None:
+    # the row count and strides change with batch and length: not specialised on (no new variant
+    # for a new shape, nor for a CUDA graph capture of one)
+    @triton.jit(do_not_specialize=["sa", "sb", "D"])
+    def _silu_mul_kernel(A, B, OUT, sa, sb, D, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = j < D
+        x = tl.load(A + row * sa + j, mask=m, other=0.0).to(tl.float32)
+        y = tl.load(B + row * sb + j, mask=m, other=0.0)
+        s = (x * tl.sigmoid(x)).to(OUT.dtype.element_ty)  # rounded to the dtype as torch's silu is
+        tl.store(OUT + row * D + j, (s.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty), mask=m)

@@ -1,0 +1,109 @@
+"""``fuse_matmul_add`` and ``fuse_silu_mul`` (compile/fuse_residual.py, ops/residual.py): the
+residual add joins its product, the SwiGLU gate joins its SiLU. Each model runs over a sequence
+of changing shapes with fresh random inputs in the fused compiled session, the interpreter (the
+unfused graph) and onnxruntime; near misses must not fuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dynashape.ops import residual
+from tests.compile.test_fusion import FUSED, Builder, check_sequence, fused_nodes, fused_ops, randn
+
+K, N = 16, 24
+SHAPES = [(1, 1), (2, 5), (3, 1), (1, 7), (2, 5)]
+
+
+def _feeds(rng, shapes, **extra):
+    return [{"x": randn(rng, b, s, K), **{k: randn(rng, *f(b, s)) for k, f in extra.items()}} for b, s in shapes]
+
+
+def residual_model(swap=False, r_shape=("b", "s", N), also_output=False):
+    b = Builder()
+    x = b.input("x", ["b", "s", K])
+    r = b.input("r", list(r_shape))
+    p = b.op("MatMul", x, b.const(np.random.default_rng(0).standard_normal((K, N))))
+    y = b.op("Add", *((r, p) if swap else (p, r)))
+    return b.model([y] + ([p] if also_output else []))
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_residual_add_rides_the_product(swap):
+    rng = np.random.default_rng(1)
+    sess = check_sequence(residual_model(swap), _feeds(rng, SHAPES, r=lambda b, s: (b, s, N)))
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.MatMulAdd"] == 1 and ops["MatMul"] == 0 and ops["Add"] == 0, dict(ops)
+    (node,) = fused_nodes(sess, "MatMulAdd")
+    assert node.attrs["transposed"] == 0  # a float32 product on CPU keeps its [in, out] weight
+
+
+@pytest.mark.parametrize("case", ["broadcast residual", "product also an output"])
+def test_residual_add_near_misses_do_not_fuse(case):
+    rng = np.random.default_rng(2)
+    if case == "broadcast residual":
+        model, r = residual_model(r_shape=(1, 1, N)), (lambda b, s: (1, 1, N))
+    else:
+        model, r = residual_model(also_output=True), (lambda b, s: (b, s, N))
+    sess = check_sequence(model, _feeds(rng, SHAPES, r=r))
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.MatMulAdd"] == 0 and ops["Add"] == 1, dict(ops)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matmul_add_kernel_reads_either_layout_and_writes_out(dtype):
+    g = torch.Generator().manual_seed(3)
+    x, w, r = (torch.randn(*s, generator=g, dtype=dtype) for s in ((2, 3, K), (K, N), (2, 3, N)))
+    want = x @ w + r
+    torch.testing.assert_close(residual._matmul_add(x, w, r), want)
+    torch.testing.assert_close(residual._matmul_add(x, w.t().contiguous(), r, transposed=1), want)
+    out = torch.full((2, 3, N), float("nan"), dtype=dtype)
+    assert residual._matmul_add(x, w, r, out=out) is out
+    torch.testing.assert_close(out, want)
+    strided = torch.full((2, 3, 2 * N), float("nan"), dtype=dtype)[..., :N]  # not contiguous: copied into
+    residual._matmul_add(x, w, r, out=strided)
+    torch.testing.assert_close(strided, want)
+
+
+def swiglu_model(gate_broadcast=False, sigmoid_first=False):
+    b = Builder()
+    a = b.input("a", ["b", "s", N])
+    u = b.input("u", ["b", 1, N] if gate_broadcast else ["b", "s", N])
+    sig = b.op("Sigmoid", a)
+    silu = b.op("Mul", *((sig, a) if sigmoid_first else (a, sig)))
+    return b.model([b.op("Mul", silu, u)])
+
+
+@pytest.mark.parametrize("sigmoid_first", [False, True])
+def test_swiglu_gate_joins_its_silu(sigmoid_first):
+    rng = np.random.default_rng(4)
+    feeds = [{"a": randn(rng, b, s, N), "u": randn(rng, b, s, N)} for b, s in SHAPES]
+    sess = check_sequence(swiglu_model(sigmoid_first=sigmoid_first), feeds)
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.SiluMul"] == 1 and ops[f"{FUSED}.Silu"] == 0 and ops["Mul"] == 0, dict(ops)
+
+
+def test_swiglu_gate_that_broadcasts_keeps_its_mul():
+    rng = np.random.default_rng(5)
+    feeds = [{"a": randn(rng, b, s, N), "u": randn(rng, b, 1, N)} for b, s in SHAPES]
+    sess = check_sequence(swiglu_model(gate_broadcast=True), feeds)
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.SiluMul"] == 0 and ops[f"{FUSED}.Silu"] == 1 and ops["Mul"] == 1, dict(ops)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or residual.triton is None, reason="needs CUDA and Triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_mul_triton_matches_torch_on_strided_halves(dtype):
+    """The gate and the input as the merged gate/up product hands them out: halves of one buffer."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    for rows, d in ((1, 2048), (3, 5), (7, 1500)):
+        merged = torch.randn(rows, 1, 2 * d, generator=g, device="cuda", dtype=dtype)
+        a, u = merged[..., :d], merged[..., d:]
+        want = residual.silu_mul_torch(a, u)
+        got = residual._silu_mul(a, u)
+        tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        out = torch.empty(rows, 1, d, device="cuda", dtype=dtype)
+        assert residual._silu_mul(a, u, out=out) is out
+        torch.testing.assert_close(out, want, atol=tol, rtol=tol)
