@@ -64,12 +64,12 @@ def main() -> None:
             sessions = {"with": session(path, dev, True), "without": session(path, dev, False)}
             steps = {}
             for name, sess in sessions.items():
-                def ds_step(ids, past, sess=sess):
+                def ds_step(ids, past, sess=sess, names=names):
                     out = sess.run(None, dict(zip(names, [ids, *past])))
                     return out[0], out[1:]
                 steps[name] = ds_step
 
-            def eager_step(ids, past):
+            def eager_step(ids, past, eager=eager):
                 with torch.no_grad():
                     out = eager(ids, *past)
                 return out[0], list(out[1:])

@@ -1,7 +1,8 @@
 """``fuse_matmul_add`` and ``fuse_silu_mul`` (compile/fuse_residual.py, ops/residual.py): the
 residual add joins its product, the SwiGLU gate joins its SiLU. Each model runs over a sequence
 of changing shapes with fresh random inputs in the fused compiled session, the interpreter (the
-unfused graph) and onnxruntime; near misses must not fuse."""
+unfused graph) and onnxruntime; near misses must not fuse. The passes run on CUDA sessions only
+(measured); here they are switched on for CPU sessions too, to test them where CI runs."""
 
 from __future__ import annotations
 
@@ -9,10 +10,26 @@ import numpy as np
 import pytest
 import torch
 
+from dynashape.compile import pipeline
 from dynashape.ops import residual
 from tests.compile.test_fusion import FUSED, Builder, check_sequence, fused_nodes, fused_ops, randn
 
 K, N = 16, 24
+CUDA_ONLY = pipeline.RESIDUAL_FUSION_DEVICES  # as shipped, before the fixture switches CPU on
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu_too(monkeypatch):
+    monkeypatch.setattr(pipeline, "RESIDUAL_FUSION_DEVICES", ("cuda", "cpu"))
+
+
+def test_the_passes_are_cuda_only_by_default(monkeypatch):
+    monkeypatch.setattr(pipeline, "RESIDUAL_FUSION_DEVICES", CUDA_ONLY)
+
+    def names(device):
+        return [n for n, _ in pipeline.device_passes(device) if n in ("fuse_silu_mul", "fuse_matmul_add")]
+    assert names("cpu") == [] and names("cuda:1") == ["fuse_silu_mul", "fuse_matmul_add"]
+
 SHAPES = [(1, 1), (2, 5), (3, 1), (1, 7), (2, 5)]
 
 
