@@ -1,11 +1,13 @@
-"""Whole-step decode with and without the residual fusions (``fuse_matmul_add``: the residual add
-in the product's epilogue; ``fuse_silu_mul``: the SwiGLU gate in one kernel), side by side in one
-process, beside PyTorch eager of the same module.
+"""Whole-step decode with and without the fusions of the step's small kernels (``fuse_matmul_add``:
+the residual add in the product's epilogue; ``fuse_silu_mul``: the SwiGLU gate in one kernel;
+``fuse_rope_append``: the rotary embedding of queries and keys and the KV writes in one kernel),
+side by side in one process, beside PyTorch eager of the same module.
 
 The 12-layer / hidden-768 test decoder (benchmarks/decode_graphs.py's config). Greedy decode of
 ``--steps`` tokens after a 16-token prompt; the runtimes alternate round by round after a warm-up
 round each; tokens/s from the median round. "without" is the same session options with the two
-passes taken out of the pipeline before the session is made.
+passes taken out of the pipeline before the session is made and the step's rewrite turned off
+(``DYNASHAPE_STEP_FUSIONS=0``) while it builds its code (load and the warm-up round).
 
     python benchmarks/decode_fusions.py --device cuda [--dtype float32 bfloat16] [--batch 1 4]
 """
@@ -13,6 +15,7 @@ passes taken out of the pipeline before the session is made.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -37,9 +40,24 @@ def session(path, dev, fused: bool):
         pipeline.FUSION_PASSES = [p for p in passes if p[0] not in PASSES]
         pipeline.device_passes = lambda d: [p for p in device_passes(d) if p[0] not in PASSES]
     try:
-        return dynashape.InferenceSession(path, device=str(dev))
+        with step_fusions(fused):
+            return dynashape.InferenceSession(path, device=str(dev))
     finally:
         pipeline.FUSION_PASSES, pipeline.device_passes = passes, device_passes
+
+
+@contextlib.contextmanager
+def step_fusions(on: bool):
+    """The whole step's rewrites on or off while code is generated."""
+    old = os.environ.get("DYNASHAPE_STEP_FUSIONS")
+    os.environ["DYNASHAPE_STEP_FUSIONS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DYNASHAPE_STEP_FUSIONS"]
+        else:
+            os.environ["DYNASHAPE_STEP_FUSIONS"] = old
 
 
 def main() -> None:
@@ -78,7 +96,8 @@ def main() -> None:
             toks = {}
             for r in range(args.rounds + 1):  # round 0 warms each up (graphs built), not timed
                 for name, step in steps.items():
-                    t, toks[name] = greedy_past(step, prompt, cfg, args.steps, dev)
+                    with step_fusions(name != "without"):  # the warm-up round builds the step's code
+                        t, toks[name] = greedy_past(step, prompt, cfg, args.steps, dev)
                     if r:
                         times[name].append(t)
             kernels = {k: sessions[k].stats().get("decode_graph_replays", 0) for k in sessions}

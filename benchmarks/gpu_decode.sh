@@ -38,9 +38,10 @@ case "${1:-bench}" in
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
       tests/ops/test_kv_attention.py tests/compile/test_fusion.py
     T=300 run python benchmarks/decode_ahead.py --device cuda --steps 1024 --repeats 3 --json "$OUT/decode_ahead.json" ;;
-  fusions)  # the residual add in the product, the SwiGLU gate in one kernel: with / without
+  fusions)  # the residual add in the product, the SwiGLU gate, rotary + KV writes in one kernel: with / without
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/compile/test_fuse_residual.py \
-      tests/compile/test_fusion.py tests/compile/test_linear_layout.py tests/impls/test_decode_graphs.py
+      tests/compile/test_fusion.py tests/compile/test_linear_layout.py tests/impls/test_decode_graphs.py \
+      tests/impls/test_step_fusions.py tests/ops/test_kv_attention.py
     T=330 run python benchmarks/decode_fusions.py --device cuda --json "$OUT/decode_fusions.json" ;;
   buckets)
     for b in 256 pow2 openvino; do

@@ -27,14 +27,17 @@ specialization, and the reason is reported. ``runtime/decode_graph.py`` runs it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
 import torch
 
 from ..ops.kv_attention import kv_attention
+from ..ops.rope_append import rope_append
 from .regions import _HOST_SYNC, Item, Member, _rhs_reads, targets
 from .step_capacity import GATHER_OPS, MASK_OPS, Refused, at_capacity, mask_line, mentions, prep_source
+from .step_fusions import fuse_rope_append
 
 _KV_CALL = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\((\w+), (\w+)\)$")
 _KV_PREPARE = re.compile(r"^(\w+) = st\.kv\[(\d+)\]\.prepare\((\w+), (.*)\)$")
@@ -140,6 +143,8 @@ def step_plan(items: list[Item], kv: list[KVInfo], members: dict[str, Member], s
     # arena (a longer prompt's prefill) moves them under the graph
     buffers = _buffer_lines(lines, groups, members, g, gvar, total, aliases, alias_syms)
     lines = buffers + lines
+    if os.environ.get("DYNASHAPE_STEP_FUSIONS", "1") != "0":  # off: for A/B measurements
+        lines = fuse_rope_append(lines, list(results))
     # what the lines read: inputs, group members (stable, or values of g made here), made locals
     made: set[str] = set()
     live_in: list[str] = []
@@ -343,4 +348,5 @@ def _tmin(a, b):
     return torch.minimum(_tdev(a, like), _tdev(b, like))
 
 
-HELPERS = {"_kv_attn": kv_attention, "_kv_write": _kv_write, "_tdev": _tdev, "_tmax": _tmax, "_tmin": _tmin}
+HELPERS = {"_kv_attn": kv_attention, "_kv_write": _kv_write, "_rope_append": rope_append, "_tdev": _tdev,
+           "_tmax": _tmax, "_tmin": _tmin}

@@ -73,6 +73,8 @@ def test_decode_matches_eager_across_buckets(path, eager, device, ahead):
     # prompt 5, then 39 steps of one token: lengths 6..44 in buckets of 16 -> 16, 32, 48
     assert st["decode_graph_replays"] >= 30
     assert st["decode_graph_bucket_changes"] == 2 and st.get("decode_graph_fallbacks", 0) == 0
+    (dec,) = _decoders(sess)  # each layer's rotary and KV writes are one call (step_fusions.py)
+    assert dec.plan.source.count("_rope_append(") == 2 and "_kv_write(" not in dec.plan.source
     if ahead == "off":
         assert st["decode_graph_storages"] == 3 and st["decode_graph_builds"] == 3
         assert st.get("decode_graph_ahead_builds", 0) == 0
