@@ -1,5 +1,6 @@
 """Whole-step decode with and without the fusions of the step's small kernels (``fuse_matmul_add``:
 the residual add in the product's epilogue; ``fuse_silu_mul``: the SwiGLU gate in one kernel;
+``fuse_norm_linear``: a single row's RMSNorm inside the product that reads it;
 ``fuse_rope_append``: the rotary embedding of queries and keys and the KV writes in one kernel),
 side by side in one process, beside PyTorch eager of the same module.
 
@@ -30,7 +31,7 @@ from benchmarks.decode_graphs import config, greedy_past  # noqa: E402
 from dynashape.compile import pipeline  # noqa: E402
 from tests.models import llama  # noqa: E402
 
-PASSES = ("fuse_matmul_add", "fuse_silu_mul")
+PASSES = ("fuse_matmul_add", "fuse_silu_mul", "fuse_norm_linear")
 
 
 def session(path, dev, fused: bool):

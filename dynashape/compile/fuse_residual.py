@@ -8,9 +8,17 @@ microseconds of a step bound by kernel latencies. Runs after ``linear_layout`` (
 the layout chosen for the device; ``transposed`` says which).
 
 ``Mul(Silu(a), b)`` with ``a`` and ``b`` of one shape becomes ``SiluMul(a, b)`` (one kernel).
+
+``Linear(RMSNorm(x, g), W)`` (float32 W in the [out, in] layout, no bias, the norm read by nothing
+else) becomes ``RMSNormLinear(x, g, W)``: for a single row (a batch-1 decode step) one Triton
+kernel normalises the row and multiplies it (the norm's kernel gone, the product read faster
+than cuBLAS reads it at one row: benchmarks/gemv_triton.py); for more rows the two kernels as
+before.
 """
 
 from __future__ import annotations
+
+import torch
 
 from ..ir import Graph, Node, Value
 from .patterns import FUSED_DOMAIN, fuse, only_feeds, producer
@@ -58,4 +66,19 @@ def fuse_silu_mul(graph: Graph) -> Graph:
                 continue
             fuse(graph, [silu, mul], "SiluMul", [silu.inputs[0], b], {})
             break
+    return graph
+
+
+def fuse_norm_linear(graph: Graph) -> Graph:
+    for lin in [n for n in graph.nodes if n.op_type == "Linear" and n.domain == FUSED_DOMAIN]:
+        x, w = lin.inputs[0], lin.inputs[1]
+        norm = _fused(x, "RMSNorm")
+        if norm is None or (len(lin.inputs) > 2 and lin.inputs[2] is not None) or not only_feeds(x, [lin], graph):
+            continue
+        if not w.is_const or w.const.dim() != 2 or w.const.dtype != torch.float32:
+            continue
+        g = norm.inputs[1] if len(norm.inputs) > 1 else None
+        if g is None or not g.is_const:
+            continue
+        fuse(graph, [norm, lin], "RMSNormLinear", [norm.inputs[0], g, w], {"epsilon": norm.attrs.get("epsilon", 1e-5)})
     return graph

@@ -133,3 +133,60 @@ if triton is not None:
         y = tl.load(B + row * sb + j, mask=m, other=0.0)
         s = (x * tl.sigmoid(x)).to(OUT.dtype.element_ty)  # rounded to the dtype as torch's silu is
         tl.store(OUT + row * D + j, (s.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty), mask=m)
+
+
+# ---- RMSNorm into the product that reads it ------------------------------------------------------
+def _norm_linear_infer(shapes, values, *, epsilon=1e-5):
+    x, w = tuple(shapes[0]), tuple(shapes[2])
+    if len(x) < 1 or x[-1] != w[1]:
+        raise ShapeError(f"RMSNormLinear: input {x} does not match weight {w} (out, in)")
+    return [x[:-1] + (w[0],)]
+
+
+@op("RMSNormLinear", 1, DOMAIN, infer=_norm_linear_infer, writes_out=False,
+    notes="rms_norm(x) * norm_weight @ weight.T, one kernel for a single row on CUDA (fuse_norm_linear)")
+def _norm_linear(x, norm_weight, weight, *, epsilon=1e-5, out=None):
+    k = x.shape[-1]
+    if (triton is not None and x.is_cuda and x.dtype == torch.float32 and weight.dtype == x.dtype
+            and x.numel() == k and k <= MAX_NORM_K and weight.stride(-1) == 1 and norm_weight is not None):
+        return _norm_gemv(x, norm_weight, weight, epsilon)
+    y = F.rms_norm(x, (k,), norm_weight, epsilon)  # several rows: the norm's kernel and cuBLAS, as unfused
+    return F.linear(y, weight)
+
+
+MAX_NORM_K = 8192  # the row is held whole by each program for its sum of squares
+
+
+def _norm_gemv(x, norm_weight, weight, eps: float):
+    n, k = weight.shape
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    xr = x.reshape(k)
+    if xr.stride(0) != 1:
+        xr = xr.contiguous()
+    block_n, block_k = 4, 256  # measured best for one fp32 row (benchmarks/gemv_triton.py, H100)
+    with torch.cuda.device(x.device):
+        _norm_gemv_kernel[(triton.cdiv(n, block_n),)](xr, norm_weight, weight, out, n, k, eps, weight.stride(0),
+                                                      K_ALL=triton.next_power_of_2(k), BLOCK_N=block_n,
+                                                      BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["eps"])
+    def _norm_gemv_kernel(X, NW, W, OUT, N, K, eps, swn, K_ALL: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+        # each program reads the whole row for its scale (a few KB, from L2 after the first)
+        ka = tl.arange(0, K_ALL)
+        xa = tl.load(X + ka, mask=ka < K, other=0.0).to(tl.float32)
+        scale = 1.0 / tl.sqrt(tl.sum(xa * xa, axis=0) / K + eps)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            km = kk < K
+            xn = tl.load(X + kk, mask=km, other=0.0).to(tl.float32) * scale * \
+                tl.load(NW + kk, mask=km, other=0.0).to(tl.float32)
+            w = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * xn[None, :], axis=1)
+        tl.store(OUT + n, acc.to(OUT.dtype.element_ty), mask=nm)

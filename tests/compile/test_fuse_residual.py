@@ -124,3 +124,40 @@ def test_silu_mul_triton_matches_torch_on_strided_halves(dtype):
         out = torch.empty(rows, 1, d, device="cuda", dtype=dtype)
         assert residual._silu_mul(a, u, out=out) is out
         torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+
+
+def test_rmsnorm_joins_the_linear_that_reads_it_on_cuda():
+    """Compiled for CUDA (the passes run at compile time, no GPU needed): each decoder layer's two
+    norms are read by one merged product each, the final norm by the LM head."""
+    import onnx
+
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model
+    from tests.models import llama
+    program = compile_graph(parse_model(onnx.load(str(llama.model_path())), ParseOptions()), device="cuda")
+    ops = [n.op_type for n in program.fused.nodes]
+    assert ops.count("RMSNormLinear") == 2 * llama.TINY["layers"] + 1 and ops.count("RMSNorm") == 0
+    for n in program.fused.nodes:
+        if n.op_type == "RMSNormLinear":
+            assert n.inputs[2].const.dtype == torch.float32 and n.attrs["epsilon"] > 0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rmsnorm_linear_torch_form_is_the_two_ops(rows):
+    g = torch.Generator().manual_seed(7)
+    x, nw, w = torch.randn(rows, 1, K, generator=g), torch.randn(K, generator=g), torch.randn(N, K, generator=g)
+    want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (K,), nw, 1e-6), w)
+    torch.testing.assert_close(residual._norm_linear(x, nw, w, epsilon=1e-6), want, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or residual.triton is None, reason="needs CUDA and Triton")
+@pytest.mark.parametrize("k,n", [(768, 1280), (768, 4096), (2048, 768), (100, 37)])
+def test_rmsnorm_linear_triton_one_row(k, n):
+    g = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(1, 1, k, generator=g, device="cuda")
+    nw = torch.randn(k, generator=g, device="cuda")
+    w = torch.randn(n, k, generator=g, device="cuda") / k ** 0.5
+    got = residual._norm_linear(x, nw, w, epsilon=1e-5)
+    want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x.double(), (k,), nw.double(), 1e-5), w.double())
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
