@@ -34,14 +34,15 @@ from tests.models import llama  # noqa: E402
 PASSES = ("fuse_matmul_add", "fuse_silu_mul", "fuse_norm_linear")
 
 
-def session(path, dev, fused: bool):
-    """A session made with or without the two passes (the pipeline's lists restored after)."""
+def session(path, dev, fused: bool, drop=PASSES + ("step",)):
+    """A session made with or without the passes in ``drop`` ("step": the step's own rewrite);
+    the pipeline's lists restored after."""
     passes, device_passes = pipeline.FUSION_PASSES, pipeline.device_passes
     if not fused:
-        pipeline.FUSION_PASSES = [p for p in passes if p[0] not in PASSES]
-        pipeline.device_passes = lambda d: [p for p in device_passes(d) if p[0] not in PASSES]
+        pipeline.FUSION_PASSES = [p for p in passes if p[0] not in drop]
+        pipeline.device_passes = lambda d: [p for p in device_passes(d) if p[0] not in drop]
     try:
-        with step_fusions(fused):
+        with step_fusions(fused or "step" not in drop):
             return dynashape.InferenceSession(path, device=str(dev))
     finally:
         pipeline.FUSION_PASSES, pipeline.device_passes = passes, device_passes
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--drop", nargs="+", default=list(PASSES) + ["step"],
+                    help="what 'without' leaves out: pass names and/or 'step' (the step's rewrite)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -80,7 +83,7 @@ def main() -> None:
         eager = llama.build(cfg).to(dev)
         for batch in args.batch:
             prompt = torch.randint(0, cfg["vocab"], (batch, 16), generator=torch.Generator().manual_seed(batch)).to(dev)
-            sessions = {"with": session(path, dev, True), "without": session(path, dev, False)}
+            sessions = {"with": session(path, dev, True), "without": session(path, dev, False, tuple(args.drop))}
             steps = {}
             for name, sess in sessions.items():
                 def ds_step(ids, past, sess=sess, names=names):
@@ -97,7 +100,8 @@ def main() -> None:
             toks = {}
             for r in range(args.rounds + 1):  # round 0 warms each up (graphs built), not timed
                 for name, step in steps.items():
-                    with step_fusions(name != "without"):  # the warm-up round builds the step's code
+                    # the warm-up round builds the step's code
+                    with step_fusions(name != "without" or "step" not in args.drop):
                         t, toks[name] = greedy_past(step, prompt, cfg, args.steps, dev)
                     if r:
                         times[name].append(t)
