@@ -2,8 +2,9 @@
 Triton kernel of our own written for the purpose (one program per block of output columns, the
 few rows' dot products accumulated in float32 over the whole depth), with the weights streamed
 from memory as in a step (one copy per layer, 12 layers in turn, so that L2 holds none of them),
-each in a CUDA graph. The kernel stays here: it measured no better than cuBLAS where it counts
-(docs/benchmarks.md), so the runtime does not use it.
+each in a CUDA graph. As a product kernel it measured no better than cuBLAS where it counts
+(docs/benchmarks.md): the runtime uses its one-row form only with the RMSNorm before it folded in
+(``RMSNormLinear`` in dynashape/ops/residual.py), where it beat the two kernels it replaces.
 
     python benchmarks/gemv_triton.py [--rows 1 4] [--dtype float32 bfloat16] [--json out.json]
 """
