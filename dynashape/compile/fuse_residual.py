@@ -20,14 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Node, Value
-from .patterns import FUSED_DOMAIN, fuse, only_feeds, producer
-
-
-def _fused(v: Value, op_type: str) -> Node | None:
-    """The node of our fused op ``op_type`` producing ``v``, if any."""
-    n = v.producer if v is not None else None
-    return n if n is not None and n.op_type == op_type and n.domain == FUSED_DOMAIN else None
+from ..ir import Graph, Value
+from .patterns import FUSED_DOMAIN, fuse, fused_producer, only_feeds, producer
 
 
 def _same_shape(a: Value, b: Value) -> bool:
@@ -39,7 +33,7 @@ def _same_shape(a: Value, b: Value) -> bool:
 def fuse_matmul_add(graph: Graph) -> Graph:
     for add in [n for n in graph.nodes if n.op_type == "Add" and n.domain in ("", "ai.onnx")]:
         for p, r in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-            mm = producer(p, "MatMul") or _fused(p, "Linear")
+            mm = producer(p, "MatMul") or fused_producer(p, "Linear")
             if mm is None or p is r or r.is_const or not only_feeds(p, [add], graph) or not _same_shape(p, r):
                 continue
             if r.elem_type != p.elem_type:
@@ -59,7 +53,7 @@ def fuse_matmul_add(graph: Graph) -> Graph:
 def fuse_silu_mul(graph: Graph) -> Graph:
     for mul in [n for n in graph.nodes if n.op_type == "Mul" and n.domain in ("", "ai.onnx")]:
         for s, b in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
-            silu = _fused(s, "Silu")
+            silu = fused_producer(s, "Silu")
             if silu is None or s is b or not only_feeds(s, [mul], graph) or not _same_shape(s, b):
                 continue
             if silu.inputs[0].elem_type != b.elem_type:
@@ -72,7 +66,7 @@ def fuse_silu_mul(graph: Graph) -> Graph:
 def fuse_norm_linear(graph: Graph) -> Graph:
     for lin in [n for n in graph.nodes if n.op_type == "Linear" and n.domain == FUSED_DOMAIN]:
         x, w = lin.inputs[0], lin.inputs[1]
-        norm = _fused(x, "RMSNorm")
+        norm = fused_producer(x, "RMSNorm")
         if norm is None or (len(lin.inputs) > 2 and lin.inputs[2] is not None) or not only_feeds(x, [lin], graph):
             continue
         if not w.is_const or w.const.dim() != 2 or w.const.dtype != torch.float32:

@@ -31,6 +31,12 @@ def producer(v: Value | None, op_type: str | tuple[str, ...] | None = None) -> N
     return n
 
 
+def fused_producer(v: Value | None, op_type: str) -> Node | None:
+    """The node of our fused op ``op_type`` (domain ``com.dynashape``) producing ``v``, if any."""
+    n = v.producer if v is not None else None
+    return n if n is not None and n.op_type == op_type and n.domain == FUSED_DOMAIN else None
+
+
 def only_feeds(v: Value, nodes: list[Node], graph: Graph) -> bool:
     """``v`` is read by ``nodes`` only (and is no graph output): it can disappear inside a fusion."""
     if any(v is o for o in graph.outputs):

@@ -25,6 +25,7 @@ logic, no graph.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -179,6 +180,7 @@ class DecodeGraphs:
         self.ahead = model.decode_ahead
         self.next: dict[tuple, _Bucket] = {}  # key -> the next bucket, its impl built ahead
         self.pool: ThreadPoolExecutor | None = None  # one thread: captures in order, one cuBLAS handle
+        self.pool_warm = False  # the thread has run a step for real (its handle and workspace exist)
 
     # ---- a step ------------------------------------------------------------------------------
     def __call__(self, sig: tuple, inputs: tuple):
@@ -365,9 +367,7 @@ class DecodeGraphs:
 
     def _build(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, g: int):
         """The impl for this bucket, built in this call; its first (real) run serves the call."""
-        st = self.state
-        if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
-            st.enter(sig)  # the values of shapes the step reads (its buffers are its own)
+        self._enter(sig)
         ins = self._impl_inputs(key, b, inputs)
         if ins is None:
             return None
@@ -393,11 +393,19 @@ class DecodeGraphs:
         if first is None:  # captured without a run: this call is its first replay
             first = self._replay(b, inputs, g)
         self.warmed = True
-        took = time.perf_counter() - t0
+        self._count_build(time.perf_counter() - t0)
+        return first
+
+    def _enter(self, sig: tuple) -> None:
+        """The state at ``sig``: the values of shapes the step reads (its buffers are its own)."""
+        st = self.state
+        if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
+            st.enter(sig)
+
+    def _count_build(self, took: float) -> None:
         self.stats["decode_graph_builds"] += 1
         self.stats["decode_graph_build_time_s"] += took
         self.stats["decode_graph_build_max_s"] = max(self.stats["decode_graph_build_max_s"], took)
-        return first
 
     def _impl_inputs(self, key: tuple, b: _Bucket, inputs: tuple) -> list | None:
         """The impl's inputs: P, the storages, the live-ins (values made at the capacity, the
@@ -431,9 +439,7 @@ class DecodeGraphs:
         inputs are made here (the state is this thread's); the thread only captures. The thread's
         first capture runs the step once for real (its own cuBLAS handle and workspace are made
         outside the capture): into the new storages, beyond anything adopted later."""
-        st = self.state
-        if self.step.members and (st.sig != sig or st.epoch != st.runner.epoch):
-            st.enter(sig)
+        self._enter(sig)
         cap = self.rule(b.cap + max(n, 1))
         nb = self._allocate(cap, [s.narrow(a, 0, 0) for s, a in zip(b.storages, self.axes)], inputs)
         ins = self._impl_inputs(key, nb, inputs)
@@ -445,13 +451,12 @@ class DecodeGraphs:
         self.next[key] = nb
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynashape-decode-capture")
-            self.pool_warm = False
         warm, self.pool_warm = not self.pool_warm, True
         device = self.device
 
         def build():
             t0 = time.perf_counter()
-            with torch.cuda.device(device) if device.type == "cuda" else _nothing():
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 impl = self._make_impl(key, nb, ins, warm=warm)
             impl.first = None  # a run of the thread's: its results are no call's
             for pos, _ in self.input_slots:
@@ -484,19 +489,10 @@ class DecodeGraphs:
             self.state.runner.model.refusals.append(f"decode graph built ahead for {key}: {type(err).__name__}: {err}")
             return b
         nb.impl, nb.template, took = fut.result()
-        self.stats["decode_graph_builds"] += 1
-        self.stats["decode_graph_build_time_s"] += took
-        self.stats["decode_graph_build_max_s"] = max(self.stats["decode_graph_build_max_s"], took)
+        self._count_build(took)
         self._adopt(nb, pasts, pasts[0].shape[self.axes[0]])
         self._release(b)
         self.stats["decode_graph_bucket_changes"] += 1
         self.buckets[key] = nb
         return nb
 
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
