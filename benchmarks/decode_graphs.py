@@ -279,6 +279,10 @@ def memory_run(cfg, dev, steps: int, data) -> None:
                       "torch_allocated_bytes": torch.cuda.memory_allocated(dev),
                       "torch_reserved_bytes": torch.cuda.memory_reserved(dev),
                       "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
+                      "torch_peak_reserved_bytes": torch.cuda.max_memory_reserved(dev),
+                      # what the runtime holds at its peak (its buffers, graph pools, storages,
+                      # weights: all through torch's allocator), without the CUDA libraries' code
+                      "allocator_peak_over_weights_plus_kv": torch.cuda.max_memory_reserved(dev) / (weights + kv),
                       "engine": {k: v for k, v in sess.stats().items() if k.startswith("device_")},
                       "static_bytes": sess.stats().get("static_bytes"),
                       "stats": {k: v for k, v in sess.stats().items() if k.startswith("decode_graph")}}
@@ -307,7 +311,8 @@ def eager_memory_run(cfg, dev, steps: int, data) -> None:
     low = min(low, torch.cuda.mem_get_info(dev)[0])
     data["eager_memory"] = {"steps": steps, "peak_bytes": free0 - low, "weights_bytes": weights,
                             "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
-                            "torch_reserved_bytes": torch.cuda.memory_reserved(dev)}
+                            "torch_reserved_bytes": torch.cuda.memory_reserved(dev),
+                            "torch_peak_reserved_bytes": torch.cuda.max_memory_reserved(dev)}
     print("eager memory", data["eager_memory"], flush=True)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions]
+#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -38,11 +38,25 @@ case "${1:-bench}" in
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
       tests/ops/test_kv_attention.py tests/compile/test_fusion.py
     T=300 run python benchmarks/decode_ahead.py --device cuda --steps 1024 --repeats 3 --json "$OUT/decode_ahead.json" ;;
+  guard)  # the next bucket built ahead by default, with synchronizes held during its captures
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/impls/test_decode_graphs.py \
+      tests/impls/test_capture_guard.py tests/impls/test_static_impls.py
+    T=300 run python benchmarks/decode_ahead.py --device cuda --steps 1024 --repeats 3 --json "$OUT/decode_ahead.json"
+    T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 --steps 8 --rounds 1 \
+      --no-compile --memory-steps 1024 --json "$OUT/memory.json" ;;
   fusions)  # the residual add in the product, the SwiGLU gate, rotary + KV writes in one kernel: with / without
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python -m pytest -q -p no:warnings tests/compile/test_fuse_residual.py \
       tests/compile/test_fusion.py tests/compile/test_linear_layout.py tests/impls/test_decode_graphs.py \
       tests/impls/test_step_fusions.py tests/ops/test_kv_attention.py
     T=330 run python benchmarks/decode_fusions.py --device cuda --json "$OUT/decode_fusions.json" ;;
+  first)  # the first calls of a decode (a Triton cache empty, then filled) and the memory peaks
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=200 run python benchmarks/decode_first_call.py --device cuda --profile --json "$OUT/first_call_cold.json"
+    T=200 run python benchmarks/decode_first_call.py --device cuda --json "$OUT/first_call_warm.json"
+    for who in "" --eager-memory; do
+      T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 --steps 8 --rounds 1 \
+        --no-compile --memory-steps 1024 $who --json "$OUT/memory${who:+_eager}.json"
+    done ;;
   buckets)
     for b in 256 pow2 openvino; do
       DYNASHAPE_KV_BUCKET=$b T=200 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 \

@@ -248,7 +248,7 @@ class InferenceSession:
         self._impl_cache_size = options.get("impl_cache_size")
         self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static, self.device)
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
-        self._decode_ahead = ahead_rule(options.get("decode_ahead"))
+        self._decode_ahead = ahead_rule(options.get("decode_ahead"), self.device)
         self._load(prepare_proto(self._read()))
         self._prebuild()
 

@@ -44,10 +44,11 @@ class Options:
     kv_bucket: Any = _opt("256", "capacity of those KV storages for a length n: the next multiple of an int "
                                  "(a multiple of 16), 'pow2' or 'openvino' (n + 128 + n % 64, rounded up to 16).",
                           "DYNASHAPE_KV_BUCKET")
-    decode_ahead: Any = _opt("off", "positions before the end of a KV bucket at which the next bucket's graph "
-                                    "is built on a background thread while the current one serves (e.g. 64); "
-                                    "'off': built in the call that passes the end. While the thread captures, "
-                                    "torch.cuda.synchronize() elsewhere in the process is a CUDA error.",
+    decode_ahead: Any = _opt("auto", "positions before the end of a KV bucket at which the next bucket's graph "
+                                     "is built on a background thread while the current one serves; 'auto': 64 "
+                                     "on CUDA, off elsewhere; 'off': built in the call that passes the end. While "
+                                     "the thread captures, torch.cuda.synchronize() and empty_cache() elsewhere in "
+                                     "the process wait for it (CUDA forbids them during a capture).",
                              "DYNASHAPE_DECODE_AHEAD")
     precompile: Any = _opt("auto", "trace the likely specializations at load (every dynamic dim generic, each "
                                    "at 1, all at 1) so a first call at a new shape skips the trace; 'auto': "

@@ -10,7 +10,10 @@ CUDA graph captures are built inline, in the calling thread, whatever the mode: 
 of the process is being captured, a ``torch.cuda.synchronize()`` anywhere in the application
 fails (cudaErrorStreamCaptureUnsupported; measured on an H100 with the capture on a worker
 thread in thread-local mode), and an application may synchronise at any time. What the worker
-builds in the background is the work that is pure Python (the specialised impls).
+builds in the background is the work that is pure Python (the specialised impls). (Since then
+``capture_guard.py`` holds torch's device-wide synchronisations during any capture of a CUDA
+session, which covers the application's other threads while a call captures inline; the
+whole-step decode graphs use that to capture on a thread of their own: runtime/decode_graph.py.)
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ import threading
 
 import torch
 
+from . import capture_guard
+
 
 class CannotCapture(RuntimeError):
     """A region that a static impl cannot serve for this signature. ``first``: the results of
@@ -68,7 +70,9 @@ class CudaGraphImpl:
     def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
                  device: torch.device, warm: bool = True) -> None:
         """``warm=False``: no real run before the capture (the caller knows every kernel of the
-        region has run before, at other shapes); the call that built it then replays it."""
+        region has run before, at other shapes); the call that built it then replays it.
+        The capture holds the process's device-wide synchronisations meanwhile (CUDA forbids
+        them; capture_guard.py), and begins once those in flight are done."""
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
         self.refresh_idx: list[int] = []
         self.static: list[torch.Tensor] = []
@@ -98,18 +102,19 @@ class CudaGraphImpl:
                     s.copy_(ins[i])
                 # this call's results, and the warm-up of the capture
                 first = fn(*symvals, *args) if warm else ()
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    outs = fn(*symvals, *args)
-                except Exception as e:
-                    _abandon(graph)
-                    caller.wait_stream(side)
-                    raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
-                try:
-                    graph.capture_end()
-                except RuntimeError as e:
-                    caller.wait_stream(side)
-                    raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
+                with capture_guard.capturing():
+                    graph.capture_begin(capture_error_mode="thread_local")
+                    try:
+                        outs = fn(*symvals, *args)
+                    except Exception as e:
+                        _abandon(graph)
+                        caller.wait_stream(side)
+                        raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
+                    try:
+                        graph.capture_end()
+                    except RuntimeError as e:
+                        caller.wait_stream(side)
+                        raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
         finally:
             torch.backends.cudnn.benchmark = benchmark
         caller.wait_stream(side)

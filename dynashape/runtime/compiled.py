@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import Counter, deque
 
 import torch
@@ -28,7 +29,7 @@ from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
 from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
-from ..impls import CannotCapture, CompilationContext, ImplCache, build_static
+from ..impls import CannotCapture, CompilationContext, ImplCache, build_static, capture_guard
 from ..impls.cache import capacity_from
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
@@ -74,7 +75,12 @@ class CompiledModel:
         self.graph, self.device = graph, device
         # whole decode steps over KV storages of a bucketed capacity (decode_graph.py)
         self.decode_graphs, self.kv_bucket = decode_graphs, kv_bucket or bucket_rule(None)
-        self.decode_ahead = ahead_rule(None) if decode_ahead is None else decode_ahead
+        self.decode_ahead = ahead_rule(None, device) if decode_ahead is None else decode_ahead
+        if device.type == "cuda" and (static or decode_graphs):
+            # this session captures CUDA graphs (in the call or on a thread): while one is
+            # captured, torch.cuda.synchronize() / empty_cache() from any thread wait for it
+            capture_guard.install()
+            weakref.finalize(self, capture_guard.release)
         # static impls of the regions: the cache (LRU) and the context that builds them
         self.static = static
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last

@@ -5,12 +5,15 @@ values into KV storages of capacity ``C`` at the device position ``P`` and runs 
 the whole storage with a mask built from ``P``. Nothing in it depends on the past length as a
 host number, so one CUDA graph serves every step until ``past + new`` passes ``C``; then the
 next bucket gets new storages (the past copied over once) and a graph of its own, built in the
-call that passes the end (~20 ms for a 12-layer model on an H100). With ``decode_ahead=N`` it is
-built N positions before the end on a background thread while the current graph keeps serving:
-its kernels have all run before, so the thread only records them; the step that passes the end
-copies the past over and replays it (waiting for the thread if it is late, counted). Opt-in:
-while the thread captures, a device-wide synchronize elsewhere in the process
-(``torch.cuda.synchronize()``, ``empty_cache``) is an error that CUDA raises to its caller.
+call that passes the end (~20 ms for a 12-layer model on an H100) unless it was built ahead:
+``decode_ahead=N`` (on CUDA by default N=64) builds it N positions before the end on a
+background thread while the current graph keeps serving: its kernels have all run before, so
+the thread only records them; the step that passes the end copies the past over and replays it
+(waiting for the thread if it is late, counted). With it on, a graph built in the call is also
+captured on that thread (the call waits): all captures then share one cuBLAS handle and
+workspace (32 MB on an H100) instead of one per thread. CUDA forbids a device-wide synchronize
+anywhere in the process while a stream captures: ``torch.cuda.synchronize()`` and
+``empty_cache()`` wait for the capture to end meanwhile (impls/capture_guard.py).
 
 The caller's ``present_*`` outputs are views of the storages with the current length (no copy).
 A step is served here only when each fed past is exactly the last step's present (a decode loop
@@ -25,7 +28,6 @@ logic, no graph.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -39,6 +41,7 @@ from ..impls.static import CudaGraphImpl
 
 MAX_RETIRES = 4  # storages given up in a row per key before the whole-step path pauses (beam search)
 PAUSE_RUNS = 64  # how many runs it then leaves to the dynamic path before it tries again
+AUTO_AHEAD = 64  # decode_ahead="auto" on CUDA: on an H100 the thread had every graph ready in time
 
 
 def decode_mode(option, static: str | None, device: torch.device) -> bool:
@@ -75,11 +78,15 @@ def bucket_rule(option):
     return lambda n: max(step, math.ceil(n / step) * step)
 
 
-def ahead_rule(option) -> int:
+def ahead_rule(option, device: torch.device | None = None) -> int:
     """``decode_ahead``: how many positions before the end of a bucket the next one's graph is
-    built on a background thread (0: in the call that passes the end)."""
-    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "off")
+    built on a background thread (0: in the call that passes the end); 'auto': 64 on CUDA, where
+    it hides the ~20 ms capture at each bucket change (benchmarks/decode_ahead.py), 0 elsewhere
+    (nothing is captured there)."""
+    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "auto")
     text = str(value).lower()
+    if text == "auto":
+        return AUTO_AHEAD if device is not None and device.type == "cuda" else 0
     if text in ("off", "none", "false"):
         return 0
     try:
@@ -87,7 +94,7 @@ def ahead_rule(option) -> int:
     except ValueError:
         ahead = -1
     if ahead < 0:
-        raise OptionsError(f"decode_ahead={value!r}: expected a number of positions >= 0 or 'off'")
+        raise OptionsError(f"decode_ahead={value!r}: expected 'auto', a number of positions >= 0 or 'off'")
     return ahead
 
 
@@ -376,7 +383,12 @@ class DecodeGraphs:
         try:
             # the first build runs the step for real before capturing it (handles, workspaces,
             # kernels compiled); a later bucket's kernels are the same at another capacity
-            impl = self._make_impl(key, b, ins, warm=not self.warmed)
+            warm = not self.warmed
+            if self.ahead:  # every capture on the one thread: one cuBLAS handle and workspace
+                warm, self.pool_warm = warm or not self.pool_warm, True
+                impl = self._on_thread(lambda: self._make_impl(key, b, ins, warm=warm)).result()
+            else:
+                impl = self._make_impl(key, b, ins, warm=warm)
         except CannotCapture as e:
             self.off[key] = None
             self._refuse(key, f"cannot be captured: {e}")
@@ -433,6 +445,20 @@ class DecodeGraphs:
         return CudaGraphImpl(self.step.fn, symvals, tuple(ins), refresh,
                              [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device, warm=warm)
 
+    def _on_thread(self, build) -> Future:
+        """``build()`` on the session's capture thread, under this thread's device and current
+        stream (what the build reads was made on it, its results are used on it)."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynashape-decode-capture")
+        if self.device.type != "cuda":
+            return self.pool.submit(build)
+        device, stream = self.device, torch.cuda.current_stream(self.device)
+
+        def run():
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                return build()
+        return self.pool.submit(run)
+
     # ---- the next bucket, built ahead ------------------------------------------------------------
     def _build_ahead(self, key: tuple, b: _Bucket, sig: tuple, inputs: tuple, n: int) -> None:
         """Allocate the next bucket of ``key`` and build its impl on the background thread. Its
@@ -449,21 +475,17 @@ class DecodeGraphs:
         for pos, _ in self.input_slots:  # this call's inputs are not the graph's: a copy of each
             ins[pos] = ins[pos].clone()
         self.next[key] = nb
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dynashape-decode-capture")
         warm, self.pool_warm = not self.pool_warm, True
-        device = self.device
 
         def build():
             t0 = time.perf_counter()
-            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-                impl = self._make_impl(key, nb, ins, warm=warm)
+            impl = self._make_impl(key, nb, ins, warm=warm)
             impl.first = None  # a run of the thread's: its results are no call's
             for pos, _ in self.input_slots:
                 ins[pos] = None
             return impl, ins, time.perf_counter() - t0
 
-        nb.future = self.pool.submit(build)
+        nb.future = self._on_thread(build)
         self.stats["decode_graph_ahead_builds"] += 1
 
     def _switch(self, key: tuple, b: _Bucket, total: int, pasts: list) -> _Bucket:

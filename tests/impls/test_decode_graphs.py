@@ -8,6 +8,8 @@ random prompts, with the past fed back as the caller got it."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +33,7 @@ def eager():
 
 
 def _session(path, device, bucket="16", **kw):
+    kw.setdefault("decode_ahead", "off")  # the counts below are for buckets built in the call
     return dynashape.InferenceSession(path, device=device, decode_graphs="on", kv_bucket=bucket, **kw)
 
 
@@ -181,6 +184,7 @@ def test_options():
     with pytest.raises(OptionsError):
         dynashape.InferenceSession(str(llama.model_path()), decode_graphs="sometimes")
     assert ahead_rule("off") == 0 and ahead_rule(None) == 0 and ahead_rule("8") == 8
+    assert ahead_rule("auto", torch.device("cuda")) == 64 and ahead_rule("auto", torch.device("cpu")) == 0
     for bad in ("-1", "soon"):
         with pytest.raises(OptionsError, match="decode_ahead"):
             dynashape.InferenceSession(str(llama.model_path()), decode_ahead=bad)
@@ -205,6 +209,42 @@ def test_a_failed_build_ahead_is_built_again_in_the_call_and_refused_there(path,
     assert calls == [16, 32, 32] and st["decode_graph_ahead_builds"] == 1 and st["decode_graph_ahead_failures"] == 1
     assert st["decode_graph_refused"] == 1 and st["decode_graph_off_runs"] >= 6
     assert any("no capture at this capacity" in r for r in sess.compiled.refusals)
+
+
+def test_synchronising_while_the_thread_captures_is_safe(path, eager, device):
+    """CUDA forbids a device-wide synchronize anywhere in the process during a capture: the
+    caller's torch.cuda.synchronize() after every step and another thread's synchronize /
+    empty_cache in a loop wait for the thread's captures (impls/capture_guard.py); every graph
+    built ahead is taken over, every step still equals eager."""
+    if not str(device).startswith("cuda"):
+        pytest.skip("captures need a GPU (the guard's logic: tests/impls/test_capture_guard.py)")
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    other = threading.Thread(target=hammer, daemon=True)
+    other.start()
+    try:
+        sess = _session(path, device, decode_ahead="4")
+
+        def sync(i, dpast, past):
+            torch.cuda.synchronize()
+            return dpast, past
+        st = _decode(sess, eager, device, 40, tamper=sync)
+        assert getattr(torch.cuda.synchronize, "dynashape_capture_guard", False)  # while the session lives
+    finally:
+        stop.set()
+        other.join(5)
+    assert st["decode_graph_ahead_builds"] == 3 and st.get("decode_graph_ahead_failures", 0) == 0
+    assert st["decode_graph_bucket_changes"] == 2
+
+
+def test_the_default_builds_ahead_on_cuda_only(path):
+    assert dynashape.InferenceSession(path, decode_graphs="on").compiled.decode_ahead == 0
+    if torch.cuda.is_available():
+        assert dynashape.InferenceSession(path, device="cuda").compiled.decode_ahead == 64
 
 
 def test_off_leaves_the_dynamic_path(path, eager):

@@ -1,0 +1,122 @@
+"""Device-wide synchronisations wait while a background thread captures a CUDA graph.
+
+CUDA forbids a device-wide synchronisation anywhere in the process while a stream is capturing
+(``cudaDeviceSynchronize`` behind ``torch.cuda.synchronize()``, the ``cudaFree`` behind
+``torch.cuda.empty_cache()``): the call fails with a CUDA error and the capture is lost. The
+decode graphs built ahead (runtime/decode_graph.py) are captured on a thread while the caller
+goes on, and callers synchronise all the time (every benchmark does). So while a session may
+capture on a thread, torch's two Python entry points are wrapped: a call waits for a capture in
+flight to end (tens of ms), then runs; a capture waits for synchronisations in flight to end
+before it begins. The waits are counted (``waits()``). Stream-level synchronisations
+(``.item()``, ``.cpu()``, ``Stream.synchronize``) are legal during a capture on another stream
+(``capture_error_mode="thread_local"``) and are left alone.
+
+``install()`` / ``release()`` count the sessions that need the wrappers; torch's own functions
+are put back when the last one goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+
+import torch
+
+_cond = threading.Condition()
+_capturing = 0  # captures in flight (threads between capture_begin and capture_end)
+_queued = 0  # captures waiting to begin: new synchronisations wait behind them (no starving)
+_syncing = 0  # wrapped synchronisations in flight
+_users = 0  # install() calls not yet released
+_counts = {"waits": 0, "wait_s": 0.0}
+_local = threading.local()  # .capturing: this thread is capturing (its own calls are not held)
+_originals: dict[tuple, object] = {}
+
+
+def _targets() -> list[tuple]:
+    return [(torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (torch.cuda.memory, "empty_cache")]
+
+
+@contextlib.contextmanager
+def capturing():
+    """Around a capture on a background thread: begins once no wrapped synchronisation runs;
+    wrapped calls from other threads wait until it ends."""
+    global _capturing, _queued
+    with _cond:
+        _queued += 1
+        while _syncing:
+            _cond.wait()
+        _queued -= 1
+        _capturing += 1
+    _local.capturing = True
+    try:
+        yield
+    finally:
+        _local.capturing = False
+        with _cond:
+            _capturing -= 1
+            _cond.notify_all()
+
+
+def _held(fn):
+    @functools.wraps(fn)
+    def held(*args, **kwargs):
+        global _syncing
+        if getattr(_local, "capturing", False):  # the capturing thread itself: CUDA's own error stands
+            return fn(*args, **kwargs)
+        with _cond:
+            if _capturing or _queued:
+                t0 = time.perf_counter()
+                while _capturing or _queued:
+                    _cond.wait()
+                _counts["waits"] += 1
+                _counts["wait_s"] += time.perf_counter() - t0
+            _syncing += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _cond:
+                _syncing -= 1
+                _cond.notify_all()
+    held.dynashape_capture_guard = True
+    return held
+
+
+def install() -> None:
+    """One more user of the wrappers (a session that captures on a thread)."""
+    global _users
+    with _cond:
+        _users += 1
+        if _users > 1:
+            return
+        for mod, name in _targets():
+            fn = getattr(mod, name)
+            _originals[(mod, name)] = fn
+            setattr(mod, name, _held(fn))
+
+
+def release() -> None:
+    """One user fewer; torch's own functions back when none is left (unless someone wrapped them
+    again after us: theirs stays)."""
+    global _users
+    with _cond:
+        if _users == 0:
+            return
+        _users -= 1
+        if _users:
+            return
+        for (mod, name), fn in _originals.items():
+            if getattr(getattr(mod, name), "dynashape_capture_guard", False):
+                setattr(mod, name, fn)
+        _originals.clear()
+
+
+def installed() -> bool:
+    return _users > 0
+
+
+def waits() -> dict:
+    """Synchronisations that waited for a capture, and for how long in all (process-wide)."""
+    with _cond:
+        return dict(_counts)
