@@ -869,10 +869,26 @@ def _contiguous(dims) -> tuple:
     return tuple(reversed(out))
 
 
+def _same(a, b) -> bool:
+    """``a`` and ``b`` (ints or SymInts) are the same expression: equal for every value of the
+    symbols, decided without a guard."""
+    ea = a.expr if isinstance(a, SymInt) else E.const(int(a))
+    eb = b.expr if isinstance(b, SymInt) else E.const(int(b))
+    return ea == eb
+
+
 def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
     """The strides of ``view(new_shape)`` of a tensor of these sizes and strides, or None when the
     view is impossible (a reshape would copy). torch's rule, on SymInts: a decision the sizes
-    cannot make is a guard, as everywhere in the shape program."""
+    cannot make is a guard, as everywhere in the shape program. Decisions that hold for every
+    value of the symbols are taken without one: a tensor whose strides are its sizes' contiguous
+    strides views as any shape of its numel with that shape's contiguous strides (strides of
+    dims of size 1 differ from torch's choice, which never matters for addressing), and a dim
+    whose stride is contiguous with the next chunk joins it whatever its size (torch's own test
+    is "size 1 or contiguous"; asking about the size first made a guard on e.g. ``batch == 1``:
+    a specialization for batch 1 and another for the rest)."""
+    if all(_same(st, c) for st, c in zip(old_strides, _contiguous(old_shape))):
+        return _contiguous(new_shape)
     numel = 1
     for d in old_shape:
         numel = numel * d
@@ -886,7 +902,8 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
     tensor_numel, view_numel = 1, 1
     for d in range(len(old_shape) - 1, -1, -1):
         tensor_numel = tensor_numel * old_shape[d]
-        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
+        if d == 0 or (not _same(old_strides[d - 1], tensor_numel * chunk_base)
+                      and old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
             while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
                 new_strides[view_d] = view_numel * chunk_base
                 view_numel = view_numel * new_shape[view_d]

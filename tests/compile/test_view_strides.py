@@ -1,0 +1,116 @@
+"""codegen/builder.py ``_reshape_strides``: the strides the generated code gives a Reshape that is a
+view, computed on SymInts once per specialization. Property: wherever the guards it recorded hold
+(every assignment of the symbols in a small grid), the strides evaluated there address exactly the
+elements torch's reshape gives; and a tensor with contiguous strides views without any guard (a
+guard on ``batch == 1`` made one specialization for batch 1 and another for the rest)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynashape.codegen.builder import _contiguous, _reshape_strides
+from dynashape.shape import expr as E
+from dynashape.shape.symint import ShapeEnv, SymInt
+
+NAMES = ("a", "b")
+GRID = list(itertools.product(range(1, 5), repeat=2))
+
+
+def _ev(x, env) -> int:
+    return E.evaluate(x.expr, env) if isinstance(x, SymInt) else int(x)
+
+
+@st.composite
+def views(draw):
+    """(hints, dims, perm, new dims): dims are constants or symbols, the tensor is a contiguous one
+    permuted (a Transpose's output), the new shape regroups the permuted dims (merges of neighbours,
+    axes of 1 put in) so that it has the same numel for every value of the symbols."""
+    rank = draw(st.integers(1, 4))
+    dims = [draw(st.one_of(st.integers(1, 3), st.sampled_from(NAMES))) for _ in range(rank)]
+    perm = draw(st.permutations(range(rank)))
+    hints = {n: draw(st.integers(1, 3)) for n in NAMES}
+    groups, i = [], 0
+    while i < rank:
+        k = draw(st.integers(1, rank - i))
+        groups.append(list(range(i, i + k)))
+        i += k
+    ones = draw(st.lists(st.integers(0, len(groups)), max_size=2))
+    return hints, dims, list(perm), groups, ones
+
+
+def _build(env, hints, dims, perm, groups, ones):
+    syms = {n: env.symbol(n, h) for n, h in hints.items()}
+    size = [syms[d] if isinstance(d, str) else d for d in dims]
+    strides = _contiguous(size)
+    old_shape, old_strides = [size[p] for p in perm], [strides[p] for p in perm]
+    new = []
+    for g in groups:
+        n = 1
+        for j in g:
+            n = n * old_shape[j]
+        new.append(n)
+    for pos in sorted(ones, reverse=True):
+        new.insert(pos, 1)
+    return old_shape, old_strides, new
+
+
+@settings(max_examples=300, deadline=None)
+@given(views())
+def test_strides_address_what_torch_reshape_gives_wherever_the_guards_hold(case):
+    hints, dims, perm, groups, ones = case
+    env = ShapeEnv()
+    old_shape, old_strides, new = _build(env, hints, dims, perm, groups, ones)
+    out = _reshape_strides(old_shape, old_strides, new)
+    guards = list(env.guards.values())
+    for a, b in GRID:
+        at = {"a": a, "b": b}
+        if not all(g.holds(at) for g in guards):
+            continue
+        shape_c = [_ev(d, at) for d in old_shape]
+        strides_c = [_ev(s, at) for s in old_strides]
+        new_c = [_ev(d, at) for d in new]
+        numel = 1
+        for d in shape_c:
+            numel *= d
+        base = torch.arange(numel)
+        t = base.as_strided(shape_c, strides_c)
+        if out is None:  # a copy: correct anywhere; at the traced values torch could not view either
+            if (a, b) == (hints["a"], hints["b"]):
+                try:
+                    t.view(new_c)
+                    raise AssertionError(f"torch views {shape_c}/{strides_c} as {new_c}; we said copy")
+                except RuntimeError:
+                    pass
+            continue
+        mine = base.as_strided(new_c, [_ev(s, at) for s in out])
+        assert torch.equal(mine, t.reshape(new_c)), (shape_c, strides_c, new_c, at)
+
+
+def test_a_contiguous_tensor_views_with_no_guard_at_batch_1():
+    env = ShapeEnv()
+    batch, seq = env.symbol("batch", 1), env.symbol("seq", 7)
+    shape = [batch, seq, 64]
+    out = _reshape_strides(shape, _contiguous(shape), [batch, seq, 4, 16])
+    assert not env.guards
+    assert [E.source(s.expr) if isinstance(s, SymInt) else s for s in out] == ["64*seq", 64, 16, 1]
+    # a merge across the batch axis, at batch 1: the same
+    out = _reshape_strides(shape, _contiguous(shape), [batch * seq, 64])
+    assert not env.guards and out[1] == 1
+
+
+def test_a_transposed_tensor_still_guards_where_the_answer_depends_on_a_size():
+    """[seq, batch] seen transposed as [batch, seq] and flattened: a view only when one of the two
+    is 1; the decision is a guard (and a copy for the other sizes)."""
+    env = ShapeEnv()
+    batch, seq = env.symbol("batch", 1), env.symbol("seq", 5)
+    strides = _contiguous([seq, batch])
+    out = _reshape_strides([batch, seq], [strides[1], strides[0]], [batch * seq])
+    assert out is not None and env.guards  # batch == 1 at the trace: a view, guarded
+    env2 = ShapeEnv()
+    batch, seq = env2.symbol("batch", 3), env2.symbol("seq", 5)
+    strides = _contiguous([seq, batch])
+    assert _reshape_strides([batch, seq], [strides[1], strides[0]], [batch * seq]) is None
