@@ -561,7 +561,10 @@ class _Builder:
                 pad = len(dims) - len(old)
                 src_dims = (1,) * pad + tuple(self.t.of(src).dims)
                 full = (0,) * pad + tuple(old)
-                return tuple(0 if (sd == 1 and d != 1) else st for sd, d, st in zip(src_dims, dims, full))
+                # a dim kept as it is keeps its stride, a literal 1 gets stride 0 whatever it grows
+                # to: neither asks a symbol's value (no guard)
+                return tuple(st if _same(sd, d) else 0 if _one(sd) or (sd == 1 and d != 1) else st
+                             for sd, d, st in zip(src_dims, dims, full))
         except NeedsConcrete:
             return None
         return None
@@ -877,38 +880,47 @@ def _same(a, b) -> bool:
     return ea == eb
 
 
+def _one(d) -> bool:
+    """A literal 1. A symbolic dim is taken as not 1 without asking (no guard): the strides then
+    found are those of the general sizes, and stay right when it is 1 at run time (a dim of one
+    element is addressed by index 0 whatever its stride); where they would not be a view, the
+    reshape copies, which is right for every size."""
+    if isinstance(d, SymInt):  # a dim a guard has made 1 already (say seq in a decode step) is 1
+        return d.expr.is_const and d.expr.const == 1
+    return type(d) is int and d == 1
+
+
 def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
     """The strides of ``view(new_shape)`` of a tensor of these sizes and strides, or None when the
-    view is impossible (a reshape would copy). torch's rule, on SymInts: a decision the sizes
-    cannot make is a guard, as everywhere in the shape program. Decisions that hold for every
-    value of the symbols are taken without one: a tensor whose strides are its sizes' contiguous
-    strides views as any shape of its numel with that shape's contiguous strides (strides of
-    dims of size 1 differ from torch's choice, which never matters for addressing), and a dim
-    whose stride is contiguous with the next chunk joins it whatever its size (torch's own test
-    is "size 1 or contiguous"; asking about the size first made a guard on e.g. ``batch == 1``:
-    a specialization for batch 1 and another for the rest)."""
-    if all(_same(st, c) for st, c in zip(old_strides, _contiguous(old_shape))):
+    reshape copies. torch's rule (``computeStride``), with every decision taken on expressions and
+    none asked of the symbols' values, so that no guard comes out of it: what is found is a view
+    for every value of the symbols, and what is not is a copy, right for every value too. (Asking
+    made guards such as ``batch == 1``: one specialization for batch 1 and another for the rest.)
+    - the same shape: the same strides (a layout pass's no-op reshape);
+    - strides that are the sizes' contiguous strides (dims of a literal 1 aside: their stride
+      addresses nothing): any shape of that numel, with its contiguous strides;
+    - otherwise chunk by chunk: a dim joins the next chunk when it is a literal 1 or its stride is
+      that chunk's extent (as expressions), and the new dims must rebuild each chunk's numel as
+      the same expression. A symbolic dim is never taken as 1 (``_one``): a view that holds only
+      when it is 1 is left to a copy."""
+    if len(old_shape) == len(new_shape) and all(_same(o, n) for o, n in zip(old_shape, new_shape)):
+        return tuple(old_strides)
+    if all(_same(st, c) or _one(d) for d, st, c in zip(old_shape, old_strides, _contiguous(old_shape))):
         return _contiguous(new_shape)
-    numel = 1
-    for d in old_shape:
-        numel = numel * d
-    if numel == 0:
+    if any(type(d) is int and d == 0 for d in old_shape):  # no elements: any strides address them
         return _contiguous(new_shape)
     new_strides = [0] * len(new_shape)
-    if not old_shape:
-        return tuple(1 for _ in new_shape)
     view_d = len(new_shape) - 1
     chunk_base = old_strides[-1]
     tensor_numel, view_numel = 1, 1
     for d in range(len(old_shape) - 1, -1, -1):
         tensor_numel = tensor_numel * old_shape[d]
-        if d == 0 or (not _same(old_strides[d - 1], tensor_numel * chunk_base)
-                      and old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+        if d == 0 or not (_one(old_shape[d - 1]) or _same(old_strides[d - 1], tensor_numel * chunk_base)):
+            while view_d >= 0 and (not _same(view_numel, tensor_numel) or _one(new_shape[view_d])):
                 new_strides[view_d] = view_numel * chunk_base
                 view_numel = view_numel * new_shape[view_d]
                 view_d -= 1
-            if view_numel != tensor_numel:
+            if not _same(view_numel, tensor_numel):
                 return None
             if d > 0:
                 chunk_base = old_strides[d - 1]

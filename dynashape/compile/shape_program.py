@@ -118,13 +118,16 @@ def _dtype(v: Value) -> torch.dtype | None:
         return None
 
 
-def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list[Value] | None = None) -> Trace:
+def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list[Value] | None = None,
+          seed: ShapeEnv | None = None) -> Trace:
     """The shape program of ``graph`` specialised by the guards that ``input_shapes`` (one per
     input of ``inputs``, default the graph's inputs; None for an absent optional or a sequence)
-    satisfy. Raises ShapeError naming the node when the shapes do not fit the model."""
+    satisfy. Raises ShapeError naming the node when the shapes do not fit the model. ``seed``:
+    the guards and equalities of an earlier trace (or of the code built from it), known from the
+    start."""
     inputs = list(graph.inputs) if inputs is None else inputs
-    t = _trace_once(graph, input_shapes, inputs, None)
-    if t.env.replace:
+    t = _trace_once(graph, input_shapes, inputs, seed)
+    if t.env.replace and (seed is None or t.env.replace.keys() - seed.replace.keys()):
         # what later nodes taught (seq == 1 in a decode step) makes earlier ones simpler too: a
         # Range(0, seq) is then one known element, not data. A second pass knows it from the start.
         t = _trace_once(graph, input_shapes, inputs, t.env)

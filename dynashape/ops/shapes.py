@@ -25,11 +25,27 @@ def same_as_first(shapes, values, **_attrs):
     return [shapes[0]]
 
 
+def _identical(a, b) -> bool:
+    """The same dims, decided without a guard: a symbolic dim is only ever compared with the same
+    expression (``batch == 1`` asked of a tuple compare would make one specialization for batch 1
+    and another for the rest, where broadcasting against a literal 1 needs no decision at all)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if type(x) is int and type(y) is int:
+            if x != y:
+                return False
+        elif not (isinstance(x, SymInt) and isinstance(y, SymInt) and x.expr == y.expr):
+            return False
+    return True
+
+
 def broadcast(shapes, values=None, **_attrs):
     first = shapes[0]
-    # the common case, and cheap: no per-dim work (lengths first: a tuple compares its items up to
-    # the shorter length before it looks at lengths, and a symbolic dim compared with 1 is a guard)
-    if all(s is first or (s is not None and len(s) == len(first) and s == first) for s in shapes):
+    # the common case, and cheap: no per-dim work
+    if all(s is first or (s is not None and _identical(s, first)) for s in shapes):
         return [first]
     out: tuple = ()
     for s in shapes:

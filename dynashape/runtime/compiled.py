@@ -132,7 +132,13 @@ class CompiledModel:
                 self.stats["specializations_refused"] += 1
                 return None
             t = trace(self.graph, list(shapes), self.inputs)
+            learnt = set(t.env.replace)
             spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
+            if t.env.replace.keys() - learnt:
+                # the code's views asked what the trace had not (say seq == 1): traced again with
+                # it known from the start, a Range(0, seq) is one known element, not data
+                t = trace(self.graph, list(shapes), self.inputs, seed=t.env)
+                spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
             self.stats["shape_program_traces"] += 1
             if self.specs:
                 self.stats["guard_misses"] += 1

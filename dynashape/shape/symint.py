@@ -133,6 +133,32 @@ class ShapeEnv:
         self.guards.setdefault(g.key, g)
         if kind == "==":
             self._learn_equality(e)
+        else:
+            self._refine_range(kind, e)
+
+    def _refine_range(self, kind: str, e: Expr) -> None:
+        """A guard on one symbol (``c*s + k >= 0``, ``c*s + k != 0``) narrows its range; a range
+        narrowed to one value is an equality, learnt as one (``seq >= 1`` and ``seq <= 1`` make
+        ``seq == 1``: a second pass of the trace then knows it from the start, as if a node had
+        asked ``seq == 1`` itself)."""
+        if len(e.terms) != 1:
+            return
+        mono, c = e.terms[0]
+        if len(mono) != 1 or not isinstance(mono[0], str) or mono[0] in self.replace:
+            return
+        name, k = mono[0], e.const
+        lo, hi = self.ranges.get(name, (0, _BIG))
+        if kind == ">=":
+            if c > 0:
+                lo = max(lo, -(k // c))  # c*s >= -k  ->  s >= ceil(-k / c)
+            else:
+                hi = min(hi, k // -c)  # -|c|*s + k >= 0  ->  s <= floor(k / |c|)
+        elif kind == "!=" and k % c == 0:
+            v = -k // c
+            lo, hi = (lo + 1, hi) if v == lo else (lo, hi - 1) if v == hi else (lo, hi)
+        self.ranges[name] = (lo, hi)
+        if lo == hi:
+            self._guard("==", E.sub(E.sym(name), int(lo)))
 
     def _learn_equality(self, e: Expr) -> None:
         """``e == 0`` with a symbol of coefficient +-1 in a linear ``e``: later expressions use the

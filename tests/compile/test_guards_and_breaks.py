@@ -66,45 +66,59 @@ def compare_all(model, feeds_seq, torch_too: bool = True):
 
 
 # ---- a guard that fails ----------------------------------------------------------------------------
-def broadcast_add() -> onnx.ModelProto:
+def broadcast_add(b_dims=(1, 4)) -> onnx.ModelProto:
     return make_model([helper.make_node("Add", ["x", "b"], ["y"], name="add")],
-                      [("x", TP.FLOAT, ["N", 4]), ("b", TP.FLOAT, [1, 4])], ["y"])
+                      [("x", TP.FLOAT, ["N", 4]), ("b", TP.FLOAT, list(b_dims))], ["y"])
 
 
-def test_a_failed_guard_makes_a_new_specialization_and_a_seen_signature_reuses_its_own():
+def test_broadcasting_against_a_literal_1_needs_no_guard():
+    """[N, 4] + [1, 4] is [N, 4] whatever N is, 1 included: one specialization serves every N
+    (asking ``N == 1`` made one for batch 1 and another for the rest)."""
     sess = dynashape.InferenceSession(broadcast_add(), executor="compiled")
     rng = np.random.default_rng(1)
     b = rand(rng, (1, 4))
-    expected = [  # N, specializations, traces, guard misses after the run
-        (3, 1, 1, 0),
-        (1, 2, 2, 1),  # N == 1 broadcasts against b's 1: the guard N != 1 of the first fails
-        (3, 2, 2, 1),  # the first specialization again
-        (1, 2, 2, 1),
-        (7, 2, 2, 1),  # a new N that meets the first one's guards: no new trace
-    ]
-    for step, (n, specs, traces, misses) in enumerate(expected):
+    for n in (3, 1, 7, 1):
         x = rand(rng, (n, 4))
+        (y,) = sess.run(None, {"x": x, "b": b})
+        np.testing.assert_allclose(y, x + b, rtol=RTOL, atol=ATOL)
+    s = sess.stats()
+    assert (s["specializations"], s["shape_program_traces"], s.get("guard_misses", 0)) == (1, 1, 0)
+    assert [g.source(str) for g in sess.compiled.specs[0].trace.guards if "N" in g.source(str)] == []
+
+
+def test_a_failed_guard_makes_a_new_specialization_and_a_seen_signature_reuses_its_own():
+    """[N, 4] + [M, 4]: which side broadcasts is decided on the values, a guard each time."""
+    sess = dynashape.InferenceSession(broadcast_add(("M", 4)), executor="compiled")
+    rng = np.random.default_rng(1)
+    expected = [  # (N, M), specializations, traces, guard misses after the run
+        ((3, 1), 1, 1, 0),
+        ((3, 3), 2, 2, 1),  # N == M: the first one's guard M == 1 fails
+        ((1, 3), 3, 3, 2),  # N broadcasts now
+        ((5, 1), 3, 3, 2),  # the first specialization again: no new trace
+        ((4, 4), 3, 3, 2),  # the second
+    ]
+    for step, ((n, m), specs, traces, misses) in enumerate(expected):
+        x, b = rand(rng, (n, 4)), rand(rng, (m, 4))
         (y,) = sess.run(None, {"x": x, "b": b})
         np.testing.assert_allclose(y, x + b, rtol=RTOL, atol=ATOL)
         s = sess.stats()
         assert (s["specializations"], s["shape_program_traces"], s.get("guard_misses", 0)) == (specs, traces, misses), \
-            f"step {step} (N={n}): {s}"
+            f"step {step} (N, M = {n}, {m}): {s}"
         assert s["compiled_runs"] == step + 1 and s.get("interpreter_runs", 0) == 0
-    first, second = sess.compiled.specs
-    assert first.accepts(((3, 4), (1, 4))) and first.accepts(((7, 4), (1, 4))) and not first.accepts(((1, 4), (1, 4)))
-    assert second.accepts(((1, 4), (1, 4))) and not second.accepts(((3, 4), (1, 4)))
-    assert [g.source(str) for g in first.trace.guards] == ["N - 1 != 0"]
-    assert [g.source(str) for g in second.trace.guards] == ["N - 1 == 0"]
+    first, second, third = sess.compiled.specs
+    assert first.accepts(((3, 4), (1, 4))) and first.accepts(((7, 4), (1, 4))) and not first.accepts(((3, 4), (3, 4)))
+    assert second.accepts(((3, 4), (3, 4))) and not second.accepts(((3, 4), (1, 4)))
+    assert third.accepts(((1, 4), (5, 4))) and not third.accepts(((2, 4), (5, 4)))
+    assert "M - 1 == 0" in [g.source(str) for g in first.trace.guards]
 
 
 def test_the_specialization_cap_hands_over_to_the_interpreter(monkeypatch):
     monkeypatch.setenv("DYNASHAPE_MAX_SPECIALIZATIONS", "1")
-    sess = dynashape.InferenceSession(broadcast_add(), executor="compiled")
+    sess = dynashape.InferenceSession(broadcast_add(("M", 4)), executor="compiled")
     rng = np.random.default_rng(2)
-    b = rand(rng, (1, 4))
-    runs = [(3, 1, 0), (1, 1, 1), (5, 2, 1), (1, 2, 2), (3, 3, 2)]  # N, compiled runs, interpreter runs
-    for n, compiled, interpreted in runs:
-        x = rand(rng, (n, 4))
+    runs = [((3, 1), 1, 0), ((3, 3), 1, 1), ((5, 1), 2, 1), ((3, 3), 2, 2), ((3, 1), 3, 2)]  # compiled, interpreted
+    for (n, m), compiled, interpreted in runs:
+        x, b = rand(rng, (n, 4)), rand(rng, (m, 4))
         (y,) = sess.run(None, {"x": x, "b": b})
         np.testing.assert_allclose(y, x + b, rtol=RTOL, atol=ATOL)
         s = sess.stats()
@@ -112,19 +126,19 @@ def test_the_specialization_cap_hands_over_to_the_interpreter(monkeypatch):
         assert (s["compiled_runs"], s.get("interpreter_runs", 0)) == (compiled, interpreted), s
     assert sess.stats()["specializations_refused"] >= 1
     # torch feeds take the same way
-    x = torch.from_numpy(rand(rng, (1, 4)))
-    (y,) = sess.run(None, {"x": x, "b": torch.from_numpy(b)})
+    x, b = torch.from_numpy(rand(rng, (3, 4))), torch.from_numpy(rand(rng, (3, 4)))
+    (y,) = sess.run(None, {"x": x, "b": b})
     assert isinstance(y, torch.Tensor)
-    np.testing.assert_allclose(y.numpy(), x.numpy() + b, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y.numpy(), x.numpy() + b.numpy(), rtol=RTOL, atol=ATOL)
     assert sess.stats()["interpreter_runs"] == 3
 
 
 def test_without_the_cap_every_signature_is_compiled(monkeypatch):
     monkeypatch.delenv("DYNASHAPE_MAX_SPECIALIZATIONS", raising=False)
-    sess = dynashape.InferenceSession(broadcast_add(), executor="compiled")
+    sess = dynashape.InferenceSession(broadcast_add(("M", 4)), executor="compiled")
     rng = np.random.default_rng(3)
-    for n in (3, 1, 5, 1, 3):
-        x, b = rand(rng, (n, 4)), rand(rng, (1, 4))
+    for n, m in ((3, 1), (3, 3), (5, 1), (3, 3), (3, 1)):
+        x, b = rand(rng, (n, 4)), rand(rng, (m, 4))
         np.testing.assert_allclose(sess.run(None, {"x": x, "b": b})[0], x + b, rtol=RTOL, atol=ATOL)
     s = sess.stats()
     assert s.get("interpreter_runs", 0) == 0 and s["compiled_runs"] == 5 and s["specializations"] == 2
@@ -423,10 +437,10 @@ def test_the_generated_source_is_inspectable():
 
 def test_dump_code_writes_the_source(monkeypatch, tmp_path):
     monkeypatch.setenv("DYNASHAPE_DUMP_CODE", str(tmp_path / "code"))
-    sess = dynashape.InferenceSession(broadcast_add(), executor="compiled")
+    sess = dynashape.InferenceSession(broadcast_add(("M", 4)), executor="compiled")
     rng = np.random.default_rng(11)
-    for n in (3, 1):
-        sess.run(None, {"x": rand(rng, (n, 4)), "b": rand(rng, (1, 4))})
+    for m in (1, 3):
+        sess.run(None, {"x": rand(rng, (3, 4)), "b": rand(rng, (m, 4))})
     files = sorted((tmp_path / "code").glob("*.py"))
     assert len(files) == 2  # one per specialization
     sources = sorted(f.read_text() for f in files)

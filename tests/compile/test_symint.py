@@ -294,3 +294,25 @@ def test_a_symbolic_divisor_that_is_zero_fails_like_python():
             f()
     env, (a, b) = make_env(a=0, b=3)
     assert value((a * b) // b) == 0 and str(next(iter(env.guards.values()))) == "Guard(b != 0)"
+
+
+# ---- guards on one symbol narrow its range ------------------------------------------------------------
+def test_guards_on_one_symbol_narrow_its_range_to_an_equality():
+    """``seq != 0`` (seq >= 1 with its range starting at 0) and ``seq <= 1`` pin seq: learnt as
+    ``seq == 1`` (a replacement), as if a node had asked it, so later expressions fold."""
+    env, (seq, past) = make_env(seq=1, past=7)
+    assert seq != 0 and seq <= 1
+    assert env.replace == {"seq": E.const(1)}
+    assert E.source((past + seq).expr) == "past + 1"
+    # decided by the narrowed range, no new guard: seq >= 1 holds for every signature of these guards
+    n = len(env.guards)
+    assert seq >= 1 and len(env.guards) == n
+
+
+def test_a_narrowed_range_decides_later_questions_without_guards():
+    env, (n,) = make_env(n=5)
+    assert n >= 3  # n - 3 >= 0: the range becomes [3, inf)
+    before = len(env.guards)
+    assert n != 0 and n > 2 and not (n < 3)
+    assert len(env.guards) == before
+    assert env.ranges["n"][0] == 3 and not env.replace

@@ -78,8 +78,10 @@ def test_strides_address_what_torch_reshape_gives_wherever_the_guards_hold(case)
             numel *= d
         base = torch.arange(numel)
         t = base.as_strided(shape_c, strides_c)
-        if out is None:  # a copy: correct anywhere; at the traced values torch could not view either
-            if (a, b) == (hints["a"], hints["b"]):
+        if out is None:
+            # a copy: right for any sizes. Without symbols it is torch's answer; with them a view
+            # that holds only when a symbol is 1 is left to a copy (no guard on ``batch == 1``)
+            if all(isinstance(d, int) and not isinstance(d, SymInt) for d in dims):
                 try:
                     t.view(new_c)
                     raise AssertionError(f"torch views {shape_c}/{strides_c} as {new_c}; we said copy")
@@ -102,15 +104,25 @@ def test_a_contiguous_tensor_views_with_no_guard_at_batch_1():
     assert not env.guards and out[1] == 1
 
 
-def test_a_transposed_tensor_still_guards_where_the_answer_depends_on_a_size():
+def test_a_view_that_holds_only_when_a_size_is_1_is_a_copy_with_no_guard():
     """[seq, batch] seen transposed as [batch, seq] and flattened: a view only when one of the two
-    is 1; the decision is a guard (and a copy for the other sizes)."""
+    is 1. Not asked: a copy, for every size (torch views it at batch 1, copies otherwise)."""
+    for hint in (1, 3):
+        env = ShapeEnv()
+        batch, seq = env.symbol("batch", hint), env.symbol("seq", 5)
+        strides = _contiguous([seq, batch])
+        assert _reshape_strides([batch, seq], [strides[1], strides[0]], [batch * seq]) is None
+        assert not env.guards
+
+
+def test_no_guard_from_layouts_and_identities():
     env = ShapeEnv()
-    batch, seq = env.symbol("batch", 1), env.symbol("seq", 5)
-    strides = _contiguous([seq, batch])
-    out = _reshape_strides([batch, seq], [strides[1], strides[0]], [batch * seq])
-    assert out is not None and env.guards  # batch == 1 at the trace: a view, guarded
-    env2 = ShapeEnv()
-    batch, seq = env2.symbol("batch", 3), env2.symbol("seq", 5)
-    strides = _contiguous([seq, batch])
-    assert _reshape_strides([batch, seq], [strides[1], strides[0]], [batch * seq]) is None
+    n = env.symbol("n", 1)
+    # a pool's output in channels-last order: strides of the 1s are not the contiguous ones
+    assert _reshape_strides([n, 200, 1, 1], [200, 1, 200, 200], [n, 200]) == (200, 1)
+    # the same shape (a no-op reshape of a channels-last tensor): the same strides
+    cl = (12544, 1, 1792, 256)
+    assert _reshape_strides([n, 256, 7, 7], list(cl), [n, 256, 7, 7]) == cl
+    # heads merged after a transpose: [n, 8, 1, 32, 16] -> [8n, 32, 16] is a copy for n > 1
+    assert _reshape_strides([n, 8, 1, 32, 16], [4096, 16, 4096, 128, 1], [n * 8, 32, 16]) is None
+    assert not env.guards
