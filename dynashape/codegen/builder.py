@@ -102,6 +102,7 @@ class SpecCode:
     input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
     step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
     step_refused: str = ""  # why there is no whole-step function (when there are KV appends)
+    accepted_guards: list = field(default_factory=list)  # the guards ``accepts`` checks (their keys)
 
 
 @dataclass
@@ -776,23 +777,6 @@ class _Builder:
                 put(line, node)
             put(f"return ({', '.join(g.members)}{',' if len(g.members) == 1 else ''})")
             out.append("")
-        # accepts
-        out.append("def accepts(shapes):")
-        ranks = self.t.input_ranks
-        conds = []
-        for i, r in enumerate(ranks):
-            has = f"shapes[{i}] is not None and len(shapes[{i}]) == {r}"
-            conds.append(f"shapes[{i}] is None" if r is None else has)
-        put("if not (" + " and ".join(conds or ["True"]) + "):")
-        put("return False", indent=2)
-        for d in self.t.input_dims:
-            if d.defines:
-                put(f"{self.symvar[d.symbol]} = shapes[{d.input}][{d.axis}]")
-        eq = [f"shapes[{d.input}][{d.axis}] == {self.symvar[d.symbol]}" for d in self.t.input_dims if not d.defines]
-        guards = [g for g in self.t.guards if g.expr.free <= self.input_symbols]
-        conds = eq + [f"({gd.source(self._symname)})" for gd in guards]
-        put("return " + (" and ".join(conds) if conds else "True"))
-        out.append("")
         # regions: their lines as functions, what static impls are built from
         param_list = [self.local[id(v)] for v in self.t.input_values]
         self.regions = self._regions(param_list)
@@ -842,6 +826,25 @@ class _Builder:
                     put(line, it.node if k >= it.setup else None)
         results = self.results
         put(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
+        out.append("")
+        # accepts: last, with every guard the code's making asked (the step plan's included)
+        out.append("def accepts(shapes):")
+        ranks = self.t.input_ranks
+        conds = []
+        for i, r in enumerate(ranks):
+            has = f"shapes[{i}] is not None and len(shapes[{i}]) == {r}"
+            conds.append(f"shapes[{i}] is None" if r is None else has)
+        put("if not (" + " and ".join(conds or ["True"]) + "):")
+        put("return False", indent=2)
+        for d in self.t.input_dims:
+            if d.defines:
+                put(f"{self.symvar[d.symbol]} = shapes[{d.input}][{d.axis}]")
+        eq = [f"shapes[{d.input}][{d.axis}] == {self.symvar[d.symbol]}" for d in self.t.input_dims if not d.defines]
+        guards = [g for g in self.t.guards if g.expr.free <= self.input_symbols]
+        self.accepted_guards = [g.key for g in guards]
+        conds = eq + [f"({gd.source(self._symname)})" for gd in guards]
+        put("return " + (" and ".join(conds) if conds else "True"))
+        out.append("")
         return "\n".join(out) + "\n", line_nodes, groups
 
 
@@ -969,6 +972,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
                     tuple(i for i, name in enumerate(b.sig_symbols)
                           if any(name in a.nbytes.free for a in b.plan.arena)))
     spec.group_keys = [_key_of(g.key) for g in groups]
+    spec.accepted_guards = b.accepted_guards  # what ``accepts`` checks (tests: every guard the build made)
     spec.kernel_items = sum(1 for it in b.items if it.node is not None)
     spec.sized_nodes = b.sized_nodes
     spec.step_refused = b.step_refused if b.kv_nodes else ""

@@ -350,6 +350,21 @@ def test_a_decoder_with_an_attention_mask_replays_one_graph_per_bucket(masked, d
     assert "x_attention_mask" not in dec.plan.inputs
 
 
+def test_every_guard_made_while_building_is_checked_by_accepts(masked):
+    """Guards the code generator makes after the trace (the step plan's ``seq >= 2`` of a prefill)
+    are in ``accepts``: left out, the prefill's specialization took the decode steps too, and the
+    whole-step decode never came."""
+    path, model = str(llama.model_path(MASKED)), masked[1]  # the path again: another export may prune it
+    sess = _session(path, "cpu")
+    _decode_masked(sess, model, "cpu", 4)
+    specs = sess.compiled.specs
+    assert len(specs) == 2 and any(s.step is not None for s in specs)
+    for spec in specs:
+        inputs = {d.symbol for d in spec.trace.input_dims if d.defines}
+        made = {g.key for g in spec.trace.guards if g.expr.free <= inputs}
+        assert made == set(spec.accepted_guards)
+
+
 def test_a_mask_that_hides_past_tokens_is_honoured(masked, device):
     """Tokens of the past masked out step by step (as a caller drops a turn) change the logits
     exactly as in eager: the graph reads the mask, not only the length."""
@@ -453,3 +468,4 @@ def test_the_cuda_fusions_decode_correctly_on_the_cpu_too(eager, device, monkeyp
     assert {"MatMulAdd", "SiluMul", "RMSNormLinear"} <= ops, ops
     st = _decode(sess, eager, device, 24)
     assert st["decode_graph_replays"] >= 15 and st.get("decode_graph_fallbacks", 0) == 0
+
