@@ -17,7 +17,7 @@ eager's. Bandwidth: bytes of weights + KV read per step over the median step tim
 GPU's measured device-to-device copy bandwidth.
 
     python benchmarks/decode_graphs.py --device cuda [--dtype float32 bfloat16] [--batch 1 4 16]
-                                       [--no-compile] [--memory-steps 1024] [--json out.json]
+                                       [--no-compile] [--memory-steps 1024] [--tiny] [--json out.json]
 """
 
 from __future__ import annotations
@@ -166,7 +166,10 @@ def bench(cfg, dev, batches, prompt_len, steps, rounds, compiled: bool, bw: floa
     weight_bytes = sum(p.numel() * p.element_size() for p in eager.parameters())
     weight_bytes -= embed.weight.numel() * embed.weight.element_size()  # a lookup reads one row
     itemsize = embed.weight.element_size()
-    label = f"{cfg['layers']} layers {cfg['dtype']}" + (" attention_mask" if cfg.get("mask_input") else "")
+    size = f"{cfg['layers']} layers"
+    if cfg["hidden"] != 768:
+        size = f"test decoder ({size}, hidden {cfg['hidden']})"
+    label = f"{size} {cfg['dtype']}" + (" attention_mask" if cfg.get("mask_input") else "")
     label = f"HF LlamaForCausalLM {cfg['layers']} layers {cfg['dtype']}" if cfg.get("hf") else label
     mask = _mask if cfg.get("mask_input") or cfg.get("hf") else (lambda ids, past: [])
     for batch in batches:
@@ -339,6 +342,7 @@ def main() -> None:
     ap.add_argument("--eager-memory", action="store_true", help="with --memory-steps: eager's instead")
     ap.add_argument("--mask", action="store_true", help="the export with an attention_mask input")
     ap.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM exported (fp32)")
+    ap.add_argument("--tiny", action="store_true", help="the tests' small decoder (2 layers, hidden 64)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -360,6 +364,8 @@ def main() -> None:
         _gone()
     for dt in ["float32"] if args.hf else args.dtype:  # transformers' model is exported in fp32
         cfg = hf_config(args.layers) if args.hf else config(args.layers, dt, args.mask)
+        if args.tiny:
+            cfg = {**llama.TINY, "dtype": dt}
         bench(cfg, dev, args.batch, args.prompt, args.steps, args.rounds, not args.no_compile, bw, rows, data)
     print_table(f"greedy decode, {args.steps} tokens after {args.prompt}, {data['device']}",
                 ["model", "batch", "runtime", "tokens/s", "x eager", "fraction of bandwidth limit",
