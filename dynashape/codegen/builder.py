@@ -38,6 +38,7 @@ from ..compile import affine
 from ..compile.memory_plan import AS_VIEW, ArenaBuffer, MemoryPlan, plan_memory
 from ..compile.shape_program import Trace
 from ..ir import Node, Value
+from ..ops.conv import conv1d
 from ..ops.tensor import _perm
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt
@@ -140,7 +141,7 @@ class _Builder:
         self.device = device
         self.plan = plan_memory(trace, inplace)
         self.names = _Names()
-        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, **HELPERS}
+        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, "_conv1d": conv1d, **HELPERS}
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)

@@ -208,7 +208,8 @@ def _conv(e: Emit) -> list[str] | None:
     strides = tuple(a.get("strides") or [1] * n)
     dilations = tuple(a.get("dilations") or [1] * n)
     bias = e.ins[2] if len(e.ins) > 2 and e.ins[2] is not None else "None"
-    return [f"{e.outs[0]} = torch.conv{n}d({e.ins[0]}, {e.ins[1]}, {bias}, {strides!r}, {tuple(pads[:n])!r}, "
+    fn = "_conv1d" if n == 1 else f"torch.conv{n}d"  # ops/conv.py: tiny batched 1-D ones as a product on CPU
+    return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}, {bias}, {strides!r}, {tuple(pads[:n])!r}, "
             f"{dilations!r}, {a.get('group', 1)})"]
 
 

@@ -1,0 +1,73 @@
+"""ops/conv.py ``conv1d``: tiny batched 1-D convolutions on CPU run as one matrix product over
+the unfolded windows; everything else is torch's conv1d. Both against torch on random inputs,
+across strides, pads, kernel sizes, batch sizes, with and without bias; the path taken is
+checked too (a stand-in that would hide a fallback would pass the values alone)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynashape.ops import conv as C
+
+
+@settings(max_examples=120, deadline=None)
+@given(n=st.integers(1, 8), c=st.integers(1, 40), length=st.integers(1, 40), o=st.integers(1, 24),
+       k=st.integers(1, 5), s=st.integers(1, 3), p=st.integers(0, 2), bias=st.booleans(), seed=st.integers(0, 99))
+def test_matches_torch_conv1d(n, c, length, o, k, s, p, bias, seed):
+    if length + 2 * p < k:
+        return  # no window fits: torch refuses, and so does the caller's shape function
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(n, c, length, generator=g), torch.randn(o, c, k, generator=g)
+    b = torch.randn(o, generator=g) if bias else None
+    got = C.conv1d(x, w, b, (s,), (p,), (1,), 1)
+    want = F.conv1d(x, w, b, s, p, 1, 1)
+    assert got.shape == want.shape and got.is_contiguous()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
+    calls = []
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x4, x1 = torch.randn(4, 64, 2), torch.randn(1, 64, 2)
+    w, b = torch.randn(64, 64, 3), torch.randn(64)
+    C.conv1d(x4, w, b, 2, 1)  # silero-vad's: batch 4, 1 output position each
+    assert len(calls) == 1
+    C.conv1d(x1, w, b, 2, 1)  # batch 1: oneDNN is fast there
+    C.conv1d(torch.randn(4, 64, 200), w, b, 1, 1)  # 800 positions: oneDNN
+    C.conv1d(torch.randn(4, 64, 2), torch.randn(64, 32, 3), b, 2, 1, 1, 2)  # groups
+    C.conv1d(x4, w, b, 1, 2, 2)  # dilation
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_conv1d_model_through_the_generated_code(batch):
+    """A Conv node of a model (the emitter's ``_conv1d``) equals torch's."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    import dynashape
+    rng = np.random.default_rng(batch)
+    w = rng.standard_normal((16, 8, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[2])], "g",
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 8, "L"])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 16, "M"])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    sess = dynashape.InferenceSession(m.SerializeToString())
+    for length in (4, 9, 2):
+        x = rng.standard_normal((batch, 8, length)).astype(np.float32)
+        (y,) = sess.run(None, {"x": x})
+        want = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), 2, 1).numpy()
+        np.testing.assert_allclose(y, want, atol=1e-4, rtol=1e-4)
+    assert "_conv1d(" in sess.compiled.specs[0].source
