@@ -41,7 +41,7 @@ from ..ir import Node, Value
 from ..ops.conv import conv1d
 from ..ops.tensor import _perm
 from ..shape import expr as E
-from ..shape.symint import NeedsConcrete, SymInt
+from ..shape.symint import NeedsConcrete, SymInt, is_one, same_dim
 from .emitters import Emit, emit
 from .regions import Item, Member, Region, partition
 from .step_graph import HELPERS, KVInfo, Refused, StepPlan, step_plan
@@ -565,7 +565,7 @@ class _Builder:
                 full = (0,) * pad + tuple(old)
                 # a dim kept as it is keeps its stride, a literal 1 gets stride 0 whatever it grows
                 # to: neither asks a symbol's value (no guard)
-                return tuple(st if _same(sd, d) else 0 if _one(sd) or (sd == 1 and d != 1) else st
+                return tuple(st if same_dim(sd, d) else 0 if is_one(sd) or (sd == 1 and d != 1) else st
                              for sd, d, st in zip(src_dims, dims, full))
         except NeedsConcrete:
             return None
@@ -876,24 +876,6 @@ def _contiguous(dims) -> tuple:
     return tuple(reversed(out))
 
 
-def _same(a, b) -> bool:
-    """``a`` and ``b`` (ints or SymInts) are the same expression: equal for every value of the
-    symbols, decided without a guard."""
-    ea = a.expr if isinstance(a, SymInt) else E.const(int(a))
-    eb = b.expr if isinstance(b, SymInt) else E.const(int(b))
-    return ea == eb
-
-
-def _one(d) -> bool:
-    """A literal 1. A symbolic dim is taken as not 1 without asking (no guard): the strides then
-    found are those of the general sizes, and stay right when it is 1 at run time (a dim of one
-    element is addressed by index 0 whatever its stride); where they would not be a view, the
-    reshape copies, which is right for every size."""
-    if isinstance(d, SymInt):  # a dim a guard has made 1 already (say seq in a decode step) is 1
-        return d.expr.is_const and d.expr.const == 1
-    return type(d) is int and d == 1
-
-
 def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
     """The strides of ``view(new_shape)`` of a tensor of these sizes and strides, or None when the
     reshape copies. torch's rule (``computeStride``), with every decision taken on expressions and
@@ -905,11 +887,11 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
       addresses nothing): any shape of that numel, with its contiguous strides;
     - otherwise chunk by chunk: a dim joins the next chunk when it is a literal 1 or its stride is
       that chunk's extent (as expressions), and the new dims must rebuild each chunk's numel as
-      the same expression. A symbolic dim is never taken as 1 (``_one``): a view that holds only
-      when it is 1 is left to a copy."""
-    if len(old_shape) == len(new_shape) and all(_same(o, n) for o, n in zip(old_shape, new_shape)):
+      the same expression. A symbolic dim is never taken as 1 (``is_one``): a view that holds
+      only when it is 1 is left to a copy."""
+    if len(old_shape) == len(new_shape) and all(same_dim(o, n) for o, n in zip(old_shape, new_shape)):
         return tuple(old_strides)
-    if all(_same(st, c) or _one(d) for d, st, c in zip(old_shape, old_strides, _contiguous(old_shape))):
+    if all(same_dim(st, c) or is_one(d) for d, st, c in zip(old_shape, old_strides, _contiguous(old_shape))):
         return _contiguous(new_shape)
     if any(type(d) is int and d == 0 for d in old_shape):  # no elements: any strides address them
         return _contiguous(new_shape)
@@ -919,12 +901,12 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
     tensor_numel, view_numel = 1, 1
     for d in range(len(old_shape) - 1, -1, -1):
         tensor_numel = tensor_numel * old_shape[d]
-        if d == 0 or not (_one(old_shape[d - 1]) or _same(old_strides[d - 1], tensor_numel * chunk_base)):
-            while view_d >= 0 and (not _same(view_numel, tensor_numel) or _one(new_shape[view_d])):
+        if d == 0 or not (is_one(old_shape[d - 1]) or same_dim(old_strides[d - 1], tensor_numel * chunk_base)):
+            while view_d >= 0 and (not same_dim(view_numel, tensor_numel) or is_one(new_shape[view_d])):
                 new_strides[view_d] = view_numel * chunk_base
                 view_numel = view_numel * new_shape[view_d]
                 view_d -= 1
-            if not _same(view_numel, tensor_numel):
+            if not same_dim(view_numel, tensor_numel):
                 return None
             if d > 0:
                 chunk_base = old_strides[d - 1]

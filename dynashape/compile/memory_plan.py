@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Node, Value
 from ..shape import expr as E
-from ..shape.symint import SymInt
+from ..shape.symint import SymInt, is_one
 from .shape_program import Trace
 
 # ops the generated code writes as views although their kernel copies (the result is only read)
@@ -204,13 +204,7 @@ def _all_one(dims) -> bool:
     a guard has made 1): slots are then contiguous. A symbolic dim is not asked (a guard on
     ``batch == 1`` would trace batch 1 apart from the rest): it counts as not 1, and only
     producers that write strided outputs get a slot."""
-    for d in dims:
-        if isinstance(d, SymInt):
-            if not (d.expr.is_const and d.expr.const == 1):
-                return False
-        elif d != 1:
-            return False
-    return True
+    return all(is_one(d) for d in dims)
 
 
 def _outer_reads(node) -> list[Value]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..errors import ShapeError
 from ..shape import Dimension, broadcast_dims
-from ..shape.symint import SymInt
+from ..shape.symint import SymInt, same_dim
 
 Dim = "int | Dimension"
 
@@ -29,17 +29,8 @@ def _identical(a, b) -> bool:
     """The same dims, decided without a guard: a symbolic dim is only ever compared with the same
     expression (``batch == 1`` asked of a tuple compare would make one specialization for batch 1
     and another for the rest, where broadcasting against a literal 1 needs no decision at all)."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x is y:
-            continue
-        if type(x) is int and type(y) is int:
-            if x != y:
-                return False
-        elif not (isinstance(x, SymInt) and isinstance(y, SymInt) and x.expr == y.expr):
-            return False
-    return True
+    return len(a) == len(b) and all(x is y or (isinstance(x, int) and isinstance(y, int) and same_dim(x, y))
+                                    for x, y in zip(a, b))
 
 
 def broadcast(shapes, values=None, **_attrs):

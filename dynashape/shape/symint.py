@@ -506,3 +506,18 @@ def expr_of(x) -> Expr:
     """The expression of a dim (an int is a constant)."""
     return x.expr if isinstance(x, SymInt) else E.const(int(x))
 
+
+def same_dim(a, b) -> bool:
+    """``a`` and ``b`` (ints or SymInts) are the same expression: equal for every value of the
+    symbols, decided without a guard."""
+    return expr_of(a) == expr_of(b)
+
+
+def is_one(d) -> bool:
+    """``d`` is 1 for every value of the symbols (a literal 1, or a dim a guard has made 1, say
+    seq in a decode step), decided without a guard. A symbolic dim is not asked whether it is 1:
+    where the answer would not change the result, asking only splits the specializations (one for
+    batch 1, another for the rest)."""
+    e = expr_of(d)
+    return e.is_const and e.const == 1
+
