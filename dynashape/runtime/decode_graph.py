@@ -183,11 +183,12 @@ class DecodeGraphs:
         self.retired: dict[tuple, int] = {}
         self.off: dict[tuple, int | None] = {}  # key -> runs left to the dynamic path (None: for good)
         self.P = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.warmed = False  # a step has run for real: later captures need no warm-up run
+        # the thread that captures (the caller, or with decode_ahead the session's thread) has run
+        # a step for real: its cuBLAS handle and workspace exist, later captures need no warm-up run
+        self.warmed = False
         self.ahead = model.decode_ahead
         self.next: dict[tuple, _Bucket] = {}  # key -> the next bucket, its impl built ahead
         self.pool: ThreadPoolExecutor | None = None  # one thread: captures in order, one cuBLAS handle
-        self.pool_warm = False  # the thread has run a step for real (its handle and workspace exist)
 
     # ---- a step ------------------------------------------------------------------------------
     def __call__(self, sig: tuple, inputs: tuple):
@@ -385,7 +386,6 @@ class DecodeGraphs:
             # kernels compiled); a later bucket's kernels are the same at another capacity
             warm = not self.warmed
             if self.ahead:  # every capture on the one thread: one cuBLAS handle and workspace
-                warm, self.pool_warm = warm or not self.pool_warm, True
                 impl = self._on_thread(lambda: self._make_impl(key, b, ins, warm=warm)).result()
             else:
                 impl = self._make_impl(key, b, ins, warm=warm)
@@ -475,7 +475,7 @@ class DecodeGraphs:
         for pos, _ in self.input_slots:  # this call's inputs are not the graph's: a copy of each
             ins[pos] = ins[pos].clone()
         self.next[key] = nb
-        warm, self.pool_warm = not self.pool_warm, True
+        warm, self.warmed = not self.warmed, True
 
         def build():
             t0 = time.perf_counter()
