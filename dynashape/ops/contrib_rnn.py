@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import ShapeError
-from .linalg import PreparedB, int8_product, int_product, saturation_correction, u8s8_saturation
+from .linalg import PreparedB, _use_int_mm, int8_product, int_product, saturation_correction, u8s8_saturation
 from .norm import _put
 from .quant import dynamic_qparams
 from .registry import op
@@ -158,6 +158,60 @@ def _qproduct(q: torch.Tensor, scales: list[float], zps: list[int], w: _QWeights
     return acc.mul_(sc * w.scale)
 
 
+class _Recurrent:
+    """One step's recurrent part on the CPU, written into g: (h_{t-1} quantized per direction) @ R,
+    scaled, plus the step's input projection, in as few torch calls as the arithmetic allows (a
+    step is ~20 calls of a few microseconds each: their number is the step's cost). The integers
+    are the ones ``_quantize`` / ``_qproduct`` make: with torch._int_mm, the quantized h is shifted
+    to int8 (q + zp - 128) and the shift taken back through R's column sums."""
+
+    @staticmethod
+    def make(rq: _QWeights, nd: int, batch: int, n: int, dev: torch.device) -> _Recurrent | None:
+        if dev.type != "cpu" or not batch or not n or rq.scale_values is None or (u8s8_saturation() and rq.signed):
+            return None  # the general path: CUDA's device scales, per-column scales, saturation
+        ops = None
+        if _use_int_mm(dev, batch, n, 4 * n):
+            ops = [pd.int8() for pd in rq.per_dir]
+            if any(o is None or o[2] is not None for o in ops):  # a weight zero point: the general path
+                ops = None
+        return _Recurrent(rq, nd, batch, n, ops)
+
+    def __init__(self, rq: _QWeights, nd: int, batch: int, n: int, ops):
+        self.rq, self.nd, self.ops = rq, nd, ops
+        self.t = torch.empty(nd, batch, n)
+
+    def __call__(self, h_in: torch.Tensor, proj_s: torch.Tensor, g: torch.Tensor) -> None:
+        nd, t, rq = self.nd, self.t, self.rq
+        if nd == 1:
+            lo, hi = torch.aminmax(h_in)
+            scales, zps = _qparams([lo.item()], [hi.item()])
+        else:
+            lo, hi = torch.aminmax(h_in.reshape(nd, -1), dim=1)
+            scales, zps = _qparams(lo.tolist(), hi.tolist())
+        for i in range(nd):
+            torch.div(h_in[i], scales[i], out=t[i])
+        t.round_()
+        sc = [float(np.float32(a) * np.float32(b)) for a, b in zip(scales, rq.scale_values)]
+        if self.ops is not None:
+            for i in range(nd):
+                t[i].add_(zps[i] - 128)
+            a8 = t.clamp_(-128, 127).to(torch.int8)
+            for i, (b8, colsum, _zb) in enumerate(self.ops):
+                p = torch._int_mm(a8[i], b8)
+                if zps[i] != 128:
+                    p.sub_(colsum, alpha=zps[i] - 128)
+                torch.mul(p, sc[i], out=g[i])
+        else:
+            for i in range(nd):
+                t[i].clamp_(-zps[i], 255 - zps[i])
+            acc = int_product(t, rq.prep, max(max(z, 255 - z) for z in zps))
+            if acc.dtype != torch.float32:
+                acc = acc.to(torch.float32)
+            for i in range(nd):
+                torch.mul(acc[i], sc[i], out=g[i])
+        g += proj_s
+
+
 # ---- the kernel ----------------------------------------------------------------------------------
 @op("DynamicQuantizeLSTM", 1, MS, infer=_dq_lstm_infer)
 def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
@@ -212,7 +266,6 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
         pi, po, pf = pp[..., :n], pp[..., n:2 * n], pp[..., 2 * n:]
     h = torch.zeros(nd, batch, n, device=dev) if initial_h is None else initial_h.to(torch.float32)
     c = torch.zeros(nd, batch, n, device=dev) if initial_c is None else initial_c.to(torch.float32)
-    h_in = h  # what the recurrent product reads: the previous step's output (zeros past an entry's length)
     mask = None
     if lens is not None:
         mask = (torch.arange(t, device=dev).unsqueeze(1) < lens.unsqueeze(0)).unsqueeze(-1)  # (T, B, 1)
@@ -220,11 +273,18 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
     # one sigmoid over i, o, f together
     plain = P is None and not input_forget and clip is None and all(
         [a[0] for a in acts_d] == ["sigmoid", "tanh", "tanh"] for acts_d in acts)
-    ys = []
-    proj_steps = proj.unbind(1)
+    rec = _Recurrent.make(rq, nd, batch, n, dev)
+    y = torch.zeros(t, nd, batch, n, device=dev)  # in step order; steps past max(lens) stay zero
+    g = torch.empty(nd, batch, 4 * n, device=dev)
+    zero = torch.zeros((), device=dev)
+    h_in = h  # what the recurrent product reads: the previous step's output (zeros past an entry's length)
     for s in range(steps):
-        hq, hs, hz = _quantize(h_in)
-        g = proj_steps[s] + _qproduct(hq, hs, hz, rq)
+        ys = y[s]
+        if rec is not None:
+            rec(h_in, proj[:, s], g)
+        else:
+            hq, hs, hz = _quantize(h_in)
+            torch.add(proj[:, s], _qproduct(hq, hs, hz, rq), out=g)
         if bias is not None:
             g += bias
         if plain:
@@ -232,24 +292,22 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
             i, o, f = torch.sigmoid(g_iof).split(n, -1)
             c_new = f * c
             c_new += i * torch.tanh(g_c)
-            h_new = o * torch.tanh(c_new)
+            h_new = torch.mul(o, torch.tanh(c_new), out=ys) if mask is None else o * torch.tanh(c_new)
         else:
             h_new, c_new = lstm_cell(g, c, n, acts, clip, (pi, po, pf), input_forget)
+            if mask is None:
+                ys.copy_(h_new)
         if mask is None:
-            h, c, y = h_new, c_new, h_new
+            h, c = h_new, c_new
         else:
             m = mask[s]
-            y = torch.where(m, h_new, torch.zeros((), device=dev))
+            torch.where(m, h_new, zero, out=ys)
             h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
-        ys.append(y)
-        h_in = y
-    y = torch.stack(ys) if ys else torch.zeros(0, nd, batch, n, device=dev)  # (steps, D, B, H) in step order
-    if steps < t:
-        y = torch.cat([y, torch.zeros(t - steps, nd, batch, n, device=dev)])
+        h_in = ys
     parts = [y[:, d] if o is None else y[:, d].gather(0, o.unsqueeze(-1).expand(t, batch, n))
              for d, o in enumerate(orders)]
     y = torch.stack(parts, 1)  # (T, D, B, H) in time order
     if lens is not None:  # onnxruntime: an empty sequence has zero final states
         nz = (lens > 0).reshape(1, -1, 1)
-        h, c = torch.where(nz, h, torch.zeros((), device=dev)), torch.where(nz, c, torch.zeros((), device=dev))
+        h, c = torch.where(nz, h, zero), torch.where(nz, c, zero)
     return _put(out, [y, h, c])

@@ -517,9 +517,12 @@ def set_cpu_int_mm(on: bool | None) -> bool | None:
 def _use_int_mm(device: torch.device, m: int, k: int, n: int) -> bool:
     if device.type == "cuda":
         return m > 16 and k % 8 == 0 and n % 8 == 0 and k >= 16
-    # CPU: from 8 rows on, or for any row count when B is large (a GEMV then reads 1 byte per
-    # weight instead of 4: T5's vocabulary projection in a decode step)
-    return device.type == "cpu" and k > 0 and n > 0 and (m >= 8 or k * n >= 1 << 20) and cpu_int_mm_fast()
+    # CPU: from 8 rows on, or for fewer rows when B is large enough that reading it as float32
+    # costs more than the ~15 us the int8 operands take to make (a GEMV reads 1 byte per weight
+    # instead of 4: T5's vocabulary projection in a decode step; an LSTM's recurrent product at
+    # batch 4, 256 x 1024: 27 us against 71)
+    return (device.type == "cpu" and k > 0 and n > 0 and (m >= 8 or max(m, 2) * k * n >= 1 << 20)
+            and cpu_int_mm_fast())
 
 
 def _rows_zp(zp, a: torch.Tensor, rows: int) -> torch.Tensor | int:
@@ -563,7 +566,10 @@ def int8_product(a: torch.Tensor, za, prep: PreparedB, centered: bool = False) -
         p = torch._int_mm(a8.contiguous(), b8)
     except RuntimeError:
         return None
-    if not (isinstance(za2, int) and za2 == 0):
+    if isinstance(za2, int):
+        if za2:
+            p.sub_(colsum, alpha=za2)
+    else:
         p -= za2 * colsum
     if zb is not None:
         p -= a8.sum(1, keepdim=True, dtype=torch.int32) * zb
