@@ -647,6 +647,29 @@ def test_dynamic_quantize_lstm_int8_gemm_path():
         _lstm_run(_dq_lstm_model(rng, d, i, h, np.uint8, "bidirectional", init=True), rng, d, i, h, init=True)
 
 
+@pytest.mark.parametrize("lens", [False, True])
+def test_dynamic_quantize_lstm_recurrent_int8_gemm(monkeypatch, lens):
+    """The recurrent product of every step through torch._int_mm (h shifted to int8, the shift
+    taken back through R's column sums), which the kernel takes for large hidden sizes: forced
+    here for a small one. Same integers, so onnxruntime's results as closely as the float path."""
+    from dynashape.ops import contrib_rnn
+    calls = []
+    real = torch._int_mm
+    monkeypatch.setattr(contrib_rnn, "_use_int_mm", lambda dev, m, k, n: dev.type == "cpu")
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or real(a, b))
+    rng = np.random.default_rng(15)
+    d, i, h = 2, 16, 8
+    with _cpu_int8_gemm(True):
+        _lstm_run(_dq_lstm_model(rng, d, i, h, np.int8, "bidirectional", lens=lens, init=True), rng, d, i, h,
+                  lens=lens, init=True)
+    steps = sum(t for t, _n in [(5, 2), (9, 1), (1, 3), (14, 5), (5, 2)])
+    recurrent = sum(1 for shp in calls if shp[-1] == h)  # (N, hidden) rows: the input projection's are (T*N, 16)
+    if lens:  # steps up to max(lens) of each call
+        assert d * 5 <= recurrent <= d * steps
+    else:
+        assert recurrent == d * steps
+
+
 def test_dynamic_quantize_lstm_saturating_weights(ort_saturates):
     # full-range int8 weights: onnxruntime saturates on AVX2 CPUs; the emulation follows it
     rng = np.random.default_rng(12)
