@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the implementations issue: CUDA tests of static impls, then the
 # static-impl benchmark (BERT-base, ResNet-50, greedy decode), results under $OUT.
-#   bash benchmarks/gpu_static.sh [smoke|tests|bench]
+#   bash benchmarks/gpu_static.sh [smoke|tests|profile|conv|bench]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
   smoke)
@@ -14,6 +14,12 @@ case "${1:-bench}" in
   profile)
     T=200 run python benchmarks/profile_static.py --device cuda --shape 4x64
     T=150 run python benchmarks/profile_static.py --device cuda --shape 1x16 ;;
+  conv)  # the Conv + Relu fusion: its tests, then ResNet-50 with the pass on and off
+    DYNASHAPE_TEST_DEVICE=cuda T=300 run python -m pytest -q -p no:warnings tests/compile/test_fuse_conv_relu.py tests/impls
+    for run_on in a1 b0 c1; do
+      DYNASHAPE_FUSE_CONV_RELU=${run_on:1} T=240 run python benchmarks/static_impls.py --device cuda --models resnet \
+        --json "$OUT/resnet_conv_relu_$run_on.json"
+    done ;;
   bench)
     run python benchmarks/static_impls.py --device cuda --json "$OUT/static_impls_cuda.json" ;;
 esac

@@ -20,21 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Value
-from .patterns import FUSED_DOMAIN, fuse, fused_producer, only_feeds, producer
-
-
-def _same_shape(a: Value, b: Value) -> bool:
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-        return False
-    return all(x.known_equal(y) for x, y in zip(a.shape, b.shape))
+from ..ir import Graph
+from .patterns import FUSED_DOMAIN, fuse, fused_producer, only_feeds, producer, same_shape
 
 
 def fuse_matmul_add(graph: Graph) -> Graph:
     for add in [n for n in graph.nodes if n.op_type == "Add" and n.domain in ("", "ai.onnx")]:
         for p, r in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
             mm = producer(p, "MatMul") or fused_producer(p, "Linear")
-            if mm is None or p is r or r.is_const or not only_feeds(p, [add], graph) or not _same_shape(p, r):
+            if mm is None or p is r or r.is_const or not only_feeds(p, [add], graph) or not same_shape(p, r):
                 continue
             if r.elem_type != p.elem_type:
                 continue
@@ -54,7 +48,7 @@ def fuse_silu_mul(graph: Graph) -> Graph:
     for mul in [n for n in graph.nodes if n.op_type == "Mul" and n.domain in ("", "ai.onnx")]:
         for s, b in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
             silu = fused_producer(s, "Silu")
-            if silu is None or s is b or not only_feeds(s, [mul], graph) or not _same_shape(s, b):
+            if silu is None or s is b or not only_feeds(s, [mul], graph) or not same_shape(s, b):
                 continue
             if silu.inputs[0].elem_type != b.elem_type:
                 continue

@@ -58,6 +58,13 @@ def const_ints(v: Value | None) -> list[int] | None:
     return [int(x) for x in v.const.reshape(-1).tolist()]
 
 
+def same_shape(a: Value, b: Value) -> bool:
+    """Both shapes known and equal dim by dim (symbols that are provably the same)."""
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(x.known_equal(y) for x, y in zip(a.shape, b.shape))
+
+
 def rank(v: Value | None) -> int | None:
     return None if v is None or v.shape is None else len(v.shape)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from .dead_nodes import remove_dead_nodes
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_silu
 from .fuse_attention import fuse_attention
+from .fuse_conv_relu import fuse_conv_relu
 from .fuse_dynamic_quant import fuse_dynamic_quant
 from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
@@ -72,6 +74,9 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
 # fewer per decoder layer); on CPU the tiny decoder's step was 3-4% slower with them (addmm and the
 # two-op SiluMul against the separate calls into arena buffers): CUDA only.
 RESIDUAL_FUSION_DEVICES = ("cuda",)
+# cuDNN's fused convolution epilogues (ops/conv_act.py); on CPU the op would be the same two kernels.
+# DYNASHAPE_FUSE_CONV_RELU=0 / 1 forces the pass off / on (to measure it)
+CONV_RELU_DEVICES = ("cuda",)
 
 
 def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
@@ -80,8 +85,10 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
                 ("fuse_norm_linear", fuse_norm_linear)]
     if str(device).split(":")[0] not in RESIDUAL_FUSION_DEVICES:
         residual = []
+    conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")
+    conv = [("fuse_conv_relu", fuse_conv_relu)] if conv_on != "0" else []
     return [("linear_layout", linear_layout_pass(device)), *residual, ("remove_dead_nodes", remove_dead_nodes),
-            ("channels_last", channels_last_pass(device))]
+            ("channels_last", channels_last_pass(device)), *conv]
 
 
 def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True,

@@ -17,11 +17,13 @@ same kernels as the dynamic path.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 
 import torch
 
+from ..ops.conv_act import fused_epilogues
 from . import capture_guard
 
 
@@ -97,7 +99,8 @@ class CudaGraphImpl:
         benchmark = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True
         try:
-            with torch.cuda.stream(side):
+            # cuDNN's fused convolution epilogues too, where the real run builds their plans first
+            with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
                 # this call's results, and the warm-up of the capture

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     contrib_transformer,
     control_flow,
     conv,
+    conv_act,
     data_dependent,
     elementwise,
     fused,
