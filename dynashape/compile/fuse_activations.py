@@ -1,8 +1,12 @@
-"""Pass: GELU and SiLU written out as arithmetic become one fused op.
+"""Pass: GELU, SiLU and the hard activations written out as arithmetic become one fused op.
 
 SiLU: ``x * Sigmoid(x)``. GELU, erf form: ``0.5 * x * (1 + Erf(x / sqrt(2)))``; tanh form (GPT-2's
 "new GELU"): ``0.5 * x * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``. The product may be
 associated and ordered any way: the factors of the Mul tree are compared as a multiset.
+
+HardSwish (PaddleOCR's exports, MobileNetV3): ``x * Clip(x + 3, 0, 6) / 6``, the division last (or
+a product by 1/6), which is torch's hardswish operation for operation; HardSigmoid:
+``Clip(x + 3, 0, 6) / 6``. Four (three) passes over the activation become one.
 """
 
 from __future__ import annotations
@@ -139,3 +143,59 @@ def _gelu_at(graph: Graph, inner: Node, op: str):
     if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
         return None
     return x, nodes
+
+
+def _clip_bounds(clip: Node) -> tuple[float | None, float | None]:
+    if len(clip.inputs) > 1 or "min" not in clip.attrs:  # opset 11+: bounds as inputs
+        lo = scalar(clip.inputs[1]) if len(clip.inputs) > 1 and clip.inputs[1] is not None else None
+        hi = scalar(clip.inputs[2]) if len(clip.inputs) > 2 and clip.inputs[2] is not None else None
+        return lo, hi
+    return clip.attrs.get("min"), clip.attrs.get("max")
+
+
+def _x_plus_3(v: Value) -> tuple[Node, Value] | None:
+    add = producer(v, "Add")
+    if add is None:
+        return None
+    for a, b in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        if _near(scalar(b), 3.0) and not a.is_const:
+            return add, a
+    return None
+
+
+def _by_six(v: Value) -> Node | None:
+    """The only user of ``v`` when it is ``v / 6`` or ``v * (1/6)``."""
+    if len(v.users) != 1:
+        return None
+    n = v.users[0]
+    if n.domain not in ("", "ai.onnx"):
+        return None
+    if n.op_type == "Div" and n.inputs[0] is v and _near(scalar(n.inputs[1]), 6.0):
+        return n
+    if n.op_type == "Mul" and any(o is not v and _near(scalar(o), 1 / 6) for o in n.inputs):
+        return n
+    return None
+
+
+def fuse_hard_activations(graph: Graph) -> Graph:
+    for clip in [n for n in graph.nodes if n.op_type == "Clip" and n.domain in ("", "ai.onnx")]:
+        lo, hi = _clip_bounds(clip)
+        found = _x_plus_3(clip.inputs[0])
+        if found is None or not (_near(lo, 0.0) and _near(hi, 6.0)):
+            continue
+        add, x = found
+        c = clip.outputs[0]
+        if not only_feeds(add.outputs[0], [clip], graph) or len(c.users) != 1 or not only_feeds(c, c.users, graph):
+            continue
+        user = c.users[0]
+        div = _by_six(c)
+        if div is not None:  # HardSigmoid
+            fuse(graph, [add, clip, div], "HardSigmoid", [x], {})
+            continue
+        if user.op_type != "Mul" or user.domain not in ("", "ai.onnx") or \
+                {id(user.inputs[0]), id(user.inputs[1])} != {id(x), id(c)}:
+            continue
+        div = _by_six(user.outputs[0])
+        if div is not None and only_feeds(user.outputs[0], [div], graph):
+            fuse(graph, [add, clip, user, div], "HardSwish", [x], {})
+    return graph

@@ -12,7 +12,7 @@ from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
 from .dead_nodes import remove_dead_nodes
 from .fold_conv_bn import fold_conv_bn
-from .fuse_activations import fuse_gelu, fuse_silu
+from .fuse_activations import fuse_gelu, fuse_hard_activations, fuse_silu
 from .fuse_attention import fuse_attention
 from .fuse_conv_relu import fuse_conv_relu
 from .fuse_dynamic_quant import fuse_dynamic_quant
@@ -51,6 +51,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_rms_norm", fuse_rms_norm),
     ("fuse_gelu", fuse_gelu),
     ("fuse_silu", fuse_silu),
+    ("fuse_hard_activations", fuse_hard_activations),
     ("fuse_rotary", fuse_rotary),
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),

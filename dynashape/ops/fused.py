@@ -65,6 +65,18 @@ def _silu(x, *, out=None):
     return torch._C._nn.silu(x, out=out)
 
 
+@op("HardSwish", 1, DOMAIN, infer=same_as_first,
+    notes="x * clip(x + 3, 0, 6) / 6 written out (fuse_activations); the ONNX HardSwish's kernel")
+def _hardswish(x, *, out=None):
+    return F.hardswish(x) if out is None else torch._C._nn.hardswish(x, out=out)
+
+
+@op("HardSigmoid", 1, DOMAIN, infer=same_as_first,
+    notes="clip(x + 3, 0, 6) / 6 written out (fuse_activations)")
+def _hardsigmoid(x, *, out=None):
+    return F.hardsigmoid(x) if out is None else torch._C._nn.hardsigmoid(x, out=out)
+
+
 # ---- linear --------------------------------------------------------------------------------------
 def _linear_infer(shapes, values):
     x, w = shapes[0], shapes[1]

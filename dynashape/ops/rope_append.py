@@ -62,22 +62,8 @@ def _triton(q, k, v, cos, sin, ks, vs, idx):
 
 
 if triton is not None:
-    @triton.jit
-    def _rotated(X, C, S, i0, i1, i2, sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
-                 D: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr):
-        j = tl.arange(0, BLOCK)
-        m = j < D
-        first = j < H
-        partner = tl.where(first, j + H, j - H)
-        xr = X + i0 * sx0 + i1 * sx1 + i2 * sx2
-        xj = tl.load(xr + j * sx3, mask=m, other=0.0).to(tl.float32)
-        xp = tl.load(xr + partner * sx3, mask=m, other=0.0).to(tl.float32)
-        cj = tl.load(C + i0 * sc0 + i1 * sc1 + i2 * sc2 + j * sc3, mask=m, other=0.0).to(tl.float32)
-        sj = tl.load(S + i0 * ss0 + i1 * ss1 + i2 * ss2 + j * ss3, mask=m, other=0.0).to(tl.float32)
-        return xj * cj + tl.where(first, -xp, xp) * sj
+    from .rotary import rotated_row as _rotated
 
-    # sizes and strides change with batch and length: not specialised on (a CUDA graph capture of a
-    # new shape compiles no new variant)
     @triton.jit(do_not_specialize=["RQ", "RK", "HQ", "HK", "NQ", "sq0", "sq1", "sq2", "sk0", "sk1", "sk2",
                                    "sv0", "sv1", "sv2", "scq0", "scq1", "scq2", "ssq0", "ssq1", "ssq2",
                                    "sck0", "sck1", "sck2", "ssk0", "ssk1", "ssk2", "sks0", "sks1", "sks2",

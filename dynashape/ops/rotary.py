@@ -77,6 +77,22 @@ def _triton(x, cos, sin):
 
 
 if triton is not None:
+    @triton.jit
+    def rotated_row(X, C, S, i0, i1, i2, sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
+                    D: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr):
+        """Row (i0, i1, i2) of X rotated (rotate_half), as float32: x * cos + rotate_half(x) * sin;
+        also what ops/rope_append.py's kernel rotates q and k with."""
+        j = tl.arange(0, BLOCK)
+        m = j < D
+        first = j < H
+        partner = tl.where(first, j + H, j - H)  # the element rotate_half puts at j
+        xr = X + i0 * sx0 + i1 * sx1 + i2 * sx2
+        xj = tl.load(xr + j * sx3, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(xr + partner * sx3, mask=m, other=0.0).to(tl.float32)
+        cj = tl.load(C + i0 * sc0 + i1 * sc1 + i2 * sc2 + j * sc3, mask=m, other=0.0).to(tl.float32)
+        sj = tl.load(S + i0 * ss0 + i1 * ss1 + i2 * ss2 + j * ss3, mask=m, other=0.0).to(tl.float32)
+        return xj * cj + tl.where(first, -xp, xp) * sj
+
     # the leading sizes and strides change with batch and sequence length: not specialised on, so a
     # new shape (or a CUDA graph capture of one) compiles no new variant
     @triton.jit(do_not_specialize=["B", "C", "sx0", "sx1", "sx2", "sc0", "sc1", "sc2", "ss0", "ss1", "ss2"])
@@ -86,14 +102,8 @@ if triton is not None:
         i0 = row // (B * C)
         i1 = (row // C) % B
         i2 = row % C
+        y = rotated_row(X, COS, SIN, i0, i1, i2, sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
+                        D, H, BLOCK)
         j = tl.arange(0, BLOCK)
         m = j < D
-        first = j < H
-        partner = tl.where(first, j + H, j - H)  # the element rotate_half puts at j
-        xr = X + i0 * sx0 + i1 * sx1 + i2 * sx2
-        xj = tl.load(xr + j * sx3, mask=m, other=0.0).to(tl.float32)
-        xp = tl.load(xr + partner * sx3, mask=m, other=0.0).to(tl.float32)
-        cj = tl.load(COS + i0 * sc0 + i1 * sc1 + i2 * sc2 + j * sc3, mask=m, other=0.0).to(tl.float32)
-        sj = tl.load(SIN + i0 * ss0 + i1 * ss1 + i2 * ss2 + j * ss3, mask=m, other=0.0).to(tl.float32)
-        y = xj * cj + tl.where(first, -xp, xp) * sj
         tl.store(OUT + row * D + j, y.to(OUT.dtype.element_ty), mask=m)
