@@ -422,7 +422,11 @@ class _Builder:
             # parameters are ints of the program (None stands for the shape inputs)
             ins = [sname] + [None] * (len(node.inputs) - 1)
 
+            same = _same_dims(self.t.of(src).dims, info.dims)
+
             def lines(name: str) -> list[str]:
+                if node.op_type in _RESHAPES and same:  # the tensor itself: view() would restride its
+                    return [f"{name} = {ins[0]}"]         # size-1 dims, and a channels-last one then reads as NCHW
                 if node.op_type in _RESHAPES:  # view() never copies: the strides said it is a view
                     return [f"{name} = {ins[0]}.view({self._dims_tuple(v)})"]
                 return emit(self._emit_ctx(node, ins, [name], [None], "None"), as_view=True, default=False)
@@ -847,6 +851,10 @@ class _Builder:
         put("return " + (" and ".join(conds) if conds else "True"))
         out.append("")
         return "\n".join(out) + "\n", line_nodes, groups
+
+
+def _same_dims(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
 
 
 def _tuple(names: list[str]) -> str:

@@ -11,6 +11,7 @@ from ..ir import Graph
 from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
 from .dead_nodes import remove_dead_nodes
+from .fold_conv_add import fold_conv_add
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_hard_activations, fuse_silu
 from .fuse_attention import fuse_attention
@@ -45,6 +46,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fuse_qdq", fuse_qdq),
+    ("fold_conv_add", fold_conv_add),  # before fold_conv_bn: a BatchNormalization after the Add folds too
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
     ("fuse_layer_norm", fuse_layer_norm),  # first: its inner d / sqrt(mean(d^2) + eps) looks like an RMSNorm
