@@ -256,10 +256,15 @@ def _fused(kind: str, X, W, R, B, states, direction, layout, out):
             s = s.transpose(0, 1)
         hx.append(s.to(x.dtype).contiguous())
     params = _torch_params(kind, W, R, B, d)
-    # On CPU, oneDNN's RNN reorders the weights on every call (about 1 ms for H = 256), which
-    # only pays over long sequences; aten's own C++ loop is 2-10x faster for short ones (a decoder
-    # step, a VAD chunk). The switch is torch's global flag, set back at once.
-    native = x.device.type == "cpu" and t < (32 if h >= 256 else 8) and torch._C._get_mkldnn_enabled()
+    # On CPU, oneDNN's RNN reorders the weights on every call, which pays from a few steps on
+    # (torch 2.13, 2 threads: LSTM H=512 bidirectional T=30 4.7 ms against aten's own C++ loop's
+    # 8.9; H=256 T=24 batch 4 1.2 against 4.5; H=64 T=20 0.19 against 0.50); aten's loop is faster
+    # for one or two steps of one or two rows (a decoder step, a VAD chunk: H=64 T=1 0.04 against
+    # 0.13). oneDNN also builds a primitive for every new (T, batch), which a small model feels on
+    # its first call at a shape: below H=256 the loop keeps sequences up to 8 steps as before.
+    # The switch is torch's global flag, set back at once.
+    short = t * batch <= 4 if h >= 256 else t < 8
+    native = x.device.type == "cpu" and short and torch._C._get_mkldnn_enabled()
     if native:
         torch._C._set_mkldnn_enabled(False)
     try:
