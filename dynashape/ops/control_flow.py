@@ -21,7 +21,11 @@ from .shapes import norm_axis
 
 def _if(cond, *, then_branch, else_branch, out=None):
     # The branch taken decides the output shapes: known only once the condition is read.
-    outs = (then_branch if bool(cond.reshape(-1)[0]) else else_branch)()
+    taken, other = (then_branch, else_branch) if bool(cond.reshape(-1)[0]) else (else_branch, then_branch)
+    outs = taken()
+    warm = getattr(other, "warm", None)  # compiled bodies: the other branch compiled at the first run
+    if warm is not None:
+        warm()
     return tuple(outs) if len(outs) > 1 else outs[0]
 
 

@@ -8,9 +8,12 @@ op's kernel with a ``BodyRunner`` per subgraph in place of the graph attribute.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 from ..ir import Graph, Node
+
+log = logging.getLogger(__name__)
 
 
 class BodyRunner:
@@ -32,8 +35,10 @@ class BodyRunner:
         self.names = [v.name for v in graph.inputs]
         self.reuses_outputs = keep_outputs
         self._turn = 0
+        self._warmed = False
 
     def __call__(self, *inputs) -> list:
+        self._warmed = True  # compiled by this run: nothing to do ahead
         vals = list(inputs) + [self.outer[v.name] for v in self.graph.outer]
         if self.reuses_outputs:
             self._turn ^= 1
@@ -43,6 +48,19 @@ class BodyRunner:
         if outs is not None:
             return outs
         return self._interpret(inputs)
+
+    def warm(self) -> None:
+        """An If's branch not taken, once, at the node's first run: run it with this run's outer
+        values and drop its outputs, so that its specialization is traced and compiled now (the
+        first call of a session is the slow one anyway) and not at the first call that takes it
+        (silero-vad's other sample rate: 17-20x that call's steady time). A branch that cannot run
+        on these values (it may expect other shapes) is left to compile at its first real use."""
+        if self._warmed:
+            return
+        try:
+            self()
+        except Exception as e:  # noqa: BLE001  only a head start: its real first use reports errors
+            log.info("If branch %s not compiled ahead (it runs on its first use): %s", self.graph.name, e)
 
     def _interpret(self, inputs) -> list:
         """No specialization serves these shapes: the interpreter runs the body (counted)."""
