@@ -17,18 +17,19 @@ from .registry import op
 
 
 def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.conv1d``, but on CPU a tiny batched one (batch >= 2, at most ``GEMM_ROWS`` output
-    positions over the batch, no groups or dilation) as one matrix product over its unfolded
-    windows: oneDNN's convolution costs ~50 us per call at batch > 1 however small the input
-    (~10 us at batch 1), where the product costs 20-50 (measured on this project's 2-core CPU:
-    silero-vad's convolutions at batch 4, 53-80 us -> 20-51 us each). Same result up to the
-    order of the sums."""
+    """``torch.conv1d``, but on CPU a tiny one (at most ``GEMM_ROWS`` output positions over the
+    batch, no groups or dilation; at batch 1 not the very smallest, ``GEMM_MIN``) as one matrix
+    product over its unfolded windows: oneDNN's convolution costs ~50 us per call at batch > 1
+    however small the input, torch's batch-1 path 30-50 us for silero-vad's larger ones, where the
+    product costs 20-50 (measured on this project's 2-core CPU: silero-vad's convolutions at batch
+    4, 53-80 us -> 20-51 us each; at batch 1, 31-51 -> 24-29). Same result up to the order of the
+    sums."""
     s, p, d = (v[0] if isinstance(v, (tuple, list)) else v for v in (stride, padding, dilation))
     n, c, length = x.shape
     o, _, k = w.shape
     out_len = (length + 2 * p - d * (k - 1) - 1) // s + 1
-    if (x.device.type != "cpu" or groups != 1 or d != 1 or n < 2 or n * out_len > GEMM_ROWS
-            or n * out_len * c * k > GEMM_COLS or out_len <= 0 or x.requires_grad):
+    if (x.device.type != "cpu" or groups != 1 or d != 1 or n * out_len > GEMM_ROWS
+            or not GEMM_MIN[n >= 2] <= n * out_len * c * k <= GEMM_COLS or out_len <= 0 or x.requires_grad):
         return F.conv1d(x, w, b, stride, padding, dilation, groups)
     xp = F.pad(x, (p, p)) if p else x
     cols = xp.unfold(2, k, s).permute(0, 2, 1, 3).reshape(n * out_len, c * k)  # a row per window
@@ -39,6 +40,10 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 GEMM_ROWS = 32  # conv1d as a product up to this many output positions (batch x length)...
 GEMM_COLS = 1 << 16  # ... and this many unfolded elements (beyond, oneDNN is as fast or faster)
+# ... and at batch 1 from 512 unfolded elements: torch's batch-1 path (slow_conv2d) costs 30-50 us
+# for silero-vad's STFT and first encoder convolutions (the product: 24-29), ~5-11 us for the
+# smallest ones (the product: 9-16)
+GEMM_MIN = {False: 512, True: 0}
 _CONV = {1: conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 

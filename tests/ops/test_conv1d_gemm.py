@@ -1,7 +1,7 @@
-"""ops/conv.py ``conv1d``: tiny batched 1-D convolutions on CPU run as one matrix product over
-the unfolded windows; everything else is torch's conv1d. Both against torch on random inputs,
-across strides, pads, kernel sizes, batch sizes, with and without bias; the path taken is
-checked too (a stand-in that would hide a fallback would pass the values alone)."""
+"""ops/conv.py ``conv1d``: tiny 1-D convolutions on CPU run as one matrix product over the
+unfolded windows (at batch 1 from 512 unfolded elements); everything else is torch's conv1d.
+Both against torch on random inputs, across strides, pads, kernel sizes, batch sizes, with and
+without bias; the path taken is checked too (a stand-in that would hide a fallback would pass the values alone)."""
 
 from __future__ import annotations
 
@@ -32,16 +32,22 @@ def test_matches_torch_conv1d(n, c, length, o, k, s, p, bias, seed):
 def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
     calls = []
     real = torch.addmm
+    mm_calls = []
+    real_mm = torch.mm
     monkeypatch.setattr(torch, "addmm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: mm_calls.append(1) or real_mm(*a, **k))
     x4, x1 = torch.randn(4, 64, 2), torch.randn(1, 64, 2)
     w, b = torch.randn(64, 64, 3), torch.randn(64)
     C.conv1d(x4, w, b, 2, 1)  # silero-vad's: batch 4, 1 output position each
     assert len(calls) == 1
-    C.conv1d(x1, w, b, 2, 1)  # batch 1: oneDNN is fast there
+    C.conv1d(x1, w, b, 2, 1)  # batch 1, 192 unfolded elements: torch's path is as fast there
     C.conv1d(torch.randn(4, 64, 200), w, b, 1, 1)  # 800 positions: oneDNN
     C.conv1d(torch.randn(4, 64, 2), torch.randn(64, 32, 3), b, 2, 1, 1, 2)  # groups
     C.conv1d(x4, w, b, 1, 2, 2)  # dilation
     assert len(calls) == 1
+    C.conv1d(torch.randn(1, 129, 4), torch.randn(128, 129, 3), None, 1, 1)  # batch 1, 1548 elements:
+    C.conv1d(torch.randn(1, 1, 640), torch.randn(258, 1, 256), None, 128)  # silero's encoder, STFT
+    assert len(calls) == 1 and len(mm_calls) == 2  # (no bias: torch.mm)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
