@@ -1,4 +1,4 @@
-"""Device-wide synchronisations wait while a background thread captures a CUDA graph.
+"""Device-wide synchronisations and GPU random numbers wait while a thread captures a CUDA graph.
 
 CUDA forbids a device-wide synchronisation anywhere in the process while a stream is capturing
 (``cudaDeviceSynchronize`` behind ``torch.cuda.synchronize()``, the ``cudaFree`` behind
@@ -10,6 +10,14 @@ flight to end (tens of ms), then runs; a capture waits for synchronisations in f
 before it begins. The waits are counted (``waits()``). Stream-level synchronisations
 (``.item()``, ``.cpu()``, ``Stream.synchronize``) are legal during a capture on another stream
 (``capture_error_mode="thread_local"``) and are left alone.
+
+The same holds for random numbers on the GPU: ``capture_begin`` marks the device's default
+generator as capturing (its offsets then belong to the graph), and a random op launched by any
+other thread meanwhile fails ("Offset increment outside graph capture encountered unexpectedly";
+found on the device: a test's ``torch.randn`` right after a session's call, while the session
+captured in the background). An application that samples tokens with ``torch.multinomial`` while
+the next KV bucket is captured ahead would fail so. torch's random entry points (functions and
+in-place Tensor methods) are wrapped the same way: they wait for a capture in flight.
 
 ``install()`` / ``release()`` count the sessions that need the wrappers; torch's own functions
 are put back when the last one goes.
@@ -34,8 +42,16 @@ _local = threading.local()  # .capturing: this thread is capturing (its own call
 _originals: dict[tuple, object] = {}
 
 
+_RANDOM_FUNCTIONS = ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "normal",
+                     "bernoulli", "multinomial", "poisson")
+_RANDOM_METHODS = ("uniform_", "normal_", "random_", "bernoulli_", "bernoulli", "exponential_", "geometric_",
+                   "log_normal_", "cauchy_", "multinomial")
+
+
 def _targets() -> list[tuple]:
-    return [(torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (torch.cuda.memory, "empty_cache")]
+    syncs = [(torch.cuda, "synchronize"), (torch.cuda, "empty_cache"), (torch.cuda.memory, "empty_cache")]
+    rng = [(torch, n) for n in _RANDOM_FUNCTIONS] + [(torch.Tensor, n) for n in _RANDOM_METHODS]
+    return syncs + [(m, n) for m, n in rng if hasattr(m, n)] + [(torch.nn.functional, "dropout")]
 
 
 @contextlib.contextmanager
@@ -92,7 +108,8 @@ def install() -> None:
             return
         for mod, name in _targets():
             fn = getattr(mod, name)
-            _originals[(mod, name)] = fn
+            # a method torch.Tensor inherits (from TensorBase) is shadowed, then deleted again
+            _originals[(mod, name)] = (fn, name in vars(mod))
             setattr(mod, name, _held(fn))
 
 
@@ -106,9 +123,12 @@ def release() -> None:
         _users -= 1
         if _users:
             return
-        for (mod, name), fn in _originals.items():
+        for (mod, name), (fn, own) in _originals.items():
             if getattr(getattr(mod, name), "dynashape_capture_guard", False):
-                setattr(mod, name, fn)
+                if own:
+                    setattr(mod, name, fn)
+                else:
+                    delattr(mod, name)
         _originals.clear()
 
 

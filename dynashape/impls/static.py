@@ -106,16 +106,18 @@ class CudaGraphImpl:
                 # this call's results, and the warm-up of the capture
                 first = fn(*symvals, *args) if warm else ()
                 with capture_guard.capturing():
+                    rng = _rng_snapshot(device)
                     graph.capture_begin(capture_error_mode="thread_local")
                     try:
                         outs = fn(*symvals, *args)
                     except Exception as e:
-                        _abandon(graph)
+                        _abandon(graph, device, rng)
                         caller.wait_stream(side)
                         raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
                     try:
                         graph.capture_end()
                     except RuntimeError as e:
+                        _rng_restore(device, rng)
                         caller.wait_stream(side)
                         raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
         finally:
@@ -169,11 +171,39 @@ def _handed(first, caller) -> tuple:
     return tuple(first)
 
 
-def _abandon(graph) -> None:
+def _abandon(graph, device: torch.device, rng) -> None:
     """End a capture that failed half way (the stream must leave capture mode)."""
     try:
         graph.capture_end()
     except RuntimeError:
+        _rng_restore(device, rng)
+
+
+def _rng_snapshot(device: torch.device):
+    """A copy of the device's default generator state, taken before a capture: capture_begin marks
+    that state as the graph's, and a capture_end that fails (an invalidated capture) raises before
+    it hands it back, which left every later random op on the device failing ("Offset increment
+    outside graph capture encountered unexpectedly"; found on the device after a capture a QDQ
+    model's int16 FakeQuant refused)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[idx]
+        return gen, gen.clone_state()
+    except (AttributeError, RuntimeError, IndexError):  # an older torch without graph-safe states
+        return None
+
+
+def _rng_restore(device: torch.device, rng) -> None:
+    """After a failed capture_end: the generator takes the state copied before the capture (what
+    the capture consumed is gone with it), so random numbers work again."""
+    if rng is None:
+        return
+    gen, state = rng
+    try:
+        gen.graphsafe_set_state(state)
+    except (AttributeError, RuntimeError):
         pass
 
 

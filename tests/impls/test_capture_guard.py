@@ -118,3 +118,93 @@ def test_without_a_capture_nothing_waits(fake):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     assert [c[0] for c in calls] == ["synchronize", "empty_cache"] and capture_guard.waits()["waits"] == before
+
+
+def test_random_entry_points_are_wrapped_and_put_back(fake):
+    """Functions of torch and the in-place methods Tensor inherits: wrapped while a session
+    captures, and after the last one torch's own again (an inherited method: no shadow left)."""
+    randn, multinomial = torch.randn, torch.multinomial
+    assert "normal_" not in vars(torch.Tensor)
+    capture_guard.install()
+    assert torch.randn.__wrapped__ is randn and torch.multinomial.__wrapped__ is multinomial
+    assert "normal_" in vars(torch.Tensor)
+    g = torch.Generator().manual_seed(0)
+    x = torch.empty(3).normal_(generator=g)  # still torch's: same numbers as unwrapped
+    assert torch.equal(x, torch.empty(3).normal_(generator=torch.Generator().manual_seed(0)))
+    capture_guard.release()
+    assert torch.randn is randn and torch.multinomial is multinomial
+    assert "normal_" not in vars(torch.Tensor)
+
+
+def test_random_numbers_wait_for_the_capture_in_flight(fake):
+    """On a GPU, a random op launched by another thread during a capture fails (the default
+    generator is the graph's until capture_end); here the waiting itself, on the CPU."""
+    capture_guard.install()
+    before = capture_guard.waits()["waits"]
+    inside, leave, done = threading.Event(), threading.Event(), []
+
+    def capture():
+        with capture_guard.capturing():
+            inside.set()
+            leave.wait(5)
+            done.append("capture ended")
+    cap = _in_thread(capture, "capturer")
+    assert inside.wait(5)
+
+    def sample():
+        torch.multinomial(torch.rand(4), 1)
+        done.append("sampled")
+    user = _in_thread(sample, "sampler")
+    time.sleep(0.2)
+    assert done == []  # held while the capture runs
+    leave.set()
+    cap.join(5)
+    user.join(5)
+    assert done == ["capture ended", "sampled"]
+    assert capture_guard.waits()["waits"] >= before + 1
+
+
+def test_a_failed_capture_hands_the_generator_back():
+    """impls/static.py: capture_begin makes the device's default generator state the graph's; a
+    capture_end that fails raises before handing it back. The state copied before the capture is
+    put back (on stand-ins here; on a GPU, below)."""
+    from dynashape.impls import static
+
+    class Gen:
+        def __init__(self):
+            self.state = "live"
+
+        def clone_state(self):
+            return "copy"
+
+        def graphsafe_set_state(self, s):
+            self.state = s
+    g = Gen()
+    static._rng_restore(torch.device("cuda"), (g, g.clone_state()))
+    assert g.state == "copy"
+    static._rng_restore(torch.device("cuda"), None)  # no snapshot (older torch, no GPU): nothing to do
+    if not torch.cuda.is_available():
+        assert static._rng_snapshot(torch.device("cuda")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures need a GPU")
+def test_random_numbers_work_after_a_capture_that_failed():
+    """A QDQ model whose int16 FakeQuant cannot be captured (the capture is refused, counted, the
+    dynamic path serves): torch.randn on the GPU must still work afterwards."""
+    import numpy as np
+    from onnx import TensorProto as TP
+
+    import dynashape
+    from tests.compile.test_fuse_qdq import _feeds, _model
+    sess = dynashape.InferenceSession(_model(TP.INT16, 100), device="cuda", static_impls="sync")
+    rng = np.random.default_rng(0)
+    for n, k in [(3, 8), (3, 8), (1, 33), (1, 33)]:
+        sess.run(None, _feeds(rng, n, k, 0.05))
+    assert sess.stats()["static_refused"] >= 1  # the capture did fail (else this tests nothing)
+    torch.randn(4, device="cuda")
+    torch.multinomial(torch.rand(4, device="cuda"), 1)
+    torch.cuda.synchronize()
+    del sess  # its refused graphs and pools go now, not in a later test's memory accounting
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -212,31 +212,41 @@ def test_a_failed_build_ahead_is_built_again_in_the_call_and_refused_there(path,
 
 
 def test_synchronising_while_the_thread_captures_is_safe(path, eager, device):
-    """CUDA forbids a device-wide synchronize anywhere in the process during a capture: the
-    caller's torch.cuda.synchronize() after every step and another thread's synchronize /
-    empty_cache in a loop wait for the thread's captures (impls/capture_guard.py); every graph
-    built ahead is taken over, every step still equals eager."""
+    """CUDA forbids a device-wide synchronize anywhere in the process during a capture, and a
+    capture makes the GPU's default generator the graph's: the caller's torch.cuda.synchronize()
+    and a GPU torch.multinomial (sampling) after every step, and another thread's synchronize /
+    empty_cache / randn / multinomial in a loop, wait for the thread's captures
+    (impls/capture_guard.py); every graph built ahead is taken over, every step still equals eager."""
     if not str(device).startswith("cuda"):
         pytest.skip("captures need a GPU (the guard's logic: tests/impls/test_capture_guard.py)")
     stop = threading.Event()
+    errors = []
 
     def hammer():
-        while not stop.is_set():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        try:
+            while not stop.is_set():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.multinomial(torch.rand(8, device=device), 1)
+                torch.randn(16, device=device).normal_()
+        except Exception as e:  # noqa: BLE001  reported by the assertion below
+            errors.append(e)
     other = threading.Thread(target=hammer, daemon=True)
     other.start()
     try:
         sess = _session(path, device, decode_ahead="4")
 
         def sync(i, dpast, past):
+            torch.multinomial(torch.rand(4, device=device), 1)
             torch.cuda.synchronize()
             return dpast, past
         st = _decode(sess, eager, device, 40, tamper=sync)
         assert getattr(torch.cuda.synchronize, "dynashape_capture_guard", False)  # while the session lives
+        assert getattr(torch.multinomial, "dynashape_capture_guard", False)
     finally:
         stop.set()
         other.join(5)
+    assert errors == []
     assert st["decode_graph_ahead_builds"] == 3 and st.get("decode_graph_ahead_failures", 0) == 0
     assert st["decode_graph_bucket_changes"] == 2
 
