@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import Graph, Node, Value
-from .patterns import only_feeds, producer
+from .patterns import add_const, fold_into, only_feeds, producer
 
 
 def _channel_vector(c: Value, conv: Node) -> torch.Tensor | None:
@@ -49,12 +49,7 @@ def fold_conv_add(graph: Graph) -> Graph:
             if vec is None or (b is not None and not b.is_const) or vec.dtype != conv.inputs[1].const.dtype:
                 continue
             bias = vec.clone() if b is None else (b.const.to(torch.float64) + vec.to(torch.float64)).to(vec.dtype)
-            name = f"{add.name}_folded_bias"
-            nv = Value(name, c.elem_type, None, "tensor", bias.contiguous())
-            graph.values[name] = nv
-            conv.inputs = [conv.inputs[0], conv.inputs[1], nv]
-            conv.outputs = [add.outputs[0]]
-            graph.nodes = [n for n in graph.nodes if n is not add]
-            graph.rebuild_users()
+            fold_into(graph, conv, add, [conv.inputs[0], conv.inputs[1],
+                                         add_const(graph, f"{add.name}_folded_bias", c, bias)])
             break
     return graph

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Value
-
-
-def _const(graph: Graph, name: str, like: Value, t: torch.Tensor) -> Value:
-    v = Value(name, like.elem_type, None, "tensor", t.contiguous())
-    graph.values[name] = v
-    return v
+from ..ir import Graph
+from .patterns import add_const, fold_into
 
 
 def fold_conv_bn(graph: Graph) -> Graph:
@@ -41,9 +36,6 @@ def fold_conv_bn(graph: Graph) -> Graph:
         w2 = (wt.to(torch.float64) * s.reshape(-1, *([1] * (wt.dim() - 1)))).to(wt.dtype)
         b0 = b.const.to(torch.float64) if b is not None else torch.zeros_like(mean)
         b2 = ((b0 - mean) * s + bias).to(wt.dtype)
-        conv.inputs = [conv.inputs[0], _const(graph, f"{w.name}_bn_{bn.name}", w, w2),
-                       _const(graph, f"{bn.name}_folded_bias", w, b2)]
-        conv.outputs = [bn.outputs[0]]
-        graph.nodes = [n for n in graph.nodes if n is not bn]
-        graph.rebuild_users()
+        fold_into(graph, conv, bn, [conv.inputs[0], add_const(graph, f"{w.name}_bn_{bn.name}", w, w2),
+                                    add_const(graph, f"{bn.name}_folded_bias", w, b2)])
     return graph

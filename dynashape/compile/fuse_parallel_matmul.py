@@ -13,13 +13,7 @@ import torch
 
 from ..ir import Graph, Node, Value
 from ..ops.registry import lookup
-from .patterns import FUSED_DOMAIN
-
-
-def _const(graph: Graph, name: str, like: Value, t: torch.Tensor) -> Value:
-    v = Value(name, like.elem_type, None, "tensor", t.contiguous())
-    graph.values[name] = v
-    return v
+from .patterns import FUSED_DOMAIN, add_const
 
 
 def _member(n: Node) -> tuple | None:
@@ -55,10 +49,10 @@ def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
     out_axis = 1 if kind == "MatMul" else 0  # MatMul weights are [in, out]; Linear's [out, in]
     ws = [n.inputs[1].const for n in nodes]
     sizes = [w.shape[out_axis] for w in ws]
-    w = _const(graph, f"{first.name}_merged_weight", first.inputs[1], torch.cat(ws, out_axis))
+    w = add_const(graph, f"{first.name}_merged_weight", first.inputs[1], torch.cat(ws, out_axis))
     ins = [x, w]
     if kind == "Linearb":
-        ins.append(_const(graph, f"{first.name}_merged_bias", nodes[0].inputs[2],
+        ins.append(add_const(graph, f"{first.name}_merged_bias", nodes[0].inputs[2],
                           torch.cat([n.inputs[2].const.reshape(-1) for n in nodes])))
     out = Value(f"{first.name}_merged", first.outputs[0].elem_type, None, "tensor")
     graph.values[out.name] = out
@@ -70,11 +64,11 @@ def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
     slice_def = lookup("Slice", "", 13)
     new_nodes = [merged]
     start = 0
-    axes = _const(graph, f"{first.name}_merged_axes", x, torch.tensor([-1], dtype=torch.int64))
+    axes = add_const(graph, f"{first.name}_merged_axes", x, torch.tensor([-1], dtype=torch.int64))
     axes.elem_type = 7
     for n, size in zip(nodes, sizes):
-        starts = _const(graph, f"{n.name}_start", x, torch.tensor([start], dtype=torch.int64))
-        ends = _const(graph, f"{n.name}_end", x, torch.tensor([start + size], dtype=torch.int64))
+        starts = add_const(graph, f"{n.name}_start", x, torch.tensor([start], dtype=torch.int64))
+        ends = add_const(graph, f"{n.name}_end", x, torch.tensor([start + size], dtype=torch.int64))
         starts.elem_type = ends.elem_type = 7
         s = Node("Slice", "", f"{n.name}_part", [out, starts, ends, axes], list(n.outputs), {}, 13)
         s.opdef = slice_def

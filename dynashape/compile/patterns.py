@@ -58,6 +58,21 @@ def const_ints(v: Value | None) -> list[int] | None:
     return [int(x) for x in v.const.reshape(-1).tolist()]
 
 
+def add_const(graph: Graph, name: str, like: Value, t: torch.Tensor) -> Value:
+    """A new constant value of ``like``'s element type, registered in the graph."""
+    v = Value(name, like.elem_type, None, "tensor", t.contiguous())
+    graph.values[name] = v
+    return v
+
+
+def fold_into(graph: Graph, node: Node, folded: Node, inputs: list[Value | None]) -> None:
+    """``node`` (a Conv) takes ``inputs`` and ``folded``'s output; ``folded`` leaves the graph."""
+    node.inputs = list(inputs)
+    node.outputs = [folded.outputs[0]]
+    graph.nodes = [n for n in graph.nodes if n is not folded]
+    graph.rebuild_users()
+
+
 def same_shape(a: Value, b: Value) -> bool:
     """Both shapes known and equal dim by dim (symbols that are provably the same)."""
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
