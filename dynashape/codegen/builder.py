@@ -41,7 +41,7 @@ from ..ir import Node, Value
 from ..ops.conv import conv1d
 from ..ops.tensor import _perm
 from ..shape import expr as E
-from ..shape.symint import NeedsConcrete, SymInt, is_one, same_dim
+from ..shape.symint import NeedsConcrete, SymInt, is_one, same_dim, same_dims
 from .emitters import Emit, emit
 from .regions import Item, Member, Region, partition
 from .step_graph import HELPERS, KVInfo, Refused, StepPlan, step_plan
@@ -422,7 +422,7 @@ class _Builder:
             # parameters are ints of the program (None stands for the shape inputs)
             ins = [sname] + [None] * (len(node.inputs) - 1)
 
-            same = _same_dims(self.t.of(src).dims, info.dims)
+            same = same_dims(self.t.of(src).dims, info.dims)
 
             def lines(name: str) -> list[str]:
                 if node.op_type in _RESHAPES and same:  # the tensor itself: view() would restride its
@@ -851,10 +851,6 @@ class _Builder:
         put("return " + (" and ".join(conds) if conds else "True"))
         out.append("")
         return "\n".join(out) + "\n", line_nodes, groups
-
-
-def _same_dims(a, b) -> bool:
-    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
 
 
 def _tuple(names: list[str]) -> str:

@@ -19,7 +19,7 @@ from ..ir import Node
 from ..ops.shapes import norm_axes
 from ..ops.tensor import _perm, _slice_params
 from ..shape import expr as E
-from ..shape.symint import SymInt, same_dim
+from ..shape.symint import SymInt, same_dims
 
 _FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
@@ -67,8 +67,7 @@ def _targets(e: Emit) -> str:
 
 
 def _reshape(e: Emit) -> list[str] | None:
-    a, b = e.in_dims[0], e.out_dims[0]
-    if a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b)):
+    if same_dims(e.in_dims[0], e.out_dims[0]):
         # the tensor itself: reshape() would restride its size-1 dims (a channels-last tensor of
         # batch 1 then reads as NCHW to the next convolution, which copies it)
         return [f"{e.outs[0]} = {e.ins[0]}"]

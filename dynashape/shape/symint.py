@@ -513,6 +513,11 @@ def same_dim(a, b) -> bool:
     return expr_of(a) == expr_of(b)
 
 
+def same_dims(a, b) -> bool:
+    """Two shapes (None: unknown) of the same rank whose dims are the same expressions."""
+    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
+
+
 def is_one(d) -> bool:
     """``d`` is 1 for every value of the symbols (a literal 1, or a dim a guard has made 1, say
     seq in a decode step), decided without a guard. A symbolic dim is not asked whether it is 1:
