@@ -138,9 +138,9 @@ def _split_pads(begin, end):
     return sym, extra
 
 
-@op("Conv", (1, 11, 22), infer=_conv_infer, writes_out=False)
-def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-          strides=None, out=None):
+def conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad):
+    """(torch's convNd, x padded where the pads are not symmetric, strides, symmetric pads,
+    dilations) for a Conv node's attributes at this input."""
     n, k, s, d, p = _conv_params(x.shape, w.shape, kernel_shape, strides, dilations, pads, "Conv")
     fn = _CONV.get(n)
     if fn is None:
@@ -149,7 +149,14 @@ def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     sym, extra = _split_pads(begin, end)
     if extra is not None:
         x = F.pad(x, extra)
-    return fn(x, w, b, s, sym, d, group)
+    return fn, x, list(s), sym, list(d)
+
+
+@op("Conv", (1, 11, 22), infer=_conv_infer, writes_out=False)
+def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+          strides=None, out=None):
+    fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    return fn(x, w, b, s, p, d, group)
 
 
 # ConvTranspose ------------------------------------------------------------------------------

@@ -25,23 +25,12 @@ import threading
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 
-from .conv import _CONV, _conv_infer, _conv_params, _split_pads, window_pads
+from .conv import _conv_infer, conv_plan
 from .fused import DOMAIN, CannotServe
 from .registry import op
 
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _plan(x, w, kernel_shape, strides, dilations, pads, auto_pad):
-    """(x padded where the pads are not symmetric, strides, symmetric pads, dilations)."""
-    _n, k, s, d, p = _conv_params(x.shape, w.shape, kernel_shape, strides, dilations, pads, "Conv")
-    begin, end = window_pads(list(x.shape[2:]), k, s, d, p, auto_pad)
-    sym, extra = _split_pads(begin, end)
-    if extra is not None:
-        x = F.pad(x, extra)
-    return x, list(s), sym, list(d)
 
 
 _LOCAL = threading.local()
@@ -72,10 +61,10 @@ def _conv_relu_infer(shapes, values, **attrs):
     notes="relu(conv(x, w, b)), cuDNN's fused kernel on CUDA (fuse_conv_relu)")
 def _conv_relu(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
                strides=None, out=None):
-    x, s, p, d = _plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
     if _cudnn(x, w, b):
         return torch.cudnn_convolution_relu(x, w, b, s, p, d, group)
-    return _CONV[x.dim() - 2](x, w, b, s, p, d, group).relu_()
+    return fn(x, w, b, s, p, d, group).relu_()
 
 
 def _conv_add_relu_infer(shapes, values, **attrs):
@@ -90,7 +79,7 @@ def _conv_add_relu_infer(shapes, values, **attrs):
     notes="relu(conv(x, w, b) + z), cuDNN's fused kernel on CUDA (fuse_conv_relu)")
 def _conv_add_relu(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    pads=None, strides=None, out=None):
-    x, s, p, d = _plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
     if _cudnn(x, w, b) and z.dtype == x.dtype:
         return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, s, p, d, group)
-    return _CONV[x.dim() - 2](x, w, b, s, p, d, group).add_(z).relu_()
+    return fn(x, w, b, s, p, d, group).add_(z).relu_()
