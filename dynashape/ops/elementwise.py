@@ -278,26 +278,26 @@ _unary("Relu", lambda x, *, out=None: torch.clamp_min(x, 0, out=out), (6, 13, 14
 _act("Softplus", lambda x, *, out=None: F.softplus(x), (1, 22))
 _act("Softsign", lambda x, *, out=None: F.softsign(x), (1, 22))
 _act("Mish", lambda x, *, out=None: F.mish(x), (18, 22))
-_SIXTH = float(np.float32(1 / 6))  # HardSwish's alpha, and HardSigmoid's in MobileNetV3-style exports
+SIXTH = float(np.float32(1 / 6))  # HardSwish's alpha, and HardSigmoid's in MobileNetV3-style exports
 
 
-def _hardswish(x, *, out=None):
+def hardswish(x, *, out=None):
     """x * clip(x / 6 + 0.5, 0, 1) as one kernel (torch's x * clip(x + 3, 0, 6) / 6, within an ulp):
     PP-LCNet-style models carry dozens, which were four passes over the activation each."""
     return F.hardswish(x) if out is None else torch._C._nn.hardswish(x, out=out)
 
 
-def _hardsigmoid(x, *, alpha=0.2, beta=0.5, out=None):
+def hardsigmoid(x, *, alpha=0.2, beta=0.5, out=None):
     """clip(alpha * x + beta, 0, 1); with alpha = 1/6, beta = 0.5 torch's kernel (clip(x + 3, 0, 6) / 6,
     within an ulp), else one product and two passes in place."""
-    if float(np.float32(alpha)) == _SIXTH and beta == 0.5:
+    if float(np.float32(alpha)) == SIXTH and beta == 0.5:
         return F.hardsigmoid(x) if out is None else torch._C._nn.hardsigmoid(x, out=out)
     y = torch.mul(x, alpha) if out is None else torch.mul(x, alpha, out=out)
     return y.add_(beta).clamp_(0, 1)
 
 
-_unary("HardSwish", _hardswish, (14, 22))
-_unary("HardSigmoid", _hardsigmoid, (6, 22))
+_unary("HardSwish", hardswish, (14, 22))
+_unary("HardSigmoid", hardsigmoid, (6, 22))
 _act("Elu", lambda x, *, alpha=1.0, out=None: F.elu(x, alpha), (6, 22))
 _act("Celu", lambda x, *, alpha=1.0, out=None: F.celu(x, alpha), (12,))
 _act("LeakyRelu", lambda x, *, alpha=0.01, out=None: F.leaky_relu(x, alpha), (6, 16))

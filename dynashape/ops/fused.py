@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
+from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
 
@@ -65,16 +66,14 @@ def _silu(x, *, out=None):
     return torch._C._nn.silu(x, out=out)
 
 
-@op("HardSwish", 1, DOMAIN, infer=same_as_first,
-    notes="x * clip(x + 3, 0, 6) / 6 written out (fuse_activations); the ONNX HardSwish's kernel")
-def _hardswish(x, *, out=None):
-    return F.hardswish(x) if out is None else torch._C._nn.hardswish(x, out=out)
+op("HardSwish", 1, DOMAIN, infer=same_as_first,
+   notes="x * clip(x + 3, 0, 6) / 6 written out (fuse_activations); the ONNX HardSwish's kernel")(hardswish)
 
 
 @op("HardSigmoid", 1, DOMAIN, infer=same_as_first,
     notes="clip(x + 3, 0, 6) / 6 written out (fuse_activations)")
-def _hardsigmoid(x, *, out=None):
-    return F.hardsigmoid(x) if out is None else torch._C._nn.hardsigmoid(x, out=out)
+def _hardsigmoid_sixth(x, *, out=None):
+    return hardsigmoid(x, alpha=SIXTH, beta=0.5, out=out)  # the ONNX HardSigmoid's kernel at 1/6, 0.5
 
 
 # ---- linear --------------------------------------------------------------------------------------
