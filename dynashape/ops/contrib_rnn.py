@@ -105,21 +105,27 @@ def _qparams(lo: list[float], hi: list[float]) -> tuple[list[float], list[int]]:
     return scales, zps
 
 
+def _dir_qparams(v: torch.Tensor) -> tuple[list[float], list[int]]:
+    """DynamicQuantizeLinear's scale and zero point of each direction of a non-empty v (D, ...)."""
+    d = v.shape[0]
+    if d == 1:
+        lo, hi = torch.aminmax(v)
+        return _qparams([lo.item()], [hi.item()])
+    lo, hi = torch.aminmax(v.reshape(d, -1), dim=1)
+    return _qparams(lo.tolist(), hi.tolist())
+
+
 def _quantize(v: torch.Tensor) -> tuple[torch.Tensor, list[float], list[int]]:
     """v (D, ...) quantized per direction as DynamicQuantizeLinear: (q - zp as float32, the
     scales, the zero points)."""
     d = v.shape[0]
-    flat = v.reshape(d, -1)
-    if flat.shape[1] == 0:
+    if v.reshape(d, -1).shape[1] == 0:
         return v.to(torch.float32), [1.0] * d, [0] * d
+    scales, zps = _dir_qparams(v)
     if d == 1:
-        lo, hi = torch.aminmax(flat)
-        scales, zps = _qparams([lo.item()], [hi.item()])
         # CUDA divides by a host scalar as a multiplication by its reciprocal: a device tensor there
         div = scales[0] if v.device.type == "cpu" else torch.full((), scales[0], device=v.device)
         return torch.div(v, div).round_().clamp_(-zps[0], 255 - zps[0]), scales, zps
-    lo, hi = torch.aminmax(flat, dim=1)
-    scales, zps = _qparams(lo.tolist(), hi.tolist())
     if v.device.type == "cpu":
         q = torch.empty_like(v, dtype=torch.float32)
         for i in range(d):  # per direction with host scalars: cheaper than making small tensors
@@ -182,12 +188,7 @@ class _Recurrent:
 
     def __call__(self, h_in: torch.Tensor, proj_s: torch.Tensor, g: torch.Tensor) -> None:
         nd, t, rq = self.nd, self.t, self.rq
-        if nd == 1:
-            lo, hi = torch.aminmax(h_in)
-            scales, zps = _qparams([lo.item()], [hi.item()])
-        else:
-            lo, hi = torch.aminmax(h_in.reshape(nd, -1), dim=1)
-            scales, zps = _qparams(lo.tolist(), hi.tolist())
+        scales, zps = _dir_qparams(h_in)
         for i in range(nd):
             torch.div(h_in[i], scales[i], out=t[i])
         t.round_()
