@@ -11,6 +11,14 @@ Models, each built from a config with seeded random weights and exported here wi
 Runtimes, in one process: PyTorch eager (no_grad; TF32 off, as dynashape's fp32), dynashape
 with static impls off (the dynamic path), dynashape with its default (``static_impls="auto"``:
 async CUDA graphs on CUDA, off on CPU) and with ``"sync"`` (built in the call that asks).
+Peers (``--peers``, BERT and ResNet-50): ``torch.compile`` of the same module, as a user would
+write it (default mode with ``dynamic=True``, and ``mode="reduce-overhead"``: inductor with CUDA
+graphs per shape), its compile time in the first pass's column; onnx2torch (the other "ONNX on
+torch" project), which converts an ONNX file to a torch.fx module: it supports opsets up to 17
+and no ``Reshape(allowzero=1)``, so it gets the same module exported by the TorchScript exporter
+at opset 17 (a model it cannot convert is reported with the converter's error).
+``--precision torch-default`` leaves torch's own defaults (cuDNN convolutions in TF32, matrix
+products in fp32) for every runtime instead of strict fp32.
 Each runtime runs the whole sequence ``--repeats`` times, the runtimes interleaved pass by pass
 (decode: round by round); a shape's steady time is the median of its calls from the third pass
 on (a static impl is built when a key comes back: the second pass builds, the third replays);
@@ -40,6 +48,7 @@ from benchmarks.common import sync as _sync  # noqa: E402
 BERT_SHAPES = [(1, 16), (4, 64), (2, 128), (8, 32), (1, 128), (16, 64)]
 RESNET_BATCHES = [1, 8, 3, 16, 1]
 MODES = {"dynashape dynamic": "off", "dynashape static (auto)": "auto", "dynashape static (sync)": "sync"}
+PEERS = ("compile", "compile-ro", "onnx2torch")
 
 
 
@@ -90,6 +99,18 @@ def export(model, args, names, dynamic, path) -> None:
                           output_names=["out"], external_data=False)
 
 
+def export_legacy(model, args, names, axes, path) -> str | None:
+    """The TorchScript exporter at opset 17, for onnx2torch (None if this torch has none)."""
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=17, input_names=names,
+                              output_names=["out"], dynamic_axes=axes)
+        return path
+    except Exception as e:  # noqa: BLE001
+        print("TorchScript export failed:", e)
+        return None
+
+
 # ---- a sequence of shapes ------------------------------------------------------------------------
 def run_sequence(call, feeds_list, repeats, dev):
     """Seconds per call, per position of the sequence, per pass; and the last outputs."""
@@ -103,7 +124,35 @@ def run_sequence(call, feeds_list, repeats, dev):
     return times, outs
 
 
-def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
+def peer_calls(eager, legacy_path, peers, dev, data_errors) -> dict:
+    """The peers' callables: torch.compile of the same module, onnx2torch of its ONNX export.
+    A peer that cannot run the model is left out and its error recorded."""
+    calls = {}
+
+    def no_grad(fn):
+        def call(feeds):
+            with torch.no_grad():
+                return fn(*feeds)
+        return call
+    if "compile" in peers:
+        calls["torch.compile (dynamic)"] = no_grad(torch.compile(eager, dynamic=True))
+    if "compile-ro" in peers:
+        # its outputs live in CUDA-graph memory that the next replay overwrites: cloned, as
+        # torch's documentation tells a caller who keeps them (dynashape hands out copies too)
+        ro = torch.compile(eager, mode="reduce-overhead")
+        calls["torch.compile (reduce-overhead)"] = no_grad(lambda *a: ro(*a).clone())
+    if "onnx2torch" in peers and legacy_path is not None:
+        try:
+            import onnx
+            import onnx2torch
+            calls["onnx2torch"] = no_grad(onnx2torch.convert(onnx.load(legacy_path)).to(dev).eval())
+        except Exception as e:  # noqa: BLE001  reported, not hidden
+            data_errors["onnx2torch"] = f"{type(e).__name__}: {e}"[:300]
+            print("onnx2torch cannot run this model:", data_errors["onnx2torch"])
+    return calls
+
+
+def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data, peers=(), legacy_path=None):
     """Every runtime's passes over the sequence, interleaved pass by pass (the machines are
     shared and noisy: noise then hits all runtimes alike)."""
     calls, sessions = {}, {}
@@ -112,6 +161,8 @@ def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
         with torch.no_grad():
             return eager(*feeds)
     calls["PyTorch eager"] = eager_call
+    errors: dict[str, str] = {}
+    calls.update(peer_calls(eager, legacy_path, peers, dev, errors))
     for label, mode in MODES.items():
         if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
             continue  # auto is off here: the dynamic row says it
@@ -133,7 +184,7 @@ def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
     for label in calls:
         steady = [statistics.median(t[2:]) for t in times[label]]
         results[label] = {"steady_ms": [x * 1e3 for x in steady], "first_ms": [t[0] * 1e3 for t in times[label]],
-                          "sequence_ms": sum(steady) * 1e3}
+                          "sequence_ms": sum(steady) * 1e3, "first_pass_s": sum(t[0] for t in times[label])}
         if label in sessions:
             results[label]["stats"] = _static_stats(sessions[label])
             print(label, results[label]["stats"])
@@ -141,7 +192,8 @@ def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
     _gone()
     ref = outs_by["PyTorch eager"]
     for label in results:
-        results[label]["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in zip(outs_by[label], ref))
+        out = [o[0] if isinstance(o, (tuple, list)) else o for o in outs_by[label]]
+        results[label]["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in zip(out, ref))
     dyn = results["dynashape dynamic"]["steady_ms"]
     # first call at a new shape: each shape's first occurrence after the session's first call
     new = [i for i, lab in enumerate(labels) if i and lab not in labels[:i]]
@@ -150,20 +202,28 @@ def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data):
         r["first_over_steady_dynamic"] = {labels[i]: r["first_ms"][i] / dyn[i] for i in new}
         rows.append([name, label, r["sequence_ms"], results["PyTorch eager"]["sequence_ms"] / r["sequence_ms"],
                      max(r["first_over_steady_dynamic"].values()) if label != "PyTorch eager" and new else "",
-                     r["max_abs_diff_vs_eager"]])
+                     r["first_pass_s"], r["max_abs_diff_vs_eager"]])
+    for label, err in errors.items():
+        rows.append([name, label, "cannot convert", "", "", "", err[:60]])
     per_shape = [[lab] + [f"{x:.2f}" for x in r["steady_ms"]] for lab, r in results.items()]
-    data[name] = {"shapes": labels, "results": results}
+    data[name] = {"shapes": labels, "results": results, "errors": errors}
     print_table(f"{name}: steady ms per call at each shape", ["runtime", *labels], per_shape)
     return rows
 
 
-def bench_bert(dev, repeats, layers, shapes, data):
+def bench_bert(dev, repeats, layers, shapes, data, peers=()):
     model = bert_model(layers).to(dev)
-    path = os.path.join(tempfile.mkdtemp(), "bert.onnx")
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "bert.onnx")
     b, s = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=512)
     args = (torch.randint(0, 30522, (2, 7)), torch.ones(2, 7, dtype=torch.int64))
     export(model.cpu(), args, ["input_ids", "attention_mask"], {"input_ids": {0: b, 1: s},
                                                                 "attention_mask": {0: b, 1: s}}, path)
+    legacy = None
+    if "onnx2torch" in peers:
+        legacy = export_legacy(model, args, ["input_ids", "attention_mask"],
+                               {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+                               os.path.join(tmp, "bert_opset17.onnx"))
     model.to(dev)
     g = torch.Generator().manual_seed(1)
     feeds = []
@@ -173,17 +233,22 @@ def bench_bert(dev, repeats, layers, shapes, data):
         mask[:, ss - ss // 4:] = torch.randint(0, 2, (bb, ss // 4), generator=g)  # some padding
         feeds.append((ids.to(dev), mask.to(dev)))
     return shapes_table(f"BERT-base ({layers} layers)", model, path, feeds, [f"{a}x{b}" for a, b in shapes],
-                        repeats, dev, data)
+                        repeats, dev, data, peers, legacy)
 
 
-def bench_resnet(dev, repeats, batches, data):
+def bench_resnet(dev, repeats, batches, data, peers=()):
     model = resnet_model()
-    path = os.path.join(tempfile.mkdtemp(), "resnet50.onnx")
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "resnet50.onnx")
     export(model, (torch.randn(2, 3, 224, 224),), ["x"], {"x": {0: torch.export.Dim("batch", min=1, max=64)}}, path)
+    legacy = None
+    if "onnx2torch" in peers:
+        legacy = export_legacy(model, (torch.randn(2, 3, 224, 224),), ["x"], {"x": {0: "batch"}},
+                               os.path.join(tmp, "resnet50_opset17.onnx"))
     model.to(dev)
     g = torch.Generator().manual_seed(2)
     feeds = [(torch.randn(b, 3, 224, 224, generator=g).to(dev),) for b in batches]
-    return shapes_table("ResNet-50", model, path, feeds, [str(b) for b in batches], repeats, dev, data)
+    return shapes_table("ResNet-50", model, path, feeds, [str(b) for b in batches], repeats, dev, data, peers, legacy)
 
 
 # ---- greedy decode ---------------------------------------------------------------------------------
@@ -236,7 +301,7 @@ def bench_decode(dev, steps, batches, data, layers):
         for label, r in res.items():
             same = float((r["tokens"] == ref["tokens"]).float().mean())
             rows.append([f"decode batch {batch}", label, r["tokens_per_s"], r["tokens_per_s"] / ref["tokens_per_s"],
-                         "", f"tokens equal to eager: {same:.3f}"])
+                         "", "", f"tokens equal to eager: {same:.3f}"])
             data["decode"][f"{label} batch {batch}"] = {"tokens_per_s": r["tokens_per_s"], "same_tokens": same,
                                                         "stats": r.get("stats", {})}
     return rows
@@ -254,26 +319,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peers", default=None,
+                    help=f"comma-separated, of {','.join(PEERS)} (default: all on CUDA, none on CPU; 'none')")
+    ap.add_argument("--precision", choices=["fp32", "torch-default"], default="fp32",
+                    help="fp32: TF32 off everywhere; torch-default: torch's defaults (cuDNN convolutions in TF32)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False  # eager in fp32, as dynashape runs it
+    if args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False  # eager in fp32, as dynashape runs it
     dev = torch.device(args.device)
+    peers = (args.peers or (",".join(PEERS) if dev.type == "cuda" else "none")).split(",")
     data = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d"), "precision": args.precision, "peers": peers,
+            "tf32": {"cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32}}
     rows = []
     if "bert" in args.models:
         shapes = (BERT_SHAPES if not args.bert_shapes
                   else [tuple(map(int, x.split("x"))) for x in args.bert_shapes.split(",")])
-        rows += bench_bert(dev, args.repeats, args.bert_layers, shapes, data)
+        rows += bench_bert(dev, args.repeats, args.bert_layers, shapes, data, peers)
     if "resnet" in args.models:
         batches = RESNET_BATCHES if not args.resnet_batches else [int(x) for x in args.resnet_batches.split(",")]
-        rows += bench_resnet(dev, args.repeats, batches, data)
+        rows += bench_resnet(dev, args.repeats, batches, data, peers)
     if "decode" in args.models:
         rows += bench_decode(dev, args.steps, args.batch, data, args.decode_layers)
-    print_table(f"static impls, {data['device']}", ["model", "runtime", "sequence ms / tokens/s", "x eager",
-                                                    "first call / steady dynamic (max)", "max |diff| vs eager"], rows)
+    print_table(f"static impls, {data['device']}, {args.precision}",
+                ["model", "runtime", "sequence ms / tokens/s", "x eager", "first call / steady dynamic (max)",
+                 "first pass s", "max |diff| vs eager"], rows)
     write_json(args.json, data)
 
 

@@ -23,8 +23,9 @@ import threading
 
 import torch
 
+from ..ops import tuned_gemm
 from ..ops.conv_act import fused_epilogues
-from . import capture_guard
+from . import capture_guard, tuning
 
 
 class CannotCapture(RuntimeError):
@@ -70,9 +71,11 @@ class CudaGraphImpl:
     kind = "cuda_graph"
 
     def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 device: torch.device, warm: bool = True) -> None:
+                 device: torch.device, warm: bool = True, tune: bool = True) -> None:
         """``warm=False``: no real run before the capture (the caller knows every kernel of the
         region has run before, at other shapes); the call that built it then replays it.
+        ``tune``: the region's matrix products take the kernels timed fastest for their shapes
+        (``ops/tuned_gemm.py``; only with the real run, which times them before the capture).
         The capture holds the process's device-wide synchronisations meanwhile (CUDA forbids
         them; capture_guard.py), and begins once those in flight are done."""
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
@@ -100,7 +103,8 @@ class CudaGraphImpl:
         torch.backends.cudnn.benchmark = True
         try:
             # cuDNN's fused convolution epilogues too, where the real run builds their plans first
-            with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()):
+            with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()), \
+                    (tuned_gemm.specialised(tuning.fastest) if warm and tune else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
                 # this call's results, and the warm-up of the capture

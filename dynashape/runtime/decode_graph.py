@@ -442,8 +442,11 @@ class DecodeGraphs:
         if self.device.type != "cuda":
             return _EagerStep(self.step.fn, symvals, tuple(ins))
         refresh = [False] * (1 + len(b.storages)) + [n in self.plan.inputs for n in self.plan.live_in]
+        # the step's products keep cuBLAS: its matrix-vector kernels read the weights at the
+        # bandwidth limit already, and every bucket's graph then computes the same numbers
         return CudaGraphImpl(self.step.fn, symvals, tuple(ins), refresh,
-                             [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device, warm=warm)
+                             [True] * sum(1 for k, _ in self.plan.results if k == "out"), self.device, warm=warm,
+                             tune=False)
 
     def _on_thread(self, build) -> Future:
         """``build()`` on the session's capture thread, under this thread's device and current
