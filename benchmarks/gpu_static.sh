@@ -23,6 +23,11 @@ case "${1:-bench}" in
     T=240 run python benchmarks/linear_forms.py --json "$OUT/linear_forms.json"
     T=300 run python benchmarks/static_impls.py --device cuda --models bert --peers none --repeats 5 \
       --json "$OUT/static_impls_bert_tuned.json" ;;
+  cudnn-limit)  # ResNet-50's static impls with cuDNN timing 10 (torch's default) or all of its algorithms
+    for lim in 10 0; do
+      DYNASHAPE_CUDNN_BENCHMARK_LIMIT=$lim T=240 run python benchmarks/static_impls.py --device cuda --models resnet \
+        --peers none --repeats 5 --json "$OUT/resnet_cudnn_limit_$lim.json"
+    done ;;
   conv)  # the Conv + Relu fusion: its tests, then ResNet-50 with the pass on and off
     DYNASHAPE_TEST_DEVICE=cuda T=300 run python -m pytest -q -p no:warnings tests/compile/test_fuse_conv_relu.py tests/impls
     for run_on in a1 b0 c1; do

@@ -145,11 +145,31 @@ def peer_calls(eager, legacy_path, peers, dev, data_errors) -> dict:
         try:
             import onnx
             import onnx2torch
-            calls["onnx2torch"] = no_grad(onnx2torch.convert(onnx.load(legacy_path)).to(dev).eval())
+            calls["onnx2torch"] = no_grad(onnx2torch.convert(_identities_as_initializers(onnx.load(legacy_path)))
+                                          .to(dev).eval())
         except Exception as e:  # noqa: BLE001  reported, not hidden
             data_errors["onnx2torch"] = f"{type(e).__name__}: {e}"[:300]
             print("onnx2torch cannot run this model:", data_errors["onnx2torch"])
     return calls
+
+
+def _identities_as_initializers(model):
+    """The TorchScript exporter shares equal weights through Identity nodes (BatchNorm folded into
+    a convolution with default statistics gives every such conv the same bias); onnx2torch wants
+    a Conv's weight and bias as initializers: each Identity of an initializer becomes a copy of it."""
+    inits = {i.name: i for i in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits:
+            copy = type(inits[node.input[0]])()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return model
 
 
 def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data, peers=(), legacy_path=None):

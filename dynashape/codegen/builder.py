@@ -40,6 +40,7 @@ from ..compile.shape_program import Trace
 from ..ir import Node, Value
 from ..ops.conv import conv1d
 from ..ops.tensor import _perm
+from ..ops.tuned_conv import conv2d_op
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt, is_one, same_dim, same_dims
 from .emitters import Emit, emit
@@ -141,7 +142,8 @@ class _Builder:
         self.device = device
         self.plan = plan_memory(trace, inplace)
         self.names = _Names()
-        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, "_conv1d": conv1d, **HELPERS}
+        self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, "_conv1d": conv1d,
+                         "_conv2d": conv2d_op, **HELPERS}
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)

@@ -212,7 +212,9 @@ def _conv(e: Emit) -> list[str] | None:
     strides = tuple(a.get("strides") or [1] * n)
     dilations = tuple(a.get("dilations") or [1] * n)
     bias = e.ins[2] if len(e.ins) > 2 and e.ins[2] is not None else "None"
-    fn = "_conv1d" if n == 1 else f"torch.conv{n}d"  # ops/conv.py: tiny batched 1-D ones as a product on CPU
+    # ops/conv.py: tiny batched 1-D ones as a product on CPU; ops/tuned_conv.py: 2-D ones on CUDA take
+    # the form a static impl's build timed fastest (torch's conv2d elsewhere)
+    fn = "_conv1d" if n == 1 else "_conv2d" if n == 2 and not e.on_cpu else f"torch.conv{n}d"
     return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}, {bias}, {strides!r}, {tuple(pads[:n])!r}, "
             f"{dilations!r}, {a.get('group', 1)})"]
 

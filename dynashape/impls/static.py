@@ -18,14 +18,19 @@ same kernels as the dynamic path.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 
 import torch
 
-from ..ops import tuned_gemm
+from ..ops import specialise
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
+
+# how many of cuDNN's algorithms a static build times per convolution (torch's default: 10;
+# 0: all of them)
+CUDNN_BENCHMARK_LIMIT = int(os.environ.get("DYNASHAPE_CUDNN_BENCHMARK_LIMIT", "10"))
 
 
 class CannotCapture(RuntimeError):
@@ -74,8 +79,8 @@ class CudaGraphImpl:
                  device: torch.device, warm: bool = True, tune: bool = True) -> None:
         """``warm=False``: no real run before the capture (the caller knows every kernel of the
         region has run before, at other shapes); the call that built it then replays it.
-        ``tune``: the region's matrix products take the kernels timed fastest for their shapes
-        (``ops/tuned_gemm.py``; only with the real run, which times them before the capture).
+        ``tune``: the region's products and convolutions take the forms timed fastest for their
+        shapes (``ops/specialise.py``; only with the real run, which times them before the capture).
         The capture holds the process's device-wide synchronisations meanwhile (CUDA forbids
         them; capture_guard.py), and begins once those in flight are done."""
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
@@ -99,12 +104,13 @@ class CudaGraphImpl:
         graph = torch.cuda.CUDAGraph()
         # a static impl is for one shape: cuDNN may time its algorithms for it (the real run
         # does, the capture then finds them in cuDNN's cache: same shapes, strides, buffers)
-        benchmark = torch.backends.cudnn.benchmark
+        benchmark, limit = torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
         torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
         try:
             # cuDNN's fused convolution epilogues too, where the real run builds their plans first
             with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()), \
-                    (tuned_gemm.specialised(tuning.fastest) if warm and tune else contextlib.nullcontext()):
+                    (specialise.specialised(tuning.fastest) if warm and tune else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
                 # this call's results, and the warm-up of the capture
@@ -125,7 +131,7 @@ class CudaGraphImpl:
                         caller.wait_stream(side)
                         raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
         finally:
-            torch.backends.cudnn.benchmark = benchmark
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = benchmark, limit
         caller.wait_stream(side)
         first = _handed(first, caller)
         if not all(isinstance(o, torch.Tensor) for o in outs):

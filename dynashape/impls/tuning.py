@@ -1,13 +1,13 @@
-"""Timing the forms of a product for a static impl (``ops/tuned_gemm.py`` asks at a key's first sight).
+"""Timing the forms of an op for a static impl (``ops/specialise.py`` asks at a key's first sight).
 
-Each form runs once (cuBLAS sets up its handle and picks its kernel), then ``REPS`` runs of it,
+Each form runs once (cuBLAS / cuDNN set up handles and pick their kernels), then ``REPS`` runs of it,
 each after a write over a buffer twice the GPU's L2 cache, are captured into a CUDA graph and
 replayed: the replay measures the kernels without Python's launch cost (a static impl replays
 them without it too), and with the operands cold, as in a model whose weights are read once per
 call (a product timed in a loop would find its weight in L2 after the first run). The flush
 alone is timed the same way and taken off. The fastest form wins; one that fails is skipped.
-Nothing is tuned inside another capture: there the product takes its first form for that call
-and its key stays untuned.
+Nothing is tuned inside another capture: there the op takes its first form (its own call) and
+its key stays untuned.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..ops import tuned_gemm
+from ..ops import specialise
 from . import capture_guard
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ def fastest(key: tuple, runs: list) -> int | None:
     t0 = time.perf_counter()
     times = timings(runs)
     best = min(range(len(runs)), key=times.__getitem__)
-    tuned_gemm.STATS["tuned"] += 1
-    tuned_gemm.STATS["tune_s"] += time.perf_counter() - t0
+    specialise.STATS["tuned"] += 1
+    specialise.STATS["tune_s"] += time.perf_counter() - t0
     log.info("tuned %s: %.1f us (first form %.1f us)", key[:4], times[best], times[0])
     return best if times[best] < float("inf") else 0
 
@@ -92,7 +92,7 @@ def _timings(runs: list) -> list[float]:
     times = []
     for i, run in enumerate(runs):
         try:
-            run()  # cuBLAS sets up its handle and workspace outside the capture
+            run()  # cuBLAS / cuDNN set up handles, workspaces and algorithms outside the capture
             times.append(max((_replay_us(_graph(reps(run))) - base) / REPS, 0.0))
         except Exception as e:  # noqa: BLE001  a form that cannot run here is not a candidate
             log.debug("candidate %d failed: %s", i, e)

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
+from . import tuned_conv
 from .conv import _conv_infer, conv_plan
 from .fused import DOMAIN, CannotServe
 from .registry import op
@@ -62,9 +63,14 @@ def _conv_relu_infer(shapes, values, **attrs):
 def _conv_relu(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
                strides=None, out=None):
     fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
-    if _cudnn(x, w, b):
-        return torch.cudnn_convolution_relu(x, w, b, s, p, d, group)
-    return fn(x, w, b, s, p, d, group).relu_()
+
+    def own():
+        if _cudnn(x, w, b):
+            return torch.cudnn_convolution_relu(x, w, b, s, p, d, group)
+        return fn(x, w, b, s, p, d, group).relu_()
+    if tuned_conv.serves(x, w, group, d):  # a static impl's build: the form timed fastest for the shape
+        return tuned_conv.conv2d(x, w, b, s, p, d, group, relu=True, cudnn=own)
+    return own()
 
 
 def _conv_add_relu_infer(shapes, values, **attrs):
@@ -80,6 +86,11 @@ def _conv_add_relu_infer(shapes, values, **attrs):
 def _conv_add_relu(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    pads=None, strides=None, out=None):
     fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
-    if _cudnn(x, w, b) and z.dtype == x.dtype:
-        return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, s, p, d, group)
-    return fn(x, w, b, s, p, d, group).add_(z).relu_()
+
+    def own():
+        if _cudnn(x, w, b) and z.dtype == x.dtype:
+            return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, s, p, d, group)
+        return fn(x, w, b, s, p, d, group).add_(z).relu_()
+    if tuned_conv.serves(x, w, group, d) and z.dtype == x.dtype:
+        return tuned_conv.conv2d(x, w, b, s, p, d, group, relu=True, z=z, cudnn=own)
+    return own()

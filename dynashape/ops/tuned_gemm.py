@@ -1,19 +1,12 @@
-"""Shape-specialised matrix products: how a static impl calls cuBLAS for ``Linear`` and ``MatMulAdd``.
-
-The dynamic path serves every shape with one call per product (``F.linear`` / ``addmm``). A
-static impl is built for one shape, so it can afford to measure: while a CUDA static impl is
-built (``impls/static.py`` enters ``specialised(tuner)``), the first product of a new (rows, out,
-in, dtype, epilogue, layout) is timed in each of a few forms and the fastest is kept for that
-key (process-wide, as cuDNN's benchmark mode keeps its algorithms), then captured into the graph.
+"""The forms of a matrix product a static impl times (``specialise.py``): ``Linear``, ``MatMulAdd``, ``Gemm``.
 
 Why the forms differ: a product with a bias vector goes to cuBLASLt's bias epilogue, whose fp32
 kernels are far slower than the plain product's on Hopper. Measured on an H200, BERT-base's
 products in CUDA graphs, operands cold, TF32 off (``benchmarks/linear_forms.py``): 3072 -> 768
-at 16 rows 84.5 us with the bias epilogue, 21.9 as the product and then the bias added; 768 ->
-2304 at 64 rows 28.0 against 17.4; 3072 -> 768 at 1024 rows 173 against 117; at other shapes
-the epilogue wins (768 -> 3072 at 1024 rows: 129 against 138). The forms compute the same
-values: the product is rounded to the dtype once, then the bias (or residual) is added, in
-either form.
+at 16 rows 82.7 us with the bias epilogue, 21.9 as the product and then the bias added; 768 ->
+2304 at 64 rows 27.8 against 17.4; 3072 -> 768 at 1024 rows 174 against 116; at other shapes
+the epilogue wins (768 -> 3072 at 1024 rows: 128 against 137). The forms compute the same
+values: the product is rounded to the dtype once, then the bias (or residual) is added.
 
 Forms, with ``y = x @ W (+ bias) (+ residual)``, W ``[out, in]`` as Linear keeps it or ``[in, out]``:
 - ``epilogue``: one cuBLAS call, the bias (or the residual, as addmm's C) added in its epilogue;
@@ -24,47 +17,12 @@ Forms, with ``y = x @ W (+ bias) (+ residual)``, W ``[out, in]`` as Linear keeps
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from contextlib import contextmanager
-
 import torch
+
+from .specialise import active, choose
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FORMS = ("epilogue", "then_add", "c_bias")
-
-_LOCAL = threading.local()
-_LOCK = threading.Lock()
-_CHOICES: dict[tuple, str] = {}
-STATS: Counter = Counter()  # process-wide: tuned, tune_s, and how often each form was chosen
-
-
-@contextmanager
-def specialised(tuner):
-    """Inside (this thread): products take the form ``tuner(key, runs)`` chose for their key,
-    timing it at its first sight. ``tuner`` returns the index of the fastest run, or None when
-    nothing can be timed (then the first form serves, the key left untuned)."""
-    prev = getattr(_LOCAL, "tuner", None)
-    _LOCAL.tuner = tuner
-    try:
-        yield
-    finally:
-        _LOCAL.tuner = prev
-
-
-def active() -> bool:
-    return getattr(_LOCAL, "tuner", None) is not None
-
-
-def choices() -> dict:
-    """The form kept per key (a copy), for stats and tests."""
-    with _LOCK:
-        return dict(_CHOICES)
-
-
-def forget() -> None:
-    with _LOCK:
-        _CHOICES.clear()
 
 
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -87,24 +45,12 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, bias=None, residu
     when ``w_out_in`` (Linear's layout), else ``[K, N]``; ``residual`` is ``[M, N]``; ``out``
     (optional) a ``[M, N]`` tensor to write."""
     cands = forms(bias, residual)
-    if len(cands) == 1:
-        return _run(cands[0], x2, w, w_out_in, bias, residual, out)
     m, k = x2.shape
     n = w.shape[0] if w_out_in else w.shape[1]
-    key = (m, n, k, x2.dtype, bias is not None, residual is not None, w_out_in, x2.stride(), w.stride(),
+    key = ("gemm", m, n, k, x2.dtype, bias is not None, residual is not None, w_out_in, x2.stride(), w.stride(),
            torch.backends.cuda.matmul.allow_tf32, x2.device.index)
-    with _LOCK:
-        choice = _CHOICES.get(key)
-    if choice is None:
-        runs = [(lambda f=f: _run(f, x2, w, w_out_in, bias, residual, None)) for f in cands]
-        best = _LOCAL.tuner(key, runs)
-        if best is None:  # nothing can be timed now (inside a capture): one call, the key left untuned
-            return _run(cands[0], x2, w, w_out_in, bias, residual, out)
-        choice = cands[best]
-        with _LOCK:
-            _CHOICES[key] = choice
-        STATS[f"chose_{choice}"] += 1
-    return _run(choice, x2, w, w_out_in, bias, residual, out)
+    form = choose(key, cands, lambda f: _run(f, x2, w, w_out_in, bias, residual, None))
+    return _run(form, x2, w, w_out_in, bias, residual, out)
 
 
 def _run(form: str, x2, w, w_out_in, bias, residual, out):

@@ -1,0 +1,70 @@
+"""Kernels a static impl chooses by timing them: the forms an op can be computed in, one kept per key.
+
+The dynamic path serves every shape with one way of calling an op. A static impl is built for
+one shape, so it can afford to measure: while a CUDA static impl is built, ``impls/static.py``
+enters ``specialised(tuner)``; an op with several forms (``tuned_gemm.py``: products,
+``tuned_conv.py``: convolutions) asks ``choose`` for the form of its key (the op, its shapes,
+dtype, epilogue, layout), and at the key's first sight the tuner times every form and the
+fastest is kept (process-wide, as cuDNN's benchmark mode keeps its algorithms). The graph then
+captures that form. Every form computes the same values within the dtype's rounding.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
+
+_LOCAL = threading.local()
+_LOCK = threading.Lock()
+_CHOICES: dict[tuple, str] = {}
+STATS: Counter = Counter()  # process-wide: tuned, tune_s, chose_<op>_<form>
+
+
+@contextmanager
+def specialised(tuner):
+    """Inside (this thread): ops with several forms take the one ``tuner(key, runs)`` chose for
+    their key, timing them at the key's first sight. ``tuner`` returns the index of the fastest
+    run, or None when nothing can be timed (then the op's first form serves, the key untuned)."""
+    prev = getattr(_LOCAL, "tuner", None)
+    _LOCAL.tuner = tuner
+    try:
+        yield
+    finally:
+        _LOCAL.tuner = prev
+
+
+def active() -> bool:
+    return getattr(_LOCAL, "tuner", None) is not None
+
+
+def choices() -> dict:
+    """The form kept per key (a copy), for stats and tests."""
+    with _LOCK:
+        return dict(_CHOICES)
+
+
+def forget() -> None:
+    with _LOCK:
+        _CHOICES.clear()
+
+
+def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> str:
+    """The form kept for ``key`` (its first element names the op); at its first sight the
+    tuner times ``run(form)`` for each form. ``forms[0]`` (the op's own call) where nothing
+    can be timed now; the key then stays untuned."""
+    if len(forms) == 1:
+        return forms[0]
+    with _LOCK:
+        choice = _CHOICES.get(key)
+    if choice is not None:
+        return choice
+    best = _LOCAL.tuner(key, [(lambda f=f: run(f)) for f in forms])
+    if best is None:  # inside a capture: nothing can be timed
+        return forms[0]
+    choice = forms[best]
+    with _LOCK:
+        _CHOICES[key] = choice
+    STATS[f"chose_{key[0]}_{choice}"] += 1
+    return choice

@@ -1,0 +1,113 @@
+"""The forms of a 2-D convolution a static impl times (``specialise.py``): cuDNN, or matrix products.
+
+cuDNN's fp32 kernels (TF32 off) tile a convolution over its output, so one of a ResNet's late
+layers at a small batch runs on a handful of thread blocks over a long reduction. The same
+convolution as a cuBLAS product splits that reduction. Measured on an H200 over ResNet-50's 19
+distinct convolutions in CUDA graphs, operands cold (``benchmarks/conv_forms.py``): at batch 1,
+512 -> 512 3x3 at 7x7 162 us in cuDNN (benchmark mode) against 25.8 as a product over its
+unfolded windows, 2048 -> 512 1x1 at 7x7 74.4 against 10.2; the 19 together 880 us against 296
+taking the faster of each; at batch 16 the products win on the 1x1 convolutions by 6-38% and
+cuDNN keeps the 3x3 ones. So a static impl times the forms per shape and keeps the fastest.
+
+Forms, for ``y = relu?(conv(x, w) + bias (+ z))`` over an NCHW input, groups 1, dilation 1:
+- ``cudnn``: the op's own call (cuDNN, its fused epilogue where the op has one);
+- ``gemm`` (1x1 kernels without padding): ``W [out, in]`` times each image's ``[in, H*W]``
+  (strided inputs sampled first);
+- ``unfold``: ``W [out, in*kh*kw]`` times each image's unfolded windows ``[in*kh*kw, L]``;
+- ``gemm_merged`` / ``unfold_merged`` (batch > 1): the images side by side as one product
+  ``[.., B*L]`` (one large product instead of B small ones), the result put back in NCHW.
+The product is rounded to the dtype, then the bias, the residual and the ReLU are applied,
+as the op's unfused epilogue does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .specialise import active, choose
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_UNFOLD = 64 << 20  # bytes of unfolded windows a form may allocate
+
+
+def serves(x: torch.Tensor, w: torch.Tensor, groups: int, dilation) -> bool:
+    """Whether a convolution takes a timed form: inside a static impl's build, on CUDA, 2-D,
+    one group, no dilation, an NCHW input."""
+    return (active() and x.is_cuda and x.dim() == 4 and w.dim() == 4 and groups == 1
+            and all(d == 1 for d in dilation) and x.dtype in DTYPES and w.dtype == x.dtype
+            and x.is_contiguous())
+
+
+def forms(x: torch.Tensor, w: torch.Tensor, stride, padding) -> tuple[str, ...]:
+    b, c, kh, kw = x.shape[0], x.shape[1], w.shape[2], w.shape[3]
+    out: list[str] = ["cudnn"]
+    if kh == kw == 1 and not any(padding):
+        out.append("gemm")
+        if b > 1:
+            out.append("gemm_merged")
+        return tuple(out)
+    ho = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
+    wo = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+    if b * c * kh * kw * ho * wo * x.element_size() <= MAX_UNFOLD:
+        out.append("unfold")
+        if b > 1:
+            out.append("unfold_merged")
+    return tuple(out)
+
+
+def conv2d_op(x, w, b, stride, padding, dilation, groups):
+    """torch's conv2d; inside a static impl's build, the form timed fastest (the generated code's
+    line for a CUDA Conv)."""
+    if serves(x, w, groups, dilation):
+        return conv2d(x, w, b, stride, padding, dilation, groups)
+    return torch.conv2d(x, w, b, stride, padding, dilation, groups)
+
+
+def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=None, cudnn=None):
+    """The convolution (then ``+ z``, then ReLU) in the form timed fastest for its key;
+    ``cudnn()`` is the op's own call (torch's conv2d when not given)."""
+    stride, padding = tuple(stride), tuple(padding)
+    if cudnn is None:
+        def cudnn():
+            return _epilogue(torch.conv2d(x, w, b, stride, padding, dilation, groups), None, z, relu)
+    fs = forms(x, w, stride, padding)
+    key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
+           torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
+    form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn))
+    return _run(form, x, w, b, stride, padding, relu, z, cudnn)
+
+
+def _epilogue(y, b, z, relu):
+    if b is not None:
+        y.add_(b.view(1, -1, 1, 1))
+    if z is not None:
+        y.add_(z)
+    return y.relu_() if relu else y
+
+
+def _run(form, x, w, b, stride, padding, relu, z, cudnn):
+    if form == "cudnn":
+        return cudnn()
+    n, cout = x.shape[0], w.shape[0]
+    if form.startswith("gemm"):
+        xs = x if stride == (1, 1) else x[:, :, ::stride[0], ::stride[1]]
+        ho, wo = xs.shape[2], xs.shape[3]
+        cols = xs.reshape(n, xs.shape[1], ho * wo)  # a copy only when strided
+    else:
+        kh, kw = w.shape[2], w.shape[3]
+        ho = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
+        wo = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+        cols = F.unfold(x, (kh, kw), padding=padding, stride=stride)  # [n, in*kh*kw, L]
+    w2 = w.reshape(cout, -1)
+    if form.endswith("_merged"):  # the images side by side: [K, n*L], one product, back to NCHW
+        y2 = torch.mm(w2, cols.transpose(0, 1).reshape(cols.shape[1], n * ho * wo))
+        y = torch.empty(n, cout, ho, wo, dtype=x.dtype, device=x.device)
+        moved = y2.view(cout, n, ho, wo).permute(1, 0, 2, 3)
+        if b is not None:
+            torch.add(moved, b.view(1, -1, 1, 1), out=y)  # put back and biased in one pass
+        else:
+            y.copy_(moved)
+        return _epilogue(y, None, z, relu)
+    y = torch.mm(w2, cols[0]).view(1, cout, ho, wo) if n == 1 else torch.matmul(w2, cols).view(n, cout, ho, wo)
+    return _epilogue(y, b, z, relu)

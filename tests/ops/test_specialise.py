@@ -1,0 +1,225 @@
+"""The forms a static impl may compute an op in (ops/specialise.py, tuned_gemm.py, tuned_conv.py)
+and the choice between them.
+
+On CPU (CI): every form computes what the op computes (products: bias, residual, both, none,
+both weight layouts, into a given output; convolutions: 1x1 and 3x3, strides, padding, bias,
+residual, ReLU, one image and several), the tuner is asked once per key and its choice kept, a
+tuner that cannot time (inside a capture) leaves the key untuned. On the device
+(DYNASHAPE_TEST_DEVICE=cuda): a static impl's build times the forms of its products and
+convolutions, the choices are recorded, and the static impl's results equal the dynamic path's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape.ops import specialise
+from dynashape.ops import tuned_conv as tc
+from dynashape.ops import tuned_gemm as tg
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choices():
+    specialise.forget()
+    yield
+    specialise.forget()
+
+
+def _reference(x, w, out_in, bias, residual):
+    y = x.double() @ (w.double().t() if out_in else w.double())
+    if bias is not None:
+        y = y + bias.double()
+    if residual is not None:
+        y = y + residual.double()
+    return y
+
+
+@pytest.mark.parametrize("out_in,bias,residual,into", list(itertools.product([True, False], repeat=4)))
+def test_every_form_computes_the_product(out_in, bias, residual, into):
+    g = torch.Generator().manual_seed(7)
+    m, n, k = 5, 12, 9
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) if out_in else torch.randn(k, n, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    r = torch.randn(m, n, generator=g) if residual else None
+    ref = _reference(x, w, out_in, b, r)
+    for form in tg.forms(b, r):
+        out = torch.full((m, n), float("nan")) if into else None
+        y = tg._run(form, x, w, out_in, b, r, out)
+        if into:
+            assert y.data_ptr() == out.data_ptr(), form
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5, msg=form)
+
+
+def test_forms_offered_per_epilogue():
+    b, r = torch.zeros(3), torch.zeros(2, 3)
+    assert tg.forms(None, None) == ("epilogue",)
+    assert tg.forms(None, r) == ("epilogue", "then_add")
+    assert tg.forms(b, None) == tg.FORMS and tg.forms(b, r) == tg.FORMS
+
+
+def test_the_tuner_is_asked_once_per_key_and_its_choice_kept():
+    asked = []
+
+    def tuner(key, runs):
+        asked.append(key)
+        for run in runs:  # every form runs as the real tuner runs it
+            run()
+        return tg.FORMS.index("c_bias")
+    x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
+    with specialise.specialised(tuner):
+        assert specialise.active()
+        y1 = tg.product(x, w, True, b)
+        y2 = tg.product(torch.randn(4, 6), w, True, b)  # same key: no second timing
+        tg.product(torch.randn(2, 6), w, True, b)  # other rows: another key
+    assert not specialise.active()
+    assert len(asked) == 2 and asked[0][:4] == ("gemm", 4, 3, 6) and asked[1][:4] == ("gemm", 2, 3, 6)
+    assert set(specialise.choices().values()) == {"c_bias"}
+    torch.testing.assert_close(y1, x @ w.t() + b)
+    assert y2.shape == (4, 3)
+
+
+def test_a_tuner_that_cannot_time_leaves_the_key_untuned():
+    x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
+    with specialise.specialised(lambda key, runs: None):
+        y = tg.product(x, w, True, b)
+    assert specialise.choices() == {}
+    torch.testing.assert_close(y, x @ w.t() + b)
+
+
+def test_a_plain_product_is_not_timed():
+    def tuner(key, runs):
+        raise AssertionError("a product without an epilogue has one form")
+    with specialise.specialised(tuner):
+        x, w = torch.randn(4, 6), torch.randn(6, 3)
+        torch.testing.assert_close(tg.product(x, w, False), x @ w)
+
+
+def test_ops_outside_a_build_or_on_cpu_keep_their_own_call():
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    xc, wc = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    assert not tg.serves(x, w) and not tc.serves(xc, wc, 1, (1, 1))  # no build
+    with specialise.specialised(lambda key, runs: 0):
+        assert not tg.serves(x, w) and not tc.serves(xc, wc, 1, (1, 1))  # CPU tensors: the ops' own call
+
+
+CONVS = [  # (batch, in, out, kernel, stride, padding, size)
+    (1, 6, 5, 1, 1, 0, 7), (3, 6, 5, 1, 1, 0, 7), (2, 6, 5, 1, 2, 0, 8), (1, 4, 6, 3, 1, 1, 9),
+    (3, 4, 6, 3, 2, 1, 9), (2, 3, 4, 3, 1, 0, 6), (2, 5, 3, 5, 2, 2, 11),
+]
+
+
+@pytest.mark.parametrize("case", CONVS)
+@pytest.mark.parametrize("bias,relu,residual", [(True, False, False), (False, True, False), (True, True, True)])
+def test_every_conv_form_computes_the_convolution(case, bias, relu, residual):
+    n, cin, cout, k, st, pad, size = case
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n, cin, size, size, generator=g)
+    w = torch.randn(cout, cin, k, k, generator=g)
+    b = torch.randn(cout, generator=g) if bias else None
+    ref = F.conv2d(x.double(), w.double(), b.double() if bias else None, st, pad)
+    z = torch.randn(ref.shape, generator=g) if residual else None
+    if residual:
+        ref = ref + z.double()
+    if relu:
+        ref = ref.relu()
+    fs = tc.forms(x, w, (st, st), (pad, pad))
+    assert fs[0] == "cudnn" and len(fs) >= 2
+    assert ("gemm" in fs) == (k == 1 and pad == 0) and (any(f.endswith("_merged") for f in fs)) == (n > 1)
+    for form in fs:
+        y = tc._run(form, x, w, b, (st, st), (pad, pad), relu, z.clone() if z is not None else None,
+                    lambda: tc._epilogue(F.conv2d(x, w, b, st, pad), None, z.clone() if z is not None else None, relu))
+        assert y.shape == ref.shape and y.is_contiguous(), form
+        torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4, msg=form)
+
+
+def test_a_conv_without_a_build_is_torchs():
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    torch.testing.assert_close(tc.conv2d_op(x, w, b, (1, 1), (1, 1), (1, 1), 1), F.conv2d(x, w, b, 1, 1))
+
+
+# ---- on the device ------------------------------------------------------------------------------
+def _transformer_block() -> onnx.ModelProto:
+    """Linear with bias (MatMul + Add), a GELU-ish tanh, a second Linear and a residual Add, and
+    an ONNX Gemm with a bias: the products of a BERT layer at a small size."""
+    rng = np.random.default_rng(3)
+
+    def init(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) / 4).astype(np.float32), name)
+    inits = [init("W1", 32, 96), init("b1", 96), init("W2", 96, 32), init("b2", 32), init("W3", 10, 32),
+             init("b3", 10)]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Tanh", ["hb"], ["t"]), helper.make_node("MatMul", ["t", "W2"], ["z"]),
+             helper.make_node("Add", ["z", "b2"], ["zb"]), helper.make_node("Add", ["zb", "x"], ["y"]),
+             helper.make_node("Reshape", ["y", "flat"], ["y2"]),
+             helper.make_node("Gemm", ["y2", "W3", "b3"], ["g"], transB=1)]
+    flat = onnx.numpy_helper.from_array(np.array([-1, 32], dtype=np.int64), "flat")
+    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "S", 32])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", "S", 32]),
+                           helper.make_tensor_value_info("g", TP.FLOAT, [None, 10])],
+                          initializer=inits + [flat])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_static_impls_time_their_products_and_agree_with_the_dynamic_path(device):
+    if not device.startswith("cuda"):
+        pytest.skip("the forms are timed in CUDA graphs: DYNASHAPE_TEST_DEVICE=cuda")
+    model = _transformer_block()
+    tuned = dynashape.InferenceSession(model, device=device, static_impls="sync")
+    dynamic = dynashape.InferenceSession(model, device=device, static_impls="off")
+    shapes = [(1, 16), (4, 64), (1, 16), (4, 64), (1, 16)]
+    for i, (n, s) in enumerate(shapes):
+        x = torch.randn(n, s, 32, device=device, generator=torch.Generator(device=device).manual_seed(i))
+        a, b = tuned.run(None, {"x": x}), dynamic.run(None, {"x": x})
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
+    assert tuned.stats()["static_builds"] >= 2 and tuned.stats()["static_hits"] >= 1
+    keys = specialise.choices()
+    rows = {k[1] for k in keys if k[0] == "gemm"}
+    assert {16, 256} <= rows, keys  # each shape's products were timed in its build
+    assert all(v in tg.FORMS for v in keys.values())
+    assert specialise.STATS["tuned"] >= len(keys)
+
+
+def _conv_block() -> onnx.ModelProto:
+    """Conv -> Relu, a 1x1 Conv -> Add(residual) -> Relu, a strided 3x3 Conv: a ResNet block."""
+    rng = np.random.default_rng(5)
+
+    def init(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) / 4).astype(np.float32), name)
+    inits = [init("W1", 16, 16, 3, 3), init("b1", 16), init("W2", 16, 16, 1, 1), init("b2", 16),
+             init("W3", 8, 16, 3, 3)]
+    nodes = [helper.make_node("Conv", ["x", "W1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2", "b2"], ["c2"]),
+             helper.make_node("Add", ["c2", "x"], ["a"]), helper.make_node("Relu", ["a"], ["r2"]),
+             helper.make_node("Conv", ["r2", "W3"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 16, 14, 14])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 8, 7, 7])], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(device):
+    if not device.startswith("cuda"):
+        pytest.skip("the forms are timed in CUDA graphs: DYNASHAPE_TEST_DEVICE=cuda")
+    model = _conv_block()
+    tuned = dynashape.InferenceSession(model, device=device, static_impls="sync")
+    dynamic = dynashape.InferenceSession(model, device=device, static_impls="off")
+    for i, n in enumerate([1, 3, 1, 3, 1]):
+        x = torch.randn(n, 16, 14, 14, device=device, generator=torch.Generator(device=device).manual_seed(i))
+        torch.testing.assert_close(tuned.run(None, {"x": x})[0], dynamic.run(None, {"x": x})[0], rtol=1e-4,
+                                   atol=1e-4)
+    assert tuned.stats()["static_builds"] >= 2 and tuned.stats()["static_hits"] >= 1
+    convs = {k: v for k, v in specialise.choices().items() if k[0] == "conv"}
+    assert {k[1][0] for k in convs} == {1, 3}, convs  # every batch's convolutions were timed
+    assert len(convs) >= 6 and all(v in ("cudnn", "gemm", "gemm_merged", "unfold", "unfold_merged")
+                                   for v in convs.values())
