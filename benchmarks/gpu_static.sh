@@ -10,7 +10,7 @@ case "${1:-bench}" in
     T=300 run python benchmarks/static_impls.py --device cuda --bert-layers 2 --bert-shapes 1x16,4x64,2x32 \
       --resnet-batches 1,4 --decode-layers 2 --steps 16 --batch 1 --repeats 4 --json "$OUT/smoke.json" ;;
   tests)
-    DYNASHAPE_TEST_DEVICE=cuda T=580 run python -m pytest -q -p no:warnings tests/impls tests/test_models.py \
+    DYNASHAPE_TEST_DEVICE=cuda T=580 run python -m pytest -q -p no:warnings tests/impls tests/ops/test_specialise.py tests/test_models.py \
       tests/memory tests/compile tests/test_runtime.py tests/test_errors.py ;;
   profile)
     T=200 run python benchmarks/profile_static.py --device cuda --shape 4x64

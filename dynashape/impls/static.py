@@ -31,6 +31,9 @@ from . import capture_guard, tuning
 # how many of cuDNN's algorithms a static build times per convolution (torch's default: 10;
 # 0: all of them)
 CUDNN_BENCHMARK_LIMIT = int(os.environ.get("DYNASHAPE_CUDNN_BENCHMARK_LIMIT", "10"))
+# builds time the forms of their products and convolutions (ops/specialise.py); 0: the ops' own
+# calls only (for A/B measurements)
+TIMED_FORMS = os.environ.get("DYNASHAPE_STATIC_FORMS", "1") != "0"
 
 
 class CannotCapture(RuntimeError):
@@ -109,13 +112,14 @@ class CudaGraphImpl:
         torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
         try:
             # cuDNN's fused convolution epilogues too, where the real run builds their plans first
+            timed = warm and tune and TIMED_FORMS
             with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()), \
-                    (specialise.specialised(tuning.fastest) if warm and tune else contextlib.nullcontext()):
+                    (specialise.specialised(tuning.fastest) if timed else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
                 # this call's results, and the warm-up of the capture
                 first = fn(*symvals, *args) if warm else ()
-                with capture_guard.capturing():
+                with capture_guard.capturing(), _graph_owns_blas_workspace():
                     rng = _rng_snapshot(device)
                     graph.capture_begin(capture_error_mode="thread_local")
                     try:
@@ -179,6 +183,25 @@ def _handed(first, caller) -> tuple:
         if isinstance(t, torch.Tensor):
             t.record_stream(caller)
     return tuple(first)
+
+
+@contextlib.contextmanager
+def _graph_owns_blas_workspace():
+    """Around a capture: cuBLAS's workspaces forgotten before and after it, so that the
+    captured products get a workspace from the graph's own memory, which lives with the graph.
+    Without this they use the workspace cuBLAS keeps per stream in torch's ordinary memory, and
+    whoever clears those workspaces (torch.compile's CUDA graphs do, before and after each
+    recording) frees memory the graph still writes at every replay: measured on an H200, a
+    ResNet-50 session beside torch.compile(mode="reduce-overhead") then failed in a later cuDNN
+    convolution (CUDNN_STATUS_EXECUTION_FAILED) once its static impls had products in them."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()
 
 
 def _abandon(graph, device: torch.device, rng) -> None:

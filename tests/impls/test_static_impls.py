@@ -214,3 +214,41 @@ def test_refusals_are_logged_with_verbose(device, monkeypatch, capsys):
     err = capsys.readouterr().out
     assert "cannot be captured; the dynamic impl serves it: a kernel synchronises with the host" in err
     assert list(sess.compiled.refusals)[-1].endswith("a kernel synchronises with the host")
+
+
+def _big_linear(k: int = 3072, n: int = 768) -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal((k, n)) / 50).astype(np.float32), "W"),
+             onnx.numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"]),
+             helper.make_node("Relu", ["y"], ["r"]), helper.make_node("Mul", ["r", "r"], ["r2"]),
+             helper.make_node("Sigmoid", ["r2"], ["s"])]  # the output's own line bounds the region
+    g = helper.make_graph(nodes, "lin", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", k])],
+                          [helper.make_tensor_value_info("s", TP.FLOAT, ["N", n])], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_graphs_keep_their_blas_workspace_when_cublas_forgets_its_own(device):
+    """torch.compile's CUDA graphs clear cuBLAS's workspaces before and after each recording; a
+    static impl whose products used the workspace cuBLAS kept for the capture stream would then
+    write into freed memory at every replay (found beside torch.compile(mode="reduce-overhead"):
+    a later cuDNN convolution failed). Canaries allocated after the clear must survive replays."""
+    if not device.startswith("cuda"):
+        pytest.skip("cuBLAS workspaces: DYNASHAPE_TEST_DEVICE=cuda")
+    from dynashape.impls import static as static_mod
+    sess = dynashape.InferenceSession(_big_linear(), device=device, static_impls="sync")
+    x = torch.randn(16, 3072, device=device)
+    ref = dynashape.InferenceSession(_big_linear(), device=device, static_impls="off").run(None, {"x": x})[0]
+    for _ in range(3):  # dynamic, build, replay
+        out = sess.run(None, {"x": x})[0]
+    assert sess.stats()["static_hits"] >= 1
+    torch._C._cuda_clearCublasWorkspaces()
+    side = static_mod._capture_stream(torch.device(device))
+    with torch.cuda.stream(side):  # freed workspace blocks go back to the stream that allocated them
+        canaries = [torch.full((1 << 20,), 7.0, device=device) for _ in range(48)]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        out = sess.run(None, {"x": x})[0]
+    torch.cuda.synchronize()
+    assert all(bool((c == 7.0).all()) for c in canaries)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
