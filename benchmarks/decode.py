@@ -51,13 +51,14 @@ def _loop(step, past0, ids, steps: int, dev: torch.device) -> list[float]:
     return times
 
 
-def dynashape_step(path: str, cfg: dict, dev: torch.device):
-    sess = dynashape.InferenceSession(path, device=str(dev))
+def dynashape_step(path: str, cfg: dict, dev: torch.device, static: str | None = None):
+    sess = dynashape.InferenceSession(path, device=str(dev), **({"static_impls": static} if static else {}))
     names = llama.input_names(cfg)
 
     def step(ids, past):
         out = sess.run(None, dict(zip(names, [ids, *past])))
         return out[0], out[1:]
+    step.session = sess
     return step
 
 
@@ -84,6 +85,11 @@ def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev) -> dict[st
             t = _loop(step, past, ids, steps, dev)
             if r:
                 times[name] += t
+        if r == 0:  # steady state: static impls built in the background during the warm-up are done
+            for step in steps_by_name.values():
+                sess = getattr(step, "session", None)
+                if sess is not None and sess.compiled.context is not None:
+                    sess.compiled.context.wait(600)
     return times
 
 
@@ -119,6 +125,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
     ap.add_argument("--compile", action="store_true", help="also torch.compile(dynamic=True) of the module")
+    ap.add_argument("--static", nargs="*", default=[],
+                    help="also dynashape with these static_impls modes (on CPU: regions compiled by inductor), "
+                         "timed after the warm-up round's background builds are done")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -129,6 +138,8 @@ def main() -> None:
                       "torch": torch.__version__, "threads": args.threads, "config": args.config, "results": {}}
     for batch in args.batch:
         steps_by_name = {"dynashape": dynashape_step(path, cfg, dev), "PyTorch eager": eager_step(cfg, dev)}
+        for mode in args.static:
+            steps_by_name[f"dynashape static_impls={mode}"] = dynashape_step(path, cfg, dev, mode)
         if args.compile:
             steps_by_name["torch.compile"] = eager_step(cfg, dev, compiled=True)
         times = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)

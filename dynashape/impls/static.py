@@ -18,6 +18,7 @@ same kernels as the dynamic path.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -27,6 +28,8 @@ import torch
 from ..ops import specialise
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
+
+log = logging.getLogger(__name__)
 
 # how many of cuDNN's algorithms a static build times per convolution (torch's default: 10;
 # 0: all of them)
@@ -48,6 +51,7 @@ class CannotCapture(RuntimeError):
 
 class SpecializedImpl:
     kind = "specialized"
+    fallback: str | None = None  # why an inductor impl was wanted and could not be built
 
     def __init__(self, body: list[str], params: list[str], live_out: list[str], symvals: dict[str, int],
                  ns: dict, filename: str) -> None:
@@ -65,6 +69,80 @@ class SpecializedImpl:
 
     def __call__(self, ins: tuple):
         return self.fn(*ins)
+
+
+# Measured on this project's 2-core CPU (docs/benchmarks.md): a compiled region's call costs
+# ~10-20 us of wrapper before its kernels, a torch op on the dynamic path 1.5-3 us; regions of the
+# tiny decoder (14 and 11 lines, 10-30 fusable ops) ran 2.1-2.5x faster compiled, regions of
+# 2-4 ops (small LSTM models) slower. Below this many fusable ops the region keeps the
+# specialised Python source.
+MIN_FUSABLE = 8
+_FREE = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "slice", "select",
+         "as_strided", "unsqueeze", "squeeze", "alias", "detach", "split", "split_with_sizes", "unbind",
+         "narrow", "empty", "empty_strided", "clone", "copy_", "_to_copy", "lift_fresh_copy"}
+_EXTERN = {"mm", "bmm", "addmm", "matmul", "convolution", "_convolution", "baddbmm", "linear",
+           "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+           "scaled_dot_product_attention", "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer",
+           "index_select", "embedding", "index", "gather", "scatter", "sort", "topk", "cat"}
+
+
+class TooLittleToFuse(RuntimeError):
+    """A region an inductor impl would not speed up: the specialised source serves it."""
+
+
+def fusable_ops(gm) -> int:
+    """The ops of a traced region that inductor fuses into loops: element-wise and reductions
+    (not views, copies, nor the library calls it keeps: products, convolutions, RNNs, gathers)."""
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", str(node.target))
+        if name not in _FREE and name not in _EXTERN:
+            n += 1
+    return n
+
+
+class InductorImpl:
+    """CPU: the region's lines for one key traced to aten ops (``make_fx`` over fake tensors:
+    metadata only, so a background build never reads or writes the arena the calls use) and
+    compiled by inductor into C++ kernels (element-wise chains fused into one loop, matrix
+    products and convolutions calling the libraries torch calls). The live-ins' sizes, strides and
+    aliasing (arena views of one block) are those of the key's arena plan, part of the key; the
+    compiled code asserts the sizes and strides, and a call whose non-tensor live-ins differ from
+    the build's takes the dynamic path. Writes into arena buffers stay writes into them."""
+
+    kind = "inductor"
+
+    def __init__(self, fn, symvals: tuple, ins: tuple) -> None:
+        import torch._inductor  # noqa: F401  (the compiler; imported at the first CPU build)
+        from torch.fx.experimental.proxy_tensor import make_fx
+        self.tensor_pos = [i for i, x in enumerate(ins) if isinstance(x, torch.Tensor)]
+        self.consts = {i: x for i, x in enumerate(ins) if not isinstance(x, torch.Tensor)}
+        n = len(ins)
+
+        def region(*tensors):
+            args = [None] * n
+            for i, t in zip(self.tensor_pos, tensors):
+                args[i] = t
+            for i, c in self.consts.items():
+                args[i] = c
+            return tuple(fn(*symvals, *args))
+        tensors = [ins[i] for i in self.tensor_pos]
+        # the weights are constants of the generated code: real tensors, kept as graph constants
+        gm = make_fx(region, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
+        fusable = fusable_ops(gm)
+        if fusable < MIN_FUSABLE:
+            raise TooLittleToFuse(f"{fusable} element-wise or reduction ops (an inductor region pays off from "
+                                  f"{MIN_FUSABLE})")
+        self.fn = torch._inductor.compile(gm, tensors)
+        self.nbytes = 0
+
+    def __call__(self, ins: tuple):
+        for i, c in self.consts.items():
+            if ins[i] is not c and ins[i] != c:
+                return None  # a value the build took as a constant: the dynamic path serves
+        return tuple(self.fn(*[ins[i] for i in self.tensor_pos]))
 
 
 class CudaGraphImpl:
@@ -247,4 +325,24 @@ def build_static(device: torch.device, fn, body: list[str], params: list[str], l
     the live-ins ``ins`` of the call that asked."""
     if device.type == "cuda":
         return CudaGraphImpl(fn, symvals, ins, refresh, results, device)
-    return SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)
+    why = None
+    if cpu_kind() == "inductor":
+        try:
+            return InductorImpl(fn, symvals, ins)
+        except TooLittleToFuse:
+            pass
+        except Exception as e:  # noqa: BLE001  no compiler here, an op inductor refuses: counted, logged
+            why = f"{type(e).__name__}: {e}"
+            log.info("inductor could not compile a region (%s); its specialised source serves", why[:300])
+    impl = SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)
+    impl.fallback = why
+    return impl
+
+
+def cpu_kind() -> str:
+    """What a static impl is on CPU: ``"inductor"`` (the region compiled to C++ by inductor) or
+    ``"specialized"`` (its source with the key as literals). DYNASHAPE_CPU_STATIC chooses."""
+    kind = os.environ.get("DYNASHAPE_CPU_STATIC", "inductor").lower()
+    if kind not in ("inductor", "specialized"):
+        raise ValueError(f"DYNASHAPE_CPU_STATIC={kind!r}: expected 'inductor' or 'specialized'")
+    return kind

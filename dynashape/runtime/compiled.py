@@ -31,6 +31,7 @@ from ..compile.shape_program import trace
 from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static, capture_guard
 from ..impls.cache import capacity_from
+from ..impls.static import cpu_kind
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
@@ -293,7 +294,10 @@ class SpecState:
         def build():
             return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
                                 reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>")
-        model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
+        # inline: CUDA captures (see impls/context.py), and inductor builds: FX tracing keeps
+        # module-level state, and a build on the worker broke a torch.compile running meanwhile in
+        # the application's thread (measured: "CURRENT_PATCHER is None" in torch.fx)
+        model.context.submit(k, build, self._built, inline=model.device.type == "cuda" or cpu_kind() == "inductor")
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)
@@ -328,6 +332,11 @@ class SpecState:
             log.info(msg)
             return
         stats["static_builds"] += 1
+        stats[f"static_builds_{result.kind}"] += 1  # cuda_graph, inductor or specialized
+        if getattr(result, "fallback", None):  # inductor wanted, and it could not compile the region
+            stats["static_inductor_fallbacks"] += 1
+            self.runner.model.refusals.append(f"region {r} for {key}: inductor failed, specialised source: "
+                                              f"{result.fallback[:200]}")
         stats["static_build_time_s"] += seconds
         stats["static_bytes"] += result.nbytes
         if token == self.token:  # else the plan moved while it was built: its addresses are gone
