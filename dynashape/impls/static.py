@@ -10,9 +10,13 @@ copied out of the graph's memory, so a caller keeping an output never sees the n
 A region whose kernels talk to the host (``.item()``, a synchronising kernel) cannot be
 captured: ``CannotCapture``, and that signature keeps the dynamic path (counted).
 
-``SpecializedImpl`` (any device; the static impl on CPU): the region's source with the key
-symbols written as literals, compiled again, so Python folds the shape arithmetic; it runs the
-same kernels as the dynamic path.
+``InductorImpl`` (CPU): the region traced to aten ops and compiled by inductor into C++ loops,
+where it has enough element-wise work to fuse (``MIN_FUSABLE``); built in the calling thread.
+
+``SpecializedImpl`` (any device; the CPU static impl of a region with little to fuse, or with
+``DYNASHAPE_CPU_STATIC=specialized``): the region's source with the key symbols written as
+literals, compiled again, so Python folds the shape arithmetic; it runs the same kernels as the
+dynamic path.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ once per signature, off the call path by default, and its CUDA graph replays the
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 import torch
 
@@ -30,6 +29,7 @@ from . import tuned_conv
 from .conv import _conv_infer, conv_plan
 from .fused import DOMAIN, CannotServe
 from .registry import op
+from .specialise import thread_setting
 
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,15 +37,9 @@ _CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOCAL = threading.local()
 
 
-@contextmanager
 def fused_epilogues():
     """Inside (this thread): ConvRelu / ConvAddRelu take cuDNN's fused kernels where they can."""
-    prev = getattr(_LOCAL, "on", False)
-    _LOCAL.on = True
-    try:
-        yield
-    finally:
-        _LOCAL.on = prev
+    return thread_setting(_LOCAL, "on", True)
 
 
 def _cudnn(x, w, b) -> bool:

@@ -23,16 +23,21 @@ STATS: Counter = Counter()  # process-wide: tuned, tune_s, chose_<op>_<form>
 
 
 @contextmanager
+def thread_setting(local: threading.local, name: str, value):
+    """``local.<name> = value`` for this thread inside, the previous value (or None) after."""
+    prev = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, prev)
+
+
 def specialised(tuner):
     """Inside (this thread): ops with several forms take the one ``tuner(key, runs)`` chose for
     their key, timing them at the key's first sight. ``tuner`` returns the index of the fastest
     run, or None when nothing can be timed (then the op's first form serves, the key untuned)."""
-    prev = getattr(_LOCAL, "tuner", None)
-    _LOCAL.tuner = tuner
-    try:
-        yield
-    finally:
-        _LOCAL.tuner = prev
+    return thread_setting(_LOCAL, "tuner", tuner)
 
 
 def active() -> bool:

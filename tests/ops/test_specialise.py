@@ -170,12 +170,16 @@ def _transformer_block() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_static_impls_time_their_products_and_agree_with_the_dynamic_path(device):
+def _sessions(model, device):
+    """A session whose static impls time their forms, and one on the dynamic path only."""
     if not device.startswith("cuda"):
         pytest.skip("the forms are timed in CUDA graphs: DYNASHAPE_TEST_DEVICE=cuda")
-    model = _transformer_block()
-    tuned = dynashape.InferenceSession(model, device=device, static_impls="sync")
-    dynamic = dynashape.InferenceSession(model, device=device, static_impls="off")
+    return (dynashape.InferenceSession(model, device=device, static_impls="sync"),
+            dynashape.InferenceSession(model, device=device, static_impls="off"))
+
+
+def test_static_impls_time_their_products_and_agree_with_the_dynamic_path(device):
+    tuned, dynamic = _sessions(_transformer_block(), device)
     shapes = [(1, 16), (4, 64), (1, 16), (4, 64), (1, 16)]
     for i, (n, s) in enumerate(shapes):
         x = torch.randn(n, s, 32, device=device, generator=torch.Generator(device=device).manual_seed(i))
@@ -209,11 +213,7 @@ def _conv_block() -> onnx.ModelProto:
 
 
 def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(device):
-    if not device.startswith("cuda"):
-        pytest.skip("the forms are timed in CUDA graphs: DYNASHAPE_TEST_DEVICE=cuda")
-    model = _conv_block()
-    tuned = dynashape.InferenceSession(model, device=device, static_impls="sync")
-    dynamic = dynashape.InferenceSession(model, device=device, static_impls="off")
+    tuned, dynamic = _sessions(_conv_block(), device)
     for i, n in enumerate([1, 3, 1, 3, 1]):
         x = torch.randn(n, 16, 14, 14, device=device, generator=torch.Generator(device=device).manual_seed(i))
         torch.testing.assert_close(tuned.run(None, {"x": x})[0], dynamic.run(None, {"x": x})[0], rtol=1e-4,
