@@ -34,8 +34,9 @@ class Options:
     malloc_tuning: bool = _opt(True, "CPU: tune glibc malloc thresholds so large buffers are not returned to "
                                      "the OS between runs.")
     extra_outputs: Any = _opt(None, "value names (or 'all') made outputs too, after the model's own (debugging).")
-    static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, off on CPU), 'async', 'sync' "
-                                     "or 'off'.", "DYNASHAPE_STATIC_IMPLS")
+    static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, their products and convolutions "
+                                     "in the forms timed fastest; off on CPU), 'async', 'sync' (on CPU: regions "
+                                     "compiled by inductor, DYNASHAPE_CPU_STATIC) or 'off'.", "DYNASHAPE_STATIC_IMPLS")
     impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
     decode_graphs: Any = _opt("auto", "whole decode steps (KV appends + attention over KV storages of a "
                                       "bucketed capacity) as one static impl, replayed every step: 'auto' (with "

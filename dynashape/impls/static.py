@@ -29,18 +29,29 @@ import threading
 
 import torch
 
+from ..errors import OptionsError
 from ..ops import specialise
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
 
 log = logging.getLogger(__name__)
 
-# how many of cuDNN's algorithms a static build times per convolution (torch's default: 10;
-# 0: all of them)
-CUDNN_BENCHMARK_LIMIT = int(os.environ.get("DYNASHAPE_CUDNN_BENCHMARK_LIMIT", "10"))
-# builds time the forms of their products and convolutions (ops/specialise.py); 0: the ops' own
-# calls only (for A/B measurements)
-TIMED_FORMS = os.environ.get("DYNASHAPE_STATIC_FORMS", "1") != "0"
+def cudnn_benchmark_limit() -> int:
+    """How many of cuDNN's algorithms a static build times per convolution:
+    DYNASHAPE_CUDNN_BENCHMARK_LIMIT, torch's default 10, 0 for all of them (measured: no gain)."""
+    text = os.environ.get("DYNASHAPE_CUDNN_BENCHMARK_LIMIT", "10")
+    if not text.isdigit():
+        raise OptionsError(f"DYNASHAPE_CUDNN_BENCHMARK_LIMIT={text!r}: expected a count of algorithms (0: all)")
+    return int(text)
+
+
+def timed_forms() -> bool:
+    """Whether builds time the forms of their products and convolutions (ops/specialise.py):
+    DYNASHAPE_STATIC_FORMS, '1' (default) or '0' (the ops' own calls only, for A/B measurements)."""
+    text = os.environ.get("DYNASHAPE_STATIC_FORMS", "1")
+    if text not in ("0", "1"):
+        raise OptionsError(f"DYNASHAPE_STATIC_FORMS={text!r}: expected '1' or '0'")
+    return text == "1"
 
 
 class CannotCapture(RuntimeError):
@@ -191,10 +202,10 @@ class CudaGraphImpl:
         # does, the capture then finds them in cuDNN's cache: same shapes, strides, buffers)
         benchmark, limit = torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
         torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.benchmark_limit = CUDNN_BENCHMARK_LIMIT
+        torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit()
         try:
             # cuDNN's fused convolution epilogues too, where the real run builds their plans first
-            timed = warm and tune and TIMED_FORMS
+            timed = warm and tune and timed_forms()
             with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()), \
                     (specialise.specialised(tuning.fastest) if timed else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
@@ -348,5 +359,5 @@ def cpu_kind() -> str:
     ``"specialized"`` (its source with the key as literals). DYNASHAPE_CPU_STATIC chooses."""
     kind = os.environ.get("DYNASHAPE_CPU_STATIC", "inductor").lower()
     if kind not in ("inductor", "specialized"):
-        raise ValueError(f"DYNASHAPE_CPU_STATIC={kind!r}: expected 'inductor' or 'specialized'")
+        raise OptionsError(f"DYNASHAPE_CPU_STATIC={kind!r}: expected 'inductor' or 'specialized'")
     return kind

@@ -31,7 +31,7 @@ from ..compile.shape_program import trace
 from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
 from ..impls import CannotCapture, CompilationContext, ImplCache, build_static, capture_guard
 from ..impls.cache import capacity_from
-from ..impls.static import cpu_kind
+from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
@@ -86,6 +86,11 @@ class CompiledModel:
         self.static = static
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last
         self.impls = ImplCache(capacity_from(impl_cache_size))
+        if static and device.type == "cpu":  # the environment's choices for builds, checked now
+            cpu_kind()  # rather than in the call that builds
+        elif static:
+            timed_forms()
+            cudnn_benchmark_limit()
         self.context = CompilationContext(static) if static else None
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs

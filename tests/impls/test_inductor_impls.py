@@ -79,3 +79,35 @@ def test_env_var_chooses_the_specialised_source(monkeypatch):
     _decode(sess, names, 4)
     st = sess.stats()
     assert st.get("static_builds_inductor", 0) == 0 and st["static_builds_specialized"] >= 1
+
+
+def test_inductor_builds_run_in_the_calling_thread_even_in_async_mode(monkeypatch):
+    """FX tracing keeps module-level state: a build on the worker broke a torch.compile running
+    meanwhile in the application's thread."""
+    import threading
+    threads = []
+    real = static_mod.InductorImpl.__init__
+
+    def recording(self, *a, **kw):
+        threads.append(threading.current_thread())
+        real(self, *a, **kw)
+    monkeypatch.setattr(static_mod.InductorImpl, "__init__", recording)
+    path, names = str(llama.model_path()), llama.input_names()
+    sess = dynashape.InferenceSession(path, static_impls="async")
+    _decode(sess, names, 4)
+    assert threads and all(t is threading.main_thread() for t in threads)
+    assert sess.stats()["static_builds_inductor"] >= 1  # built in the call, no wait needed
+
+
+@pytest.mark.parametrize("var,value", [("DYNASHAPE_CPU_STATIC", "bogus"), ("DYNASHAPE_STATIC_FORMS", "yes"),
+                                       ("DYNASHAPE_CUDNN_BENCHMARK_LIMIT", "-3")])
+def test_bad_build_settings_are_typed_errors_that_name_the_variable(monkeypatch, var, value):
+    from dynashape.errors import OptionsError
+    monkeypatch.setenv(var, value)
+    check = {"DYNASHAPE_CPU_STATIC": static_mod.cpu_kind, "DYNASHAPE_STATIC_FORMS": static_mod.timed_forms,
+             "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": static_mod.cudnn_benchmark_limit}[var]
+    with pytest.raises(OptionsError, match=var):
+        check()
+    if var == "DYNASHAPE_CPU_STATIC":  # a CPU session with static impls says so when it is made
+        with pytest.raises(OptionsError, match=var):
+            dynashape.InferenceSession(str(llama.model_path()), static_impls="sync")
