@@ -36,6 +36,7 @@ from . import capture_guard, tuning
 
 log = logging.getLogger(__name__)
 
+
 def cudnn_benchmark_limit() -> int:
     """How many of cuDNN's algorithms a static build times per convolution:
     DYNASHAPE_CUDNN_BENCHMARK_LIMIT, torch's default 10, 0 for all of them (measured: no gain)."""

@@ -47,13 +47,17 @@ def forms(x: torch.Tensor, w: torch.Tensor, stride, padding) -> tuple[str, ...]:
         if b > 1:
             out.append("gemm_merged")
         return tuple(out)
-    ho = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
-    wo = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+    ho, wo = _out_hw(x, w, stride, padding)
     if b * c * kh * kw * ho * wo * x.element_size() <= MAX_UNFOLD:
         out.append("unfold")
         if b > 1:
             out.append("unfold_merged")
     return tuple(out)
+
+
+def _out_hw(x, w, stride, padding) -> tuple[int, int]:
+    """Output height and width of a convolution without dilation over symmetric padding."""
+    return tuple((x.shape[2 + i] + 2 * padding[i] - w.shape[2 + i]) // stride[i] + 1 for i in (0, 1))
 
 
 def conv2d_op(x, w, b, stride, padding, dilation, groups):
@@ -95,10 +99,8 @@ def _run(form, x, w, b, stride, padding, relu, z, cudnn):
         ho, wo = xs.shape[2], xs.shape[3]
         cols = xs.reshape(n, xs.shape[1], ho * wo)  # a copy only when strided
     else:
-        kh, kw = w.shape[2], w.shape[3]
-        ho = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
-        wo = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
-        cols = F.unfold(x, (kh, kw), padding=padding, stride=stride)  # [n, in*kh*kw, L]
+        ho, wo = _out_hw(x, w, stride, padding)
+        cols = F.unfold(x, tuple(w.shape[2:]), padding=padding, stride=stride)  # [n, in*kh*kw, L]
     w2 = w.reshape(cout, -1)
     if form.endswith("_merged"):  # the images side by side: [K, n*L], one product, back to NCHW
         y2 = torch.mm(w2, cols.transpose(0, 1).reshape(cols.shape[1], n * ho * wo))

@@ -53,6 +53,13 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, bias=None, residu
     return _run(form, x2, w, w_out_in, bias, residual, out)
 
 
+def _addend(bias, residual):
+    """What is added to the product: the residual (plus the bias), the bias, or None."""
+    if residual is None:
+        return bias
+    return residual if bias is None else residual + bias
+
+
 def _run(form: str, x2, w, w_out_in, bias, residual, out):
     wt = w.t() if w_out_in else w
     if form == "then_add":
@@ -62,16 +69,11 @@ def _run(form: str, x2, w, w_out_in, bias, residual, out):
         if residual is not None:
             y.add_(residual)
         return y
-    if form == "c_bias":
-        c = bias.expand(x2.shape[0], wt.shape[1])
-        if residual is not None:
-            c = residual + bias
+    c = _addend(bias, residual)
+    if form == "c_bias":  # C written first (a bias broadcast over the rows), then accumulated onto
         y = out if out is not None else torch.empty(x2.shape[0], wt.shape[1], dtype=x2.dtype, device=x2.device)
         y.copy_(c)
         return torch.addmm(y, x2, wt, out=y)
-    c = residual if residual is not None else bias  # epilogue
-    if c is not None and bias is not None and residual is not None:
-        c = residual + bias
-    if c is None:
+    if c is None:  # epilogue
         return torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)
     return torch.addmm(c, x2, wt, out=out) if out is not None else torch.addmm(c, x2, wt)
