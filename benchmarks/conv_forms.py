@@ -1,7 +1,7 @@
-"""ResNet-50's convolutions as cuDNN runs them (benchmark mode, as a static impl's build) against
-the same convolutions written as matrix products (cuBLAS): a 1x1 convolution is W [out, in] times
-each image's [in, H*W]; any other one is W [out, in*kh*kw] times its unfolded windows. Timed as
-static impls replay them (``impls/tuning.py``: CUDA graphs, cold operands), fp32 with TF32 off.
+"""ResNet-50's convolutions (with a block end's bias, residual and ReLU) in every form a static
+impl's build times (``ops/tuned_conv.py``): cuDNN (benchmark mode, its fused epilogue), matrix
+products (cuBLAS) over the images or their unfolded windows, Winograd F(2x2, 3x3). Timed as the
+build times them (``impls/tuning.py``: cold operands, kernels back to back), fp32 with TF32 off.
 
     python benchmarks/conv_forms.py [--batches 1,3,8,16] [--json out.json]
 """
@@ -19,21 +19,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import print_table, write_json  # noqa: E402
 from benchmarks.conv_fusion import _SHAPES  # noqa: E402
 from dynashape.impls.tuning import timings  # noqa: E402
+from dynashape.ops import specialise, tuned_conv  # noqa: E402
 
 
-def forms(x, w, st, pad):
-    b, cin, h, _ = x.shape
-    cout, _, k, _ = w.shape
-    ho = (h + 2 * pad - k) // st + 1
-    w2 = w.reshape(cout, -1)
-    out = {"cudnn": lambda: F.conv2d(x, w, None, st, pad)}
-    if k == 1 and st == 1:
-        out["gemm"] = lambda: torch.matmul(w2, x.view(b, cin, h * h))
-    elif k == 1:
-        out["gemm"] = lambda: torch.matmul(w2, x[:, :, ::st, ::st].reshape(b, cin, ho * ho))
-    else:
-        out["unfold_gemm"] = lambda: torch.matmul(w2, F.unfold(x, k, padding=pad, stride=st))
-    return out, (b, cout, ho, ho)
+def forms(x, w, b, z, st, pad):
+    """Every form a static impl's build times for this convolution (``ops/tuned_conv.py``), with
+    the bias, a residual and the ReLU of a ResNet block's end."""
+    st, pad = (st, st), (pad, pad)
+    with specialise.specialised(lambda key, runs: 0):  # a build's context: the forms are offered
+        names = tuned_conv.forms(x, w, st, pad)
+    own = lambda: torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, st, pad, (1, 1), 1)  # noqa: E731
+    return {f: (lambda f=f: tuned_conv._run(f, x, w, b, st, pad, True, z, own)) for f in names}
 
 
 def main() -> None:
@@ -49,20 +45,22 @@ def main() -> None:
         for cin, cout, k, st, hw in _SHAPES:
             x = torch.randn(b, cin, hw, hw, device="cuda")
             w = torch.randn(cout, cin, k, k, device="cuda") * 0.05
-            fs, shape = forms(x, w, st, k // 2)
-            ref = F.conv2d(x.double(), w.double(), None, st, k // 2)
-            errs = {n: float((f().double().reshape(shape) - ref).abs().max()) for n, f in fs.items()}
+            bias = torch.randn(cout, device="cuda")
+            ref = F.conv2d(x.double(), w.double(), bias.double(), st, k // 2)
+            z = torch.randn(ref.shape, device="cuda")
+            ref = (ref + z.double()).relu()
+            fs = forms(x, w, bias, z, st, k // 2)
+            errs = {n: float((f().double() - ref).abs().max()) for n, f in fs.items()}
             t = dict(zip(fs, timings(list(fs.values()))))
-            other = [n for n in fs if n != "cudnn"][0]
             best = min(t, key=t.get)
             tot = totals.setdefault(b, [0.0, 0.0])
             tot[0] += t["cudnn"]
             tot[1] += t[best]
-            rows.append([b, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], t[other], other, t["cudnn"] / t[best],
-                         max(errs.values())])
+            rows.append([b, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], best, t[best], t["cudnn"] / t[best],
+                         " ".join(f"{n} {v:.1f}" for n, v in t.items()), max(errs.values())])
             data.append({"batch": b, "conv": [cin, cout, k, st, hw], "us": t, "max_err": errs})
     print_table(f"convolutions, {torch.cuda.get_device_name()}, fp32 (us)",
-                ["batch", "conv", "cuDNN", "as products", "form", "cuDNN / best", "max err"], rows)
+                ["batch", "conv", "cuDNN", "fastest", "its us", "cuDNN / best", "every form (us)", "max err"], rows)
     print("sum over the distinct convolutions (us): cuDNN / best of both:",
           {b: (round(c, 1), round(bb, 1)) for b, (c, bb) in totals.items()})
     write_json(args.json, {"device": torch.cuda.get_device_name(), "convs": data})

@@ -75,9 +75,9 @@ def main() -> None:
     names = [i.name for i in sess.get_inputs()]
     kernel_table(lambda: sess.run(None, dict(zip(names, feeds))), args.calls, args.top,
                  f"dynashape static, {args.model} {args.shape}")
-    from dynashape.ops import tuned_gemm
-    for key, choice in tuned_gemm.choices().items():
-        print("tuned product", key[:7], "->", choice)
+    from dynashape.ops import specialise
+    for key, choice in specialise.choices().items():
+        print("tuned", key[:5], "->", choice)
     if os.environ.get("DYNASHAPE_TUNE", "1") != "0":  # the same without the tuned products
         sess2 = dynashape.InferenceSession(path, device="cuda", static_impls="sync")
         from dynashape.impls import static as static_mod

@@ -4,8 +4,11 @@ Each form runs once (cuBLAS / cuDNN set up handles and pick their kernels), then
 of it, each after a write over a buffer twice the GPU's L2 cache, between two CUDA events; the
 flush alone is timed the same way and taken off. The operands are cold, as in a model whose
 weights are read once per call (a product timed in a loop would find its weight in L2 after the
-first run), and the flush keeps the GPU busy while the host queues the next form's kernels, so
-the time is the kernels' and not Python's launch cost (a static impl replays them without it).
+first run). The time must be the kernels' and not Python's launch cost, since a static impl
+replays them without it: before the first event the GPU is held (``torch.cuda._sleep``) for
+longer than the host takes to queue every run, so the runs execute back to back. Without the
+hold a form of many small kernels (a convolution over 16 images unfolded one by one: 16 im2col
+launches) was timed at its host cost and lost to a slower form of one kernel.
 Nothing is captured (a timing graph per form would cost a capture and its memory each). The
 fastest form wins; one that fails is skipped. Nothing is timed inside another capture: there the op takes its
 first form (its own call) and its key stays untuned.
@@ -26,17 +29,48 @@ REPS = 8
 ROUNDS = 3
 
 
-def _events_us(fn) -> float:
-    """Microseconds of ``REPS`` calls of ``fn`` (the best of ``ROUNDS``), on the current stream."""
+MAX_HOLD_US = 50_000.0
+_CYCLES_PER_US: list[float] = []
+
+
+def _cycles_per_us() -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep`` (measured once per process)."""
+    if not _CYCLES_PER_US:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)  # the sleep kernel loaded before it is timed
+        a.record()
+        torch.cuda._sleep(2_000_000)
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_US.append(2_000_000 / max(a.elapsed_time(b) * 1e3, 1.0))
+    return _CYCLES_PER_US[0]
+
+
+def hold_gpu(us: float) -> None:
+    """Keep the current stream busy for about ``us`` microseconds (at most ``MAX_HOLD_US``)."""
+    torch.cuda._sleep(int(min(us, MAX_HOLD_US) * _cycles_per_us()))
+
+
+def _events_us(fn, host_us: float) -> float:
+    """Microseconds of ``REPS`` calls of ``fn`` (the best of ``ROUNDS``), on the current stream,
+    the GPU held while the host queues them (``host_us``: the host's time for one call)."""
     best = float("inf")
     for _ in range(ROUNDS):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        hold_gpu(2.0 * host_us + 100.0)
         a.record()
         fn()
         b.record()
         b.synchronize()
         best = min(best, a.elapsed_time(b) * 1e3)
     return best
+
+
+def _host_us(fn) -> float:
+    """The host's microseconds to queue ``fn`` (its kernels are not waited for)."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
 
 
 def fastest(key: tuple, runs: list) -> int | None:
@@ -66,12 +100,13 @@ def timings(runs: list) -> list[float]:
                 if fn is not None:
                     fn()
         return body
-    base = _events_us(reps())
+    base = _events_us(reps(), _host_us(reps()))
     times = []
     for i, run in enumerate(runs):
         try:
             run()  # cuBLAS / cuDNN set up handles, workspaces and algorithms first
-            times.append(max((_events_us(reps(run)) - base) / REPS, 0.0))
+            body = reps(run)
+            times.append(max((_events_us(body, _host_us(body)) - base) / REPS, 0.0))
         except Exception as e:  # noqa: BLE001  a form that cannot run here is not a candidate
             log.debug("candidate %d failed: %s", i, e)
             times.append(float("inf"))

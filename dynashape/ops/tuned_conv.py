@@ -13,11 +13,14 @@ Forms, for ``y = relu?(conv(x, w) + bias (+ z))`` over an NCHW input, groups 1, 
 - ``cudnn``: the op's own call (cuDNN, its fused epilogue where the op has one);
 - ``gemm`` (1x1 kernels without padding): ``W [out, in]`` times each image's ``[in, H*W]``
   (strided inputs sampled first);
-- ``unfold``: ``W [out, in*kh*kw]`` times each image's unfolded windows ``[in*kh*kw, L]``;
+- ``unfold``: ``W [out, in*kh*kw]`` times each image's unfolded windows ``[in*kh*kw, L]`` (one
+  strided copy of the padded input, ``windows``);
+- ``winograd`` (3x3, stride 1, float32): Winograd's F(2x2, 3x3), 2.25x fewer multiplies
+  (``winograd.py``);
 - ``gemm_merged`` / ``unfold_merged`` (batch > 1): the images side by side as one product
   ``[.., B*L]`` (one large product instead of B small ones), the result put back in NCHW.
 The product is rounded to the dtype, then the bias, the residual and the ReLU are applied,
-as the op's unfused epilogue does.
+as the op's unfused epilogue does (one pass on CUDA: ``conv_epilogue.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import winograd
+from .conv_epilogue import bias_add_relu
 from .specialise import active, choose
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FORMS = ("cudnn", "gemm", "gemm_merged", "winograd", "unfold", "unfold_merged")
 MAX_UNFOLD = 64 << 20  # bytes of unfolded windows a form may allocate
 
 
@@ -47,6 +53,8 @@ def forms(x: torch.Tensor, w: torch.Tensor, stride, padding) -> tuple[str, ...]:
         if b > 1:
             out.append("gemm_merged")
         return tuple(out)
+    if winograd.serves(x, w, stride, padding):
+        out.append("winograd")
     ho, wo = _out_hw(x, w, stride, padding)
     if b * c * kh * kw * ho * wo * x.element_size() <= MAX_UNFOLD:
         out.append("unfold")
@@ -82,6 +90,24 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
     return _run(form, x, w, b, stride, padding, relu, z, cudnn)
 
 
+def windows(x, k, stride, padding, merged: bool = False) -> torch.Tensor:
+    """The unfolded windows of ``x`` [n, c, h, w] for a ``k`` kernel: ``[n, c*kh*kw, L]``, or with
+    ``merged`` the images side by side ``[c*kh*kw, n*L]``; in (c, kh, kw) order, as ``F.unfold``
+    and ``w.reshape(out, -1)``. One strided copy over the padded input (``F.unfold`` on CUDA
+    launches an im2col kernel per image: 16 launches at batch 16, then a copy to merge them)."""
+    ph, pw = padding
+    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    n, c, hp, wp = xp.shape
+    (kh, kw), (sh, sw) = k, stride
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    sn, sc, sy, sx = xp.stride()
+    if merged:
+        v = xp.as_strided((c, kh, kw, n, ho, wo), (sc, sy, sx, sn, sy * sh, sx * sw))
+        return v.reshape(c * kh * kw, n * ho * wo)
+    v = xp.as_strided((n, c, kh, kw, ho, wo), (sn, sc, sy, sx, sy * sh, sx * sw))
+    return v.reshape(n, c * kh * kw, ho * wo)
+
+
 def _epilogue(y, b, z, relu):
     if b is not None:
         y.add_(b.view(1, -1, 1, 1))
@@ -93,6 +119,8 @@ def _epilogue(y, b, z, relu):
 def _run(form, x, w, b, stride, padding, relu, z, cudnn):
     if form == "cudnn":
         return cudnn()
+    if form == "winograd":
+        return winograd.conv3x3(x, w, b, padding, relu, z)
     n, cout = x.shape[0], w.shape[0]
     if form.startswith("gemm"):
         xs = x if stride == (1, 1) else x[:, :, ::stride[0], ::stride[1]]
@@ -100,16 +128,16 @@ def _run(form, x, w, b, stride, padding, relu, z, cudnn):
         cols = xs.reshape(n, xs.shape[1], ho * wo)  # a copy only when strided
     else:
         ho, wo = _out_hw(x, w, stride, padding)
-        cols = F.unfold(x, tuple(w.shape[2:]), padding=padding, stride=stride)  # [n, in*kh*kw, L]
+        cols = windows(x, tuple(w.shape[2:]), stride, padding, merged=form.endswith("_merged"))
     w2 = w.reshape(cout, -1)
     if form.endswith("_merged"):  # the images side by side: [K, n*L], one product, back to NCHW
-        y2 = torch.mm(w2, cols.transpose(0, 1).reshape(cols.shape[1], n * ho * wo))
+        if form.startswith("gemm"):
+            cols = cols.transpose(0, 1).reshape(cols.shape[1], n * ho * wo)
+        src = torch.mm(w2, cols).view(cout, n, ho * wo).transpose(0, 1)  # [n, cout, L], strided
         y = torch.empty(n, cout, ho, wo, dtype=x.dtype, device=x.device)
-        moved = y2.view(cout, n, ho, wo).permute(1, 0, 2, 3)
-        if b is not None:
-            torch.add(moved, b.view(1, -1, 1, 1), out=y)  # put back and biased in one pass
-        else:
-            y.copy_(moved)
-        return _epilogue(y, None, z, relu)
-    y = torch.mm(w2, cols[0]).view(1, cout, ho, wo) if n == 1 else torch.matmul(w2, cols).view(n, cout, ho, wo)
-    return _epilogue(y, b, z, relu)
+    else:
+        src = torch.mm(w2, cols[0]).unsqueeze(0) if n == 1 else torch.matmul(w2, cols)  # [n, cout, L]
+        y = src.view(n, cout, ho, wo)  # the epilogue in place
+    zf = None if z is None else z.reshape(n, cout, ho * wo)
+    bias_add_relu(src, b, zf, relu, out=y.view(n, cout, ho * wo))
+    return y

@@ -142,6 +142,44 @@ def test_every_conv_form_computes_the_convolution(case, bias, relu, residual):
         torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4, msg=form)
 
 
+@pytest.mark.parametrize("k,stride,pad", [((3, 3), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)), ((5, 5), (1, 1), (2, 2)),
+                                          ((3, 2), (2, 1), (0, 1))])
+def test_windows_are_unfolds_windows(k, stride, pad):
+    x = torch.randn(3, 4, 11, 9)
+    ref = F.unfold(x, k, padding=pad, stride=stride)
+    assert torch.equal(tc.windows(x, k, stride, pad), ref)
+    assert torch.equal(tc.windows(x, k, stride, pad, merged=True), ref.transpose(0, 1).reshape(ref.shape[1], -1))
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize("bias,residual,relu", [(True, False, False), (False, False, True), (True, True, True),
+                                                (False, True, False), (False, False, False)])
+def test_the_epilogue_in_one_pass_equals_the_torch_ops(device, merged, bias, residual, relu):
+    from dynashape.ops.conv_epilogue import bias_add_relu
+    g = torch.Generator().manual_seed(5)
+    n, c, length = 3, 70, 1500  # several row blocks and column blocks of the kernel
+    if merged:  # the side-by-side product's [c, n, l] read as [n, c, l]
+        y = torch.randn(c, n, length, generator=g).to(device).transpose(0, 1)
+    else:
+        y = torch.randn(n, c, length, generator=g).to(device)
+    y[0, 0, :3] = torch.tensor([float("nan"), -0.0, float("-inf")])
+    b = torch.randn(c, generator=g).to(device) if bias else None
+    z = torch.randn(n, c, length, generator=g).to(device) if residual else None
+    ref = y.clone()
+    if bias:
+        ref = ref + b.view(1, -1, 1)
+    if residual:
+        ref = ref + z
+    if relu:
+        ref = ref.relu()
+    out = bias_add_relu(y, b, z, relu)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    if not merged:  # in place
+        assert bias_add_relu(y, b, z, relu, out=y) is y
+        torch.testing.assert_close(y, ref, rtol=0, atol=0, equal_nan=True)
+
+
 def test_a_conv_without_a_build_is_torchs():
     x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
     torch.testing.assert_close(tc.conv2d_op(x, w, b, (1, 1), (1, 1), (1, 1), 1), F.conv2d(x, w, b, 1, 1))
@@ -221,5 +259,4 @@ def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(de
     assert tuned.stats()["static_builds"] >= 2 and tuned.stats()["static_hits"] >= 1
     convs = {k: v for k, v in specialise.choices().items() if k[0] == "conv"}
     assert {k[1][0] for k in convs} == {1, 3}, convs  # every batch's convolutions were timed
-    assert len(convs) >= 6 and all(v in ("cudnn", "gemm", "gemm_merged", "unfold", "unfold_merged")
-                                   for v in convs.values())
+    assert len(convs) >= 6 and all(v in tc.FORMS for v in convs.values())
