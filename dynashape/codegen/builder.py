@@ -43,6 +43,7 @@ from ..ops.tensor import _perm
 from ..ops.tuned_conv import conv2d_op
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt, is_one, same_dim, same_dims
+from . import align
 from .emitters import Emit, emit
 from .regions import Item, Member, Region, partition
 from .step_graph import HELPERS, KVInfo, Refused, StepPlan, step_plan
@@ -73,6 +74,7 @@ class RegionCode:
     fn: object  # r<k>(*key symbols, *live-ins) -> live-outs: the region's lines as a function
     symvars: list[str]  # locals of the key symbols, in key order
     body: list[str]
+    align: align.Alignment | None = None  # one impl for several values of a symbol (align.py)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class SpecCode:
     size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
+    aligned_positions: frozenset = frozenset()  # signature positions of the regions' aligned symbols
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
     input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
@@ -970,10 +973,19 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
         where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
         spec.step = StepCode(b.step, ns["step"], {n: where[n] for n in b.step.live_in + b.step.prep_live_in
                                                   if n in where}, ns.get("prep") if b.step.prep else None)
+    where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
+    values = {id(v): v for n in trace.graph.nodes for v in n.inputs + n.outputs if v is not None}
+    values.update((id(v), v) for v in trace.input_values)
+    by_local = {name: values[i] for i, name in b.local.items() if i in values}
     for r in b.regions:
         symvars = [b.symvar[x] for x in sorted(r.syms)]
         body = [line for i in r.items for line in b.items[i].lines]
-        spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body))
+        nodes = [b.items[i].node for i in r.items if b.items[i].node is not None]
+        aligned = align.plan(r, nodes, body, where, lambda n: b.member_info[n].shape_syms, by_local.get,
+                             lambda v: trace.info[id(v)].dims if id(v) in trace.info else None,
+                             lambda d: trace.env.canon(d.expr), b.input_symbols, b.sig_symbols)
+        spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body, aligned))
+    spec.aligned_positions = frozenset(rc.align.sig_pos for rc in spec.regions if rc.align is not None)
     return spec
 
 

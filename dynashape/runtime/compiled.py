@@ -35,6 +35,7 @@ from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
+from .aligned import AlignedImpl, PaddedViews, align_multiple, aligned_value
 from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule
 from .kv_append import KVAppend
 
@@ -92,6 +93,7 @@ class CompiledModel:
             timed_forms()
             cudnn_benchmark_limit()
         self.context = CompilationContext(static) if static else None
+        self.align = align_multiple() if static else 0  # FC fake alignment (aligned.py)
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -242,6 +244,8 @@ class SpecState:
         for i, (v, c) in enumerate(zip(sig, caps)):
             if self.caps is None or v > c:
                 caps[i] = runner.capacity(spec.sig_symbols[i], v)
+                if i in spec.aligned_positions and runner.model.align:  # room for the padded rows (aligned.py)
+                    caps[i] = max(caps[i], aligned_value(v, runner.model.align) or v)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         for b, n in zip(spec.arena, sizes):
@@ -278,8 +282,16 @@ class SpecState:
         """Live-outs of region ``r`` from its static impl for ``key``, or None: the generated
         code then runs the region's lines (the dynamic impl), and the static impl is built when
         the key comes back (or at once while prebuilding)."""
+        model = self.runner.model
+        rc = self.spec.regions[r]
+        al = rc.align if model.align else None
+        padded = None if al is None else aligned_value(key[al.key_pos], model.align)
+        if padded is not None and (self.caps is None or self.caps[al.sig_pos] < padded):
+            padded = None  # no room planned for the padded rows (a plan made before alignment was on)
+        if padded is not None:  # one impl for the bucket of values up to ``padded`` (aligned.py)
+            key = (*key[:al.key_pos], padded, *key[al.key_pos + 1:], "aligned")
         k = (self.token, r, key)
-        impl = self.runner.model.impls.get(k)
+        impl = model.impls.get(k)
         if impl is not None:
             return self._replay(impl, ins)
         self.stats["static_misses"] += 1
@@ -292,13 +304,20 @@ class SpecState:
                 self.seen.pop(next(iter(self.seen)))
             self.seen[rk] = True
             return None
-        model = self.runner.model
-        rc = self.spec.regions[r]
         reg = rc.region
+        name = f"<static:{self.spec.filename}:r{r}>"
 
         def build():
-            return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
-                                reg.refresh, reg.results, self.spec.namespace, f"<static:{self.spec.filename}:r{r}>")
+            if padded is None:
+                return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
+                                    reg.refresh, reg.results, self.spec.namespace, name)
+            # the padded views are stable for the impl: refreshed only what passes through
+            refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
+            views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
+            return AlignedImpl(lambda sins: build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out,
+                                                         rc.symvars, key[:-1], sins, refresh, reg.results,
+                                                         self.spec.namespace, name),
+                               al, views, ins, self.sig[al.sig_pos], padded)
         # inline: CUDA captures (see impls/context.py), and inductor builds: FX tracing keeps
         # module-level state, and a build on the worker broke a torch.compile running meanwhile in
         # the application's thread (measured: "CURRENT_PATCHER is None" in torch.fx)
@@ -338,6 +357,8 @@ class SpecState:
             return
         stats["static_builds"] += 1
         stats[f"static_builds_{result.kind}"] += 1  # cuda_graph, inductor or specialized
+        if getattr(result, "aligned", False):
+            stats["static_builds_aligned"] += 1
         if getattr(result, "fallback", None):  # inductor wanted, and it could not compile the region
             stats["static_inductor_fallbacks"] += 1
             self.runner.model.refusals.append(f"region {r} for {key}: inductor failed, specialised source: "

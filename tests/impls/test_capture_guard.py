@@ -5,6 +5,7 @@ decode tests on a GPU synchronise during real captures (tests/impls/test_decode_
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -17,7 +18,9 @@ from dynashape.impls import capture_guard
 @pytest.fixture
 def fake(monkeypatch):
     """torch.cuda's synchronisations replaced by recorders (before the guard wraps them), the
-    guard's own state fresh (CUDA sessions of other tests in this process may hold it)."""
+    guard's own state fresh (CUDA sessions of other tests in this process may hold it: those no
+    longer referenced are collected first, so that their finalizers put torch's functions back)."""
+    gc.collect()
     monkeypatch.setattr(capture_guard, "_users", 0)
     monkeypatch.setattr(capture_guard, "_originals", {})
     calls = []

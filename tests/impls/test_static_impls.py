@@ -101,7 +101,8 @@ def test_lru_capacity_evicts_and_the_evicted_key_is_rebuilt(device):
     assert st["static_builds"] > 3  # a key evicted and seen again is built again
 
 
-def test_optimal_values_are_built_at_load_and_other_shapes_take_the_dynamic_path(device):
+def test_optimal_values_are_built_at_load_and_other_shapes_take_the_dynamic_path(device, monkeypatch):
+    monkeypatch.setenv("DYNASHAPE_FC_ALIGN", "0")  # exact shapes only (tests/impls/test_aligned.py: buckets)
     dims = {"x": [Dimension(1, 8, optimals=(2, 4)), Dimension(1, 16, optimals=(5,)), 8]}
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", dynamic_dims=dims)
     st = sess.stats()

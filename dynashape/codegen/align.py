@@ -1,0 +1,156 @@
+"""FC fake alignment: which regions one static impl may serve for several row counts.
+
+OpenVINO's GPU plugin rounds the batch of a fully connected layer up to a multiple of 8 or 16
+when it picks the layer's kernel ("fake alignment"), so batches 1 to 8 share one compiled
+kernel. The same holds for a region of our static impls whose work is row by row along a
+symbol: built once for that symbol rounded up (``runtime/aligned.py`` runs it over padded copies
+of the live-ins and hands back the real rows), it serves every smaller value, and a decode at
+batch 1, 3 or 7 replays one graph instead of building three. Where products over constant
+weights dominate (a decode step's projections and MLP) the padded rows cost nothing measurable:
+the product is bound by reading its weight.
+
+A region qualifies for a symbol ``S`` when every node in it treats the rows of ``S`` apart:
+- every value it reads or makes whose shape depends on ``S`` has ``S`` exactly as its first dim,
+  and constants as its other dims (padding then appends whole rows of a fixed size);
+- the products read one row per value of ``S`` (``[S, 1, k]`` in a decode step, ``[S, k]``): the
+  padded rows are at most ``m - 1`` more product rows, as OpenVINO pads M. BERT's ``[batch,
+  seq, k]`` is not aligned along the batch: padding batch 1 to 8 would be 8x the rows;
+- each node is an op known to work row by row along its first axis: element-wise ops (inputs
+  that carry ``S`` at the output's rank), products whose weight does not carry ``S``, views that
+  keep the first axis, normalisations and softmax over other axes, an embedding lookup;
+- at least one product over a constant weight (what the alignment is for: convolutions and
+  element-wise regions are not aligned, their cost grows with the padded rows).
+Nothing else is aligned: the region keeps one impl per value of its symbols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Node, Value
+from ..shape import expr as E
+from ..shape.symint import SymInt
+from .regions import _INPLACE, _OUT
+
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
+    "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Erf", "Gelu", "Silu", "Softplus", "Clip", "Cast",
+    "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Identity",
+    "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "HardSwish", "Elu", "Selu", "Mish", "SiluMul", "RotaryHalf",
+    "Expand", "Dropout",
+})
+VIEWS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Concat", "Split"})
+LAST_AXIS = frozenset({"RMSNorm", "LayerNorm"})  # our fused norms: over the last axis
+AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})  # over axis (and after): not the first
+PRODUCTS = frozenset({"MatMul", "Gemm", "Linear", "MatMulAdd", "RMSNormLinear"})
+
+
+def aligned_symbol(nodes: list[Node], dims_of, canon, candidates) -> str | None:
+    """The symbol (of ``candidates``, in order) along which every node of a region works row by
+    row, with a product over a constant weight among them; None when there is none.
+    ``dims_of(v)``: a value's dims (ints and SymInts) or None; ``canon(d)``: a SymInt's expression."""
+    if not any(n.op_type in PRODUCTS and _has_const_weight(n) for n in nodes):
+        return None
+    for s in candidates:
+        if all(_rowwise(n, s, dims_of, canon) for n in nodes):
+            return s
+    return None
+
+
+def carries(dims, s: str, canon) -> bool:
+    """Whether a shape depends on ``s``."""
+    return dims is not None and any(s in _free(d, canon) for d in dims)
+
+
+def _free(d, canon) -> frozenset[str]:
+    return canon(d).free if isinstance(d, SymInt) else frozenset()
+
+
+def _leading(dims, s: str, canon) -> bool:
+    """``s`` exactly as the first dim, and in no other."""
+    return (len(dims) >= 1 and isinstance(dims[0], SymInt) and canon(dims[0]) == E.sym(s)
+            and not any(s in _free(d, canon) for d in dims[1:]))
+
+
+def _has_const_weight(n: Node) -> bool:
+    return len(n.inputs) >= 2 and n.inputs[1] is not None and n.inputs[1].is_const
+
+
+def _rowwise(n: Node, s: str, dims_of, canon) -> bool:
+    tensors: list[tuple[Value, bool]] = [(v, True) for v in n.inputs if v is not None and v.kind == "tensor"]
+    tensors += [(v, False) for v in n.outputs if v is not None and v.kind == "tensor"]
+    dims = {}
+    for v, _ in tensors:
+        d = dims_of(v)
+        if d is None:
+            return False
+        dims[id(v)] = d
+        if carries(d, s, canon) and (not _leading(d, s, canon) or any(_free(x, canon) for x in d[1:])):
+            return False  # not whole rows of s, or rows whose size follows another symbol
+    ins = [v for v, is_in in tensors if is_in and carries(dims[id(v)], s, canon)]
+    outs = [v for v, is_in in tensors if not is_in]
+    if not ins and not any(carries(dims[id(v)], s, canon) for v in outs):
+        return True  # the node does not see the symbol at all
+    if not outs or not all(carries(dims[id(v)], s, canon) for v in outs):
+        return False  # rows of s reduced away, or folded into another dim
+    rank = len(dims[id(outs[0])])
+    op = n.op_type
+    if op in ELEMENTWISE or op in LAST_AXIS:
+        return all(len(dims[id(v)]) == rank for v in ins) and (op not in LAST_AXIS or rank >= 2)
+    if op in VIEWS:  # the first dim stays s on both sides: rows map to themselves
+        return True
+    if op in AXIS_OPS:
+        axis = n.attrs.get("axis", -1)
+        return (axis % rank if rank else 0) >= 1
+    if op in PRODUCTS:
+        if op == "Gemm" and n.attrs.get("transA", 0):
+            return False
+        w = n.inputs[1] if len(n.inputs) > 1 else None
+        if w is not None and w.kind == "tensor" and carries(dims[id(w)], s, canon) and not (op == "MatMul"
+                                                                                         and rank >= 3):
+            return False  # the rows of s would be the product's reduction
+        a = dims[id(n.inputs[0])] if n.inputs[0] is not None else None
+        if a is not None and carries(a, s, canon) and any(x != 1 for x in a[1:-1]):
+            return False  # several product rows per value of s: padding would multiply the work
+        return all(len(dims[id(v)]) == rank for v in ins)
+    if op == "Gather":  # an embedding: a constant table read at indices that carry s
+        return (n.inputs[0] is not None and not carries(dims[id(n.inputs[0])], s, canon)
+                and n.attrs.get("axis", 0) == 0)
+    return False
+
+
+@dataclass
+class Alignment:
+    """How a region's static impls are aligned along ``symbol`` (``runtime/aligned.py``)."""
+
+    symbol: str
+    key_pos: int  # its position in the region's key
+    sig_pos: int  # its position in the specialization's signature
+    members: list[tuple[int, int] | None]  # per live-in: (group, position) of an arena member, or None
+    carries_in: list[bool]  # per live-in: its first dim is the symbol (padded rows)
+    written: list[bool]  # per live-in: the region writes it (copied back after a replay)
+    carries_out: list[bool]  # per live-out: its first dim is the symbol (the real rows handed on)
+
+
+def plan(region, nodes: list[Node], body: list[str], where: dict[str, tuple[int, int]], shape_syms,
+         value_of, dims_of, canon, input_symbols, sig_symbols: list[str]) -> Alignment | None:
+    """The alignment of ``region`` (a ``regions.Region``), or None. ``where``: arena member name ->
+    (group, position); ``shape_syms(name)``: a member's shape symbols; ``value_of(name)``: the
+    Value a local holds (None when unknown)."""
+    key_syms = sorted(region.syms)
+    s = aligned_symbol(nodes, dims_of, canon, [x for x in key_syms if x in input_symbols])
+    if s is None:
+        return None
+
+    def carried(name: str) -> bool | None:
+        if name in where:
+            return s in shape_syms(name)
+        v = value_of(name)
+        return None if v is None else carries(dims_of(v), s, canon)
+    written = {m.group(1) for line in body for m in list(_OUT.finditer(line)) + list(_INPLACE.finditer(line))}
+    cin = [carried(n) for n in region.live_in]
+    cout = [carried(n) for n in region.live_out]
+    if None in cin or None in cout or not any(cin):
+        return None  # a name whose shape is not known here, or no rows come in: not aligned
+    return Alignment(s, key_syms.index(s), sig_symbols.index(s), [where.get(n) for n in region.live_in], cin,
+                     [n in written for n in region.live_in], cout)

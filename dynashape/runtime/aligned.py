@@ -1,0 +1,131 @@
+"""Static impls aligned along a symbol (FC fake alignment; which regions: ``codegen/align.py``).
+
+A region aligned along ``S`` keys its static impls by ``S`` rounded up to a multiple of ``m``
+(``DYNASHAPE_FC_ALIGN=m``) for values up to ``MAX_ALIGNED``: one impl serves every value of the
+bucket. Off by default: measured on a 12-layer decoder whose batch changes among 1-8 (H200,
+regions serving every step, ``benchmarks/aligned.py``) it took the builds from 328 to 181, their
+time from 0.80 to 0.34 s and the graphs' memory from 54.5 to 43.5 MiB, and the steady step 5%
+slower (9.3 -> 9.8 ms: a copy of the attention's result into a padded buffer, and the host's
+work around each replay). CUDA builds cost milliseconds; where a build costs seconds (CPU
+regions compiled by inductor: 109 -> 24 s of builds for the tiny decoder) it pays. The request's arena is planned
+with room for the padded value of an aligned symbol, and the region's live-ins have ``S`` as
+their leading dim with fixed sizes behind it (``codegen/align.py``), so the padded view of an
+arena buffer is the real one with more rows after it, at the same address with the same strides:
+the impl is built over the group functions' views at the padded signature and replays over the
+very memory the rest of the step reads. Buffers that alias one another (a merged projection and
+the slices of it the next kernels read) alias at the padded size too. Per replay only live-ins
+from outside the arena (an attention kernel's result) are copied into a padded buffer, and the
+live-outs are handed on as their real rows; the padded rows hold whatever was there (a row-wise
+region never mixes them into real rows). What is saved is a build (a capture, its timing of
+forms) per value and the memory of one graph per value.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..errors import OptionsError
+from ..impls import CannotCapture
+
+MAX_ALIGNED = 64  # values above are not aligned: padding them would cost real compute
+
+
+def align_multiple() -> int:
+    """DYNASHAPE_FC_ALIGN: the multiple a region's aligned symbol is rounded up to, 0 (the
+    default) for none. Read at session creation; a bad value is an OptionsError."""
+    text = os.environ.get("DYNASHAPE_FC_ALIGN")
+    if text is None:
+        return 0
+    try:
+        m = int(text)
+    except ValueError:
+        m = -1
+    if m < 0 or m > MAX_ALIGNED:
+        raise OptionsError(f"DYNASHAPE_FC_ALIGN={text!r}: expected an integer from 0 (off) to {MAX_ALIGNED}")
+    return m
+
+
+def aligned_value(value: int, multiple: int) -> int | None:
+    """``value`` rounded up to ``multiple``, or None when it is not aligned."""
+    if multiple <= 1 or not 0 < value <= MAX_ALIGNED:
+        return None
+    return -(-value // multiple) * multiple
+
+
+class PaddedViews:
+    """The arena's views at a padded signature, over the request's own arena: the plan reserved
+    room for the padded value (``SpecState._plan`` rounds an aligned symbol's capacity up), and
+    a view's strides do not depend on its leading dim, so the padded view of a buffer is the
+    real one with more rows behind it (what the specialization's group functions read:
+    ``typed``, ``off``, ``cur``)."""
+
+    def __init__(self, state, sig: tuple) -> None:
+        self.typed, self.off = state.typed, state.off
+        self.cur: list = [None] * len(state.spec.refresh)
+        for g, refresh in enumerate(state.spec.refresh):
+            self.cur[g] = refresh(self, sig)
+
+
+def _same_memory(padded: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether ``real`` is the first rows of ``padded``: same address, same sizes behind the
+    leading dim, same strides wherever the real view has more than one element (a stride
+    along a dim of size 1 means nothing, and torch's views leave it arbitrary)."""
+    return (padded.data_ptr() == real.data_ptr() and padded.shape[1:] == real.shape[1:]
+            and all(a == b for a, b, n in zip(padded.stride(), real.stride(), real.shape) if n > 1))
+
+
+class AlignedImpl:
+    """A static impl built over the padded views at the padded value, serving every value up to it."""
+
+    aligned = True
+
+    def __init__(self, build_inner, al, views: PaddedViews, ins: tuple, real: int, padded: int) -> None:
+        self.al, self.padded = al, padded
+        self.padded_ins: list = []
+        self.copies: list[int] = []  # live-ins outside the arena: copied into a padded buffer per call
+        for i, (x, member, carried) in enumerate(zip(ins, al.members, al.carries_in)):
+            if member is not None:
+                v = views.cur[member[0]][member[1]]  # the same memory, more rows
+                if isinstance(x, torch.Tensor) and not _same_memory(v, x):
+                    raise CannotCapture(f"live-in {i}: its padded view is not the real one with more rows "
+                                        f"(strides {tuple(v.stride())} against {tuple(x.stride())})")
+                self.padded_ins.append(v)
+            elif carried:
+                self.padded_ins.append(torch.zeros((padded, *x.shape[1:]), dtype=x.dtype, device=x.device))
+                self.copies.append(i)
+            else:
+                self.padded_ins.append(x)  # no rows of the symbol: the inner impl's own refresh serves it
+        self.carried = [i for i, c in enumerate(al.carries_in) if c]  # at least one (align.plan)
+        self.rows_after = {i: ins[i].shape[1:] for i in self.carried}
+        self._copy_in(ins, real)
+        try:
+            self.inner = build_inner(tuple(self.padded_ins))
+        except CannotCapture as e:  # the region ran once on the padded views: the call takes its real rows
+            if e.first is not None:
+                e.first = self._real_rows(e.first, real)
+            raise
+        self.kind, self.nbytes = self.inner.kind, self.inner.nbytes
+        self.fallback = getattr(self.inner, "fallback", None)
+
+    def _copy_in(self, ins: tuple, real: int) -> None:
+        for i in self.copies:
+            self.padded_ins[i][:real].copy_(ins[i])
+
+    def __call__(self, ins: tuple):
+        real = ins[self.carried[0]].shape[0]
+        if real > self.padded:
+            return None  # a guard: the dynamic path serves (counted by the caller)
+        for i in self.carried:
+            x = ins[i]
+            if x.shape[0] != real or x.shape[1:] != self.rows_after[i]:
+                return None
+        if getattr(self.inner, "first", None) is None:  # the build's own call has copied its rows in
+            self._copy_in(ins, real)
+        outs = self.inner(tuple(self.padded_ins))
+        return None if outs is None else self._real_rows(outs, real)
+
+    def _real_rows(self, outs, real: int) -> tuple:
+        """The live-outs' real rows (what the region wrote into the arena is there already)."""
+        return tuple(o[:real] if c else o for o, c in zip(outs, self.al.carries_out))
