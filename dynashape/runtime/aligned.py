@@ -6,8 +6,9 @@ bucket. Off by default: measured on a 12-layer decoder whose batch changes among
 regions serving every step, ``benchmarks/aligned.py``) it took the builds from 328 to 181, their
 time from 0.80 to 0.34 s and the graphs' memory from 54.5 to 43.5 MiB, and the steady step 5%
 slower (9.3 -> 9.8 ms: a copy of the attention's result into a padded buffer, and the host's
-work around each replay). CUDA builds cost milliseconds; where a build costs seconds (CPU
-regions compiled by inductor: 109 -> 24 s of builds for the tiny decoder) it pays. The request's arena is planned
+work around each replay). On CPU (regions compiled by inductor, tiny decoder) builds 88 -> 51,
+their time 45 -> 39 s (inductor's cache makes a similar region's build cheap), steps 14% slower.
+Worth it where builds are what hurts: many batch sizes, each seen a few times. The request's arena is planned
 with room for the padded value of an aligned symbol, and the region's live-ins have ``S`` as
 their leading dim with fixed sizes behind it (``codegen/align.py``), so the padded view of an
 arena buffer is the real one with more rows after it, at the same address with the same strides:
