@@ -34,14 +34,19 @@ _BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
 _G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
 _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
 BLOCK_P = 128
+MAX_WORKSPACE = 128 << 20  # bytes of V (or M): ResNet-50's largest at batch 16 is 51 MiB
 
 _U: dict[int, tuple] = {}  # id(weight) -> (weakref to it, its version, U)
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, stride, padding) -> bool:
-    """A float32 CUDA convolution of a 3x3 kernel, stride 1, padding at most 2, Triton present."""
-    return (triton is not None and x.is_cuda and x.dtype == torch.float32 and tuple(w.shape[2:]) == (3, 3)
-            and tuple(stride) == (1, 1) and all(0 <= p <= 2 for p in padding))
+    """A float32 CUDA convolution of a 3x3 kernel, stride 1, padding at most 2, Triton present,
+    whose transformed tiles fit ``MAX_WORKSPACE`` (16 values per tile and channel, in and out)."""
+    if not (triton is not None and x.is_cuda and x.dtype == torch.float32 and x.dim() == 4
+            and tuple(w.shape[2:]) == (3, 3) and tuple(stride) == (1, 1) and all(0 <= p <= 2 for p in padding)):
+        return False
+    _, _, th, tw = tiles(x, padding)
+    return th > 0 and tw > 0 and 16 * max(x.shape[1], w.shape[0]) * x.shape[0] * th * tw * 4 <= MAX_WORKSPACE
 
 
 def transformed_weight(w: torch.Tensor) -> torch.Tensor:
@@ -53,6 +58,8 @@ def transformed_weight(w: torch.Tensor) -> torch.Tensor:
     g = torch.tensor(_G, dtype=torch.float64, device=w.device)
     u = torch.einsum("ar,oirs,bs->aboi", g, w.double(), g).reshape(16, w.shape[0], w.shape[1])
     u = u.to(w.dtype).contiguous()
+    if hit is None:  # gone with the weight (a session's constants die with it)
+        weakref.finalize(w, _U.pop, id(w), None)
     _U[id(w)] = (weakref.ref(w), w._version, u)
     return u
 

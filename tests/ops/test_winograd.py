@@ -39,6 +39,9 @@ def test_the_transformed_weight_is_kept_per_weight_and_renewed_when_it_changes()
     assert wg.transformed_weight(w) is u and u.shape == (16, 4, 3)
     w.add_(1.0)  # an in-place change bumps the version
     assert wg.transformed_weight(w) is not u
+    key = id(w)
+    del w, u
+    assert key not in wg._U  # gone with the weight
 
 
 def test_only_3x3_stride_1_float32_on_cuda_is_served():
@@ -49,6 +52,8 @@ def test_only_3x3_stride_1_float32_on_cuda_is_served():
         assert wg.serves(xc, wc, (1, 1), (1, 1))
         assert not wg.serves(xc, wc, (2, 2), (1, 1)) and not wg.serves(xc, wc[:, :, :1, :1], (1, 1), (0, 0))
         assert not wg.serves(xc.half(), wc.half(), (1, 1), (1, 1))
+        big = torch.empty(64, 3, 512, 512, device="cuda")  # 16 x 4 x 64 x 256 x 256 x 4 bytes of tiles
+        assert not wg.serves(big, wc, (1, 1), (1, 1))
 
 
 @pytest.mark.parametrize("case", CASES)
