@@ -10,7 +10,8 @@ faster in NCHW (ResNet-50 on an H100 over batches 1, 8, 3, 16, 1: 17.8 ms with s
 The conv weights are stored channels-last once, at load (the update_weights step for
 convolutions), and every 4-D value that a conv, or an op that keeps the memory format of its input
 (element-wise ops, pools, normalisations, Resize, Concat), produces from a channels-last value is
-marked ``layout = "nhwc"``: the generated code gives it arena memory with channels-last strides,
+marked ``layout = "nhwc"`` (a QDQ model's Quantize/DequantizeLinear pairs between convolutions
+too: cnn-qdq's convolutions had read NCHW activations and reordered them every call): the generated code gives it arena memory with channels-last strides,
 so the kernels writing into it keep the format instead of converting back and forth. The values
 are the same; only their strides differ.
 """
@@ -32,6 +33,8 @@ KEEPS = frozenset({
     "Tanh", "Neg", "Abs", "Exp", "Sqrt", "Pow", "Erf", "Elu", "Selu", "Softplus", "Mish", "Where", "Max", "Min",
     "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Resize", "Upsample",
     "Concat", "Dropout", "Identity", "Cast", "Gelu", "Silu",
+    # a QDQ model's activations between convolutions (element-wise, per-tensor or per-channel)
+    "QuantizeLinear", "DequantizeLinear", "FakeQuant",
 })
 CONVS = frozenset({"Conv", "ConvTranspose"})
 

@@ -104,6 +104,18 @@ def _separable_max(x, k, s):
     return y
 
 
+def _pool_layout(x, n, want_idx):
+    """On CPU, an NCHW input pooled in channels-last: torch's CPU max pool over NCHW is 4-10x
+    slower than over the same values channels-last, the layout change included (2 threads,
+    torch 2.13: ResNet's stem pool 1x64x112x112 3.2 ms against 0.8; 8x64x56x56 6.2 against
+    1.5; a 5x5 SPP pool over 1x256x20x20 2.7 against 0.27). The values are the same (a max);
+    the indices, where asked, are torch's own either way."""
+    if (n == 2 and x.device.type == "cpu" and not want_idx and x.shape[1] > 1 and x.numel() >= 4096
+            and x.is_contiguous()):
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def _separable_pays(x, n, k, s, d) -> bool:
     # measured (CPU, 2 threads): stride 1 and windows up to 3x3 over a large plane; elsewhere
     # torch's kernel is as fast or faster (3x3 at stride 2, 5x5 over small planes)
@@ -124,7 +136,7 @@ def _maxpool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     if not want_idx and _separable_pays(x, n, k, s, d):
         r = _separable_max(_explicit_pad(x, k, s, d, begin, end, sizes, float("-inf")), k, s)
     elif begin == end and all(b <= kk // 2 for b, kk in zip(begin, k)):
-        r = _MAX[n](x, k, s, begin, d, bool(ceil_mode), want_idx)
+        r = _MAX[n](_pool_layout(x, n, want_idx), k, s, begin, d, bool(ceil_mode), want_idx)
         padded, off = list(x.shape[2:]), [0] * n
     else:
         xp = _explicit_pad(x, k, s, d, begin, end, sizes, float("-inf"))
