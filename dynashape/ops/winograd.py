@@ -123,9 +123,24 @@ if triton is not None:
         return tl.load(base + rr * W + cc, mask=mt & (rr >= 0) & (rr < H) & (cc >= 0) & (cc < W), other=0.0)
 
     @triton.jit
+    def _taps(base, rr, c0, H, W, mt):
+        """The four taps of a tile's row ``rr`` from column ``c0`` (zeros outside the input)."""
+        return (_tap(base, rr, c0, H, W, mt), _tap(base, rr, c0 + 1, H, W, mt), _tap(base, rr, c0 + 2, H, W, mt),
+                _tap(base, rr, c0 + 3, H, W, mt))
+
+    @triton.jit
     def _bt(d0, d1, d2, d3):
         """B^T applied to four values: (d0 - d2, d1 + d2, d2 - d1, d1 - d3)."""
         return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+    @triton.jit
+    def _store_bt(dst, sk, e0, e1, e2, e3, mt):
+        """B^T applied to a row of e (that is, e B), its four values stored ``sk`` apart."""
+        v0, v1, v2, v3 = _bt(e0, e1, e2, e3)
+        tl.store(dst, v0, mask=mt)
+        tl.store(dst + sk, v1, mask=mt)
+        tl.store(dst + 2 * sk, v2, mask=mt)
+        tl.store(dst + 3 * sk, v3, mask=mt)
 
     @triton.jit(do_not_specialize=["C", "H", "W", "TH", "TW", "P", "ph", "pw"])
     def _input_kernel(X, V, C, H, W, TH, TW, P, ph, pw, BLOCK: tl.constexpr):
@@ -137,22 +152,10 @@ if triton is not None:
         r0 = (rest // TW) * 2 - ph
         c0 = (rest % TW) * 2 - pw
         base = X + (img * C + ch) * H * W
-        d00 = _tap(base, r0 + 0, c0 + 0, H, W, mt)
-        d01 = _tap(base, r0 + 0, c0 + 1, H, W, mt)
-        d02 = _tap(base, r0 + 0, c0 + 2, H, W, mt)
-        d03 = _tap(base, r0 + 0, c0 + 3, H, W, mt)
-        d10 = _tap(base, r0 + 1, c0 + 0, H, W, mt)
-        d11 = _tap(base, r0 + 1, c0 + 1, H, W, mt)
-        d12 = _tap(base, r0 + 1, c0 + 2, H, W, mt)
-        d13 = _tap(base, r0 + 1, c0 + 3, H, W, mt)
-        d20 = _tap(base, r0 + 2, c0 + 0, H, W, mt)
-        d21 = _tap(base, r0 + 2, c0 + 1, H, W, mt)
-        d22 = _tap(base, r0 + 2, c0 + 2, H, W, mt)
-        d23 = _tap(base, r0 + 2, c0 + 3, H, W, mt)
-        d30 = _tap(base, r0 + 3, c0 + 0, H, W, mt)
-        d31 = _tap(base, r0 + 3, c0 + 1, H, W, mt)
-        d32 = _tap(base, r0 + 3, c0 + 2, H, W, mt)
-        d33 = _tap(base, r0 + 3, c0 + 3, H, W, mt)
+        d00, d01, d02, d03 = _taps(base, r0, c0, H, W, mt)
+        d10, d11, d12, d13 = _taps(base, r0 + 1, c0, H, W, mt)
+        d20, d21, d22, d23 = _taps(base, r0 + 2, c0, H, W, mt)
+        d30, d31, d32, d33 = _taps(base, r0 + 3, c0, H, W, mt)
         # e = B^T d, column by column
         e00, e10, e20, e30 = _bt(d00, d10, d20, d30)
         e01, e11, e21, e31 = _bt(d01, d11, d21, d31)
@@ -161,26 +164,10 @@ if triton is not None:
         out = V + ch * P + t
         sk = C * P
         # V = e B, row by row; k = 4 a + b
-        v0, v1, v2, v3 = _bt(e00, e01, e02, e03)
-        tl.store(out + 0 * sk, v0, mask=mt)
-        tl.store(out + 1 * sk, v1, mask=mt)
-        tl.store(out + 2 * sk, v2, mask=mt)
-        tl.store(out + 3 * sk, v3, mask=mt)
-        v0, v1, v2, v3 = _bt(e10, e11, e12, e13)
-        tl.store(out + 4 * sk, v0, mask=mt)
-        tl.store(out + 5 * sk, v1, mask=mt)
-        tl.store(out + 6 * sk, v2, mask=mt)
-        tl.store(out + 7 * sk, v3, mask=mt)
-        v0, v1, v2, v3 = _bt(e20, e21, e22, e23)
-        tl.store(out + 8 * sk, v0, mask=mt)
-        tl.store(out + 9 * sk, v1, mask=mt)
-        tl.store(out + 10 * sk, v2, mask=mt)
-        tl.store(out + 11 * sk, v3, mask=mt)
-        v0, v1, v2, v3 = _bt(e30, e31, e32, e33)
-        tl.store(out + 12 * sk, v0, mask=mt)
-        tl.store(out + 13 * sk, v1, mask=mt)
-        tl.store(out + 14 * sk, v2, mask=mt)
-        tl.store(out + 15 * sk, v3, mask=mt)
+        _store_bt(out, sk, e00, e01, e02, e03, mt)
+        _store_bt(out + 4 * sk, sk, e10, e11, e12, e13, mt)
+        _store_bt(out + 8 * sk, sk, e20, e21, e22, e23, mt)
+        _store_bt(out + 12 * sk, sk, e30, e31, e32, e33, mt)
 
     @triton.jit
     def _at(m0, m1, m2, m3):

@@ -20,24 +20,13 @@ from dynashape.runtime.aligned import MAX_ALIGNED, aligned_value
 
 from ..models import llama
 from .test_static_impls import assert_same
+from .test_static_impls import mlp as static_mlp
 
 
-def mlp(hidden: int = 16, rows: str = "") -> onnx.ModelProto:
-    """y = sigmoid(tanh(softmax(relu(x @ W1 + b)^2 @ W2))) over x [N, 8] (or [N, rows, 8]), the
-    hidden relu an output too: the projections of a decode step, one row per value of N."""
-    rng = np.random.default_rng(0)
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((8, hidden)).astype(np.float32), "W1"),
-             onnx.numpy_helper.from_array(rng.standard_normal((hidden,)).astype(np.float32), "b"),
-             onnx.numpy_helper.from_array(rng.standard_normal((hidden, 8)).astype(np.float32), "W2")]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Mul", ["r", "r"], ["r2"]),
-             helper.make_node("MatMul", ["r2", "W2"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1),
-             helper.make_node("Tanh", ["p"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])]
-    mid = [rows] if rows else []
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", *mid, 8])],
-                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", *mid, 8]),
-                           helper.make_tensor_value_info("r", TP.FLOAT, ["N", *mid, hidden])], initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+def mlp(rows: str = "") -> onnx.ModelProto:
+    """The MLP of test_static_impls over x [N, 8] (the projections of a decode step, one row per
+    value of N), or over [N, rows, 8]."""
+    return static_mlp(dims=("N", rows) if rows else ("N",))
 
 
 def feeds(n, device, seed, rows=None):

@@ -12,7 +12,7 @@ import dynashape
 from tests.models import llama
 
 from ..ops.test_specialise import _conv_block
-from .test_static_impls import assert_same, feeds, mlp
+from .test_static_impls import assert_same, decode_alike, feeds, mlp
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="two CUDA devices")
@@ -48,17 +48,7 @@ def test_timed_conv_forms_run_on_the_second_gpu():
 
 def test_a_decode_on_the_second_gpu_equals_the_dynamic_path():
     torch.cuda.set_device(0)
-    names = llama.input_names()
     sess = dynashape.InferenceSession(str(llama.model_path()), device=DEV)  # whole-step decode graphs
     ref = dynashape.InferenceSession(str(llama.model_path()), device=DEV, static_impls="off")
-    torch.manual_seed(0)
-    past = past_ref = [torch.zeros(2, 2, 0, 16, device=DEV) for _ in range(4)]
-    ids = torch.randint(0, 1000, (2, 5), device=DEV)
-    for _step in range(24):
-        out = sess.run(None, dict(zip(names, [ids, *past])))
-        out_ref = ref.run(None, dict(zip(names, [ids, *past_ref])))
-        for a, b in zip(out, out_ref):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        past, past_ref = out[1:], out_ref[1:]
-        ids = torch.randint(0, 1000, (2, 1), device=DEV)
+    decode_alike(sess, ref, DEV, 24)
     assert torch.cuda.current_device() == 0

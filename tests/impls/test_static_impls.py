@@ -23,8 +23,9 @@ from dynashape.impls import CannotCapture
 from dynashape.runtime import compiled
 
 
-def mlp(hidden: int = 16) -> onnx.ModelProto:
-    """y = tanh(softmax(relu(x @ W1 + b) @ W2)); also the hidden relu as an output."""
+def mlp(hidden: int = 16, dims: tuple = ("N", "S")) -> onnx.ModelProto:
+    """y = sigmoid(tanh(softmax(relu(x @ W1 + b)^2 @ W2))) over x [*dims, 8]; also the hidden relu
+    as an output."""
     rng = np.random.default_rng(0)
     inits = [onnx.numpy_helper.from_array(rng.standard_normal((8, hidden)).astype(np.float32), "W1"),
              onnx.numpy_helper.from_array(rng.standard_normal((hidden,)).astype(np.float32), "b"),
@@ -33,9 +34,9 @@ def mlp(hidden: int = 16) -> onnx.ModelProto:
              helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Mul", ["r", "r"], ["r2"]),
              helper.make_node("MatMul", ["r2", "W2"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1),
              helper.make_node("Tanh", ["p"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "S", 8])],
-                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", "S", 8]),
-                           helper.make_tensor_value_info("r", TP.FLOAT, ["N", "S", hidden])], initializer=inits)
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, [*dims, 8])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [*dims, 8]),
+                           helper.make_tensor_value_info("r", TP.FLOAT, [*dims, hidden])], initializer=inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -167,22 +168,29 @@ def test_requests_on_threads(device):
     assert sess.compiled.impls.summary()["impl_cache_size"] >= 3  # per request: impls read its own arena
 
 
-def test_regions_of_a_decode_step_leave_the_past_to_the_attention(device):
+def decode_alike(sess, ref, device, steps: int) -> None:
+    """A greedy-decode-like loop of the test decoder (a prompt of 5, then one token per step, the
+    present fed back) through ``sess`` and ``ref``: every output equal at every step."""
     from tests.models import llama
-    sess = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="sync",
-                                   decode_graphs="off")  # the regions, not the whole-step graph
     names = llama.input_names()
-    ref = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="off")
     torch.manual_seed(0)
     past = past_ref = [torch.zeros(2, 2, 0, 16, device=device) for _ in range(4)]
     ids = torch.randint(0, 1000, (2, 5), device=device)
-    for _step in range(20):  # the past grows past the arena's capacity: re-plans drop impls
+    for _step in range(steps):
         out = sess.run(None, dict(zip(names, [ids, *past])))
         out_ref = ref.run(None, dict(zip(names, [ids, *past_ref])))
         for a, b in zip(out, out_ref):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         past, past_ref = out[1:], out_ref[1:]
         ids = torch.randint(0, 1000, (2, 1), device=device)
+
+
+def test_regions_of_a_decode_step_leave_the_past_to_the_attention(device):
+    from tests.models import llama
+    sess = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="sync",
+                                   decode_graphs="off")  # the regions, not the whole-step graph
+    ref = dynashape.InferenceSession(str(llama.model_path()), device=device, static_impls="off")
+    decode_alike(sess, ref, device, 20)  # the past grows past the arena's capacity: re-plans drop impls
     spec = [s for s in sess.compiled.specs if s.regions][-1]
     assert all("past" not in rc.region.syms for rc in spec.regions if rc.region.kernels > 1)
     st = sess.stats()
