@@ -33,6 +33,9 @@ KEEPS = frozenset({
     "Tanh", "Neg", "Abs", "Exp", "Sqrt", "Pow", "Erf", "Elu", "Selu", "Softplus", "Mish", "Where", "Max", "Min",
     "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Resize", "Upsample",
     "Concat", "Dropout", "Identity", "Cast", "Gelu", "Silu",
+    # its parts are copied into their buffers: NHWC ones keep a YOLO C2f block's Split -> Concat
+    # chain channels-last (else the Concat, whose inputs must all be NHWC, broke it)
+    "Split",
     # a QDQ model's activations between convolutions (element-wise, per-tensor or per-channel)
     "QuantizeLinear", "DequantizeLinear", "FakeQuant",
 })
