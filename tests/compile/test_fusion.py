@@ -1028,3 +1028,49 @@ def test_channels_last_by_device_and_dtype(monkeypatch):
     assert layouts("cuda") == {"nhwc"}
     monkeypatch.setenv("DYNASHAPE_CHANNELS_LAST", "0")
     assert layouts("cpu") == {None}
+
+
+def _split_qdq_model() -> onnx.ModelProto:
+    """Conv -> Q -> DQ -> Split (channels) -> Concat -> MaxPool -> Conv: a YOLO C2f-like block of a
+    QDQ model, every op of it between convolutions."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) / 4).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.standard_normal((6, 8, 1, 1)) / 4).astype(np.float32), "W2"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z"),
+             numpy_helper.from_array(np.array([4, 4], np.int64), "parts")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c1", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"]),
+             helper.make_node("Split", ["dq", "parts"], ["a", "b"], axis=1),
+             helper.make_node("Concat", ["b", "a"], ["cat"], axis=1),
+             helper.make_node("MaxPool", ["cat"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "W2"], ["y"])]
+    g = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_qdq_split_and_concat_keep_channels_last_between_convolutions():
+    model = _split_qdq_model()
+    sess = dynashape.InferenceSession(model)
+    g = sess.program.fused
+    marked = {n.op_type: getattr(n.outputs[0], "layout", None) for n in g.nodes}
+    for op in ("Conv", "Split", "Concat", "MaxPool"):  # Q/DQ may be fused into one FakeQuant
+        assert marked.get(op) == "nhwc", marked
+    assert all(getattr(n.outputs[0], "layout", None) == "nhwc" for n in g.nodes
+               if n.op_type in ("QuantizeLinear", "DequantizeLinear", "FakeQuant"))
+    rng = np.random.default_rng(4)
+    check_sequence(model, [{"x": rng.standard_normal((n, 4, h, w)).astype(np.float32)}
+                           for n, h, w in [(1, 9, 12), (3, 16, 16), (1, 9, 12), (2, 7, 5)]], sess=sess)
+
+
+@pytest.mark.parametrize("shape,k,s,p", [((2, 16, 20, 24), 3, 2, 1), ((1, 8, 33, 17), 2, 2, 0),
+                                         ((1, 4, 12, 12), 5, 1, 2)])
+def test_cpu_max_pool_over_nchw_equals_torchs(shape, k, s, p):
+    """ops/pool.py pools an NCHW input channels-last on CPU: the same values as torch's NCHW pool."""
+    from dynashape.ops.pool import _maxpool
+    x = torch.randn(shape)
+    y = _maxpool(x, kernel_shape=[k, k], strides=[s, s], pads=[p] * 4, _n_outputs=1)
+    y = y[0] if isinstance(y, (tuple, list)) else y
+    assert torch.equal(y, torch.nn.functional.max_pool2d(x, k, s, p))
