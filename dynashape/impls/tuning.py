@@ -47,8 +47,10 @@ def _cycles_per_us() -> float:
 
 
 def hold_gpu(us: float) -> None:
-    """Keep the current stream busy for about ``us`` microseconds (at most ``MAX_HOLD_US``)."""
-    torch.cuda._sleep(int(min(us, MAX_HOLD_US) * _cycles_per_us()))
+    """Keep the current stream busy for about ``us`` microseconds (at most ``MAX_HOLD_US``); a
+    torch without ``torch.cuda._sleep`` (a private helper) times without the hold."""
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(int(min(us, MAX_HOLD_US) * _cycles_per_us()))
 
 
 def _events_us(fn, host_us: float) -> float:
