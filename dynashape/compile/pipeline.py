@@ -11,6 +11,7 @@ from ..ir import Graph
 from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
 from .dead_nodes import remove_dead_nodes
+from .drop_repeated_fake_quant import drop_repeated_fake_quant
 from .fold_conv_add import fold_conv_add
 from .fold_conv_bn import fold_conv_bn
 from .fuse_activations import fuse_gelu, fuse_hard_activations, fuse_silu
@@ -46,6 +47,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fuse_qdq", fuse_qdq),
+    ("drop_repeated_fake_quant", drop_repeated_fake_quant),
     ("fold_conv_add", fold_conv_add),  # before fold_conv_bn: a BatchNormalization after the Add folds too
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
