@@ -67,9 +67,9 @@ def _free(d, canon) -> frozenset[str]:
 
 
 def _leading(dims, s: str, canon) -> bool:
-    """``s`` exactly as the first dim, and in no other."""
+    """``s`` exactly as the first dim, and no symbol in the others: whole rows of a fixed size."""
     return (len(dims) >= 1 and isinstance(dims[0], SymInt) and canon(dims[0]) == E.sym(s)
-            and not any(s in _free(d, canon) for d in dims[1:]))
+            and not any(_free(d, canon) for d in dims[1:]))
 
 
 def _has_const_weight(n: Node) -> bool:
@@ -85,7 +85,7 @@ def _rowwise(n: Node, s: str, dims_of, canon) -> bool:
         if d is None:
             return False
         dims[id(v)] = d
-        if carries(d, s, canon) and (not _leading(d, s, canon) or any(_free(x, canon) for x in d[1:])):
+        if carries(d, s, canon) and not _leading(d, s, canon):
             return False  # not whole rows of s, or rows whose size follows another symbol
     ins = [v for v, is_in in tensors if is_in and carries(dims[id(v)], s, canon)]
     outs = [v for v, is_in in tensors if not is_in]

@@ -969,11 +969,10 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     spec.sized_nodes = b.sized_nodes
     spec.step_refused = b.step_refused if b.kv_nodes else ""
     spec.input_locals = [b.local[id(v)] for v in trace.input_values]
+    where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}  # arena members
     if b.step is not None:
-        where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
         spec.step = StepCode(b.step, ns["step"], {n: where[n] for n in b.step.live_in + b.step.prep_live_in
                                                   if n in where}, ns.get("prep") if b.step.prep else None)
-    where = {name: (g.index, j) for g in groups for j, name in enumerate(g.members)}
     values = {id(v): v for n in trace.graph.nodes for v in n.inputs + n.outputs if v is not None}
     values.update((id(v), v) for v in trace.input_values)
     by_local = {name: values[i] for i, name in b.local.items() if i in values}

@@ -82,7 +82,7 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
     stride, padding = tuple(stride), tuple(padding)
     if cudnn is None:
         def cudnn():
-            return _epilogue(torch.conv2d(x, w, b, stride, padding, dilation, groups), None, z, relu)
+            return _epilogue(torch.conv2d(x, w, b, stride, padding, dilation, groups), z, relu)
     fs = forms(x, w, stride, padding)
     key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
@@ -108,12 +108,14 @@ def windows(x, k, stride, padding, merged: bool = False) -> torch.Tensor:
     return v.reshape(n, c * kh * kw, ho * wo)
 
 
-def _epilogue(y, b, z, relu):
-    if b is not None:
-        y.add_(b.view(1, -1, 1, 1))
-    if z is not None:
-        y.add_(z)
-    return y.relu_() if relu else y
+def _epilogue(y, z, relu):
+    """The residual and the ReLU after a convolution's own call, in place on its NCHW output."""
+    if z is None and not relu:
+        return y
+    n, c = y.shape[:2]
+    flat = y.view(n, c, -1)
+    bias_add_relu(flat, None, None if z is None else z.reshape(n, c, -1), relu, out=flat)
+    return y
 
 
 def _run(form, x, w, b, stride, padding, relu, z, cudnn):

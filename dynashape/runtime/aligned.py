@@ -82,7 +82,7 @@ class AlignedImpl:
 
     aligned = True
 
-    def __init__(self, build_inner, al, views: PaddedViews, ins: tuple, real: int, padded: int) -> None:
+    def __init__(self, build_inner, al, views: PaddedViews, ins: tuple, padded: int) -> None:
         self.al, self.padded = al, padded
         self.padded_ins: list = []
         self.copies: list[int] = []  # live-ins outside the arena: copied into a padded buffer per call
@@ -100,6 +100,7 @@ class AlignedImpl:
                 self.padded_ins.append(x)  # no rows of the symbol: the inner impl's own refresh serves it
         self.carried = [i for i, c in enumerate(al.carries_in) if c]  # at least one (align.plan)
         self.rows_after = {i: ins[i].shape[1:] for i in self.carried}
+        real = ins[self.carried[0]].shape[0]
         self._copy_in(ins, real)
         try:
             self.inner = build_inner(tuple(self.padded_ins))

@@ -317,7 +317,7 @@ class SpecState:
             return AlignedImpl(lambda sins: build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out,
                                                          rc.symvars, key[:-1], sins, refresh, reg.results,
                                                          self.spec.namespace, name),
-                               al, views, ins, self.sig[al.sig_pos], padded)
+                               al, views, ins, padded)
         # inline: CUDA captures (see impls/context.py), and inductor builds: FX tracing keeps
         # module-level state, and a build on the worker broke a torch.compile running meanwhile in
         # the application's thread (measured: "CURRENT_PATCHER is None" in torch.fx)

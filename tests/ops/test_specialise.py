@@ -137,7 +137,7 @@ def test_every_conv_form_computes_the_convolution(case, bias, relu, residual):
     assert ("gemm" in fs) == (k == 1 and pad == 0) and (any(f.endswith("_merged") for f in fs)) == (n > 1)
     for form in fs:
         y = tc._run(form, x, w, b, (st, st), (pad, pad), relu, z.clone() if z is not None else None,
-                    lambda: tc._epilogue(F.conv2d(x, w, b, st, pad), None, z.clone() if z is not None else None, relu))
+                    lambda: tc._epilogue(F.conv2d(x, w, b, st, pad), z.clone() if z is not None else None, relu))
         assert y.shape == ref.shape and y.is_contiguous(), form
         torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4, msg=form)
 
