@@ -3,6 +3,6 @@ background, and the static impls themselves (CUDA graphs, specialised Python).""
 
 from .cache import ImplCache
 from .context import CompilationContext
-from .static import CannotCapture, build_static
+from .static import CannotCapture, build_static, static_builder
 
-__all__ = ["CannotCapture", "CompilationContext", "ImplCache", "build_static"]
+__all__ = ["CannotCapture", "CompilationContext", "ImplCache", "build_static", "static_builder"]

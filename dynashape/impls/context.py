@@ -48,6 +48,11 @@ class CompilationContext:
         self._start()
         return True
 
+    def queued(self, key) -> bool:
+        """Whether a build of ``key`` is queued or running."""
+        with self._lock:
+            return key in self._pending
+
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)

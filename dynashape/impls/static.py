@@ -121,17 +121,26 @@ def fusable_ops(gm) -> int:
 
 class InductorImpl:
     """CPU: the region's lines for one key traced to aten ops (``make_fx`` over fake tensors:
-    metadata only, so a background build never reads or writes the arena the calls use) and
-    compiled by inductor into C++ kernels (element-wise chains fused into one loop, matrix
-    products and convolutions calling the libraries torch calls). The live-ins' sizes, strides and
-    aliasing (arena views of one block) are those of the key's arena plan, part of the key; the
-    compiled code asserts the sizes and strides, and a call whose non-tensor live-ins differ from
-    the build's takes the dynamic path. Writes into arena buffers stay writes into them."""
+    metadata only, so the build never reads or writes the arena the calls use) and compiled by
+    inductor into C++ kernels (element-wise chains fused into one loop, matrix products and
+    convolutions calling the libraries torch calls). The live-ins' sizes, strides and aliasing
+    (arena views of one block) are those of the key's arena plan, part of the key; the compiled
+    code asserts the sizes and strides, and a call whose non-tensor live-ins differ from the
+    build's takes the dynamic path. Writes into arena buffers stay writes into them.
+
+    Two steps. The constructor traces, in the calling thread (FX tracing keeps module-level
+    state: a trace on another thread broke a torch.compile running meanwhile in the
+    application's thread), and runs AOT autograd's part of inductor there (functionalization,
+    and the merging of live-ins that alias one block into one base, which keeps a write through
+    one arena view ordered before a later read through another); ``compile()`` then lowers,
+    generates and compiles the C++ in the compile process (compile_process.py) and may run on
+    the compilation context's worker: the serving thread keeps running meanwhile."""
 
     kind = "inductor"
 
     def __init__(self, fn, symvals: tuple, ins: tuple) -> None:
         import torch._inductor  # noqa: F401  (the compiler; imported at the first CPU build)
+        from torch._inductor.compile_fx import compile_fx
         from torch.fx.experimental.proxy_tensor import make_fx
         self.tensor_pos = [i for i, x in enumerate(ins) if isinstance(x, torch.Tensor)]
         self.consts = {i: x for i, x in enumerate(ins) if not isinstance(x, torch.Tensor)}
@@ -151,14 +160,76 @@ class InductorImpl:
         if fusable < MIN_FUSABLE:
             raise TooLittleToFuse(f"{fusable} element-wise or reduction ops (an inductor region pays off from "
                                   f"{MIN_FUSABLE})")
-        self.fn = torch._inductor.compile(gm, tensors)
+        self.inner = _Deferred()
+        self.fn = compile_fx(gm, tensors, inner_compile=self.inner.record)
+        if self.inner.gm is None:
+            raise RuntimeError("inductor compiled the region without its inner compiler")
         self.nbytes = 0
+
+    def compile(self) -> InductorImpl:
+        """The C++ of the traced region, compiled in the compile process and loaded here."""
+        from .compile_process import process
+        self.inner.fn = process().compile(self.inner.request, self.inner.gm)
+        self.inner.gm = self.inner.request = None
+        return self
 
     def __call__(self, ins: tuple):
         for i, c in self.consts.items():
             if ins[i] is not c and ins[i] != c:
                 return None  # a value the build took as a constant: the dynamic path serves
         return tuple(self.fn(*[ins[i] for i in self.tensor_pos]))
+
+
+def _input_meta(t: torch.Tensor) -> dict:
+    s = t.untyped_storage()
+    return {"size": tuple(t.shape), "stride": tuple(t.stride()), "dtype": t.dtype, "offset": t.storage_offset(),
+            "storage": s._cdata, "storage_nbytes": s.nbytes()}
+
+
+def _deferred_base():
+    from torch._inductor.output_code import OutputCode
+    return OutputCode
+
+
+class _Deferred:
+    """What inductor's inner compiler hands to AOT autograd's wrappers: the functional graph and
+    its inputs' metadata are recorded, the compiled function comes later (``fn``)."""
+
+    _boxed_call = True
+
+    def __init__(self) -> None:
+        self.gm = None
+        self.request: bytes | None = None
+        self.fn = None
+
+    def record(self, gm, example_inputs, **kwargs):
+        from .compile_process import request
+        out = gm.graph.find_nodes(op="output")[0]
+        # the output strides inductor must keep
+        out_meta = {k: out.meta[k] for k in ("user_visible_output_idxs", "original_output_strides") if k in out.meta}
+        self.gm = gm
+        self.request = request(gm, [_input_meta(t) for t in example_inputs], out_meta)
+        return _boxed(self)
+
+
+def _boxed(d: _Deferred):
+    base = _deferred_base()
+
+    class Boxed(base):  # an OutputCode: AOT autograd's wrappers call it with a list of inputs
+        _boxed_call = True
+
+        def __call__(self, inputs):
+            return d.fn(inputs)
+
+        def post_compile(self, *a, **kw):
+            pass
+
+        def prepare_for_serialization(self):
+            pass
+
+        def set_triton_bundle(self, bundle):
+            pass
+    return Boxed()
 
 
 class CudaGraphImpl:
@@ -334,25 +405,48 @@ def _rng_restore(device: torch.device, rng) -> None:
         pass
 
 
-def build_static(device: torch.device, fn, body: list[str], params: list[str], live_out: list[str],
-                 symvars: list[str], symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 ns: dict, filename: str):
-    """The static impl of a region for the key ``symvals`` (values of ``symvars``), built from
-    the live-ins ``ins`` of the call that asked."""
+def static_builder(device: torch.device, fn, body: list[str], params: list[str], live_out: list[str],
+                   symvars: list[str], symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
+                   ns: dict, filename: str):
+    """What builds the static impl of a region for the key ``symvals`` (values of ``symvars``)
+    from the live-ins ``ins`` of the call that asked: a function of no arguments. The part of a
+    build that must run in the calling thread is done before this returns (an inductor build's
+    trace); the rest (its compilation, a specialised source) may run on the compilation
+    context's worker. A CUDA capture is all in the returned function, which the caller runs
+    inline (impls/context.py says why)."""
     if device.type == "cuda":
-        return CudaGraphImpl(fn, symvals, ins, refresh, results, device)
-    why = None
-    if cpu_kind() == "inductor":
+        return lambda: CudaGraphImpl(fn, symvals, ins, refresh, results, device)
+
+    def specialized(why: str | None = None):
+        impl = SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)
+        impl.fallback = why
+        return impl
+    if cpu_kind() != "inductor":
+        return specialized
+    try:
+        traced = InductorImpl(fn, symvals, ins)
+    except TooLittleToFuse:
+        return specialized
+    except Exception as e:  # noqa: BLE001  an op inductor refuses: counted, logged
+        return lambda err=e: _fell_back(specialized, err)  # (``e`` is unbound after the block)
+
+    def compiled():
         try:
-            return InductorImpl(fn, symvals, ins)
-        except TooLittleToFuse:
-            pass
-        except Exception as e:  # noqa: BLE001  no compiler here, an op inductor refuses: counted, logged
-            why = f"{type(e).__name__}: {e}"
-            log.info("inductor could not compile a region (%s); its specialised source serves", why[:300])
-    impl = SpecializedImpl(body, params, live_out, dict(zip(symvars, symvals)), ns, filename)
-    impl.fallback = why
-    return impl
+            return traced.compile()
+        except Exception as e:  # noqa: BLE001  no compiler here, a region inductor cannot lower: counted, logged
+            return _fell_back(specialized, e)
+    return compiled
+
+
+def _fell_back(specialized, e: Exception):
+    why = f"{type(e).__name__}: {e}"
+    log.info("inductor could not compile a region (%s); its specialised source serves", why[:300])
+    return specialized(why)
+
+
+def build_static(*args, **kwargs):
+    """The static impl itself, built now in this thread (``static_builder``'s arguments)."""
+    return static_builder(*args, **kwargs)()
 
 
 def cpu_kind() -> str:

@@ -29,7 +29,15 @@ from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.shape_program import trace
 from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
-from ..impls import CannotCapture, CompilationContext, ImplCache, build_static, capture_guard
+from ..impls import (
+    CannotCapture,
+    CompilationContext,
+    ImplCache,
+    build_static,
+    capture_guard,
+    compile_process,
+    static_builder,
+)
 from ..impls.cache import capacity_from
 from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
@@ -88,7 +96,8 @@ class CompiledModel:
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last
         self.impls = ImplCache(capacity_from(impl_cache_size))
         if static and device.type == "cpu":  # the environment's choices for builds, checked now
-            cpu_kind()  # rather than in the call that builds
+            if cpu_kind() == "inductor":  # rather than in the call that builds
+                compile_process.prewarm()
         elif static:
             timed_forms()
             cudnn_benchmark_limit()
@@ -304,24 +313,35 @@ class SpecState:
                 self.seen.pop(next(iter(self.seen)))
             self.seen[rk] = True
             return None
+        if model.context.queued(k):  # being built on the worker: the dynamic impl serves meanwhile
+            return None
+        if self.runner.traced and model.static == "async" and not self.runner.prebuild:
+            # an inductor build's trace holds this thread ~0.1-0.3 s: one per call, so that a step
+            # whose regions all come back at once is not held for all of them (the next call traces
+            # the next one)
+            return None
         reg = rc.region
         name = f"<static:{self.spec.filename}:r{r}>"
-
-        def build():
-            if padded is None:
-                return build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
-                                    reg.refresh, reg.results, self.spec.namespace, name)
-            # the padded views are stable for the impl: refreshed only what passes through
-            refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
-            views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
-            return AlignedImpl(lambda sins: build_static(model.device, rc.fn, rc.body, reg.live_in, reg.live_out,
-                                                         rc.symvars, key[:-1], sins, refresh, reg.results,
-                                                         self.spec.namespace, name),
-                               al, views, ins, padded)
-        # inline: CUDA captures (see impls/context.py), and inductor builds: FX tracing keeps
-        # module-level state, and a build on the worker broke a torch.compile running meanwhile in
-        # the application's thread (measured: "CURRENT_PATCHER is None" in torch.fx)
-        model.context.submit(k, build, self._built, inline=model.device.type == "cuda" or cpu_kind() == "inductor")
+        if padded is None:
+            t0 = time.perf_counter()
+            # the part bound to this thread (a trace) runs now; the rest on the worker when async
+            build = static_builder(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
+                                   reg.refresh, reg.results, self.spec.namespace, name)
+            self.stats["static_trace_time_s"] += time.perf_counter() - t0
+            self.runner.traced = model.device.type == "cpu"
+            # inline: CUDA captures (see impls/context.py)
+            model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
+        else:
+            def build():  # one impl for the bucket of values up to ``padded`` (aligned.py)
+                # the padded views are stable for the impl: refreshed only what passes through
+                refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
+                views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
+                return AlignedImpl(lambda sins: build_static(model.device, rc.fn, rc.body, reg.live_in,
+                                                             reg.live_out, rc.symvars, key[:-1], sins, refresh,
+                                                             reg.results, self.spec.namespace, name),
+                                   al, views, ins, padded)
+            # inline: CUDA captures, and a CPU trace, which needs the padded views made in the build
+            model.context.submit(k, build, self._built, inline=True)
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)
@@ -413,6 +433,7 @@ class CompiledRunner:
         self._subs: dict[str, object] = {}
         self._caps: dict[str, int] = {}
         self.prebuild = False  # build static impls at the first sight of a key (optimal values at load)
+        self.traced = False  # whether this call traced a region for an inductor build (one per call)
         self.bound: dict[str, torch.Tensor] = {}  # output name -> a caller's tensor to write it into (io_binding)
 
     # ---- per-request objects the specializations share ----------------------------------------
@@ -522,6 +543,7 @@ class CompiledRunner:
         self.hand_out = hand_out
         self.buffer_set = buffer_set
         self.owned = []
+        self.traced = False
         try:
             outs = st.spec.run(st, *inputs)
         except Exception as e:

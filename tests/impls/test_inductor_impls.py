@@ -61,7 +61,7 @@ def _chain(n, x, scale):
 
 def test_the_compiled_region_writes_its_live_ins_as_the_lines_do_and_guards_its_constants():
     x = torch.randn(3, 5)
-    impl = static_mod.InductorImpl(_chain, (3,), (x.clone(), 0.5))
+    impl = static_mod.InductorImpl(_chain, (3,), (x.clone(), 0.5)).compile()
     assert impl.kind == "inductor"
     want_x = x.clone()
     want = _chain(3, want_x, 0.5)
@@ -81,22 +81,35 @@ def test_env_var_chooses_the_specialised_source(monkeypatch):
     assert st.get("static_builds_inductor", 0) == 0 and st["static_builds_specialized"] >= 1
 
 
-def test_inductor_builds_run_in_the_calling_thread_even_in_async_mode(monkeypatch):
-    """FX tracing keeps module-level state: a build on the worker broke a torch.compile running
-    meanwhile in the application's thread."""
+def test_inductor_builds_trace_in_the_calling_thread_and_compile_beside_it(monkeypatch):
+    """FX tracing keeps module-level state (a trace on the worker broke a torch.compile running
+    meanwhile in the application's thread): the trace runs in the call; the compilation on the
+    worker, in the compile process, while the dynamic impl serves."""
     import threading
-    threads = []
-    real = static_mod.InductorImpl.__init__
+    traced, compiled = [], []
+    real_init, real_compile = static_mod.InductorImpl.__init__, static_mod.InductorImpl.compile
 
-    def recording(self, *a, **kw):
-        threads.append(threading.current_thread())
-        real(self, *a, **kw)
-    monkeypatch.setattr(static_mod.InductorImpl, "__init__", recording)
+    def recording_init(self, *a, **kw):
+        traced.append(threading.current_thread())
+        real_init(self, *a, **kw)
+
+    def recording_compile(self):
+        compiled.append(threading.current_thread())
+        return real_compile(self)
+    monkeypatch.setattr(static_mod.InductorImpl, "__init__", recording_init)
+    monkeypatch.setattr(static_mod.InductorImpl, "compile", recording_compile)
     path, names = str(llama.model_path()), llama.input_names()
     sess = dynashape.InferenceSession(path, static_impls="async")
-    _decode(sess, names, 4)
-    assert threads and all(t is threading.main_thread() for t in threads)
-    assert sess.stats()["static_builds_inductor"] >= 1  # built in the call, no wait needed
+    _decode(sess, names, 10)  # one trace per call: the regions come one call after another
+    assert sess.compiled.context.wait(300)
+    assert traced and all(t is threading.main_thread() for t in traced)
+    assert compiled and all(t.name == "dynashape-compile" for t in compiled)
+    st = sess.stats()
+    # (an earlier test's session may still compile on its own worker: counted in ``compiled`` too)
+    assert 1 <= st["static_builds_inductor"] <= len(compiled) and st.get("static_inductor_fallbacks", 0) == 0, \
+        (dict(st), list(sess.compiled.refusals))
+    from dynashape.impls.compile_process import process
+    assert process().builds >= len(compiled)
 
 
 @pytest.mark.parametrize("var,value", [("DYNASHAPE_CPU_STATIC", "bogus"), ("DYNASHAPE_STATIC_FORMS", "yes"),

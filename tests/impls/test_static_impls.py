@@ -122,8 +122,10 @@ def test_optimal_values_are_built_at_load_and_other_shapes_take_the_dynamic_path
 
 def test_a_region_that_cannot_be_captured_keeps_the_dynamic_path_counted(device, monkeypatch):
     def refuse(*a, **k):
-        raise CannotCapture("a kernel synchronises with the host")
-    monkeypatch.setattr(compiled, "build_static", refuse)
+        def build():
+            raise CannotCapture("a kernel synchronises with the host")
+        return build
+    monkeypatch.setattr(compiled, "static_builder", refuse)
     ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
     assert_same(run_all(sess, device), ref)
@@ -203,10 +205,12 @@ def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(d
     runs = []
 
     def run_then_refuse(dev, fn, body, params, live_out, symvars, symvals, ins, refresh, results, ns, filename):
-        first = fn(*symvals, *ins)
-        runs.append(1)
-        raise CannotCapture("a kernel synchronises with the host", tuple(first))
-    monkeypatch.setattr(compiled, "build_static", run_then_refuse)
+        def build():
+            first = fn(*symvals, *ins)
+            runs.append(1)
+            raise CannotCapture("a kernel synchronises with the host", tuple(first))
+        return build
+    monkeypatch.setattr(compiled, "static_builder", run_then_refuse)
     ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
     assert_same(run_all(sess, device), ref)
@@ -216,8 +220,10 @@ def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(d
 
 def test_refusals_are_logged_with_verbose(device, monkeypatch, capsys):
     def refuse(*a, **k):
-        raise CannotCapture("a kernel synchronises with the host")
-    monkeypatch.setattr(compiled, "build_static", refuse)
+        def build():
+            raise CannotCapture("a kernel synchronises with the host")
+        return build
+    monkeypatch.setattr(compiled, "static_builder", refuse)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", verbose=1)
     run_all(sess, device)
     err = capsys.readouterr().out
