@@ -73,10 +73,13 @@ def eager_step(cfg: dict, dev: torch.device, compiled: bool = False):
     return step
 
 
-def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev) -> dict[str, list[float]]:
-    """Round by round, each runtime in turn (they share torch's thread pool); the first round warms up."""
+def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev) -> tuple[dict, dict]:
+    """Round by round, each runtime in turn (they share torch's thread pool); the first round warms
+    up. Returns the step times of the timed rounds and those of the warm-up round (where static
+    impls are built: a build that stalls the loop shows there)."""
     rng = np.random.default_rng(0)
     times: dict[str, list[float]] = {k: [] for k in steps_by_name}
+    warm: dict[str, list[float]] = {}
     for r in range(rounds + 1):
         ids = torch.from_numpy(rng.integers(0, cfg["vocab"], (batch, 8 + steps))).to(dev)
         for name, step in steps_by_name.items():
@@ -85,12 +88,14 @@ def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev) -> dict[st
             t = _loop(step, past, ids, steps, dev)
             if r:
                 times[name] += t
+            else:
+                warm[name] = t
         if r == 0:  # steady state: static impls built in the background during the warm-up are done
             for step in steps_by_name.values():
                 sess = getattr(step, "session", None)
                 if sess is not None and sess.compiled.context is not None:
                     sess.compiled.context.wait(600)
-    return times
+    return times, warm
 
 
 def ort_rounds(path: str, cfg: dict, batch: int, steps: int, rounds: int, threads: int) -> list[float]:
@@ -142,7 +147,7 @@ def main() -> None:
             steps_by_name[f"dynashape static_impls={mode}"] = dynashape_step(path, cfg, dev, mode)
         if args.compile:
             steps_by_name["torch.compile"] = eager_step(cfg, dev, compiled=True)
-        times = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)
+        times, warm = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)
         del steps_by_name
         _gone()
         if dev.type == "cpu":
@@ -153,13 +158,18 @@ def main() -> None:
         tps = {k: batch / m for k, m in med.items()}
         data["results"][f"batch {batch}"] = {k: {"tokens_per_s": tps[k], "median_step_ms": med[k] * 1e3,
                                                  "p10_step_ms": float(np.percentile(times[k], 10)) * 1e3,
-                                                 "p90_step_ms": float(np.percentile(times[k], 90)) * 1e3}
+                                                 "p90_step_ms": float(np.percentile(times[k], 90)) * 1e3,
+                                                 **({"warmup_round_max_step_ms": max(warm[k]) * 1e3,
+                                                     "warmup_round_total_ms": sum(warm[k]) * 1e3} if k in warm else {})}
                                              for k in times}
         for k in times:
             rows.append([f"batch {batch}", k, tps[k], med[k] * 1e3, float(np.percentile(times[k], 10)) * 1e3,
-                         float(np.percentile(times[k], 90)) * 1e3, tps[k] / tps["PyTorch eager"]])
+                         float(np.percentile(times[k], 90)) * 1e3, tps[k] / tps["PyTorch eager"],
+                         max(warm[k]) * 1e3 if k in warm else float("nan"),
+                         sum(warm[k]) * 1e3 if k in warm else float("nan")])
     print_table(f"decode, {args.config} Llama-style decoder, {args.steps} steps, {dev}, {args.threads} threads",
-                ["batch", "runtime", "tokens/s", "ms/step (median)", "p10", "p90", "x eager"], rows)
+                ["batch", "runtime", "tokens/s", "ms/step (median)", "p10", "p90", "x eager",
+                 "warm-up round: max step ms", "total ms"], rows)
     write_json(args.json, data)
 
 
