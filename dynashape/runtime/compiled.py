@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
 GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
 # the counters of static impls, reported (as 0 too) whenever they are on
-STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_bytes",
-                   "static_refused", "static_refused_runs", "static_guard_fails", "static_errors_rerun",
+# (static_trace_time_s: the part of CPU builds spent in the calling thread, the trace)
+STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_trace_time_s",
+                   "static_bytes", "static_refused", "static_refused_runs", "static_guard_fails", "static_errors_rerun",
                    "static_dropped_by_replan")
 SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
 
