@@ -186,16 +186,9 @@ def _input_meta(t: torch.Tensor) -> dict:
             "storage": s._cdata, "storage_nbytes": s.nbytes()}
 
 
-def _deferred_base():
-    from torch._inductor.output_code import OutputCode
-    return OutputCode
-
-
 class _Deferred:
     """What inductor's inner compiler hands to AOT autograd's wrappers: the functional graph and
     its inputs' metadata are recorded, the compiled function comes later (``fn``)."""
-
-    _boxed_call = True
 
     def __init__(self) -> None:
         self.gm = None
@@ -213,9 +206,9 @@ class _Deferred:
 
 
 def _boxed(d: _Deferred):
-    base = _deferred_base()
+    from torch._inductor.output_code import OutputCode
 
-    class Boxed(base):  # an OutputCode: AOT autograd's wrappers call it with a list of inputs
+    class Boxed(OutputCode):  # an OutputCode: AOT autograd's wrappers call it with a list of inputs
         _boxed_call = True
 
         def __call__(self, inputs):

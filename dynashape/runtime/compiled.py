@@ -329,7 +329,7 @@ class SpecState:
             build = static_builder(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
                                    reg.refresh, reg.results, self.spec.namespace, name)
             self.stats["static_trace_time_s"] += time.perf_counter() - t0
-            self.runner.traced = model.device.type == "cpu"
+            self.runner.traced = model.device.type == "cpu" and cpu_kind() == "inductor"
             # inline: CUDA captures (see impls/context.py)
             model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
         else:
