@@ -7,10 +7,13 @@ numpy arrays for onnxruntime, as a user of each would). Per round: a prefill of 
 over all rounds (the machines are shared and noisy: the median of many steps is robust to the
 odd slow one). dynashape and the torch module share torch's thread pool and alternate round by
 round; onnxruntime runs after them, alone, and its session is deleted before anything else runs,
-so that no other runtime's thread pool spins while one is timed.
+so that no other runtime's thread pool spins while one is timed. Warm-up rounds come first, until
+dynashape's static impls (built in the background, on CPU and CUDA by default for a decoder) are
+settled; the first warm-up round's slowest step and total are reported beside the steady figures.
 
     python benchmarks/decode.py [--batch 1 4] [--steps 128] [--rounds 5] [--device cpu|cuda]
-                                [--threads 2] [--config tiny|small] [--compile] [--json out.json]
+                                [--threads 2] [--config tiny|small] [--compile] [--static off]
+                                [--json out.json]
 """
 
 from __future__ import annotations
@@ -73,29 +76,52 @@ def eager_step(cfg: dict, dev: torch.device, compiled: bool = False):
     return step
 
 
-def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev) -> tuple[dict, dict]:
-    """Round by round, each runtime in turn (they share torch's thread pool); the first round warms
-    up. Returns the step times of the timed rounds and those of the warm-up round (where static
-    impls are built: a build that stalls the loop shows there)."""
+def _static_work(steps_by_name: dict) -> tuple | None:
+    """The static builds done or refused so far, per dynashape session, or None while a session
+    may not build yet (a CPU decoder before its first calls, or inductor's imports not done)."""
+    out = []
+    for step in steps_by_name.values():
+        sess = getattr(step, "session", None)
+        if sess is not None and sess.compiled.context is not None:
+            if not sess.compiled.trace_ready():
+                return None
+            sess.compiled.context.wait(600)
+            st = sess.stats()
+            out.append((st.get("static_builds", 0), st.get("static_refused", 0)))
+    return tuple(out)
+
+
+def torch_rounds(steps_by_name: dict, cfg, batch, steps, rounds, dev, max_warm: int = 12) -> tuple[dict, dict, int]:
+    """Round by round, each runtime in turn (they share torch's thread pool). Warm-up rounds first,
+    until static impls settle (a round that built or refused none; at most ``max_warm``): their
+    traces and background builds are spread over calls (and wait for inductor's imports on CPU),
+    so a single warm-up round may not see them all. Returns the step times of the timed rounds,
+    those of the first warm-up round (where a build that stalls the loop shows) and the number
+    of warm-up rounds."""
     rng = np.random.default_rng(0)
-    times: dict[str, list[float]] = {k: [] for k in steps_by_name}
-    warm: dict[str, list[float]] = {}
-    for r in range(rounds + 1):
+
+    def one_round() -> dict[str, list[float]]:
         ids = torch.from_numpy(rng.integers(0, cfg["vocab"], (batch, 8 + steps))).to(dev)
+        out = {}
         for name, step in steps_by_name.items():
             past = [torch.zeros(batch, cfg["kv_heads"], 0, cfg["head_dim"], device=dev)
                     for _ in range(2 * cfg["layers"])]
-            t = _loop(step, past, ids, steps, dev)
-            if r:
-                times[name] += t
-            else:
-                warm[name] = t
-        if r == 0:  # steady state: static impls built in the background during the warm-up are done
-            for step in steps_by_name.values():
-                sess = getattr(step, "session", None)
-                if sess is not None and sess.compiled.context is not None:
-                    sess.compiled.context.wait(600)
-    return times, warm
+            out[name] = _loop(step, past, ids, steps, dev)
+        return out
+    warm = one_round()
+    settled, n = _static_work(steps_by_name), 1
+    while n < max_warm:
+        one_round()
+        n += 1
+        now = _static_work(steps_by_name)
+        if now is not None and now == settled:
+            break
+        settled = now
+    times: dict[str, list[float]] = {k: [] for k in steps_by_name}
+    for _ in range(rounds):
+        for name, t in one_round().items():
+            times[name] += t
+    return times, warm, n
 
 
 def ort_rounds(path: str, cfg: dict, batch: int, steps: int, rounds: int, threads: int) -> list[float]:
@@ -147,7 +173,8 @@ def main() -> None:
             steps_by_name[f"dynashape static_impls={mode}"] = dynashape_step(path, cfg, dev, mode)
         if args.compile:
             steps_by_name["torch.compile"] = eager_step(cfg, dev, compiled=True)
-        times, warm = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)
+        times, warm, n_warm = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)
+        data.setdefault("warmup_rounds", {})[f"batch {batch}"] = n_warm
         del steps_by_name
         _gone()
         if dev.type == "cpu":

@@ -40,7 +40,7 @@ from .ops.limits import MAX_LOOP_ITERATIONS
 from .options import OPTION_NAMES
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
-from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, static_mode
+from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, for_graph, static_mode
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .runtime.index_feeds import IndexFeedChecks
@@ -243,10 +243,11 @@ class InferenceSession:
         self._extra = options.get("extra_outputs")
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
-        self._static = static_mode(options.get("static_impls"), self.device)
-        self._precompile = _precompile(options.get("precompile", "auto"), self._static)
+        self._static_mode = static_mode(options.get("static_impls"), self.device)
+        self._static: str | None = None  # the mode for the graph loaded (for_graph)
+        _precompile(options.get("precompile", "auto"), None)  # a bad value fails now, not at load
         self._impl_cache_size = options.get("impl_cache_size")
-        self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static, self.device)
+        self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static_mode, self.device)
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
         self._decode_ahead = ahead_rule(options.get("decode_ahead"), self.device)
         self._load(prepare_proto(self._read()))
@@ -273,12 +274,15 @@ class InferenceSession:
         self._outputs = [_node_arg(v) for v in g.outputs]
         # the specializations of the generated code, shared by the requests (and one per body)
         run_graph = self.program.fused if self.program.fused is not None else g
+        self._static, static_after = for_graph(self._static_mode, run_graph)
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size,
                                        decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket,
-                                       decode_ahead=self._decode_ahead)
+                                       decode_ahead=self._decode_ahead, static_after=static_after)
                          if self.executor == "compiled" else None)
-        if self.compiled is not None and self._precompile:
+        # (a CPU decoder's static impls come after its first calls: nothing is traced at load)
+        if self.compiled is not None and _precompile(self._options.get("precompile", "auto"),
+                                                     None if static_after else self._static):
             # the specializations that shapes to come will most likely need (every dynamic dim at a
             # generic value, each at 1, all at 1), traced now: a first call at a new shape then
             # finds its generated code ready
@@ -539,7 +543,8 @@ class InferRequest:
         idx = self._select(output_names)
         limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
         try:
-            with torch.no_grad(), _Threads(s.threads):  # a feed that requires grad must not trip the kernels' out=
+            threads = s.threads if s.compiled is None else s.compiled.run_threads(s.threads)
+            with torch.no_grad(), _Threads(threads):  # a feed that requires grad must not trip the kernels' out=
                 if self.session.precision is not None:
                     with self.session.precision:
                         outs = self._run(tensors, hand_out=not numpy_mode)

@@ -35,8 +35,10 @@ class Options:
                                      "the OS between runs.")
     extra_outputs: Any = _opt(None, "value names (or 'all') made outputs too, after the model's own (debugging).")
     static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, their products and convolutions "
-                                     "in the forms timed fastest; off on CPU), 'async', 'sync' (on CPU: regions "
-                                     "compiled by inductor, DYNASHAPE_CPU_STATIC) or 'off'.", "DYNASHAPE_STATIC_IMPLS")
+                                     "in the forms timed fastest; on CPU async for a decoder that appends to a "
+                                     "KV cache, DYNASHAPE_CPU_DECODE_STATIC=0 turns that off, else off), 'async', "
+                                     "'sync' (on CPU: regions compiled by inductor, DYNASHAPE_CPU_STATIC) or 'off'.",
+                             "DYNASHAPE_STATIC_IMPLS")
     impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
     decode_graphs: Any = _opt("auto", "whole decode steps (KV appends + attention over KV storages of a "
                                       "bucketed capacity) as one static impl, replayed every step: 'auto' (with "

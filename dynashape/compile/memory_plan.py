@@ -34,6 +34,19 @@ AS_VIEW = frozenset({"Expand", "Identity"})
 STRIDED_OUT_OK = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Relu", "Sigmoid", "Tanh", "Where", "Cast"})
 
 
+def _appends_kv(node: Node, graph_inputs: set[int], graph_outputs: set[int]) -> bool:
+    """A KV cache's append: ``present = Concat(past, new)``, a graph input first, a graph output."""
+    return (node.op_type == "Concat" and bool(node.inputs) and node.inputs[0] is not None
+            and id(node.inputs[0]) in graph_inputs and node.outputs[0] is not None
+            and id(node.outputs[0]) in graph_outputs)
+
+
+def kv_appends(graph) -> int:
+    """How many KV-cache appends ``graph`` makes: a decoder whose past the caller feeds back."""
+    ins, outs = {id(v) for v in graph.inputs}, {id(v) for v in graph.outputs}
+    return sum(_appends_kv(n, ins, outs) for n in graph.nodes)
+
+
 @dataclass
 class ArenaBuffer:
     value: Value
@@ -109,8 +122,7 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
                 c, r = "adopt", in_roots | {id(v)}
             elif _nbytes(info) is None or not _sized_monotone(info, env):
                 c, r = "adopt", in_roots | {id(v)}
-            elif (node.op_type == "Concat" and id(v) in graph_outputs and node.inputs
-                  and node.inputs[0] is not None and id(node.inputs[0]) in graph_inputs):
+            elif _appends_kv(node, graph_inputs, graph_outputs):
                 c, r = "kv", frozenset({id(v)})
             else:
                 c, r = "arena", frozenset({id(v)})

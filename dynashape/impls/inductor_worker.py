@@ -5,7 +5,8 @@ Why a process: inductor spends seconds per region, most of it in Python. On a th
 serving process it holds the GIL for those seconds, and every torch op of the serving thread
 releases and re-acquires the GIL, so calls crawl while a build runs (measured on the 2-core
 CPU: a decode step stalled for the whole build); inline, the call that asked waits for it.
-Here it runs at the lowest priority, on one thread, beside the calls.
+Here it runs on one thread, beside the calls, at the serving process's priority: niced, it got no
+time at all while a decode loop kept both cores of a 2-core machine busy (no build done in 16 s).
 
 Run as a script (``python inductor_worker.py``: it imports torch only, not dynashape). Protocol
 on stdin/stdout: messages of an 8-byte little-endian length and a pickle. A request is
@@ -17,7 +18,6 @@ reply ``("ok", CompiledFxGraph prepared for serialization, shared constant names
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 import sys
@@ -83,10 +83,6 @@ def compile_request(req: dict):
 
 
 def main() -> None:
-    try:
-        os.nice(19)  # the serving process keeps the cores; builds take what is left
-    except (AttributeError, OSError):
-        pass
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     # anything printed by the libraries goes to stderr, never into the replies
     sys.stdout = sys.stderr

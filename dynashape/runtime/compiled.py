@@ -27,6 +27,7 @@ import torch
 
 from ..codegen import SpecCode, build_spec
 from ..compile.arena import plan_offsets
+from ..compile.memory_plan import kv_appends
 from ..compile.shape_program import trace
 from ..errors import DynashapeError, ExecutionError, OptionsError, ShapeError, at_node
 from ..impls import (
@@ -59,15 +60,25 @@ STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_buil
 SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
 
 
+CPU_DECODE_AFTER = 256  # calls of a CPU decoder session before its static impls are built
+
+
 def static_mode(option, device: torch.device) -> str | None:
     """Static impls: ``"async"`` (built in the background while the dynamic impl serves),
-    ``"sync"`` (built in the call that asks), or None (off). ``"auto"``, the default, is async on
-    CUDA, where a replayed graph saves a launch per kernel, and off on CPU, where the generated
-    code already is the straight line a static impl would run (docs/benchmarks.md measures both)."""
+    ``"sync"`` (built in the call that asks), ``"decoders"`` (async for a graph that appends to a
+    KV cache, after its first calls, else off: ``for_graph`` decides once the graph is loaded),
+    or None (off). ``"auto"``, the default, is async on CUDA, where a replayed graph saves a
+    launch per kernel, and "decoders" on CPU: there the generated code already is the straight
+    line a static impl would run, and an inductor build (seconds of compiling) pays only where
+    the same region keys come back call after call for long (a decode loop: 1.5-2x its dynamic
+    speed), not where every call brings new shapes (the image and audio models of
+    docs/benchmarks.md ran 0.9-1.6x slower with it) nor in a short run."""
     value = option if option is not None else os.environ.get("DYNASHAPE_STATIC_IMPLS", "auto")
     text = str(value).lower()
     if text == "auto":
-        return "async" if device.type == "cuda" else None
+        if device.type == "cuda":
+            return "async"
+        return "decoders" if cpu_decode_after() else None
     if text in ("1", "true", "on", "async"):
         return "async"
     if text == "sync":
@@ -77,12 +88,36 @@ def static_mode(option, device: torch.device) -> str | None:
     raise OptionsError(f"static_impls={value!r}: expected 'auto', 'async', 'sync' or 'off'")
 
 
+def cpu_decode_after() -> int:
+    """DYNASHAPE_CPU_DECODE_STATIC: the calls a CPU decoder session makes before "auto" builds its
+    static impls (default 256: a short generation pays nothing; a long loop, seconds of imports,
+    traces and compiles once, then runs faster); 0 keeps them off."""
+    text = os.environ.get("DYNASHAPE_CPU_DECODE_STATIC", str(CPU_DECODE_AFTER))
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise OptionsError(f"DYNASHAPE_CPU_DECODE_STATIC={text!r}: expected a number of calls (0: off)")
+    return n
+
+
+def for_graph(mode: str | None, graph) -> tuple[str | None, int]:
+    """``static_mode``'s choice for this graph, and the calls to make before building: "decoders"
+    is async after ``cpu_decode_after()`` calls where the graph appends to a KV cache
+    (``present = Concat(past, new)``, the past fed back by the caller), else off."""
+    if mode != "decoders":
+        return mode, 0
+    return ("async", cpu_decode_after()) if kv_appends(graph) else (None, 0)
+
+
 class CompiledModel:
     """The specializations of one graph on one device (shared by the session's requests)."""
 
     def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
                  inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None,
-                 decode_graphs: bool = False, kv_bucket=None, decode_ahead: int | None = None) -> None:
+                 decode_graphs: bool = False, kv_bucket=None, decode_ahead: int | None = None,
+                 static_after: int = 0) -> None:
         self.graph, self.device = graph, device
         # whole decode steps over KV storages of a bucketed capacity (decode_graph.py)
         self.decode_graphs, self.kv_bucket = decode_graphs, kv_bucket or bucket_rule(None)
@@ -94,11 +129,14 @@ class CompiledModel:
             weakref.finalize(self, capture_guard.release)
         # static impls of the regions: the cache (LRU) and the context that builds them
         self.static = static
+        # builds (and on CPU the imports and compile process they need) start after this many calls
+        self.static_after, self.calls = static_after, 0
+        self._prewarmed = False
         self.refusals: deque[str] = deque(maxlen=16)  # why static impls could not be built, latest last
         self.impls = ImplCache(capacity_from(impl_cache_size))
         if static and device.type == "cpu":  # the environment's choices for builds, checked now
-            if cpu_kind() == "inductor":  # rather than in the call that builds
-                compile_process.prewarm()
+            if cpu_kind() == "inductor" and not static_after:  # rather than in the call that builds
+                self._prewarm()
         elif static:
             timed_forms()
             cudnn_benchmark_limit()
@@ -111,6 +149,33 @@ class CompiledModel:
         self._device_consts: dict[str, torch.Tensor] = {}
         self.stats: Counter = Counter()
         self.max_specs = int(os.environ.get("DYNASHAPE_MAX_SPECIALIZATIONS", MAX_SPECIALIZATIONS))
+
+    def run_threads(self, n: int | None) -> int | None:
+        """torch threads for a run (``n``: the session's ``threads``, None: as they are). While
+        builds are queued or run on CPU, a run leaves the compile process one core: on a 2-core
+        machine a decode loop's 2-thread kernels, one thread descheduled by the compiler, ran at
+        300-600 steps/s through the builds, at 1 thread 1800-2700 (and 2000 without builds)."""
+        if self.context is None or self.device.type != "cpu":
+            return n
+        if not self.context.pending() and (not self._prewarmed or compile_process.warmed()):
+            return n  # (the prewarm, too, starts the compile process, which imports torch and inductor)
+        have = n or torch.get_num_threads()
+        return have - 1 if have > 1 else n
+
+    def _prewarm(self) -> None:
+        self._prewarmed = True
+        compile_process.prewarm()
+
+    def trace_ready(self) -> bool:
+        """Whether a build may trace now: after ``static_after`` calls, and on CPU with inductor
+        once compile_process.prewarm is done (started here when the calls are made)."""
+        if self.calls < self.static_after:
+            return False
+        if self.device.type != "cpu" or cpu_kind() != "inductor":
+            return True
+        if not self._prewarmed:
+            self._prewarm()
+        return compile_process.warmed()
 
     def const_device(self, v: Value) -> torch.Tensor:
         t = self._device_consts.get(v.name)
@@ -316,10 +381,10 @@ class SpecState:
             return None
         if model.context.queued(k):  # being built on the worker: the dynamic impl serves meanwhile
             return None
-        if self.runner.traced and model.static == "async" and not self.runner.prebuild:
+        if model.static == "async" and not self.runner.prebuild and (self.runner.traced or not model.trace_ready()):
             # an inductor build's trace holds this thread ~0.1-0.3 s: one per call, so that a step
             # whose regions all come back at once is not held for all of them (the next call traces
-            # the next one)
+            # the next one), and none before the imports it needs are done on their thread
             return None
         reg = rc.region
         name = f"<static:{self.spec.filename}:r{r}>"
@@ -545,6 +610,7 @@ class CompiledRunner:
         self.buffer_set = buffer_set
         self.owned = []
         self.traced = False
+        self.model.calls += 1  # (racy across requests: a threshold, not a count anyone reads exactly)
         try:
             outs = st.spec.run(st, *inputs)
         except Exception as e:
