@@ -132,3 +132,26 @@ def test_warmed_once_the_prewarm_thread_is_done():
         if t.name == "dynashape-prewarm":
             t.join(120)
     assert compile_process.warmed()
+
+
+def test_a_run_leaves_the_compile_process_a_core_while_builds_are_pending(monkeypatch):
+    sess = dynashape.InferenceSession(str(llama.model_path()), static_impls="async")
+    model = sess.compiled
+    monkeypatch.setattr(compile_process, "warmed", lambda: True)
+    pending = {"n": 0}
+    monkeypatch.setattr(model.context, "pending", lambda: pending["n"])
+    assert model.run_threads(4) == 4 and model.run_threads(None) is None  # nothing pending: as asked
+    pending["n"] = 2
+    assert model.run_threads(4) == 3 and model.run_threads(1) == 1
+    have = torch.get_num_threads()
+    assert model.run_threads(None) == (have - 1 if have > 1 else None)
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    before = torch.get_num_threads()
+    _decode(sess, 2)
+    assert torch.get_num_threads() == before  # restored after each run
+    if before > 1:
+        assert seen and seen[0] == before - 1
+    off = dynashape.InferenceSession(_mlp())
+    assert off.compiled.context is None and off.compiled.run_threads(3) == 3
