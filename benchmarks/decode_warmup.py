@@ -91,7 +91,7 @@ def main() -> None:
         be = break_even(ps, results["off"]["per_second"]) if "off" in results and mode != "off" else None
         rows.append([mode, r["static_impls"], " ".join(str(x) for x in ps), sum(ps), sum(tail) / max(1, len(tail)),
                      r["static_builds"], be if be is not None else "-"])
-    print_table(f"decode warm-up, tiny decoder, batch {args.batch}, {args.threads} threads: steps per second of wall time",
+    print_table(f"decode warm-up, tiny decoder, batch {args.batch}, {args.threads} threads: steps per wall second",
                 ["mode", "static impls", "steps in each second", "total", "last 3 s per s", "builds", "break-even s"],
                 rows)
     write_json(args.json, {"batch": args.batch, "threads": args.threads, "seconds": args.seconds, "results": results})
