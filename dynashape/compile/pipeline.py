@@ -10,6 +10,7 @@ from collections.abc import Callable
 from ..ir import Graph
 from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
+from .cpu_packed_linear import cpu_packed_linear
 from .dead_nodes import remove_dead_nodes
 from .drop_repeated_fake_quant import drop_repeated_fake_quant
 from .fold_conv_add import fold_conv_add
@@ -92,7 +93,8 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
         residual = []
     conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")
     conv = [("fuse_conv_relu", fuse_conv_relu)] if conv_on != "0" else []
-    return [("linear_layout", linear_layout_pass(device)), *residual, ("remove_dead_nodes", remove_dead_nodes),
+    packed = [("cpu_packed_linear", cpu_packed_linear)] if str(device).split(":")[0] == "cpu" else []
+    return [("linear_layout", linear_layout_pass(device)), *residual, *packed, ("remove_dead_nodes", remove_dead_nodes),
             ("channels_last", channels_last_pass(device)), *conv]
 
 

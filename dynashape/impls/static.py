@@ -30,7 +30,7 @@ import threading
 import torch
 
 from ..errors import OptionsError
-from ..ops import specialise
+from ..ops import packed_linear, specialise
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
 
@@ -155,7 +155,11 @@ class InductorImpl:
             return tuple(fn(*symvals, *args))
         tensors = [ins[i] for i in self.tensor_pos]
         # the weights are constants of the generated code: real tensors, kept as graph constants
+        before = packed_linear.traced_packable
         gm = make_fx(region, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
+        if packed_linear.traced_packable != before:
+            raise TooLittleToFuse("products by packed weights (oneDNN's, kept by the specialised source, beat "
+                                  "the product inductor would call)")
         fusable = fusable_ops(gm)
         if fusable < MIN_FUSABLE:
             raise TooLittleToFuse(f"{fusable} element-wise or reduction ops (an inductor region pays off from "

@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     loss,
     ml,
     norm,
+    packed_linear,
     pool,
     quant,
     reduce,

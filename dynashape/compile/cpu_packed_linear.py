@@ -1,0 +1,38 @@
+"""Pass (CPU): products by a constant float32 matrix become ``PackedLinear``: oneDNN with the
+weight packed once at load (``ops/packed_linear.py`` says why: MKL's small-row products on the
+AMD CPUs measured were 1.5-4.5x slower).
+
+``MatMul(x, W)`` with W a constant [in, out] and ``Linear(x, W, b)`` (fuse_linear's, W [out, in])
+are rewritten; the weight is packed here, so the first call does not pay for it. x must have at
+least 2 dims (a 1-D x is a vector product the MatMul keeps).
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+from ..ops import packed_linear
+from .patterns import FUSED_DOMAIN, fuse
+
+
+def cpu_packed_linear(graph: Graph) -> Graph:
+    if not packed_linear.available():
+        return graph
+    for node in list(graph.nodes):
+        std = node.domain in ("", "ai.onnx")
+        if node.op_type == "MatMul" and std:
+            x, w = node.inputs
+            bias, transposed = None, 1
+        elif node.op_type == "Linear" and node.domain == FUSED_DOMAIN:
+            x, w = node.inputs[:2]
+            bias, transposed = (node.inputs[2] if len(node.inputs) > 2 else None), 0
+        else:
+            continue
+        if x is None or x.shape is None or len(x.shape) < 2 or w is None or not w.is_const:
+            continue
+        if not packed_linear.packable(w.const) or (bias is not None and not (
+                bias.is_const and bias.const.dim() == 1 and bias.const.dtype == w.const.dtype)):
+            continue
+        packed_linear.pack(w.const, bool(transposed))  # at load: the first call finds it ready
+        fuse(graph, [node], "PackedLinear", [x, w, bias] if bias is not None else [x, w],
+             {"transposed": transposed})
+    return graph

@@ -1,0 +1,86 @@
+"""Products by a constant matrix on CPU through oneDNN with the weight in its packed layout.
+
+torch's CPU ``F.linear`` / ``matmul`` go to MKL, which on the AMD CPUs measured here runs a
+fraction of its speed (2 threads, 768 -> 3072: 4 rows 505 us against 113 through oneDNN with a
+packed weight, 1 row 182 against 87, 256 rows 6.7 ms against 5.5; weights read from memory at
+13-22 GB/s against 20-30; ``benchmarks/packed_linear.py``). oneDNN wants the weight reordered
+into its blocked layout once (OpenVINO's reordered-weights cache; the update_weights step): the
+packed copy is made at load (``pack``) and kept beside the plain one, which the interpreter, the
+unfused nodes and the static impls' traces still read. One packed layout serves every row count
+(packed for 2 or more rows; the layout packed for 1 row is 2-3x slower at 4).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .registry import op
+
+DOMAIN = "com.dynashape"
+_PACKED: dict[tuple[int, int], tuple] = {}  # (id(weight), transposed) -> (weakref, version, packed)
+# products by a packable weight that a trace (a static impl's build) saw as plain products: a CPU
+# build leaves such a region to the specialised source, which keeps the packed product (inductor's
+# own call would be MKL's again)
+traced_packable = 0
+ROWS_HINT = 64  # the row count the layout is chosen for: any of 2.. gave the same layout
+# oneDNN's call costs ~15 us more than MKL's: below 2^18 weights (256 x 1024) MKL's product is as
+# fast or faster at every row count measured (1-256); up to 2^19 a single row still is
+MIN_WEIGHT = 1 << 18
+MIN_WEIGHT_ONE_ROW = 1 << 19
+
+
+def available() -> bool:
+    """Whether this torch has oneDNN's packed linear (and DYNASHAPE_CPU_PACKED_WEIGHTS is not 0)."""
+    if os.environ.get("DYNASHAPE_CPU_PACKED_WEIGHTS", "1") == "0":
+        return False
+    mk = getattr(torch.ops, "mkldnn", None)
+    return (torch.backends.mkldnn.is_available() and mk is not None and hasattr(mk, "_reorder_linear_weight")
+            and hasattr(mk, "_linear_pointwise"))
+
+
+def packable(w: torch.Tensor) -> bool:
+    return w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and w.numel() >= MIN_WEIGHT
+
+
+def pack(w: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """oneDNN's packed copy of ``w`` ([out, in], or [in, out] when ``transposed``), made once."""
+    key = (id(w), int(transposed))
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version:
+        return hit[2]
+    plain = (w.t() if transposed else w).contiguous()
+    p = torch.ops.mkldnn._reorder_linear_weight(plain, ROWS_HINT)
+    try:
+        ref = weakref.ref(w, lambda _r, k=key, cache=_PACKED: cache.pop(k, None))
+    except TypeError:
+        return p
+    _PACKED[key] = (ref, w._version, p)
+    return p
+
+
+def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _infer(shapes, values, *, transposed=0):
+    from .fused import _linear_infer
+    w = shapes[1]
+    return _linear_infer(shapes, values) if not transposed else _linear_infer([shapes[0], (w[1], w[0])], values)
+
+
+@op("PackedLinear", 1, DOMAIN, infer=_infer, writes_out=False,
+    notes="x @ W.T + bias on CPU through oneDNN with the constant weight packed once (cpu_packed_linear)")
+def _packed_linear(x, weight, bias=None, *, transposed=0, out=None):
+    if type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 2 and (
+            weight.numel() >= MIN_WEIGHT_ONE_ROW or x.numel() > x.shape[-1]):
+        return _onednn(x, pack(weight, bool(transposed)), bias)
+    # a trace (fake or functional tensors: a static impl's build), one row by a mid-sized weight, or
+    # another input: the plain product
+    if type(x) is not torch.Tensor and packable(weight):
+        global traced_packable
+        traced_packable += 1
+    return F.linear(x, weight.t() if transposed else weight, bias)
