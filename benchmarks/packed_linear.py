@@ -26,14 +26,14 @@ SHAPES = [(64, 64), (128, 512), (256, 1024), (512, 2048), (768, 768), (768, 3072
 ROWS = [1, 4, 16, 64, 256]
 
 
-def _us(fn, seconds: float = 0.15) -> float:
+def _us(fn, *args, seconds: float = 0.15) -> float:
     for _ in range(10):
-        fn()
+        fn(*args)
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e6
 
@@ -63,9 +63,9 @@ def main() -> None:
         p1, pm = mk._reorder_linear_weight(w, 1), mk._reorder_linear_weight(w, 64)
         for m in ROWS:
             x = torch.randn(m, k)
-            r = {"in": k, "out": n, "rows": m, "mkl_us": _us(lambda: F.linear(x, w, b)),
-                 "onednn_packed_1_us": _us(lambda: mk._linear_pointwise(x, p1, b, "none", [], "")),
-                 "onednn_packed_64_us": _us(lambda: mk._linear_pointwise(x, pm, b, "none", [], ""))}
+            r = {"in": k, "out": n, "rows": m, "mkl_us": _us(F.linear, x, w, b),
+                 "onednn_packed_1_us": _us(mk._linear_pointwise, x, p1, b, "none", [], ""),
+                 "onednn_packed_64_us": _us(mk._linear_pointwise, x, pm, b, "none", [], "")}
             data["results"].append(r)
             rows.append([f"{k} x {n}", m, r["mkl_us"], r["onednn_packed_1_us"], r["onednn_packed_64_us"],
                          r["mkl_us"] / r["onednn_packed_64_us"]])
@@ -77,18 +77,18 @@ def main() -> None:
         for k, n in [(768, 4096), (2048, 768), (768, 1280), (768, 32000)]:
             x = torch.randn(1, k)
 
-            def plain(k=k, n=n):
+            def plain(k=k, n=n, x=x):
                 w = torch.randn(n, k)
                 return lambda: F.linear(x, w)
 
-            def packed(k=k, n=n):
+            def packed(k=k, n=n, x=x):
                 p = mk._reorder_linear_weight(torch.randn(n, k), 64)
                 return lambda: mk._linear_pointwise(x, p, None, "none", [], "")
             gp, gk = _cold(plain, k * n * 4), _cold(packed, k * n * 4)
             data.setdefault("cold_one_row_gbs", []).append({"in": k, "out": n, "mkl": gp, "onednn_packed": gk})
             crow.append([f"{k} x {n}", gp, gk])
-        print_table("one row, weights from memory: GB/s of weight read", ["in x out", "F.linear (MKL)", "oneDNN packed"],
-                    crow)
+        print_table("one row, weights from memory: GB/s of weight read",
+                    ["in x out", "F.linear (MKL)", "oneDNN packed"], crow)
     write_json(args.json, data)
 
 
