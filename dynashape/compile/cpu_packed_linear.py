@@ -2,9 +2,11 @@
 weight packed once at load (``ops/packed_linear.py`` says why: MKL's small-row products on the
 AMD CPUs measured were 1.5-4.5x slower).
 
-``MatMul(x, W)`` with W a constant [in, out] and ``Linear(x, W, b)`` (fuse_linear's, W [out, in])
-are rewritten; the weight is packed here, so the first call does not pay for it. x must have at
-least 2 dims (a 1-D x is a vector product the MatMul keeps).
+``MatMul(x, W)`` with W a constant [in, out] and ``Linear(x, W.T, b)`` (fuse_linear's) are
+rewritten, both reading W as the model has it (fuse_linear's transposed copy goes: the plain
+weight is held once, shared with the unfused graph, plus its packed copy); the weight is packed
+here, so the first call does not pay for it. x must have at least 2 dims (a 1-D x is a vector
+product the MatMul keeps).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def cpu_packed_linear(graph: Graph) -> Graph:
         elif node.op_type == "Linear" and node.domain == FUSED_DOMAIN:
             x, w = node.inputs[:2]
             bias, transposed = (node.inputs[2] if len(node.inputs) > 2 else None), 0
+            mm = next((n for n in getattr(node, "unfused", ()) if n.op_type == "MatMul"), None)
+            if mm is not None and mm.inputs[1] is not None and mm.inputs[1].is_const:
+                # the weight as the model has it ([in, out], shared with the unfused graph):
+                # fuse_linear's transposed copy is then read by nothing and goes
+                w, transposed = mm.inputs[1], 1
         else:
             continue
         if x is None or x.shape is None or len(x.shape) < 2 or w is None or not w.is_const:
@@ -33,6 +40,11 @@ def cpu_packed_linear(graph: Graph) -> Graph:
                 bias.is_const and bias.const.dim() == 1 and bias.const.dtype == w.const.dtype)):
             continue
         packed_linear.pack(w.const, bool(transposed))  # at load: the first call finds it ready
-        fuse(graph, [node], "PackedLinear", [x, w, bias] if bias is not None else [x, w],
-             {"transposed": transposed})
+        old = node.inputs[1]
+        fused = fuse(graph, [node], "PackedLinear", [x, w, bias] if bias is not None else [x, w],
+                     {"transposed": transposed})
+        if node.op_type == "Linear":
+            fused.unfused = list(getattr(node, "unfused", [node]))  # the MatMul and Add it replaced
+            if old is not w and not old.users and not any(old is o for o in graph.outputs):
+                graph.values.pop(old.name, None)
     return graph

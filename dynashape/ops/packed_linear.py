@@ -31,6 +31,12 @@ ROWS_HINT = 64  # the row count the layout is chosen for: any of 2.. gave the sa
 # fast or faster at every row count measured (1-256); up to 2^19 a single row still is
 MIN_WEIGHT = 1 << 18
 MIN_WEIGHT_ONE_ROW = 1 << 19
+# oneDNN makes a primitive (JIT code) for every new (rows, in, out, bias): 0.1-0.8 ms, 3-7x the
+# product itself (768 x 768 at 3-128 rows). A row count's first product takes MKL's path; oneDNN
+# from its second on (as static impls are built when a key comes back): a shape seen once pays no
+# compiling, and the first call at a new shape stays near its steady time
+_SEEN: set[tuple] = set()
+MAX_SEEN = 4096
 
 
 def available() -> bool:
@@ -62,6 +68,17 @@ def pack(w: torch.Tensor, transposed: bool) -> torch.Tensor:
     return p
 
 
+def _seen_before(x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
+    """Whether a product of these rows by a weight of this shape ran before (else it is noted)."""
+    key = (x.numel() // max(1, x.shape[-1]), tuple(weight.shape), bias is not None)
+    if key in _SEEN:
+        return True
+    if len(_SEEN) >= MAX_SEEN:
+        _SEEN.clear()
+    _SEEN.add(key)
+    return False
+
+
 def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
@@ -76,7 +93,7 @@ def _infer(shapes, values, *, transposed=0):
     notes="x @ W.T + bias on CPU through oneDNN with the constant weight packed once (cpu_packed_linear)")
 def _packed_linear(x, weight, bias=None, *, transposed=0, out=None):
     if type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 2 and (
-            weight.numel() >= MIN_WEIGHT_ONE_ROW or x.numel() > x.shape[-1]):
+            weight.numel() >= MIN_WEIGHT_ONE_ROW or x.numel() > x.shape[-1]) and _seen_before(x, weight, bias):
         return _onednn(x, pack(weight, bool(transposed)), bias)
     # a trace (fake or functional tensors: a static impl's build), one row by a mid-sized weight, or
     # another input: the plain product

@@ -74,13 +74,29 @@ def test_one_row_by_a_mid_sized_weight_takes_the_plain_product(monkeypatch):
     rows = []
     real = packed_linear._onednn
     monkeypatch.setattr(packed_linear, "_onednn", lambda x, p, b: rows.append(x.shape[0]) or real(x, p, b))
+    monkeypatch.setattr(packed_linear, "_SEEN", set())
     one, four = torch.randn(1, K), torch.randn(4, K)
-    torch.testing.assert_close(packed_linear._packed_linear(one, w), one @ w.t(), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(packed_linear._packed_linear(four, w), four @ w.t(), rtol=1e-4, atol=1e-4)
+    for _ in range(2):  # (the first product of a row count is MKL's: below)
+        torch.testing.assert_close(packed_linear._packed_linear(one, w), one @ w.t(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(packed_linear._packed_linear(four, w), four @ w.t(), rtol=1e-4, atol=1e-4)
     assert rows == [4]  # one row by 327,680 weights: MKL's product; four rows: oneDNN's
     big = torch.randn(1024, K)  # 524,288 weights: oneDNN for one row too
-    torch.testing.assert_close(packed_linear._packed_linear(one, big), one @ big.t(), rtol=1e-4, atol=1e-4)
+    for _ in range(2):
+        torch.testing.assert_close(packed_linear._packed_linear(one, big), one @ big.t(), rtol=1e-4, atol=1e-4)
     assert rows == [4, 1]
+
+
+def test_a_row_count_seen_once_takes_mkl_and_onednn_from_its_second_product(monkeypatch):
+    """oneDNN compiles a primitive per row count: a shape seen once does not pay for it."""
+    monkeypatch.setattr(packed_linear, "_SEEN", set())
+    rows = []
+    real = packed_linear._onednn
+    monkeypatch.setattr(packed_linear, "_onednn", lambda x, p, b: rows.append(x.shape[0]) or real(x, p, b))
+    w = torch.randn(N, K)
+    for m in (3, 5, 3, 3, 5, 7):
+        x = torch.randn(m, K)
+        torch.testing.assert_close(packed_linear._packed_linear(x, w), x @ w.t(), rtol=1e-4, atol=1e-4)
+    assert rows == [3, 3, 5]
 
 
 def test_a_trace_gets_the_plain_product():
@@ -120,3 +136,12 @@ def test_a_cpu_static_build_leaves_packed_products_to_the_specialised_source():
         return (packed_linear._packed_linear(x, w, None, transposed=1).relu().add(1.0).mul(2.0).sigmoid(),)
     with pytest.raises(static_mod.TooLittleToFuse, match="packed weights"):
         static_mod.InductorImpl(fn, (4,), (torch.randn(4, K),))
+
+
+def test_a_biased_product_reads_the_models_weight_and_drops_the_transposed_copy():
+    program = compile_graph(parse_model(_model(bias=True), ParseOptions()), device="cpu")
+    (node,) = program.fused.nodes
+    assert node.op_type == "PackedLinear" and node.attrs["transposed"] == 1
+    assert node.inputs[1].const is program.graph.nodes[0].inputs[1].const  # shared with the unfused graph
+    assert not any(name.endswith("_T") for name in program.fused.values)
+    assert [n.op_type for n in node.unfused] == ["MatMul", "Add"]
