@@ -1,10 +1,11 @@
 """Products by a constant matrix on CPU through oneDNN with the weight in its packed layout.
 
-torch's CPU ``F.linear`` / ``matmul`` go to MKL, which on the AMD CPUs measured here runs a
-fraction of its speed (2 threads, 768 -> 3072: 4 rows 505 us against 113 through oneDNN with a
-packed weight, 1 row 182 against 87, 256 rows 6.7 ms against 5.5; weights read from memory at
-13-22 GB/s against 20-30; ``benchmarks/packed_linear.py``). oneDNN wants the weight reordered
-into its blocked layout once (OpenVINO's reordered-weights cache; the update_weights step): the
+torch's CPU ``F.linear`` / ``matmul`` go to MKL, which on the AMD CPU measured here runs a
+fraction of its speed (2 threads, 768 -> 3072: 4 rows 503 us against 110 through oneDNN with a
+packed weight, 1 row 178 against 81, 256 rows 6.4 ms against 5.3; one row with the weight read
+from memory at 12-16 GB/s against 20-23; ``benchmarks/packed_linear.py``). On Intel CPUs MKL
+keeps its fast paths and this stays off (``available``). oneDNN wants the weight reordered into
+its blocked layout once (OpenVINO's reordered-weights cache; the update_weights step): the
 packed copy is made at load (``pack``) and kept beside the plain one, which the interpreter, the
 unfused nodes and the static impls' traces still read. One packed layout serves every row count
 (packed for 2 or more rows; the layout packed for 1 row is 2-3x slower at 4).
@@ -39,9 +40,26 @@ _SEEN: set[tuple] = set()
 MAX_SEEN = 4096
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id as Linux reports it (``GenuineIntel``, ``AuthenticAMD``, ...), or ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def available() -> bool:
-    """Whether this torch has oneDNN's packed linear (and DYNASHAPE_CPU_PACKED_WEIGHTS is not 0)."""
-    if os.environ.get("DYNASHAPE_CPU_PACKED_WEIGHTS", "1") == "0":
+    """Whether products by constant weights go through oneDNN's packed linear here.
+    DYNASHAPE_CPU_PACKED_WEIGHTS: "1" on, "0" off, "auto" (default) on except on Intel CPUs, where
+    MKL keeps its fast paths: on a Xeon of the device machine (2 threads) oneDNN's packed product
+    took 0.6-1.7x MKL's time over the same shapes, slower at one row; on the AMD EPYC measured,
+    MKL's took 1.2-6x oneDNN's (``benchmarks/results/packed_linear_*_2026-11-26.json``)."""
+    mode = os.environ.get("DYNASHAPE_CPU_PACKED_WEIGHTS", "auto").lower()
+    if mode == "0" or (mode == "auto" and cpu_vendor() == "GenuineIntel"):
         return False
     mk = getattr(torch.ops, "mkldnn", None)
     return (torch.backends.mkldnn.is_available() and mk is not None and hasattr(mk, "_reorder_linear_weight")
