@@ -45,7 +45,7 @@ from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
 from .aligned import AlignedImpl, PaddedViews, align_multiple, aligned_value
-from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule
+from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule, nonnegative
 from .kv_append import KVAppend
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,7 @@ def cpu_decode_after() -> int:
     static impls (default 256: a short generation pays nothing; a long loop, seconds of imports,
     traces and compiles once, then runs faster); 0 keeps them off."""
     text = os.environ.get("DYNASHAPE_CPU_DECODE_STATIC", str(CPU_DECODE_AFTER))
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise OptionsError(f"DYNASHAPE_CPU_DECODE_STATIC={text!r}: expected a number of calls (0: off)")
-    return n
+    return nonnegative(text, f"DYNASHAPE_CPU_DECODE_STATIC={text!r}: expected a number of calls (0: off)")
 
 
 def for_graph(mode: str | None, graph) -> tuple[str | None, int]:

@@ -89,13 +89,18 @@ def ahead_rule(option, device: torch.device | None = None) -> int:
         return AUTO_AHEAD if device is not None and device.type == "cuda" else 0
     if text in ("off", "none", "false"):
         return 0
+    return nonnegative(text, f"decode_ahead={value!r}: expected 'auto', a number of positions >= 0 or 'off'")
+
+
+def nonnegative(text: str, message: str) -> int:
+    """``text`` as an int >= 0, or an OptionsError saying ``message``."""
     try:
-        ahead = int(text)
+        n = int(text)
     except ValueError:
-        ahead = -1
-    if ahead < 0:
-        raise OptionsError(f"decode_ahead={value!r}: expected 'auto', a number of positions >= 0 or 'off'")
-    return ahead
+        n = -1
+    if n < 0:
+        raise OptionsError(message)
+    return n
 
 
 class _Bucket:
