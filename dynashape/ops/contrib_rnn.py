@@ -28,8 +28,6 @@ about 1e-6.
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import torch
 
@@ -39,6 +37,7 @@ from .norm import _put
 from .quant import dynamic_qparams
 from .registry import op
 from .rnn import _activations, _num_dir, lstm_cell
+from .weight_cache import WeightCache
 
 MS = "com.microsoft"
 
@@ -54,7 +53,7 @@ def _dq_lstm_infer(shapes, values, *, direction="forward", hidden_size=None, **_
 
 
 # ---- weights ---------------------------------------------------------------------------------
-_WEIGHTS: dict[int, tuple] = {}
+_WEIGHTS = WeightCache()
 
 
 class _QWeights:
@@ -77,17 +76,8 @@ class _QWeights:
 
 
 def _weights(w, w_scale, w_zp) -> _QWeights:
-    key = id(w)
     ids = (id(w_scale), w_scale._version, None if w_zp is None else (id(w_zp), w_zp._version))
-    hit = _WEIGHTS.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == ids:
-        return hit[3]
-    q = _QWeights(w, w_scale, w_zp)
-    try:
-        _WEIGHTS[key] = (weakref.ref(w, lambda _r, k=key, cache=_WEIGHTS: cache.pop(k, None)), w._version, ids, q)
-    except TypeError:
-        pass
-    return q
+    return _WEIGHTS.get(w, lambda: _QWeights(w, w_scale, w_zp), tag=ids)
 
 
 # ---- dynamic quantization, one scale per direction -------------------------------------------------

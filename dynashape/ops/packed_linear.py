@@ -14,15 +14,16 @@ unfused nodes and the static impls' traces still read. One packed layout serves 
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import torch.nn.functional as F
 
+from .fused import _linear_infer
 from .registry import op
+from .weight_cache import WeightCache
 
 DOMAIN = "com.dynashape"
-_PACKED: dict[tuple[int, int], tuple] = {}  # (id(weight), transposed) -> (weakref, version, packed)
+_PACKED = WeightCache()  # per weight and transposed or not: its packed copy
 # products by a packable weight that a trace (a static impl's build) saw as plain products: a CPU
 # build leaves such a region to the specialised source, which keeps the packed product (inductor's
 # own call would be MKL's again)
@@ -72,18 +73,9 @@ def packable(w: torch.Tensor) -> bool:
 
 def pack(w: torch.Tensor, transposed: bool) -> torch.Tensor:
     """oneDNN's packed copy of ``w`` ([out, in], or [in, out] when ``transposed``), made once."""
-    key = (id(w), int(transposed))
-    hit = _PACKED.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == w._version:
-        return hit[2]
-    plain = (w.t() if transposed else w).contiguous()
-    p = torch.ops.mkldnn._reorder_linear_weight(plain, ROWS_HINT)
-    try:
-        ref = weakref.ref(w, lambda _r, k=key, cache=_PACKED: cache.pop(k, None))
-    except TypeError:
-        return p
-    _PACKED[key] = (ref, w._version, p)
-    return p
+    def make():
+        return torch.ops.mkldnn._reorder_linear_weight((w.t() if transposed else w).contiguous(), ROWS_HINT)
+    return _PACKED.get(w, make, slot=bool(transposed))
 
 
 def _seen_before(x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
@@ -102,7 +94,6 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def _infer(shapes, values, *, transposed=0):
-    from .fused import _linear_infer
     w = shapes[1]
     return _linear_infer(shapes, values) if not transposed else _linear_infer([shapes[0], (w[1], w[0])], values)
 

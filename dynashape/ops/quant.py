@@ -19,8 +19,6 @@ outputs, passed in by the runtime) names an INT4 that the held int8 of a zero po
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import torch
 
@@ -30,6 +28,7 @@ from .conv import _conv, _conv_infer
 from .linalg import _amax, _matmul_shape, qmatmul
 from .registry import op
 from .shapes import norm_axis, same_as_first
+from .weight_cache import WeightCache
 
 # Integer quantized types: (lowest, highest) value.
 _INT_RANGE = {
@@ -313,26 +312,20 @@ def _qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y
     return r if out is None else out.copy_(r)
 
 
-_CONV_PLANS: dict[int, tuple] = {}
+_CONV_PLANS = WeightCache()  # per weight: the L1 bound of a ConvInteger's products
 
 
 def _conv_weight_l1(w: torch.Tensor, w_zero_point) -> float:
     """max over output channels of sum |w - w_zero_point| (cached per weight tensor object)."""
-    key = id(w)
     zk = None if w_zero_point is None else (id(w_zero_point), w_zero_point._version)
-    hit = _CONV_PLANS.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == zk:
-        return hit[3]
-    wf = w.to(torch.float64)
-    if w_zero_point is not None:
-        wf = wf - _per_out_channel(w_zero_point, w.shape[0], w.dim() - 1, "ConvInteger w_zero_point").to(torch.float64)
-    l1 = float(wf.abs().reshape(w.shape[0], -1).sum(1).max()) if w.numel() else 0.0
-    try:
-        ref = weakref.ref(w, lambda _r, k=key, cache=_CONV_PLANS: cache.pop(k, None))
-        _CONV_PLANS[key] = (ref, w._version, zk, l1)
-    except TypeError:
-        pass
-    return l1
+
+    def make():
+        wf = w.to(torch.float64)
+        if w_zero_point is not None:
+            wf = wf - _per_out_channel(w_zero_point, w.shape[0], w.dim() - 1, "ConvInteger w_zero_point").to(
+                torch.float64)
+        return float(wf.abs().reshape(w.shape[0], -1).sum(1).max()) if w.numel() else 0.0
+    return _CONV_PLANS.get(w, make, tag=zk)
 
 
 @op("ConvInteger", 10, infer=_conv_infer)

@@ -18,10 +18,10 @@ in torch ops, for the tests on machines without a GPU.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
+
+from .weight_cache import WeightCache
 
 try:  # CI has no GPU and no triton
     import triton
@@ -36,7 +36,7 @@ _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
 BLOCK_P = 128
 MAX_WORKSPACE = 128 << 20  # bytes of V (or M): ResNet-50's largest at batch 16 is 51 MiB
 
-_U: dict[int, tuple] = {}  # id(weight) -> (weakref to it, its version, U)
+_U = WeightCache()  # per weight: U
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, stride, padding) -> bool:
@@ -52,16 +52,11 @@ def serves(x: torch.Tensor, w: torch.Tensor, stride, padding) -> bool:
 def transformed_weight(w: torch.Tensor) -> torch.Tensor:
     """``U [16, out, in]`` = G g G^T per channel pair, computed in float64 and kept per weight
     tensor (a constant of the model: computed at the form's first run, outside any capture)."""
-    hit = _U.get(id(w))
-    if hit is not None and hit[0]() is w and hit[1] == w._version:
-        return hit[2]
-    g = torch.tensor(_G, dtype=torch.float64, device=w.device)
-    u = torch.einsum("ar,oirs,bs->aboi", g, w.double(), g).reshape(16, w.shape[0], w.shape[1])
-    u = u.to(w.dtype).contiguous()
-    if hit is None:  # gone with the weight (a session's constants die with it)
-        weakref.finalize(w, _U.pop, id(w), None)
-    _U[id(w)] = (weakref.ref(w), w._version, u)
-    return u
+    def make():
+        g = torch.tensor(_G, dtype=torch.float64, device=w.device)
+        u = torch.einsum("ar,oirs,bs->aboi", g, w.double(), g).reshape(16, w.shape[0], w.shape[1])
+        return u.to(w.dtype).contiguous()
+    return _U.get(w, make)
 
 
 def tiles(x: torch.Tensor, padding) -> tuple[int, int, int, int]:

@@ -1,0 +1,42 @@
+"""Forms derived from a weight tensor (packed, transformed, planned: the update_weights step),
+kept per tensor object while it lives and is not written to.
+
+A model's constant weights are the same tensor objects call after call, so a kernel derives its
+form of one once: keyed by the tensor's identity (and a ``slot`` when one weight has several
+forms), valid while the tensor's ``_version`` and the caller's ``tag`` (what else the form was
+made from) are unchanged, and dropped when the tensor dies.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+
+class WeightCache:
+    def __init__(self) -> None:
+        self._items: dict[tuple, tuple] = {}  # (id(w), slot) -> (weakref, version, tag, form)
+
+    def get(self, w: torch.Tensor, make: Callable[[], Any], slot: Hashable = None, tag: Any = None) -> Any:
+        """The form of ``w`` that ``make()`` derives, made once while ``w`` and ``tag`` stay the same."""
+        key = (id(w), slot)
+        hit = self._items.get(key)
+        if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == tag:
+            return hit[3]
+        form = make()
+        try:  # (the callback holds the dict, not self: alive at exit)
+            ref = weakref.ref(w, lambda _r, k=key, items=self._items: items.pop(k, None))
+        except TypeError:  # a tensor that takes no weak reference: not kept
+            return form
+        self._items[key] = (ref, w._version, tag, form)
+        return form
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, weight_id: int) -> bool:
+        """Whether a form of the weight with this ``id`` is kept."""
+        return any(k[0] == weight_id for k in self._items)
