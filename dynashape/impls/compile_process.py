@@ -107,8 +107,6 @@ def load(cg, shared: list[str], gm: torch.fx.GraphModule):
 
 _process: CompileProcess | None = None
 _process_lock = threading.Lock()
-
-
 _warm = threading.Event()  # prewarm's imports are done
 
 

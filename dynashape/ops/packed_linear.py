@@ -13,6 +13,7 @@ unfused nodes and the static impls' traces still read. One packed layout serves 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -41,8 +42,10 @@ _SEEN: set[tuple] = set()
 MAX_SEEN = 4096
 
 
+@functools.cache
 def cpu_vendor() -> str:
-    """The CPU's vendor id as Linux reports it (``GenuineIntel``, ``AuthenticAMD``, ...), or ""."""
+    """The CPU's vendor id as Linux reports it (``GenuineIntel``, ``AuthenticAMD``, ...), or ""
+    (read once: every session's compile asks)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
