@@ -28,10 +28,13 @@ about 1e-6.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
 from ..errors import ShapeError
+from . import native
 from .linalg import PreparedB, _use_int_mm, int8_product, int_product, saturation_correction, u8s8_saturation
 from .norm import _put
 from .quant import dynamic_qparams
@@ -73,6 +76,27 @@ class _QWeights:
         self.scale = w_scale.to(torch.float32).reshape(d, 1, -1)  # (D, 1, 1) or (D, 1, 4H)
         self.scale_values = self.scale.reshape(-1).tolist() if w_scale.numel() == d else None
         self.signed = w.dtype == torch.int8
+        self.raw, self.zp, self._native = w, zp, None
+
+    def native(self, int8: bool) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """R for dq_lstm.c: (k's per group, the blocks, their column sums or None, the scale per
+        column float32 (D, 4H)). Blocks of 16 hidden units, each the 64 columns of their four
+        gates, k in groups (4 int8 values where ``int8`` and R is int8 without zero point, else
+        2 int16 values of R - R_zero_point): (D, blocks, K / group, 64, group), zero-padded."""
+        if self._native is None:
+            d, k, n4 = self.raw.shape
+            n = n4 // 4
+            grp = 4 if int8 and self.signed and (self.zp is None or not self.zp.any()) else 2
+            w = self.raw if grp == 4 else self.raw.to(torch.int16)
+            if grp == 2 and self.zp is not None:
+                w = w - self.zp.to(torch.int16)
+            w = torch.nn.functional.pad(w.reshape(d, k, 4, n), (0, -n % 16, 0, 0, 0, -k % grp))
+            nb = w.shape[-1] // 16
+            w = w.reshape(d, w.shape[1], 4, nb, 16).permute(0, 3, 1, 2, 4).reshape(d, nb, -1, grp, 64)
+            blocks = w.transpose(3, 4).contiguous()  # (D, blocks, K / group, 64, group)
+            colsum = blocks.sum((2, 4), dtype=torch.int32).contiguous() if grp == 4 else None
+            self._native = (grp, blocks, colsum, self.scale.reshape(d, -1).expand(d, n4).contiguous())
+        return self._native
 
 
 def _weights(w, w_scale, w_zp) -> _QWeights:
@@ -257,13 +281,31 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
         pi, po, pf = pp[..., :n], pp[..., n:2 * n], pp[..., 2 * n:]
     h = torch.zeros(nd, batch, n, device=dev) if initial_h is None else initial_h.to(torch.float32)
     c = torch.zeros(nd, batch, n, device=dev) if initial_c is None else initial_c.to(torch.float32)
-    mask = None
-    if lens is not None:
-        mask = (torch.arange(t, device=dev).unsqueeze(1) < lens.unsqueeze(0)).unsqueeze(-1)  # (T, B, 1)
     # the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget) take
     # one sigmoid over i, o, f together
     plain = P is None and not input_forget and clip is None and all(
         [a[0] for a in acts_d] == ["sigmoid", "tanh", "tanh"] for acts_d in acts)
+    done = _native_steps(proj, bias, rq, lens, h, c, t) if plain else None
+    if done is not None:
+        y, h, c = done
+    else:
+        y, h, c = _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, (pi, po, pf), input_forget)
+    parts = [y[:, d] if o is None else y[:, d].gather(0, o.unsqueeze(-1).expand(t, batch, n))
+             for d, o in enumerate(orders)]
+    y = torch.stack(parts, 1)  # (T, D, B, H) in time order
+    if lens is not None:  # onnxruntime: an empty sequence has zero final states
+        nz, zero = (lens > 0).reshape(1, -1, 1), torch.zeros((), device=dev)
+        h, c = torch.where(nz, h, zero), torch.where(nz, c, zero)
+    return _put(out, [y, h, c])
+
+
+def _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, peep, input_forget):
+    """The recurrence in torch calls, one step at a time: (y (T, D, B, H) in step order, h, c)."""
+    nd, steps, batch, n4 = proj.shape
+    n, dev = n4 // 4, proj.device
+    mask = None
+    if lens is not None:
+        mask = (torch.arange(t, device=dev).unsqueeze(1) < lens.unsqueeze(0)).unsqueeze(-1)  # (T, B, 1)
     rec = _Recurrent.make(rq, nd, batch, n, dev)
     y = torch.zeros(t, nd, batch, n, device=dev)  # in step order; steps past max(lens) stay zero
     g = torch.empty(nd, batch, 4 * n, device=dev)
@@ -285,7 +327,7 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
             c_new += i * torch.tanh(g_c)
             h_new = torch.mul(o, torch.tanh(c_new), out=ys) if mask is None else o * torch.tanh(c_new)
         else:
-            h_new, c_new = lstm_cell(g, c, n, acts, clip, (pi, po, pf), input_forget)
+            h_new, c_new = lstm_cell(g, c, n, acts, clip, peep, input_forget)
             if mask is None:
                 ys.copy_(h_new)
         if mask is None:
@@ -295,10 +337,57 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
             torch.where(m, h_new, zero, out=ys)
             h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
         h_in = ys
-    parts = [y[:, d] if o is None else y[:, d].gather(0, o.unsqueeze(-1).expand(t, batch, n))
-             for d, o in enumerate(orders)]
-    y = torch.stack(parts, 1)  # (T, D, B, H) in time order
-    if lens is not None:  # onnxruntime: an empty sequence has zero final states
-        nz = (lens > 0).reshape(1, -1, 1)
-        h, c = torch.where(nz, h, zero), torch.where(nz, c, zero)
-    return _put(out, [y, h, c])
+    return y, h, c
+
+
+def _native_steps(proj, bias, rq, lens, h, c, t):
+    """The recurrence in ops/csrc/dq_lstm.c, a direction per call (the two of a bidirectional
+    layer on two threads when torch has two): (y (T, D, B, H) in step order, h, c), or None where
+    it does not serve (not the CPU, per-column or saturating weights, no compiler, a non-finite h)
+    and the torch loop runs instead (counted in native.counters())."""
+    nd, steps, batch, n4 = proj.shape
+    n = n4 // 4
+    if proj.device.type != "cpu" or not (steps and batch and n) or (u8s8_saturation() and rq.signed):
+        return None
+    kernel = _kernel()
+    if kernel is None:
+        native.count("dq_lstm_torch_fallbacks")
+        return None
+    grp, blocks, colsum, wscale = rq.native(_int8_weights())
+    proj = proj.contiguous()
+    bias = None if bias is None else bias.reshape(nd, n4).contiguous()
+    lens = None if lens is None else lens.contiguous()
+    h, c = h.to(torch.float32, copy=True).contiguous(), c.to(torch.float32, copy=True).contiguous()
+    y = torch.zeros(nd, t, batch, n)
+    h0 = torch.empty(nd, batch, n)
+    threads = torch.get_num_threads() if steps * batch * n4 * n >= _THREAD_MIN_WORK else 1
+    rc = kernel(nd, threads, steps, batch, n, grp, blocks.shape[2], proj.data_ptr(),
+                None if bias is None else bias.data_ptr(), blocks.data_ptr(),
+                None if colsum is None else colsum.data_ptr(), wscale.data_ptr(),
+                None if lens is None else lens.data_ptr(), h.data_ptr(), c.data_ptr(), y.data_ptr(), t * batch * n,
+                h0.data_ptr())
+    if rc:
+        native.count("dq_lstm_torch_fallbacks")
+        return None
+    native.count("dq_lstm_native_calls")
+    return y.transpose(0, 1), h, c
+
+
+def _kernel():
+    lib = native.library("dq_lstm")
+    if lib is None:
+        return None
+    fn = lib.dq_lstm
+    if fn.argtypes is None:
+        fn.argtypes = [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 9 + [ctypes.c_int64, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def _int8_weights() -> bool:
+    """Whether this CPU's build multiplies int8 weights as u8 x s8 (dq_lstm_int8_weights)."""
+    lib = native.library("dq_lstm")
+    return bool(lib is not None and lib.dq_lstm_int8_weights())
+
+
+_THREAD_MIN_WORK = 1 << 20  # multiply-adds below which a second thread costs more than it saves

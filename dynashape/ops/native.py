@@ -1,0 +1,121 @@
+"""Small C kernels for loops that torch can only run as many tiny calls (ops/csrc/*.c).
+
+Some ops are a loop of steps whose arithmetic is a few microseconds while each torch call costs
+about as much: DynamicQuantizeLSTM's recurrence is ~25 calls a step. Such a loop is written once
+in plain C (no torch headers: it compiles in about a second), built with the system's C compiler
+for this CPU the first time a process needs it, kept in a cache directory, and called through
+ctypes (which lets go of the GIL: two directions run on two threads).
+
+Where no compiler is found, the build fails, or ``DYNASHAPE_NATIVE=0`` is set, the ops keep their
+torch path; ``counters()`` says which was used how often (a session's ``stats()`` shows them), so
+the fallback is never silent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+
+_SRC = Path(__file__).with_name("csrc")
+# -ffp-contract=off: a fused multiply-add rounds differently from torch's separate kernels
+_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared"]
+# OpenMP where the compiler has it: torch's libgomp.so.1 serves (see dq_lstm.c); without, one thread
+_OPENMP = ["-fopenmp"]
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+_why: dict[str, str] = {}
+_counts: Counter = Counter()
+
+
+def enabled() -> bool:
+    return os.environ.get("DYNASHAPE_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("DYNASHAPE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dynashape")
+    return Path(base) / "native"
+
+
+def _cpu_tag() -> str:
+    """What -march=native depends on: the CPU's flags (a cache shared by machines stays right)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def build(name: str, arch: str = "native", cache: Path | None = None) -> ctypes.CDLL:
+    """Compile ops/csrc/<name>.c for ``-march=<arch>`` (cached) and load it; OSError when it cannot."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise OSError("no C compiler (cc, gcc or clang) on PATH")
+    flags = [f"-march={arch}", *_FLAGS]
+    src = (_SRC / f"{name}.c").read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(flags + _OPENMP).encode(), cc.encode(), _cpu_tag().encode()]))
+    out = (cache or _cache_dir()) / f"{name}-{key.hexdigest()[:16]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            err = ""
+            for extra in (_OPENMP, []):
+                r = subprocess.run([cc, *flags, *extra, "-o", tmp, str(_SRC / f"{name}.c"), "-lm"],
+                                   capture_output=True, text=True, timeout=120)
+                if not r.returncode:
+                    break
+                err = r.stderr.strip()[-400:]
+            else:
+                raise OSError(f"{cc} failed: {err}")
+            os.replace(tmp, out)  # atomic: processes building at once each end with a whole file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return ctypes.CDLL(str(out))
+
+
+def library(name: str) -> ctypes.CDLL | None:
+    """The built ops/csrc/<name>.c, or None (disabled, or it cannot be built: ``why(name)``)."""
+    if not enabled():
+        return None
+    lib = _libs.get(name, False)
+    if lib is not False:
+        return lib
+    with _lock:
+        if name not in _libs:
+            try:
+                _libs[name] = build(name)
+            except (OSError, subprocess.SubprocessError) as e:
+                _libs[name] = None
+                _why[name] = str(e)
+        return _libs[name]
+
+
+def why(name: str) -> str:
+    """Why ``library(name)`` is None ("" when it is not)."""
+    if not enabled():
+        return "DYNASHAPE_NATIVE=0"
+    return _why.get(name, "")
+
+
+def count(key: str) -> None:
+    _counts[key] += 1
+
+
+def counters() -> dict:
+    """Calls of each native kernel and of its torch fallback in this process."""
+    return dict(_counts)
