@@ -257,6 +257,12 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
         steps = int(lens.max()) if batch else 0
     else:
         steps = t
+    plain = P is None and not input_forget and clip is None and all(
+        [a[0] for a in acts_d] == ["sigmoid", "tanh", "tanh"] for acts_d in acts)
+    if plain:  # the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget)
+        done = _native_layer(x, wq, rq, B, lens, initial_h, initial_c, direction, steps)
+        if done is not None:
+            return _put(out, done)
     if lens is None:
         rev = torch.arange(t - 1, -1, -1, device=dev).unsqueeze(1).expand(t, batch)
     else:
@@ -281,15 +287,7 @@ def _dynamic_quantize_lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, 
         pi, po, pf = pp[..., :n], pp[..., n:2 * n], pp[..., 2 * n:]
     h = torch.zeros(nd, batch, n, device=dev) if initial_h is None else initial_h.to(torch.float32)
     c = torch.zeros(nd, batch, n, device=dev) if initial_c is None else initial_c.to(torch.float32)
-    # the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget) take
-    # one sigmoid over i, o, f together
-    plain = P is None and not input_forget and clip is None and all(
-        [a[0] for a in acts_d] == ["sigmoid", "tanh", "tanh"] for acts_d in acts)
-    done = _native_steps(proj, bias, rq, lens, h, c, t) if plain else None
-    if done is not None:
-        y, h, c = done
-    else:
-        y, h, c = _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, (pi, po, pf), input_forget)
+    y, h, c = _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, (pi, po, pf), input_forget)
     parts = [y[:, d] if o is None else y[:, d].gather(0, o.unsqueeze(-1).expand(t, batch, n))
              for d, o in enumerate(orders)]
     y = torch.stack(parts, 1)  # (T, D, B, H) in time order
@@ -340,37 +338,48 @@ def _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, peep, input_f
     return y, h, c
 
 
-def _native_steps(proj, bias, rq, lens, h, c, t):
-    """The recurrence in ops/csrc/dq_lstm.c, a direction per call (the two of a bidirectional
-    layer on two threads when torch has two): (y (T, D, B, H) in step order, h, c), or None where
-    it does not serve (not the CPU, per-column or saturating weights, no compiler, a non-finite h)
-    and the torch loop runs instead (counted in native.counters())."""
-    nd, steps, batch, n4 = proj.shape
-    n = n4 // 4
-    if proj.device.type != "cpu" or not (steps and batch and n) or (u8s8_saturation() and rq.signed):
+def _native_layer(x, wq, rq, B, lens, initial_h, initial_c, direction, steps):
+    """The layer in ops/csrc/dq_lstm.c (X quantized once, each step's input and recurrent products,
+    the gates, the reverse order, the outputs' layout; the two directions of a bidirectional layer
+    on two threads when torch has two): [Y, Y_h, Y_c], or None where it does not serve (not the
+    CPU, saturating weights, no compiler, a non-finite X or h) and the torch path runs instead
+    (counted in native.counters())."""
+    t, batch, ni = x.shape
+    nd, n = rq.raw.shape[0], rq.raw.shape[1]
+    if x.device.type != "cpu" or not (steps and batch and n and ni) or (u8s8_saturation() and (rq.signed or wq.signed)):
         return None
     kernel = _kernel()
     if kernel is None:
         native.count("dq_lstm_torch_fallbacks")
         return None
-    grp, blocks, colsum, wscale = rq.native(_int8_weights())
-    proj = proj.contiguous()
-    bias = None if bias is None else bias.reshape(nd, n4).contiguous()
-    lens = None if lens is None else lens.contiguous()
-    h, c = h.to(torch.float32, copy=True).contiguous(), c.to(torch.float32, copy=True).contiguous()
-    y = torch.zeros(nd, t, batch, n)
-    h0 = torch.empty(nd, batch, n)
-    threads = torch.get_num_threads() if steps * batch * n4 * n >= _THREAD_MIN_WORK else 1
-    rc = kernel(nd, threads, steps, batch, n, grp, blocks.shape[2], proj.data_ptr(),
-                None if bias is None else bias.data_ptr(), blocks.data_ptr(),
-                None if colsum is None else colsum.data_ptr(), wscale.data_ptr(),
-                None if lens is None else lens.data_ptr(), h.data_ptr(), c.data_ptr(), y.data_ptr(), t * batch * n,
-                h0.data_ptr())
+    int8 = _int8_weights()
+    wg, wblocks, wcolsum, wscale = wq.native(int8)
+    rg, rblocks, rcolsum, rscale = rq.native(int8)
+    x = x.contiguous()
+    bias = None
+    if B is not None:
+        b32 = B.to(torch.float32)
+        bias = (b32[:, :4 * n] + b32[:, 4 * n:]).contiguous()  # Wb + Rb, as onnxruntime adds them
+    if lens is not None:
+        lens = lens.contiguous()
+    h = torch.zeros(nd, batch, n) if initial_h is None else initial_h.to(torch.float32, copy=True).contiguous()
+    c = torch.zeros(nd, batch, n) if initial_c is None else initial_c.to(torch.float32, copy=True).contiguous()
+    y = torch.zeros(t, nd, batch, n)
+    reverse = (ctypes.c_int64 * nd)(*[int(direction == "reverse" or (direction == "bidirectional" and d == 1))
+                                       for d in range(nd)])
+    threads = torch.get_num_threads() if steps * batch * 4 * n * (n + ni) >= _THREAD_MIN_WORK else 1
+
+    def ptr(v):
+        return None if v is None else v.data_ptr()
+
+    rc = kernel(nd, threads, t, steps, batch, ni, n, ptr(x), wg, wblocks.shape[2], ptr(wblocks), ptr(wcolsum),
+                ptr(wscale), rg, rblocks.shape[2], ptr(rblocks), ptr(rcolsum), ptr(rscale), ptr(bias), ptr(lens),
+                reverse, ptr(h), ptr(c), ptr(y))
     if rc:
         native.count("dq_lstm_torch_fallbacks")
         return None
     native.count("dq_lstm_native_calls")
-    return y.transpose(0, 1), h, c
+    return [y, h, c]
 
 
 def _kernel():
@@ -379,7 +388,8 @@ def _kernel():
         return None
     fn = lib.dq_lstm
     if fn.argtypes is None:
-        fn.argtypes = [ctypes.c_int64] * 7 + [ctypes.c_void_p] * 9 + [ctypes.c_int64, ctypes.c_void_p]
+        i64, p = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [i64] * 7 + [p, i64, i64, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p]
         fn.restype = ctypes.c_int
     return fn
 

@@ -166,25 +166,58 @@ static void block_product(int64_t kg, int grp, const void *qv, const void *blk, 
 #endif
 }
 
+/* A quantized weight in blocks (above) with what its product needs. */
 typedef struct {
-    int64_t steps, batch, n, grp, kg; /* kg: groups of grp k's (k padded with zeros) */
-    const float *proj;    /* (steps, batch, 4n): the scaled input projection, gates in ONNX order */
-    const float *bias;    /* (4n): Wb + Rb, or NULL */
-    const void *wb;       /* R - R_zero_point in blocks (above): (nblocks, kg, COLS, grp) */
-    const int32_t *colsum;/* (nblocks * COLS): R's column sums, for the uint8 q of the int8 product */
-    const float *wscale;  /* (4n): R's scale per column */
-    const int64_t *lens;  /* (batch): steps of each entry, or NULL */
-    float *h, *c;         /* (batch, n): initial states in, final out */
-    float *y;             /* (steps, batch, n), zero-filled: the outputs in step order */
-    float *h0;            /* scratch (batch, n): the initial h, read by step 0 while h is written */
-} Dir;
+    int64_t grp, kg;       /* k's per group, groups (k padded with zeros) */
+    const void *blocks;    /* (D, nblocks, kg, COLS, grp): W - W_zero_point */
+    const int32_t *colsum; /* (D, nblocks * COLS): column sums, for a uint8 operand (grp 4), or NULL */
+    const float *scale;    /* (D, 4n): the scale per column */
+} QW;
 
-/* Steps of one direction on `threads` threads (each owns a range of blocks); 0 or 1 (above). */
-static int run_direction(const Dir *D, int threads) {
-    const int64_t steps = D->steps, batch = D->batch, n = D->n, n4 = 4 * n, bn = batch * n;
-    const int64_t nblocks = (n + UNITS - 1) / UNITS, kpad = D->kg * D->grp;
-    const size_t qbytes = (size_t)(batch * kpad) * (D->grp == 4 ? 1 : 2);
-    memcpy(D->h0, D->h, (size_t)bn * sizeof(float));
+static size_t esize(int64_t grp) { return grp == 4 ? 1 : 2; }
+
+/* v quantized (scale, zp) into a row of the operand of a weight of group grp: uint8 q + zp for
+ * grp 4, int16 q (centered) for grp 2 */
+static void quantize_row(const float *v, int64_t m, float scale, float zp, int64_t grp, void *out) {
+    for (int64_t i = 0; i < m; i++) {
+        float q = nearbyintf(v[i] / scale);
+        q = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
+        if (grp == 4) ((uint8_t *)out)[i] = (uint8_t)(q + zp);
+        else ((int16_t *)out)[i] = (int16_t)q;
+    }
+}
+
+/* block product of one operand row, the uint8 operand's zero point taken back */
+static void product(const QW *w, int64_t d, int64_t nblocks, int64_t blk, const void *row, float zp, int32_t *a) {
+    const size_t per_blk = (size_t)(w->kg * COLS * w->grp) * esize(w->grp);
+    block_product(w->kg, (int)w->grp, row, (const char *)w->blocks + (size_t)(d * nblocks + blk) * per_blk, a);
+    if (w->grp == 4) { /* sum (q + zp) w = sum q w + zp colsum(w) */
+        const int32_t *cs = w->colsum + (d * nblocks + blk) * COLS;
+        for (int j = 0; j < COLS; j++) a[j] -= (int32_t)zp * cs[j];
+    }
+}
+
+typedef struct {
+    int64_t t, steps, batch, n, nd, ni;
+    const void *xq; float xscale, xzp; /* X's first `steps` steps quantized for W: (steps, batch, kpad) */
+    QW w, r;
+    const float *bias;    /* (D, 4n): Wb + Rb, or NULL */
+    const int64_t *lens;  /* (batch): steps of each entry, or NULL */
+    float *h, *c;         /* (D, batch, n): initial states in, final out */
+    float *y;             /* (T, D, batch, n), zero-filled */
+} Layer;
+
+/* One direction's steps on `threads` threads, each owning a range of blocks; 0, or 1 when a step's
+ * h has no finite range (all threads see the same h, so all leave at the same step). A reverse
+ * direction reads (and writes) each sequence backwards within its own length, as onnxruntime's
+ * ReverseSequence of the input and output does. */
+static int run_direction(const Layer *L, int64_t d, int reverse, int threads) {
+    const int64_t batch = L->batch, n = L->n, n4 = 4 * n, bn = batch * n, nd = L->nd;
+    const int64_t nblocks = (n + UNITS - 1) / UNITS, kxpad = L->w.kg * L->w.grp, khpad = L->r.kg * L->r.grp;
+    float *hd = L->h + d * bn, *cd = L->c + d * bn;
+    float *hprev = malloc(2 * (size_t)bn * sizeof(float)); /* the step before's outputs, two by turns */
+    memcpy(hprev, hd, (size_t)bn * sizeof(float));
+    const float *bias = L->bias ? L->bias + d * n4 : NULL, *wsc = L->w.scale + d * n4, *rsc = L->r.scale + d * n4;
     int rc = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -194,91 +227,100 @@ static int run_direction(const Dir *D, int threads) {
         nt = omp_get_num_threads();
 #endif
         const int64_t b0 = nblocks * tid / nt, b1 = nblocks * (tid + 1) / nt;
-        void *qbuf = calloc(1, qbytes + 64); /* each thread quantizes h for itself: no wait for that */
-        int32_t a[COLS];
+        void *hq = calloc(1, (size_t)(batch * khpad) * esize(L->r.grp) + 64); /* each thread its own: no wait */
+        int32_t a[COLS], ax[COLS];
         float g[COLS];
-        for (int64_t s = 0; s < steps; s++) {
-            /* the previous output: zeros past an entry's length, as onnxruntime's buffer holds */
-            const float *hin = s == 0 ? D->h0 : D->y + (s - 1) * bn;
+        for (int64_t s = 0; s < L->steps; s++) {
+            /* zeros past an entry's length, as onnxruntime's buffer holds */
+            const float *hin = hprev + (s % 2) * bn;
+            float *hout = hprev + ((s + 1) % 2) * bn;
             float scale, zp;
-            if (qparams(hin, bn, &scale, &zp)) { /* the same answer on every thread: all leave here */
+            if (qparams(hin, bn, &scale, &zp)) {
 #pragma omp atomic write
                 rc = 1;
                 break;
             }
-            {
-                for (int64_t b = 0; b < batch; b++)
-                    for (int64_t i = 0; i < n; i++) {
-                        float v = nearbyintf(hin[b * n + i] / scale);
-                        v = v < -zp ? -zp : (v > 255.0f - zp ? 255.0f - zp : v);
-                        if (D->grp == 4) ((uint8_t *)qbuf)[b * kpad + i] = (uint8_t)(v + zp);
-                        else ((int16_t *)qbuf)[b * kpad + i] = (int16_t)v;
+            for (int64_t b = 0; b < batch; b++)
+                quantize_row(hin + b * n, n, scale, zp, L->r.grp, (char *)hq + (size_t)(b * khpad) * esize(L->r.grp));
+            for (int64_t blk = b0; blk < b1; blk++) {
+                const int64_t u0 = blk * UNITS, units = n - u0 < UNITS ? n - u0 : UNITS;
+                for (int64_t b = 0; b < batch; b++) {
+                    const int64_t len = L->lens ? L->lens[b] : L->t;
+                    if (s >= len) { /* h, c kept; the output stays zero, and so does what the next step reads */
+                        memset(hout + b * n + u0, 0, (size_t)units * sizeof(float));
+                        continue;
                     }
-                const float *ps = D->proj + s * batch * n4;
-                float *ys = D->y + s * bn;
-                for (int64_t blk = b0; blk < b1; blk++) {
-                    const int64_t u0 = blk * UNITS, units = n - u0 < UNITS ? n - u0 : UNITS;
-                    const char *wblk = (const char *)D->wb + (size_t)(blk * D->kg * COLS * D->grp) * (D->grp == 4 ? 1 : 2);
-                    for (int64_t b = 0; b < batch; b++) {
-                        const char *qb = (const char *)qbuf + (size_t)(b * kpad) * (D->grp == 4 ? 1 : 2);
-                        block_product(D->kg, (int)D->grp, qb, wblk, a);
-                        if (D->grp == 4) /* sum (q + zp) w = sum q w + zp colsum(w) */
-                            for (int j = 0; j < COLS; j++) a[j] -= (int32_t)zp * D->colsum[blk * COLS + j];
-                        if (D->lens && s >= D->lens[b]) continue; /* h, c kept; the output stays zero */
-                        const float *p = ps + b * n4;
-                        for (int gate = 0; gate < 4; gate++)
-                            for (int64_t u = 0; u < units; u++) {
-                                const int64_t col = gate * n + u0 + u; /* ONNX's column of this unit's gate */
-                                float v = (float)a[gate * UNITS + u] * (scale * D->wscale[col]);
-                                v += p[col];
-                                if (D->bias) v += D->bias[col];
-                                g[gate * UNITS + u] = v;
-                            }
-                        for (int j = 0; j < 3 * UNITS; j++) g[j] = sigmoid(g[j]); /* i, o, f */
-                        for (int j = 3 * UNITS; j < COLS; j++) g[j] = tanh_approx(g[j]);
-                        float *hb = D->h + b * n + u0, *cb = D->c + b * n + u0, *yb = ys + b * n + u0;
+                    const int64_t tt = reverse ? len - 1 - s : s; /* the time step this step is at */
+                    product(&L->r, d, nblocks, blk, (const char *)hq + (size_t)(b * khpad) * esize(L->r.grp), zp, a);
+                    product(&L->w, d, nblocks, blk,
+                            (const char *)L->xq + (size_t)((tt * batch + b) * kxpad) * esize(L->w.grp), L->xzp, ax);
+                    for (int gate = 0; gate < 4; gate++)
                         for (int64_t u = 0; u < units; u++) {
-                            float fc = g[2 * UNITS + u] * cb[u], ig = g[u] * g[3 * UNITS + u];
-                            float cn = fc + ig;
-                            float hn = g[UNITS + u] * tanh_approx(cn);
-                            cb[u] = cn;
-                            hb[u] = hn;
-                            yb[u] = hn;
+                            const int64_t col = gate * n + u0 + u, j = gate * UNITS + u; /* ONNX's column */
+                            float v = (float)a[j] * (scale * rsc[col]);
+                            v += (float)ax[j] * (L->xscale * wsc[col]); /* the input projection */
+                            if (bias) v += bias[col];
+                            g[j] = v;
                         }
+                    for (int j = 0; j < 3 * UNITS; j++) g[j] = sigmoid(g[j]); /* i, o, f */
+                    for (int j = 3 * UNITS; j < COLS; j++) g[j] = tanh_approx(g[j]);
+                    float *hb = hd + b * n + u0, *cb = cd + b * n + u0, *ho = hout + b * n + u0;
+                    float *yb = L->y + ((tt * nd + d) * batch + b) * n + u0;
+                    for (int64_t u = 0; u < units; u++) {
+                        float fc = g[2 * UNITS + u] * cb[u], ig = g[u] * g[3 * UNITS + u];
+                        float cn = fc + ig;
+                        float hn = g[UNITS + u] * tanh_approx(cn);
+                        cb[u] = cn;
+                        hb[u] = hn;
+                        ho[u] = hn;
+                        yb[u] = hn;
                     }
                 }
             }
 #pragma omp barrier
         }
-        free(qbuf);
+        free(hq);
     }
+    free(hprev);
+    if (L->lens) /* onnxruntime: an empty sequence has zero final states */
+        for (int64_t b = 0; b < batch; b++)
+            if (L->lens[b] <= 0) {
+                memset(hd + b * n, 0, (size_t)n * sizeof(float));
+                memset(cd + b * n, 0, (size_t)n * sizeof(float));
+            }
     return rc;
 }
 
-/* All directions: with two threads and two directions, one direction per thread (no meeting per
- * step); otherwise each direction's blocks shared by the threads. Built with -fopenmp, the library
- * needs libgomp.so.1, which the dynamic linker finds already loaded by torch: the work runs on
- * torch's own OpenMP threads (another pool's threads would wait for torch's, still spinning after
- * its last kernel, on the same cores). Per-direction arrays follow each other in memory. */
-int dq_lstm(int64_t nd, int64_t threads, int64_t steps, int64_t batch, int64_t n, int64_t grp, int64_t kg,
-            const float *proj, const float *bias, const void *wb, const int32_t *colsum, const float *wscale,
-            const int64_t *lens, float *h, float *c, float *y, int64_t y_stride, float *h0)
+/* The whole layer: X (T, batch, ni) quantized once (its first `steps` steps, one scale, as the torch
+ * path), then every direction's steps, the input product done per step beside the recurrent one.
+ * With two threads and two directions, one direction per thread (no meeting per step); otherwise
+ * each direction's blocks are shared by the threads. Built with -fopenmp, the library needs
+ * libgomp.so.1, which the dynamic linker finds already loaded by torch: the work runs on torch's
+ * own OpenMP threads (another pool's threads would wait for torch's, still spinning after its last
+ * kernel, on the same cores). reverse[d]: whether direction d runs backwards. */
+int dq_lstm(int64_t nd, int64_t threads, int64_t t, int64_t steps, int64_t batch, int64_t ni, int64_t n,
+            const float *x, int64_t wgrp, int64_t wkg, const void *wblocks, const int32_t *wcolsum,
+            const float *wscale, int64_t rgrp, int64_t rkg, const void *rblocks, const int32_t *rcolsum,
+            const float *rscale, const float *bias, const int64_t *lens, const int64_t *reverse,
+            float *h, float *c, float *y)
 {
-    const int64_t n4 = 4 * n, nblocks = (n + UNITS - 1) / UNITS;
-    const size_t wbytes = (size_t)(nblocks * kg * COLS * grp) * (grp == 4 ? 1 : 2);
-    Dir dirs[2];
-    for (int64_t d = 0; d < nd && d < 2; d++) {
-        Dir D = {steps, batch, n, grp, kg, proj + d * steps * batch * n4, bias ? bias + d * n4 : NULL,
-                 (const char *)wb + d * wbytes, colsum ? colsum + d * nblocks * COLS : NULL, wscale + d * n4,
-                 lens, h + d * batch * n, c + d * batch * n, y + d * y_stride, h0 + d * batch * n};
-        dirs[d] = D;
-    }
+    const int64_t rows = steps * batch, kxpad = wkg * wgrp;
+    float xscale, xzp;
+    if (qparams(x, rows * ni, &xscale, &xzp)) return 1;
+    void *xq = calloc(1, (size_t)(rows * kxpad) * esize(wgrp) + 64);
+    if (!xq) return 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows * ni >= 65536)
+    for (int64_t i = 0; i < rows; i++)
+        quantize_row(x + i * ni, ni, xscale, xzp, wgrp, (char *)xq + (size_t)(i * kxpad) * esize(wgrp));
+    Layer L = {t, steps, batch, n, nd, ni, xq, xscale, xzp, {wgrp, wkg, wblocks, wcolsum, wscale},
+               {rgrp, rkg, rblocks, rcolsum, rscale}, bias, lens, h, c, y};
     int rc = 0;
     if (nd == 2 && threads >= 2) {
 #pragma omp parallel for num_threads(2) reduction(| : rc) schedule(static, 1)
-        for (int64_t d = 0; d < 2; d++) rc |= run_direction(&dirs[d], 1);
+        for (int64_t d = 0; d < 2; d++) rc |= run_direction(&L, d, (int)reverse[d], 1);
     } else {
-        for (int64_t d = 0; d < nd && d < 2; d++) rc |= run_direction(&dirs[d], (int)threads);
+        for (int64_t d = 0; d < nd; d++) rc |= run_direction(&L, d, (int)reverse[d], (int)threads);
     }
+    free(xq);
     return rc;
 }
