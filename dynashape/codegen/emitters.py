@@ -155,6 +155,11 @@ def _unary(fn: str) -> Callable[[Emit], list[str] | None]:
     return emit
 
 
+def _tanh(e: Emit) -> list[str] | None:
+    """On the CPU ops/elementwise.py's tanh (large float32 tensors in C: torch's is ~8x slower)."""
+    return _unary("_tanh" if e.on_cpu else "torch.tanh")(e)
+
+
 def _gather(e: Emit) -> list[str] | None:
     """Gather along axis 0 of int64 indices (an embedding lookup): index_select straight into the
     output. On the CPU, index_select refuses a negative index (ONNX counts it from the end): the
@@ -239,7 +244,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Gather": _gather, "Not": _not, "Conv": _conv, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
     "LessOrEqual": _compare("torch.le"), "Greater": _compare("torch.gt"), "GreaterOrEqual": _compare("torch.ge"),
     "Div": _binary("torch.div"), "MatMul": _matmul, "Concat": _concat,
-    "Sigmoid": _unary("torch.sigmoid"), "Tanh": _unary("torch.tanh"), "Exp": _unary("torch.exp"),
+    "Sigmoid": _unary("torch.sigmoid"), "Tanh": _tanh, "Exp": _unary("torch.exp"),
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
     "Abs": _unary("torch.abs"), "Log": _unary("torch.log"),

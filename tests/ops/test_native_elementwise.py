@@ -1,0 +1,67 @@
+"""ops/csrc/elementwise.c's tanh (large float32 CPU tensors; torch's CPU tanh is ~8x slower than
+onnxruntime's): accuracy against float64 over the whole range and the special values, a session
+over changing shapes against onnxruntime, and its calls and fallbacks counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape.ops import elementwise, native
+
+pytestmark = pytest.mark.skipif(native.library("elementwise") is None,
+                                reason=f"no native build: {native.why('elementwise')}")
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-6, 1e-2, 0.3, 0.55, 1.0, 4.0, 40.0])
+def test_tanh_within_a_few_ulp(scale):
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0)) * scale
+    y = elementwise.tanh(x)
+    want = torch.tanh(x.double())
+    rel = ((y.double() - want).abs() / want.abs().clamp_min(1e-300)).max().item()
+    assert rel <= 3 * torch.finfo(torch.float32).eps, rel
+
+
+def test_tanh_special_values_and_out():
+    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 0.55, -0.55, 9.0, 88.0, 1e30, -1e30])
+    x = x.repeat(1 << 11)  # above the size that takes the C kernel
+    out = torch.empty_like(x)
+    y = elementwise.tanh(x, out=out)
+    assert y is out
+    head = y[:11]
+    assert torch.equal(torch.signbit(head), torch.signbit(x[:11]))  # tanh(-0) = -0
+    assert head[2] == 1 and head[3] == -1 and torch.isnan(head[4])
+    assert torch.equal(head[[0, 1, 9, 10]], torch.tensor([0.0, -0.0, 1.0, -1.0]))
+
+
+def test_tanh_in_a_session_matches_onnxruntime_and_is_counted(monkeypatch):
+    import onnxruntime as ort
+    g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "T", 64])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    sess, ref = dynashape.InferenceSession(model), ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    before = native.counters().get("tanh_native_calls", 0)
+    shapes = [(2, 300, 64), (1, 3, 64), (4, 128, 64), (2, 300, 64)]
+    for shp in shapes:
+        x = (rng.standard_normal(shp) * 1.5).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+    assert native.counters()["tanh_native_calls"] == before + 3  # (1, 3, 64) is torch's
+    monkeypatch.setenv("DYNASHAPE_NATIVE", "0")
+    fb = native.counters().get("tanh_torch_fallbacks", 0)
+    x = rng.standard_normal((4, 128, 64)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.tanh(x * x), rtol=1e-6, atol=1e-7)
+    assert native.counters()["tanh_torch_fallbacks"] == fb + 1
+
+
+def test_a_trace_gets_torchs_tanh():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(1 << 16)
+        y = elementwise.tanh(x)  # a C kernel cannot run on fake tensors: torch's is traced
+    assert y.shape == x.shape
