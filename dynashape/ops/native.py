@@ -64,7 +64,7 @@ def build(name: str, arch: str = "native", cache: Path | None = None) -> ctypes.
     if cc is None:
         raise OSError("no C compiler (cc, gcc or clang) on PATH")
     flags = [f"-march={arch}", *_FLAGS]
-    src = (_SRC / f"{name}.c").read_bytes()
+    src = b"".join(f.read_bytes() for f in [_SRC / f"{name}.c", *sorted(_SRC.glob("*.h"))])  # what it includes
     key = hashlib.sha256(b"\0".join([src, " ".join(flags + _OPENMP).encode(), cc.encode(), _cpu_tag().encode()]))
     out = (cache or _cache_dir()) / f"{name}-{key.hexdigest()[:16]}.so"
     if not out.exists():

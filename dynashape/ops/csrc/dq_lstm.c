@@ -10,9 +10,8 @@
  * integer product with R - R_zero_point, times float32(h_scale * R_scale), plus the step's input
  * projection, plus Wb + Rb, then the default gates (sigmoid, tanh, tanh). It is compiled with
  * -ffp-contract=off: a fused multiply-add would round differently from torch's separate kernels.
- * sigmoid and tanh are written here so that the compiler vectorizes them (the C library's are
- * scalar calls, which made them most of a step): exp by range reduction and a degree-7
- * polynomial, within ~2 ulp; tanh(x) = 1 - 2 / (exp(2|x|) + 1), within ~1e-7 absolute.
+ * sigmoid and tanh come from fastmath.h, written so that the compiler vectorizes them (the C
+ * library's are scalar calls, which made them most of a step), within ~2 ulp.
  *
  * R's layout (made once by contrib_rnn.py): blocks of 16 hidden units, each block the 64 columns
  * of those units' four gates (i, o, f, c: 16 each), so that a thread owns whole units: it computes
@@ -25,6 +24,7 @@
  * then runs its torch path, which gives what onnxruntime's formula gives there.
  */
 #include <float.h>
+#include "fastmath.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -72,32 +72,7 @@ static int qparams(const float *v, int64_t m, float *scale, float *zp) {
     return 0;
 }
 
-/* exp(x) = 2^k exp(r), r = x - k ln2 in two parts, |r| <= ln2 / 2; exp(r) by its Taylor series
- * to r^7 (error < 3e-9 relative). x is clamped to [-87, 88], where 2^k stays a normal number. */
-static inline float exp_approx(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float k = nearbyintf(x * 1.44269504f);
-    float r = x - k * 0.693145752f; /* ln2's first 16 bits: k * it is exact */
-    r = r - k * 1.42860677e-06f;    /* the rest of ln2 */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t i; float f; } two_k = {.i = ((int32_t)k + 127) << 23};
-    return p * two_k.f;
-}
-
 static inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
-
-static inline float tanh_approx(float x) {
-    float a = x < 0.0f ? -x : x;
-    float t = 1.0f - 2.0f / (exp_approx(2.0f * a) + 1.0f);
-    return x < 0.0f ? -t : t;
-}
 
 /* a[0:COLS] = the block's columns for one batch entry: q (kg, G values each, int16 or uint8) @ blk */
 static void block_product(int64_t kg, int grp, const void *qv, const void *blk, int32_t *a) {
