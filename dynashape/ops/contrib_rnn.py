@@ -383,15 +383,7 @@ def _native_layer(x, wq, rq, B, lens, initial_h, initial_c, direction, steps):
 
 
 def _kernel():
-    lib = native.library("dq_lstm")
-    if lib is None:
-        return None
-    fn = lib.dq_lstm
-    if fn.argtypes is None:
-        i64, p = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [i64] * 7 + [p, i64, i64, p, p, p, i64, i64, p, p, p, p, p, p, p, p, p]
-        fn.restype = ctypes.c_int
-    return fn
+    return native.function("dq_lstm", "dq_lstm", "iiiiiiipiipppiippppppppp", ctypes.c_int)
 
 
 def _int8_weights() -> bool:

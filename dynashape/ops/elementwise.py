@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -293,13 +291,7 @@ def tanh(x, *, out=None):
 
 
 def _native_tanh():
-    lib = native.library("elementwise")
-    if lib is None:
-        return None
-    fn = lib.tanh_f32
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
-    return fn
+    return native.function("elementwise", "tanh_f32", "ppii")
 
 
 _unary("Tanh", tanh, (6, 13))

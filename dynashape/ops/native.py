@@ -105,6 +105,19 @@ def library(name: str) -> ctypes.CDLL | None:
         return _libs[name]
 
 
+def function(name: str, symbol: str, argtypes: str, restype=None):
+    """``symbol`` of ``library(name)`` with its C signature set, or None. ``argtypes``: one letter
+    an argument, ``i`` int64_t, ``p`` a pointer; ``restype`` a ctypes type or None (void)."""
+    lib = library(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    if fn.argtypes is None:
+        fn.argtypes = [ctypes.c_int64 if c == "i" else ctypes.c_void_p for c in argtypes]
+        fn.restype = restype
+    return fn
+
+
 def why(name: str) -> str:
     """Why ``library(name)`` is None ("" when it is not)."""
     if not enabled():
