@@ -68,7 +68,7 @@ class _QWeights:
         zp = None
         if w_zp is not None:
             zp = w_zp.reshape(d, 1, -1 if w_zp.numel() != d else 1)
-        self.prep = PreparedB(w, zp)
+        self.prep = PreparedB(w, zp)  # (PreparedB holds w.detach(), not w: see _QWeights.raw)
         self.per_dir = [PreparedB(w[i], None if zp is None else zp[i]) for i in range(d)]
         if w_scale.numel() not in (d, d * n):
             raise ShapeError(f"DynamicQuantizeLSTM: a weight scale of shape {tuple(w_scale.shape)} is neither one per "
@@ -76,7 +76,9 @@ class _QWeights:
         self.scale = w_scale.to(torch.float32).reshape(d, 1, -1)  # (D, 1, 1) or (D, 1, 4H)
         self.scale_values = self.scale.reshape(-1).tolist() if w_scale.numel() == d else None
         self.signed = w.dtype == torch.int8
-        self.raw, self.zp, self._native = w, zp, None
+        # W's storage without its Python object: the cache keeps this and drops it when W dies
+        self.raw, self.zp = w.detach(), zp
+        self._native = None
 
     def native(self, int8: bool) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """R for dq_lstm.c: (k's per group, the blocks, their column sums or None, the scale per

@@ -242,7 +242,9 @@ class PreparedB:
     """What the product needs of one B and its zero point, made once per constant B."""
 
     def __init__(self, b: torch.Tensor, b_zero_point: torch.Tensor | None):
-        bb = b  # (..., K, N)
+        # (..., K, N); an alias without B's Python object: prepared_b's cache keeps this and drops it
+        # when B dies, which a reference to B (or to a view of it) would keep alive for good
+        bb = b.detach()
         bf = bb.to(torch.float32)
         if b_zero_point is not None:
             bf = bf - _b_zp(b_zero_point, bb).to(torch.float32)

@@ -4,7 +4,10 @@ kept per tensor object while it lives and is not written to.
 A model's constant weights are the same tensor objects call after call, so a kernel derives its
 form of one once: keyed by the tensor's identity (and a ``slot`` when one weight has several
 forms), valid while the tensor's ``_version`` and the caller's ``tag`` (what else the form was
-made from) are unchanged, and dropped when the tensor dies.
+made from) are unchanged, and dropped when the tensor dies. A form must not hold the tensor's
+Python object, nor a view of it (a view keeps its base's object alive): the tensor would never
+die and its forms would stay for good. A form that needs the values holds ``w.detach()``, an alias
+of the storage without the object.
 """
 
 from __future__ import annotations

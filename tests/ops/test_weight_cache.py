@@ -28,3 +28,22 @@ def test_made_once_per_weight_slot_and_tag_and_dropped_with_the_weight():
     del w
     gc.collect()
     assert key not in cache and len(cache) == 0
+
+
+def test_forms_that_keep_their_weights_values_let_the_weight_go():
+    """A kept form that held its weight (or a view of it: a view keeps its base's Python object)
+    kept the weight alive, so the cache never dropped either: the quantized LSTM's weights and
+    the integer products' prepared B of every session ever made stayed in memory."""
+    from dynashape.ops import contrib_rnn, linalg
+    w = torch.randint(-128, 128, (2, 8, 32), dtype=torch.int8)
+    scale, zp = torch.rand(2), torch.zeros(2, dtype=torch.int8)
+    qw = contrib_rnn._weights(w, scale, zp)
+    qw.native(False)
+    b = torch.randint(0, 256, (16, 8), dtype=torch.uint8)
+    prep = linalg.prepared_b(b, torch.tensor(3, dtype=torch.uint8))
+    assert prep.int8() is not None and torch.equal(prep.raw, b)  # the values are still there to use
+    wid, bid = id(w), id(b)
+    assert wid in contrib_rnn._WEIGHTS and bid in linalg._PREPARED
+    del w, b, qw, prep
+    gc.collect()
+    assert wid not in contrib_rnn._WEIGHTS and bid not in linalg._PREPARED
