@@ -78,14 +78,14 @@ class _QWeights:
         self.signed = w.dtype == torch.int8
         # W's storage without its Python object: the cache keeps this and drops it when W dies
         self.raw, self.zp = w.detach(), zp
-        self._native = None
+        self._native: dict[bool, tuple] = {}  # per layout (int8 or not): dq_lstm.c's form
 
     def native(self, int8: bool) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """R for dq_lstm.c: (k's per group, the blocks, their column sums or None, the scale per
         column float32 (D, 4H)). Blocks of 16 hidden units, each the 64 columns of their four
         gates, k in groups (4 int8 values where ``int8`` and R is int8 without zero point, else
         2 int16 values of R - R_zero_point): (D, blocks, K / group, 64, group), zero-padded."""
-        if self._native is None:
+        if int8 not in self._native:
             d, k, n4 = self.raw.shape
             n = n4 // 4
             grp = 4 if int8 and self.signed and (self.zp is None or not self.zp.any()) else 2
@@ -97,8 +97,8 @@ class _QWeights:
             w = w.reshape(d, w.shape[1], 4, nb, 16).permute(0, 3, 1, 2, 4).reshape(d, nb, -1, grp, 64)
             blocks = w.transpose(3, 4).contiguous()  # (D, blocks, K / group, 64, group)
             colsum = blocks.sum((2, 4), dtype=torch.int32).contiguous() if grp == 4 else None
-            self._native = (grp, blocks, colsum, self.scale.reshape(d, -1).expand(d, n4).contiguous())
-        return self._native
+            self._native[int8] = (grp, blocks, colsum, self.scale.reshape(d, -1).expand(d, n4).contiguous())
+        return self._native[int8]
 
 
 def _weights(w, w_scale, w_zp) -> _QWeights:
