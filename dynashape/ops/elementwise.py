@@ -278,7 +278,8 @@ def tanh(x, *, out=None):
     or functional tensors: a static impl's build) gets torch's."""
     if (type(x) is not torch.Tensor or x.device.type != "cpu" or x.dtype != torch.float32
             or x.numel() < _NATIVE_TANH_MIN or not x.is_contiguous()
-            or (out is not None and not (out.is_contiguous() and out.dtype == torch.float32))):
+            or (out is not None and not (out.is_contiguous() and out.dtype == torch.float32
+                                         and out.shape == x.shape))):  # C writes x.numel() values
         return torch.tanh(x, out=out)
     fn = _native_tanh()
     if fn is None:

@@ -4,7 +4,8 @@ Some ops are a loop of steps whose arithmetic is a few microseconds while each t
 about as much: DynamicQuantizeLSTM's recurrence is ~25 calls a step. Such a loop is written once
 in plain C (no torch headers: it compiles in about a second), built with the system's C compiler
 for this CPU the first time a process needs it, kept in a cache directory, and called through
-ctypes (which lets go of the GIL: two directions run on two threads).
+ctypes (which lets go of the GIL). Its threads are OpenMP's, on torch's own libgomp (dq_lstm.c
+says why).
 
 Where no compiler is found, the build fails, or ``DYNASHAPE_NATIVE=0`` is set, the ops keep their
 torch path; ``counters()`` says which was used how often (a session's ``stats()`` shows them), so

@@ -65,3 +65,11 @@ def test_a_trace_gets_torchs_tanh():
         x = torch.empty(1 << 16)
         y = elementwise.tanh(x)  # a C kernel cannot run on fake tensors: torch's is traced
     assert y.shape == x.shape
+
+
+def test_tanh_into_an_out_of_another_shape_is_torchs():
+    x = torch.randn(1 << 15)
+    out = torch.empty(1 << 16)  # not x's shape: torch's tanh resizes it; the C kernel would not
+    with pytest.warns(UserWarning, match="resized"):
+        y = elementwise.tanh(x, out=out)
+    assert y.shape == x.shape and torch.allclose(y, torch.tanh(x))
