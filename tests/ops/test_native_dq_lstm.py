@@ -140,3 +140,18 @@ def test_session_stats_show_the_native_calls():
         (y,) = sess.run(None, {"X": np.random.default_rng(t).standard_normal((t, n, 6)).astype(np.float32)})
         assert y.shape == (t, 1, n, 8)
     assert sess.stats()["dq_lstm_native_calls"] == before + len(SHAPES)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_threads_give_the_same_numbers(monkeypatch, direction):
+    """Units shared by the threads (one direction) or a direction a thread (two): each thread
+    quantizes h itself, so the numbers are those of one thread, bit for bit."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    outs = []
+    for min_work in (0, 1 << 62):  # every call threaded / none
+        monkeypatch.setattr(contrib_rnn, "_THREAD_MIN_WORK", min_work)
+        run = _case(torch.Generator().manual_seed(5), direction, 12, 40, True, True, True)
+        outs.append([run(t, n) for t, n in SHAPES])
+    for a, b in zip(*outs):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
