@@ -15,6 +15,7 @@ the fallback is never silent.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -46,17 +47,24 @@ def _cache_dir() -> Path:
     return Path(base) / "native"
 
 
-def _cpu_tag() -> str:
-    """What -march=native depends on: the CPU's flags (a cache shared by machines stays right)."""
+@functools.cache
+def cpuinfo(field: str) -> str:
+    """The first processor's ``field`` in /proc/cpuinfo (``vendor_id``, ``flags``, ...), or "" (read
+    once a field a process)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return ""
+
+
+def _cpu_tag() -> str:
+    """What -march=native depends on: the CPU's flags (a cache shared by machines stays right)."""
     import platform
-    return platform.processor() or platform.machine()
+    return cpuinfo("flags") or cpuinfo("Features") or platform.processor() or platform.machine()
 
 
 def build(name: str, arch: str = "native", cache: Path | None = None) -> ctypes.CDLL:

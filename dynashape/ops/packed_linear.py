@@ -13,12 +13,12 @@ unfused nodes and the static impls' traces still read. One packed layout serves 
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .fused import _linear_infer
 from .registry import op
 from .weight_cache import WeightCache
@@ -42,18 +42,9 @@ _SEEN: set[tuple] = set()
 MAX_SEEN = 4096
 
 
-@functools.cache
 def cpu_vendor() -> str:
-    """The CPU's vendor id as Linux reports it (``GenuineIntel``, ``AuthenticAMD``, ...), or ""
-    (read once: every session's compile asks)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    """The CPU's vendor id as Linux reports it (``GenuineIntel``, ``AuthenticAMD``, ...), or ""."""
+    return native.cpuinfo("vendor_id")
 
 
 def available() -> bool:
