@@ -19,6 +19,7 @@ to time-major and back. ``clip`` bounds the pre-activation of every gate, as onn
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 from functools import wraps
 
@@ -26,8 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from . import native
 from .norm import _put
 from .registry import op
+from .weight_cache import WeightCache
 
 # Activation functions --------------------------------------------------------------------
 # name (lowercase) -> (function of (x, alpha, beta), uses alpha, uses beta, default alpha, default beta).
@@ -361,6 +364,11 @@ def lstm_cell(g, c, n: int, acts, clip, peepholes=(None, None, None), input_forg
 def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, activation_alpha=None,
           activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
           layout=0, out=None):
+    if (P is None and not input_forget and clip is None and not activation_alpha and not activation_beta
+            and _default_gates(activations)):
+        done = _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout)
+        if done is not None:
+            return _put(out, done)
     if P is None and not input_forget and _fused_ok(X, sequence_lens, activations, activation_alpha, activation_beta,
                                                     clip, direction, ["Sigmoid", "Tanh", "Tanh"]):
         return _fused("LSTM", X, W, R, B, [initial_h, initial_c], direction, layout, out)
@@ -382,6 +390,78 @@ def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P
         c = st.keep(s, c_new, c)
     return st.finish(ys, [h, c], layout, out)
 
+
+# LSTM in C (csrc/lstm.c) -------------------------------------------------------------------
+_LSTM_FORMS = WeightCache()  # per W, R or B: its blocks for lstm.c
+_THREAD_MIN_WORK = 1 << 20  # multiply-adds below which a second thread costs more than it saves
+
+
+def _default_gates(activations) -> bool:
+    return not activations or [a.lower() for a in activations] in (["sigmoid", "tanh", "tanh"],
+                                                                    ["sigmoid", "tanh", "tanh"] * 2)
+
+
+def _gate_blocks(v: torch.Tensor, n: int) -> torch.Tensor:
+    """(D, 4H[, K]) in ONNX's gate order (i, o, f, c) -> lstm.c's blocks of 16 units x 4 gates, the
+    64 columns last: (D, blocks[, K], 64), zero-padded to whole blocks. From ``v.detach()``: the
+    cache keeps this, which must not hold the weight (weight_cache.py)."""
+    d, rest = v.shape[0], tuple(v.shape[2:])
+    v = v.detach().to(torch.float32).reshape(d, 4, n, *rest)
+    if n % 16:
+        v = torch.cat([v, v.new_zeros(d, 4, -n % 16, *rest)], 2)
+    v = v.reshape(d, 4, -1, 16, *rest)
+    v = v.permute(0, 2, 4, 1, 3) if rest else v.permute(0, 2, 1, 3)  # (D, blocks[, K], 4, 16)
+    return v.reshape(*v.shape[:-2], 64).contiguous()
+
+
+def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout):
+    """[Y, Y_h, Y_c] of a float32 CPU LSTM with the default gates through csrc/lstm.c, or None where
+    it does not serve (another device or dtype, shapes the torch path refuses, no compiler: then
+    torch's, counted in native.counters())."""
+    if X.device.type != "cpu" or not (X.dtype == W.dtype == R.dtype == torch.float32):
+        return None
+    nd = _num_dir(direction)
+    x = X.transpose(0, 1) if layout else X
+    t, batch, ni = x.shape
+    n = R.shape[-1]
+    if tuple(W.shape) != (nd, 4 * n, ni) or tuple(R.shape) != (nd, 4 * n, n) or (
+            B is not None and tuple(B.shape) != (nd, 8 * n)) or not (t and batch and n and ni):
+        return None  # (the torch path says what does not match)
+    fn = native.function("lstm", "lstm_f32", "iiiiiiippppppppp")
+    if fn is None:
+        native.count("lstm_torch_fallbacks")
+        return None
+    w = _LSTM_FORMS.get(W, lambda: _gate_blocks(W, n))
+    r = _LSTM_FORMS.get(R, lambda: _gate_blocks(R, n))
+    bias = None if B is None else _LSTM_FORMS.get(
+        B, lambda: _gate_blocks(B.detach()[:, :4 * n].float() + B.detach()[:, 4 * n:].float(), n))
+    lens = None
+    steps = t
+    if sequence_lens is not None:
+        lens = sequence_lens.to(torch.int64).clamp(0, t).contiguous()
+        steps = int(lens.max())
+    states = []
+    for s in (initial_h, initial_c):
+        if s is None:
+            states.append(torch.zeros(nd, batch, n))
+        else:
+            s = s.transpose(0, 1) if layout else s
+            states.append(s.to(torch.float32, copy=True).contiguous())
+    h, c = states
+    y = torch.zeros(t, nd, batch, n)
+    reverse = (ctypes.c_int64 * nd)(*[int(direction == "reverse" or d == 1) for d in range(nd)])
+    threads = torch.get_num_threads() if steps * batch * 4 * n * (n + ni) >= _THREAD_MIN_WORK else 1
+    x = x.contiguous()
+    if steps:
+        fn(nd, threads, t, steps, batch, ni, n, x.data_ptr(), w.data_ptr(), r.data_ptr(),
+           None if bias is None else bias.data_ptr(), None if lens is None else lens.data_ptr(), reverse,
+           h.data_ptr(), c.data_ptr(), y.data_ptr())
+    elif lens is not None:  # every sequence empty: zero final states, as onnxruntime's
+        h.zero_(), c.zero_()
+    native.count("lstm_native_calls")
+    if layout:
+        return [y.permute(2, 0, 1, 3), h.transpose(0, 1), c.transpose(0, 1)]
+    return [y, h, c]
 
 for _name, _fn, _n_states in (("RNN", _rnn, 1), ("GRU", _gru, 1), ("LSTM", _lstm, 2)):
     _infer = _rnn_infer(_n_states)
