@@ -141,3 +141,14 @@ def check_op(op_type: str, shape_seq: Sequence[Sequence[tuple]], attrs: dict | N
             feeds[f"in{i}"] = rand(shp, dtypes[i], rng) if x is None else x
         feeds_seq.append(feeds)
     return run_sequence(model, feeds_seq, references, rtol, atol)
+
+
+def recurrent_step_inputs(g, t: int, n: int, i: int, h: int, d: int, lens: bool, init: bool):
+    """Fresh (X (T, N, I), sequence_lens or None, initial_h, initial_c or None) for a recurrent
+    layer of D directions and hidden size H, as torch tensors from the generator ``g``."""
+    import torch
+    x = torch.randn(t, n, i, generator=g)
+    sl = torch.randint(1, t + 1, (n,), generator=g).to(torch.int32) if lens else None
+    h0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
+    c0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
+    return x, sl, h0, c0

@@ -10,6 +10,8 @@ import torch
 
 from dynashape.ops import contrib_rnn, native
 
+from .harness import recurrent_step_inputs
+
 pytestmark = pytest.mark.skipif(native.library("dq_lstm") is None, reason=f"no native build: {native.why('dq_lstm')}")
 
 SHAPES = [(5, 2), (9, 1), (1, 3), (14, 5), (3, 8), (5, 2)]
@@ -33,10 +35,7 @@ def _case(g, direction, i, h, signed, lens, init):
     B = torch.randn(d, 8 * h, generator=g) * 0.2
 
     def run(t, n):
-        x = torch.randn(t, n, i, generator=g)
-        sl = torch.randint(1, t + 1, (n,), generator=g).to(torch.int32) if lens else None
-        h0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
-        c0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
+        x, sl, h0, c0 = recurrent_step_inputs(g, t, n, i, h, d, lens, init)
         return contrib_rnn._dynamic_quantize_lstm(x, W, R, B, sl, h0, c0, None, ws, wz, rs, rz,
                                                   direction=direction, hidden_size=h)
     return run

@@ -12,6 +12,8 @@ import torch
 
 from dynashape.ops import native, rnn
 
+from .harness import recurrent_step_inputs
+
 pytestmark = pytest.mark.skipif(native.library("lstm") is None, reason=f"no native build: {native.why('lstm')}")
 
 SHAPES = [(5, 2), (9, 1), (1, 3), (14, 5), (3, 8), (5, 2)]
@@ -25,10 +27,7 @@ def _case(seed, direction, i, h, lens, init, layout=0):
     B = torch.randn(d, 8 * h, generator=g) * 0.2
 
     def run(t, n):
-        x = torch.randn(t, n, i, generator=g)
-        sl = torch.randint(1, t + 1, (n,), generator=g).to(torch.int32) if lens else None
-        h0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
-        c0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
+        x, sl, h0, c0 = recurrent_step_inputs(g, t, n, i, h, d, lens, init)
         if layout:
             x = x.transpose(0, 1).contiguous()
             h0 = None if h0 is None else h0.transpose(0, 1).contiguous()

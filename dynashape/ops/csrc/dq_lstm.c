@@ -24,7 +24,7 @@
  * then runs its torch path, which gives what onnxruntime's formula gives there.
  */
 #include <float.h>
-#include "fastmath.h"
+#include "lstm_cell.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,12 +36,7 @@
 #include <immintrin.h>
 #define MADD_256 1
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-#define UNITS 16          /* hidden units per block */
-#define COLS (4 * UNITS)  /* columns per block */
 
 /* 1 where int8 weights (zero point 0) take the u8 x s8 product: the caller lays them out for it */
 int dq_lstm_int8_weights(void) {
@@ -72,7 +67,6 @@ static int qparams(const float *v, int64_t m, float *scale, float *zp) {
     return 0;
 }
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 /* a[0:COLS] = the block's columns for one batch entry: q (kg, G values each, int16 or uint8) @ blk */
 static void block_product(int64_t kg, int grp, const void *qv, const void *blk, int32_t *a) {
@@ -104,8 +98,10 @@ static void block_product(int64_t kg, int grp, const void *qv, const void *blk, 
 #endif
         return;
     }
-    const int32_t *q = (const int32_t *)qv; /* pairs of int16 */
     const int16_t *w = (const int16_t *)blk;
+#if defined(VNNI_512) || defined(MADD_256)
+    const int32_t *q = (const int32_t *)qv; /* pairs of int16 */
+#endif
 #if defined(VNNI_512)
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t g = 0; g < kg; g++) {
@@ -196,12 +192,8 @@ static int run_direction(const Layer *L, int64_t d, int reverse, int threads) {
     int rc = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        int tid = 0, nt = 1;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int64_t b0 = nblocks * tid / nt, b1 = nblocks * (tid + 1) / nt;
+        int64_t b0, b1;
+        my_blocks(nblocks, &b0, &b1);
         void *hq = calloc(1, (size_t)(batch * khpad) * esize(L->r.grp) + 64); /* each thread its own: no wait */
         int32_t a[COLS], ax[COLS];
         float g[COLS];
@@ -237,19 +229,8 @@ static int run_direction(const Layer *L, int64_t d, int reverse, int threads) {
                             if (bias) v += bias[col];
                             g[j] = v;
                         }
-                    for (int j = 0; j < 3 * UNITS; j++) g[j] = sigmoid(g[j]); /* i, o, f */
-                    for (int j = 3 * UNITS; j < COLS; j++) g[j] = tanh_approx(g[j]);
-                    float *hb = hd + b * n + u0, *cb = cd + b * n + u0, *ho = hout + b * n + u0;
-                    float *yb = L->y + ((tt * nd + d) * batch + b) * n + u0;
-                    for (int64_t u = 0; u < units; u++) {
-                        float fc = g[2 * UNITS + u] * cb[u], ig = g[u] * g[3 * UNITS + u];
-                        float cn = fc + ig;
-                        float hn = g[UNITS + u] * tanh_approx(cn);
-                        cb[u] = cn;
-                        hb[u] = hn;
-                        ho[u] = hn;
-                        yb[u] = hn;
-                    }
+                    cell_update(g, units, cd + b * n + u0, hd + b * n + u0, hout + b * n + u0,
+                                L->y + ((tt * nd + d) * batch + b) * n + u0);
                 }
             }
 #pragma omp barrier
@@ -257,12 +238,7 @@ static int run_direction(const Layer *L, int64_t d, int reverse, int threads) {
         free(hq);
     }
     free(hprev);
-    if (L->lens) /* onnxruntime: an empty sequence has zero final states */
-        for (int64_t b = 0; b < batch; b++)
-            if (L->lens[b] <= 0) {
-                memset(hd + b * n, 0, (size_t)n * sizeof(float));
-                memset(cd + b * n, 0, (size_t)n * sizeof(float));
-            }
+    zero_empty_states(L->lens, batch, n, hd, cd);
     return rc;
 }
 

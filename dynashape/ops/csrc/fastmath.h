@@ -24,6 +24,8 @@ static inline float exp_approx(float x) {
 }
 
 
+static inline float sigmoid_approx(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
 /* tanh within ~2 ulp (elementwise.c says how) */
 static inline float tanh_approx(float x) {
     float a = fabsf(x), y = 2.0f * a;

@@ -10,22 +10,17 @@
  * their four gates (i, o, f, c), rows k one after the other: (D, blocks, K, 64) for W (K = input)
  * and for R (K = hidden), so that a thread owns whole units and a block is read sequentially.
  * Per step and block: g = bias + x_t W + h R (float32 sums over k in order), the gates
- * (fastmath.h), c = f c + i g~, h = o tanh(c); a reverse direction reads each sequence backwards
+ * (lstm_cell.h), c = f c + i g~, h = o tanh(c); a reverse direction reads each sequence backwards
  * within its own length; entries past their length keep h and c and write zeros.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fastmath.h"
+#include "lstm_cell.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-#define UNITS 16
-#define COLS (4 * UNITS)
 
 /* a_r[0:COLS] += v_r[0:k] @ blk for the first nr rows r (k rows of COLS floats in blk), each weight
  * vector loaded once for four rows (a batch re-read the block once a row: 2.3x slower at 4); one
@@ -98,12 +93,8 @@ static void run_direction(const Layer *L, int64_t d, int reverse, int threads) {
     const float *bias = L->bias ? L->bias + d * nblocks * COLS : NULL;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        int tid = 0, nt = 1;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        const int64_t b0 = nblocks * tid / nt, b1 = nblocks * (tid + 1) / nt;
+        int64_t b0, b1;
+        my_blocks(nblocks, &b0, &b1);
         float g[ROWS][COLS];
         int64_t rows[ROWS], tts[ROWS];
         const float *xv[ROWS], *hv[ROWS];
@@ -140,19 +131,8 @@ static void run_direction(const Layer *L, int64_t d, int reverse, int threads) {
                     block_fma(n, nr, hv, rd + blk * n * COLS, g);
                     for (int q = 0; q < nr; q++) {
                         const int64_t b = rows[q];
-                        float *gq = g[q];
-                        for (int j = 0; j < 3 * UNITS; j++) gq[j] = 1.0f / (1.0f + exp_approx(-gq[j])); /* i, o, f */
-                        for (int j = 3 * UNITS; j < COLS; j++) gq[j] = tanh_approx(gq[j]);
-                        float *hb = hd + b * n + u0, *cb = cd + b * n + u0, *ho = hout + b * n + u0;
-                        float *yb = L->y + ((tts[q] * nd + d) * batch + b) * n + u0;
-                        for (int64_t u = 0; u < units; u++) {
-                            float cn = gq[2 * UNITS + u] * cb[u] + gq[u] * gq[3 * UNITS + u];
-                            float hn = gq[UNITS + u] * tanh_approx(cn);
-                            cb[u] = cn;
-                            hb[u] = hn;
-                            ho[u] = hn;
-                            yb[u] = hn;
-                        }
+                        cell_update(g[q], units, cd + b * n + u0, hd + b * n + u0, hout + b * n + u0,
+                                    L->y + ((tts[q] * nd + d) * batch + b) * n + u0);
                     }
                     nr = 0;
                 }
@@ -161,12 +141,7 @@ static void run_direction(const Layer *L, int64_t d, int reverse, int threads) {
         }
     }
     free(hprev);
-    if (L->lens) /* onnxruntime: an empty sequence has zero final states */
-        for (int64_t b = 0; b < batch; b++)
-            if (L->lens[b] <= 0) {
-                memset(hd + b * n, 0, (size_t)n * sizeof(float));
-                memset(cd + b * n, 0, (size_t)n * sizeof(float));
-            }
+    zero_empty_states(L->lens, batch, n, hd, cd);
 }
 
 /* The layer; threads as dq_lstm.c's (a direction a thread for two, else units shared). */
