@@ -39,8 +39,9 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import TP
+from . import qgemm
 from .conv import window_pads
-from .linalg import _matmul_shape, qmatmul
+from .linalg import _matmul_shape, prepared_b, qmatmul, u8s8_saturation
 from .pool import _plan
 from .quant import _dequantize, _quantize
 from .registry import op
@@ -629,20 +630,37 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_p
             a_scale, b_scale = b_scale, a_scale
     elif b_scale.numel() != 1 and b_scale.dim() > 1 and b_scale.shape[-2] != 1:
         a_scale, b_scale = b_scale, a_scale
-    za = None if a_zero_point is None else torch.tensor(int(_one(a_zero_point, "MatMulIntegerToFloat a_zero_point")),
-                                                        device=a.device)
+    za_value = None if a_zero_point is None else int(_one(a_zero_point, "MatMulIntegerToFloat a_zero_point"))
     zb = _per_column(b_zero_point, b, "MatMulIntegerToFloat b_zero_point")
-    acc = _exact_matmul(a, za, b, zb)
     a_is_scalar = a_scale.numel() == 1
     sa = _F32(a_scale.reshape(-1)[0].item()) if a_is_scalar else _F32(1.0)
+    dt = a_scale.dtype if a_scale.dtype.is_floating_point else torch.float32
+    y = _native(a, za_value or 0, b, zb, sa, b_scale, bias) if a_is_scalar else None
+    if y is not None:
+        return _put(out, y.to(dt))
+    za = None if za_value is None else torch.tensor(za_value, device=a.device)
+    acc = _exact_matmul(a, za, b, zb)
     mult, rest = _b_multiplier(sa, b_scale, b, "MatMulIntegerToFloat b_scale")
     y = _scaled_output(acc, mult, bias, None, torch.float32)
     if not a_is_scalar:
         y = y * a_scale.to(torch.float32)
     if rest is not None:
         y = y * rest.to(torch.float32)
-    dt = a_scale.dtype if a_scale.dtype.is_floating_point else torch.float32
     return _put(out, y.to(dt))
+
+
+def _native(a, za: int, b, zb, a_scale, b_scale, bias, kind=None):
+    """float32(exact (A - za) @ (B - zb)) * float32(a_scale * b_scale) [+ bias] in one qgemm.c call
+    (A uint8 / int8, or float32 to quantize with ``kind`` A_DYNAMIC), or None where it does not
+    serve: a b_scale other than per tensor / per column, the u8s8 saturation switch, not the CPU."""
+    if a.device.type != "cpu" or (u8s8_saturation() and b.dtype == torch.int8 and a.dtype != torch.int8):
+        return None
+    if not (b_scale.numel() == 1 or (b_scale.dim() == 1 and b_scale.shape[0] == b.shape[-1])):
+        return None
+    if kind is None:
+        kind = qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8
+    return qgemm.product(a, kind, prepared_b(b, zb), a_scale=float(a_scale), a_zp=za, b_scale=b_scale,
+                         bias=bias)
 
 
 def _dynamic_quant_params(a: torch.Tensor) -> tuple[np.float32, int]:
@@ -662,10 +680,13 @@ def _dynamic_quant_params(a: torch.Tensor) -> tuple[np.float32, int]:
 def _dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None, *, out=None):
     _eight_bit(b, "DynamicQuantizeMatMul B")
     _matmul_shape(tuple(a.shape), tuple(b.shape), "DynamicQuantizeMatMul")
+    zb = _per_column(b_zero_point, b, "DynamicQuantizeMatMul b_zero_point")
+    y = _native(a, 0, b, zb, 1.0, b_scale, bias, qgemm.A_DYNAMIC)
+    if y is not None:
+        return _put(out, y.to(a.dtype))
     scale, zp = _dynamic_quant_params(a)
     # MlasQuantizeLinear: a / scale in float32, clamped to [0 - zp, 255 - zp], rounded, + zp
     qa = _requant(a.to(torch.float32) / float(scale), zp, 0, 255)
-    zb = _per_column(b_zero_point, b, "DynamicQuantizeMatMul b_zero_point")
     acc = _exact_matmul(qa.to(torch.uint8), torch.tensor(zp, device=a.device), b, zb)
     mult, rest = _b_multiplier(scale, b_scale, b, "DynamicQuantizeMatMul b_scale")
     y = _scaled_output(acc, mult, bias, rest, torch.float32)

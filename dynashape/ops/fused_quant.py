@@ -11,7 +11,9 @@ rewrites onnxruntime.quantization.quantize_dynamic's pattern into:
   its values handed on centered (``xq - xz`` as float32, what the product reads), then one call per
   product.
 
-The results are those of the unfused nodes, bit for bit: the quantization is onnxruntime's
+On the CPU each is one call of csrc/qgemm.c (quantization, exact product, scales and bias) where it
+serves (qgemm.py), else the torch path below. The results are those of the unfused nodes, bit for
+bit: the quantization is onnxruntime's
 (quant.dynamic_qparams / quantize_u8), the integer product exact (linalg.qmatmul's engine), then
 float32(acc) * float32(xs * Ws) [+ bias] in float32 as Cast, Mul and Add compute it. With
 linalg.set_u8s8_saturation(True) the product saturates as onnxruntime's AVX2 kernels do, as the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import qgemm
 from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
 from .quant import _dql_tensor_path, host_qparams, quantize_u8
 from .registry import op
@@ -90,6 +93,10 @@ def _dqmm_infer(shapes, values):
 @op("DynQuantMatMul", 1, DOMAIN, infer=_dqmm_infer,
     notes="DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scales) [-> Add bias] (fuse_dynamic_quant)")
 def _dyn_quant_matmul(x, b, b_scale, b_zero_point=None, bias=None, *, out=None):
+    if x.device.type == "cpu" and not (u8s8_saturation() and b.dtype == torch.int8):
+        r = qgemm.product(x, qgemm.A_DYNAMIC, prepared_b(b, b_zero_point), b_scale=b_scale, bias=bias, out=out)
+        if r is not None:
+            return r if out is None or r is out else out.copy_(r)
     xc, xs, zp = _quantize(x)
     r = _finish(_product(xc, zp, b, b_zero_point, out), _multiplier(xs, b_scale), bias)
     return r if out is None or r is out else out.copy_(r)
@@ -127,6 +134,11 @@ def _qmc_infer(shapes, values):
 def _qmatmul_centered(xc, x_scale, x_zero_point, b, b_scale, b_zero_point=None, bias=None, *, out=None):
     if x_zero_point.device.type == "cpu" and x_scale.device.type == "cpu":
         zp, xs = int(x_zero_point.item()), float(x_scale.item())
+        if not (u8s8_saturation() and b.dtype == torch.int8):
+            r = qgemm.product(xc, qgemm.A_CENTERED, prepared_b(b, b_zero_point), a_scale=xs, a_zp=zp,
+                              b_scale=b_scale, bias=bias, out=out)
+            if r is not None:
+                return r if out is None or r is out else out.copy_(r)
     else:
         zp, xs = x_zero_point, x_scale
     r = _product(xc, zp, b, b_zero_point, out)

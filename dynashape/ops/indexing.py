@@ -60,14 +60,18 @@ def _oob(op_name: str, value: int, axis: int, size: int, where: str, count: int 
                                 f"({where}; {valid}{more})")
 
 
-def _check_indices(op_name: str, indices: torch.Tensor, size: int, axis: int) -> None:
-    """Raise IndexOutOfRangeError when an element of ``indices`` lies outside ``[-size, size)``.
-    CUDA indices are left to torch's kernel, which asserts on them (module docstring)."""
+def _check_indices(op_name: str, indices: torch.Tensor, size: int, axis: int) -> int | None:
+    """Raise IndexOutOfRangeError when an element of ``indices`` lies outside ``[-size, size)``;
+    else the smallest index (None where not checked: CUDA indices are left to torch's kernel,
+    which asserts on them (module docstring), and no indices)."""
     if indices.numel() == 0 or indices.device.type == "cuda":
-        return
-    lo, hi = torch.aminmax(indices)
-    if int(lo) >= -size and int(hi) < size:
-        return
+        return None
+    if indices.dim():
+        lo, hi = (int(v) for v in torch.aminmax(indices))
+    else:
+        lo = hi = int(indices.item())
+    if lo >= -size and hi < size:
+        return lo
     # the error path: find the first offending element for the message
     bad = ((indices < -size) | (indices >= size)).reshape(-1)
     where = torch.nonzero(bad).reshape(-1)
@@ -118,8 +122,11 @@ def _gather_infer(shapes, values, *, axis=0):
 @op("Gather", (1, 11, 13), infer=_gather_infer, shape_op=True)
 def _gather(x, indices, *, axis=0, out=None):
     a = norm_axis(axis, x.dim())
-    _check_indices("Gather", indices, x.shape[a], a)
-    flat = _norm_index(indices, x.shape[a]).reshape(-1)
+    lo = _check_indices("Gather", indices, x.shape[a], a)
+    if lo is not None and lo >= 0 and indices.dtype in (torch.int64, torch.int32):
+        flat = indices.reshape(-1)  # no negative index to wrap: index_select takes them as they are
+    else:
+        flat = _norm_index(indices, x.shape[a]).reshape(-1)
     if flat.device != x.device:
         flat = flat.to(x.device)
     mid = tuple(x.shape[:a]) + (flat.numel(),) + tuple(x.shape[a + 1:])

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ShapeError
 from ..shape import broadcast_dims
-from . import tuned_gemm
+from . import qgemm, tuned_gemm
 from .registry import op
 
 
@@ -265,6 +265,7 @@ class PreparedB:
         self.sat = None  # candidates for the u8s8 saturation, made when first asked for
         self.zb = None if b_zero_point is None else _b_zp(b_zero_point, bb)
         self._int8 = None  # torch._int_mm operands, made when first asked for
+        self.forms: dict = {}  # B laid out for other kernels (qgemm.py), made when first asked for
 
     def int8(self):
         """(B' int8 (K, N) contiguous, colsum(B') int32 (N,), zb' int32 or None) of a 2-D 8-bit B,
@@ -594,8 +595,9 @@ def _saturates(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def qmatmul(a: torch.Tensor, b: torch.Tensor, a_zero_point=None, b_zero_point=None) -> torch.Tensor:
-    """(A - za) @ (B - zb), exact: int32 (torch._int_mm), float32 (when the values are all below
-    2**24) or float64; with the u8s8 saturation switch on, onnxruntime's saturated sums instead."""
+    """(A - za) @ (B - zb), exact: int32 (csrc/qgemm.c on the CPU for a 2-D B and one zero point of
+    A; torch._int_mm), float32 (when the values are all below 2**24) or float64; with the u8s8
+    saturation switch on, onnxruntime's saturated sums instead."""
     if b.dim() < 2:  # a vector B (rare): float64 holds every such dot product exactly
         bz = b.to(torch.float64) - (0 if b_zero_point is None else b_zero_point.to(torch.float64))
         az = a.to(torch.float64) - (0 if a_zero_point is None else _a_zp(a_zero_point, a).to(torch.float64))
@@ -604,7 +606,11 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, a_zero_point=None, b_zero_point=No
     za = a_zero_point
     if za is not None and za.numel() == 1 and za.device.type == "cpu":
         za = int(za.item())  # a host int: no zero-point tensor ops below
-    r = int8_product(a, za, prep) if a.dtype in (torch.uint8, torch.int8) else None
+    r = None
+    if a.dtype in (torch.uint8, torch.int8) and (za is None or isinstance(za, int)) and not _saturates(a, b):
+        r = qgemm.product(a, qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8, prep, a_zp=za or 0)
+    if r is None and a.dtype in (torch.uint8, torch.int8):
+        r = int8_product(a, za, prep)
     if r is None:
         r = int_product(centered_a(a, za), prep, _amax(a, za))
     if _saturates(a, b):

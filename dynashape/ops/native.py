@@ -116,13 +116,14 @@ def library(name: str) -> ctypes.CDLL | None:
 
 def function(name: str, symbol: str, argtypes: str, restype=None):
     """``symbol`` of ``library(name)`` with its C signature set, or None. ``argtypes``: one letter
-    an argument, ``i`` int64_t, ``p`` a pointer; ``restype`` a ctypes type or None (void)."""
+    an argument, ``i`` int64_t, ``d`` double, ``p`` a pointer; ``restype`` a ctypes type or None (void)."""
     lib = library(name)
     if lib is None:
         return None
     fn = getattr(lib, symbol)
     if fn.argtypes is None:
-        fn.argtypes = [ctypes.c_int64 if c == "i" else ctypes.c_void_p for c in argtypes]
+        kinds = {"i": ctypes.c_int64, "d": ctypes.c_double, "p": ctypes.c_void_p}
+        fn.argtypes = [kinds[c] for c in argtypes]
         fn.restype = restype
     return fn
 

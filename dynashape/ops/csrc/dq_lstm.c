@@ -23,119 +23,16 @@
  * Returns 0, or 1 when a step's range of h is not finite (or its scale underflows): the caller
  * then runs its torch path, which gives what onnxruntime's formula gives there.
  */
-#include <float.h>
 #include "lstm_cell.h"
-#include <math.h>
-#include <stdint.h>
+#include "qblock.h"
 #include <stdlib.h>
-#include <string.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define VNNI_512 1
-#elif defined(__AVX2__)
-#include <immintrin.h>
-#define MADD_256 1
-#endif
 
+#if COLS != BLOCK_COLS
+#error "a block holds the four gates of UNITS units"
+#endif
 
 /* 1 where int8 weights (zero point 0) take the u8 x s8 product: the caller lays them out for it */
-int dq_lstm_int8_weights(void) {
-#if defined(VNNI_512)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* DynamicQuantizeLinear's parameters of v[0:m] (ops/quant.py dynamic_qparams, in float32). */
-static int qparams(const float *v, int64_t m, float *scale, float *zp) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < m; i++) {
-        float x = v[i];
-        if (!(x == x)) return 1; /* nan */
-        lo = x < lo ? x : lo;
-        hi = x > hi ? x : hi;
-    }
-    if (hi == lo) { *scale = 1.0f; *zp = 0.0f; return 0; }
-    if (!((double)hi - (double)lo <= (double)FLT_MAX)) return 1;
-    float s = (hi - lo) / 255.0f;
-    if (s == 0.0f) return 1;
-    float z = 0.0f - lo / s;
-    z = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);
-    *scale = s;
-    *zp = nearbyintf(z); /* half to even, as Python's round() */
-    return 0;
-}
-
-
-/* a[0:COLS] = the block's columns for one batch entry: q (kg, G values each, int16 or uint8) @ blk */
-static void block_product(int64_t kg, int grp, const void *qv, const void *blk, int32_t *a) {
-    if (grp == 4) { /* uint8 q x int8 w, 4 k's per instruction (the layout that VNNI builds ask for) */
-#if defined(VNNI_512)
-        const int32_t *q = (const int32_t *)qv;
-        const int8_t *w = (const int8_t *)blk;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t g = 0; g < kg; g++) {
-            __m512i qq = _mm512_set1_epi32(q[g]);
-            const int8_t *wp = w + g * COLS * 4;
-            a0 = _mm512_dpbusd_epi32(a0, qq, _mm512_loadu_si512(wp));
-            a1 = _mm512_dpbusd_epi32(a1, qq, _mm512_loadu_si512(wp + 64));
-            a2 = _mm512_dpbusd_epi32(a2, qq, _mm512_loadu_si512(wp + 128));
-            a3 = _mm512_dpbusd_epi32(a3, qq, _mm512_loadu_si512(wp + 192));
-        }
-        _mm512_storeu_si512(a, a0);
-        _mm512_storeu_si512(a + 16, a1);
-        _mm512_storeu_si512(a + 32, a2);
-        _mm512_storeu_si512(a + 48, a3);
-#else
-        const uint8_t *q = (const uint8_t *)qv;
-        const int8_t *w = (const int8_t *)blk;
-        int32_t s[COLS] = {0};
-        for (int64_t g = 0; g < kg; g++)
-            for (int j = 0; j < COLS; j++)
-                for (int i = 0; i < 4; i++) s[j] += (int32_t)q[4 * g + i] * w[(g * COLS + j) * 4 + i];
-        memcpy(a, s, sizeof s);
-#endif
-        return;
-    }
-    const int16_t *w = (const int16_t *)blk;
-#if defined(VNNI_512) || defined(MADD_256)
-    const int32_t *q = (const int32_t *)qv; /* pairs of int16 */
-#endif
-#if defined(VNNI_512)
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t g = 0; g < kg; g++) {
-        __m512i qq = _mm512_set1_epi32(q[g]);
-        const int16_t *wp = w + g * COLS * 2;
-        a0 = _mm512_dpwssd_epi32(a0, qq, _mm512_loadu_si512(wp));
-        a1 = _mm512_dpwssd_epi32(a1, qq, _mm512_loadu_si512(wp + 32));
-        a2 = _mm512_dpwssd_epi32(a2, qq, _mm512_loadu_si512(wp + 64));
-        a3 = _mm512_dpwssd_epi32(a3, qq, _mm512_loadu_si512(wp + 96));
-    }
-    _mm512_storeu_si512(a, a0);
-    _mm512_storeu_si512(a + 16, a1);
-    _mm512_storeu_si512(a + 32, a2);
-    _mm512_storeu_si512(a + 48, a3);
-#elif defined(MADD_256)
-    __m256i acc[8];
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < kg; g++) {
-        __m256i qq = _mm256_set1_epi32(q[g]);
-        const __m256i *wp = (const __m256i *)(w + g * COLS * 2);
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(qq, _mm256_loadu_si256(wp + i)));
-    }
-    for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(a + 8 * i), acc[i]);
-#else
-    const int16_t *q16 = (const int16_t *)qv;
-    int32_t s[COLS] = {0};
-    for (int64_t g = 0; g < kg; g++) {
-        const int32_t q0 = q16[2 * g], q1 = q16[2 * g + 1];
-        const int16_t *wp = w + g * COLS * 2;
-        for (int j = 0; j < COLS; j++) s[j] += q0 * (int32_t)wp[2 * j] + q1 * (int32_t)wp[2 * j + 1];
-    }
-    memcpy(a, s, sizeof s);
-#endif
-}
+int dq_lstm_int8_weights(void) { return vnni_int8_weights(); }
 
 /* A quantized weight in blocks (above) with what its product needs. */
 typedef struct {
@@ -144,19 +41,6 @@ typedef struct {
     const int32_t *colsum; /* (D, nblocks * COLS): column sums, for a uint8 operand (grp 4), or NULL */
     const float *scale;    /* (D, 4n): the scale per column */
 } QW;
-
-static size_t esize(int64_t grp) { return grp == 4 ? 1 : 2; }
-
-/* v quantized (scale, zp) into a row of the operand of a weight of group grp: uint8 q + zp for
- * grp 4, int16 q (centered) for grp 2 */
-static void quantize_row(const float *v, int64_t m, float scale, float zp, int64_t grp, void *out) {
-    for (int64_t i = 0; i < m; i++) {
-        float q = nearbyintf(v[i] / scale);
-        q = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
-        if (grp == 4) ((uint8_t *)out)[i] = (uint8_t)(q + zp);
-        else ((int16_t *)out)[i] = (int16_t)q;
-    }
-}
 
 /* block product of one operand row, the uint8 operand's zero point taken back */
 static void product(const QW *w, int64_t d, int64_t nblocks, int64_t blk, const void *row, float zp, int32_t *a) {

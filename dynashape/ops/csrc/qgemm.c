@@ -1,0 +1,227 @@
+/* The exact product of an 8-bit (or dynamically quantized) A with a constant 8-bit weight B on
+ * the CPU, with what quantized models put around it, in one call.
+ *
+ * Why C: in torch, onnxruntime's quantize_dynamic pattern (DynamicQuantizeLinear, MatMulInteger,
+ * Cast, the scales' Mul, the bias' Add) is ~15 calls (range, quantize, shift to int8, _int_mm,
+ * zero-point corrections, scale, bias), 3-6 us each: a small transformer's product costs ~100 us
+ * where its arithmetic needs a few. Here: A's range and quantization (DynamicQuantizeLinear, as
+ * ops/quant.py computes it), or A as it comes (uint8 / int8 with its zero point, or the centered
+ * float32 values of a DynQuantize), the exact integer product with B's blocks (qblock.h), B's and
+ * A's zero points taken back, and either the int32 sums or float32(sum) * float32(a_scale *
+ * b_scale[n]) [+ bias[n]], rounded step by step as the unfused Cast, Mul and Add (-ffp-contract=off).
+ *
+ * Work: rows in tiles of four (each weight vector loaded once for the four, VNNI builds), blocks in
+ * chunks that stay in L2 while every row tile passes over them; two threads share the blocks (or,
+ * for one block, the row tiles). Returns 0, or 1 when A's range is not finite (the caller's torch
+ * path then gives what the formula gives), or 2 when memory runs out.
+ */
+#include "qblock.h"
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { A_DYNAMIC = 0, A_CENTERED = 1, A_U8 = 2, A_S8 = 3 }; /* A's kinds */
+/* the output: int32 sums; float32(sum) * mult [+ bias] rounded twice (the unfused Mul and Add);
+ * or fused, fma(float32(sum), mult, bias) rounded once (torch.addcmul's kernel, what QAttention's
+ * torch path computes its projection with) */
+enum { OUT_I32 = 0, OUT_F32 = 1, OUT_F32_FMA = 2 };
+
+#define CHUNK_BYTES (192 * 1024) /* of blocks a thread passes all rows over before the next chunk */
+
+int qgemm_int8_weights(void) { return vnni_int8_weights(); }
+
+/* Row i of A as the operand of a weight of group grp (uint8 for 4, centered int16 for 2), and the
+ * operand's zero point (what the uint8 values hold beyond A - za). */
+static void operand_row(int kind, const void *a, int64_t i, int64_t k, float scale, float zp, int64_t grp,
+                        void *out) {
+    if (kind == A_DYNAMIC) {
+        quantize_row((const float *)a + i * k, k, scale, zp, grp, out);
+        return;
+    }
+    for (int64_t j = 0; j < k; j++) {
+        float v; /* A - za, exact in float32 */
+        if (kind == A_CENTERED) v = ((const float *)a)[i * k + j];
+        else if (kind == A_U8) v = (float)((const uint8_t *)a)[i * k + j] - zp;
+        else v = (float)((const int8_t *)a)[i * k + j] - zp;
+        if (grp == 4) ((uint8_t *)out)[j] = (uint8_t)(int32_t)(v + (kind == A_S8 ? zp + 128.0f : zp));
+        else ((int16_t *)out)[j] = (int16_t)v;
+    }
+}
+
+typedef struct {
+    int64_t m, k, n, grp, kg, nblocks, kpad;
+    const void *q;         /* A's operand rows: (m, kpad) of esize(grp) */
+    int32_t qzp;           /* the uint8 operand's zero point (grp 4) */
+    const void *blocks;    /* (nblocks, kg, BLOCK_COLS, grp) */
+    const int32_t *colsum; /* (nblocks * BLOCK_COLS), grp 4 */
+    int out_kind;
+    const float *mult;     /* (n): float32(a_scale * b_scale[n]), OUT_F32 */
+    const float *bias;     /* (n) or NULL */
+    void *out;             /* (m, n) */
+} Gemm;
+
+#if defined(VNNI_512)
+/* A full tile of 4 rows on VNNI: the sums stay in registers through the zero-point correction and
+ * the finish (the store and reload of 16 accumulators cost as much as the product at small K). */
+static void tile4_vnni(const Gemm *G, int64_t r0, int64_t blk) {
+    const size_t qstride = (size_t)G->kpad * esize(G->grp);
+    const char *q = (const char *)G->q + (size_t)r0 * qstride;
+    /* sixteen named accumulators: an array of them was shuffled and spilled by the compiler */
+    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+            c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
+    const char *q0 = q, *q1 = q + qstride, *q2 = q + 2 * qstride, *q3 = q + 3 * qstride;
+#define ROW4(OP, R, QR)                                      \
+    do {                                                     \
+        __m512i qq = _mm512_set1_epi32(load_group(QR, g));  \
+        c##R##0 = OP(c##R##0, qq, w0);                       \
+        c##R##1 = OP(c##R##1, qq, w1);                       \
+        c##R##2 = OP(c##R##2, qq, w2);                       \
+        c##R##3 = OP(c##R##3, qq, w3);                       \
+    } while (0)
+    const int64_t vb = G->grp == 4 ? 64 : 32; /* values a vector: int8 or int16 */
+    const size_t blk_bytes = (size_t)(G->kg * BLOCK_COLS * G->grp) * esize(G->grp);
+    const char *w = (const char *)G->blocks + (size_t)blk * blk_bytes;
+    for (int64_t g = 0; g < G->kg; g++) {
+        const char *wp = w + g * 256; /* a group of every column: 256 bytes either way */
+        __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + 64);
+        __m512i w2 = _mm512_loadu_si512(wp + 128), w3 = _mm512_loadu_si512(wp + 192);
+        if (vb == 64) {
+            ROW4(_mm512_dpbusd_epi32, 0, q0);
+            ROW4(_mm512_dpbusd_epi32, 1, q1);
+            ROW4(_mm512_dpbusd_epi32, 2, q2);
+            ROW4(_mm512_dpbusd_epi32, 3, q3);
+        } else {
+            ROW4(_mm512_dpwssd_epi32, 0, q0);
+            ROW4(_mm512_dpwssd_epi32, 1, q1);
+            ROW4(_mm512_dpwssd_epi32, 2, q2);
+            ROW4(_mm512_dpwssd_epi32, 3, q3);
+        }
+    }
+#undef ROW4
+    const __m512i c[4][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}, {c30, c31, c32, c33}};
+    const int64_t c0 = blk * BLOCK_COLS;
+    for (int i = 0; i < 4; i++) {
+        const int64_t j0 = c0 + 16 * i, left = G->n - j0;
+        if (left <= 0) break;
+        const __mmask16 mk = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512i corr = _mm512_setzero_si512();
+        if (G->grp == 4) /* sum (q + zp) w = sum q w + zp colsum(w) */
+            corr = _mm512_mullo_epi32(_mm512_set1_epi32(G->qzp), _mm512_loadu_si512(G->colsum + j0));
+        __m512 mu = _mm512_setzero_ps(), b = mu;
+        if (G->out_kind != OUT_I32) {
+            mu = _mm512_maskz_loadu_ps(mk, G->mult + j0);
+            if (G->bias) b = _mm512_maskz_loadu_ps(mk, G->bias + j0);
+        }
+        for (int r = 0; r < 4; r++) {
+            __m512i a = _mm512_sub_epi32(c[r][i], corr);
+            if (G->out_kind == OUT_I32) {
+                _mm512_mask_storeu_epi32((int32_t *)G->out + (r0 + r) * G->n + j0, mk, a);
+                continue;
+            }
+            __m512 o;
+            if (G->out_kind == OUT_F32_FMA) o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), mu, b);
+            else {
+                o = _mm512_mul_ps(_mm512_cvtepi32_ps(a), mu);
+                if (G->bias) o = _mm512_add_ps(o, b);
+            }
+            _mm512_mask_storeu_ps((float *)G->out + (r0 + r) * G->n + j0, mk, o);
+        }
+    }
+}
+#endif
+
+/* the sums of rows r0 .. r0 + rows - 1 (rows <= 4) in block blk, finished into out */
+static void tile(const Gemm *G, int64_t r0, int64_t rows, int64_t blk) {
+#if defined(VNNI_512)
+    if (rows == 4) {
+        tile4_vnni(G, r0, blk);
+        return;
+    }
+#endif
+    const size_t per_blk = (size_t)(G->kg * BLOCK_COLS * G->grp) * esize(G->grp);
+    const size_t qstride = (size_t)G->kpad * esize(G->grp);
+    const void *w = (const char *)G->blocks + (size_t)blk * per_blk;
+    const char *q = (const char *)G->q + (size_t)r0 * qstride;
+    int32_t acc[4 * BLOCK_COLS];
+    for (int64_t r = 0; r < rows; r++) block_product(G->kg, (int)G->grp, q + r * qstride, w, acc + r * BLOCK_COLS);
+    const int64_t c0 = blk * BLOCK_COLS, cols = G->n - c0 < BLOCK_COLS ? G->n - c0 : BLOCK_COLS;
+    const int32_t *cs = G->grp == 4 ? G->colsum + c0 : NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t *a = acc + r * BLOCK_COLS;
+        if (cs) /* sum (q + zp) w = sum q w + zp colsum(w) */
+            for (int64_t j = 0; j < cols; j++) a[j] -= G->qzp * cs[j];
+        if (G->out_kind == OUT_I32) {
+            memcpy((int32_t *)G->out + (r0 + r) * G->n + c0, a, (size_t)cols * sizeof(int32_t));
+            continue;
+        }
+        float *o = (float *)G->out + (r0 + r) * G->n + c0;
+        const float *mu = G->mult + c0;
+        if (G->out_kind == OUT_F32_FMA) {
+            for (int64_t j = 0; j < cols; j++) o[j] = fmaf((float)a[j], mu[j], G->bias[c0 + j]);
+        } else if (G->bias) {
+            const float *b = G->bias + c0;
+            for (int64_t j = 0; j < cols; j++) o[j] = (float)a[j] * mu[j] + b[j];
+        } else {
+            for (int64_t j = 0; j < cols; j++) o[j] = (float)a[j] * mu[j];
+        }
+    }
+}
+
+/* blocks [b0, b1) over every row, in chunks that stay in cache */
+static void run_blocks(const Gemm *G, int64_t b0, int64_t b1, int64_t t0, int64_t t1) {
+    const size_t per_blk = (size_t)(G->kg * BLOCK_COLS * G->grp) * esize(G->grp);
+    int64_t chunk = (int64_t)(CHUNK_BYTES / per_blk);
+    chunk = chunk < 1 ? 1 : chunk;
+    for (int64_t c0 = b0; c0 < b1; c0 += chunk) {
+        const int64_t c1 = c0 + chunk < b1 ? c0 + chunk : b1;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t r0 = 4 * t, rows = G->m - r0 < 4 ? G->m - r0 : 4;
+            for (int64_t blk = c0; blk < c1; blk++) tile(G, r0, rows, blk);
+        }
+    }
+}
+
+/* A (m, k) of kind a_kind (float32 for A_DYNAMIC / A_CENTERED, else uint8 / int8), its zero point
+ * a_zp (A_CENTERED: the uint8 zero point its values had) and scale a_scale (both computed for
+ * A_DYNAMIC) times B's blocks; out (m, n) int32 sums or float32 (sum * float32(a_scale *
+ * b_scale[n * bs_step]) [+ bias[n]], out_kind says how rounded; OUT_F32_FMA needs a bias). */
+int qgemm(int64_t m, int64_t k, int64_t n, int64_t threads, int64_t a_kind, const void *a, double a_scale,
+          int64_t a_zp, int64_t grp, int64_t kg, const void *blocks, const int32_t *colsum, int64_t out_kind,
+          const float *b_scale, int64_t bs_step, const float *bias, void *out)
+{
+    float scale = (float)a_scale, zp = (float)a_zp;
+    if (a_kind == A_DYNAMIC && qparams((const float *)a, m * k, &scale, &zp)) return 1;
+    const int64_t kpad = kg * grp, nblocks = (n + BLOCK_COLS - 1) / BLOCK_COLS;
+    void *q = calloc(1, (size_t)(m * kpad) * esize(grp) + 64);
+    float *mult = out_kind != OUT_I32 ? malloc((size_t)n * sizeof(float)) : NULL;
+    if (!q || (out_kind != OUT_I32 && !mult)) {
+        free(q);
+        free(mult);
+        return 2;
+    }
+    if (mult)
+        for (int64_t j = 0; j < n; j++) mult[j] = scale * b_scale[j * bs_step]; /* Mul(a_scale, b_scale) */
+    /* the operand's zero point: uint8 values hold A - za + qzp */
+    const float qzp = a_kind == A_S8 ? zp + 128.0f : zp;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && m * k >= 32768)
+    for (int64_t i = 0; i < m; i++)
+        operand_row((int)a_kind, a, i, k, scale, zp, grp, (char *)q + (size_t)(i * kpad) * esize(grp));
+    Gemm G = {m, k, n, grp, kg, nblocks, kpad, q, (int32_t)qzp, blocks, colsum, (int)out_kind, mult, bias, out};
+    const int64_t tiles = (m + 3) / 4;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int tid = 0, nt = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        if (nblocks >= nt) /* each thread its blocks: half the weight each */
+            run_blocks(&G, nblocks * tid / nt, nblocks * (tid + 1) / nt, 0, tiles);
+        else
+            run_blocks(&G, 0, nblocks, tiles * tid / nt, tiles * (tid + 1) / nt);
+    }
+    free(q);
+    free(mult);
+    return 0;
+}

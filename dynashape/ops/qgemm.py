@@ -1,0 +1,150 @@
+"""Products of 8-bit operands with a constant 8-bit weight on the CPU, in one C call (csrc/qgemm.c).
+
+The ops of quantized models (DynQuantMatMul, QMatMulCentered, MatMulInteger, QAttention's
+projection, DynamicQuantizeMatMul, MatMulIntegerToFloat, QGemm, QLinearMatMul) ask ``product`` first;
+it answers None where the C kernel does not serve (not the CPU, a B that is not a 2-D uint8 / int8
+matrix, a non-finite range of A), and the caller's torch path runs. Where it would serve but cannot
+be built, the fallback is counted (``qgemm_torch_fallbacks`` in native.counters()). Callers keep
+their torch path for what it alone does: per-row zero points of A, and the u8s8 saturation switch
+(linalg.u8s8_saturation: onnxruntime's AVX2 sums, emulated there).
+
+B is laid out once per weight (kept on its PreparedB, which linalg.prepared_b caches per tensor):
+blocks of 64 columns with k in groups (qblock.h); int8 weights without zero point in groups of 4
+for AVX-512 VNNI's uint8 x int8 instruction, every other weight as int16 pairs of B - B_zp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from . import native
+
+A_DYNAMIC, A_CENTERED, A_U8, A_S8 = range(4)  # what A holds (qgemm.c's kinds)
+_OUT_I32, _OUT_F32, _OUT_F32_FMA = 0, 1, 2
+_THREAD_MIN_WORK = 1 << 18  # multiply-adds below which a second thread costs more than it saves
+# Multiply-adds up to which qgemm.c serves on any CPU: there torch's calls around the product cost
+# more than the product (64 x 64 x 64: 54 us in torch, 12 here). Above, only VNNI builds on CPUs
+# without AMX (measured 1.2-1.7x torch._int_mm's whole path up to 512 x 768 x 3072 on a Zen 4);
+# AMX's tile kernels (oneDNN's, behind torch._int_mm) are another class.
+_SMALL_WORK = 1 << 24
+
+
+def _kernel():
+    return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int)
+
+
+def _int8_weights() -> bool:
+    lib = native.library("qgemm")
+    return bool(lib is not None and lib.qgemm_int8_weights())
+
+
+@functools.cache
+def _serves_large() -> bool:
+    try:
+        amx = bool(torch.cpu.get_capabilities().get("amx_int8"))
+    except (AttributeError, RuntimeError):
+        amx = False
+    return _int8_weights() and not amx
+
+
+def blocks(prep, int8: bool) -> tuple[int, int, torch.Tensor, torch.Tensor | None] | None:
+    """B (K, N) of a linalg.PreparedB for qgemm.c: (k's per group, groups, the blocks (N / 64,
+    K / group, 64, group), their column sums int32 or None), made once; None for a B it cannot take."""
+    key = ("qgemm blocks", int8)
+    if key not in prep.forms:
+        prep.forms[key] = _layout(prep, int8)
+    return prep.forms[key]
+
+
+def _layout(prep, int8: bool):
+    b, zb = prep.raw, prep.zb
+    if b.dim() != 2 or b.dtype not in (torch.int8, torch.uint8) or b.device.type != "cpu":
+        return None
+    k, n = b.shape
+    if zb is not None and not (zb.numel() == 1 or tuple(zb.shape) in ((n,), (1, n))):
+        return None
+    grp = 4 if int8 and b.dtype == torch.int8 and (zb is None or not bool(zb.any())) else 2
+    w = b if grp == 4 else b.to(torch.int16)
+    if grp == 2 and zb is not None:
+        w = w - zb.to(torch.int16).reshape(-1 if zb.numel() > 1 else ())
+    w = torch.nn.functional.pad(w, (0, -n % 64, 0, -k % grp))
+    kg, nb = w.shape[0] // grp, w.shape[1] // 64
+    blk = w.reshape(kg, grp, nb, 64).permute(2, 0, 3, 1).contiguous()
+    colsum = blk.sum((1, 3), dtype=torch.int32).reshape(-1).contiguous() if grp == 4 else None
+    return grp, kg, blk, colsum
+
+
+def _float_vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    if t is None or (t.dtype == torch.float32 and t.dim() == 1 and t.is_contiguous()):
+        return t
+    return t.detach().reshape(n).to(torch.float32).contiguous()
+
+
+def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int = 0,
+            b_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+            out: torch.Tensor | None = None, fused: bool = False) -> torch.Tensor | None:
+    """(A - za) @ (B - zb) for A (..., K) of ``kind``: int32, or with ``b_scale`` float32
+    float32(sum) * float32(a_scale * b_scale) [+ bias] (A's scale and zero point computed for
+    A_DYNAMIC); ``fused``: the bias added in one rounding with the product, fma(sum, mult, bias),
+    as torch.addcmul computes it. ``out``: where to write (contiguous, the result's shape and
+    dtype), else a new tensor. None where qgemm.c does not serve (the module docstring)."""
+    if a.device.type != "cpu" or not a.dim():
+        return None
+    fn = _kernel()
+    if fn is None:
+        native.count("qgemm_torch_fallbacks")
+        return None
+    ready = prep.forms.get("qgemm")
+    if ready is None:
+        ready = prep.forms["qgemm"] = _ready(prep)
+    if not ready or a.shape[-1] != ready[0]:
+        return None
+    k, n, grp, kg, blk, colsum = ready
+    m = a.numel() // k
+    if m == 0 or (m * k * n > _SMALL_WORK and not _serves_large()):
+        return None
+    scale = bs_step = None
+    if b_scale is not None:
+        if b_scale.numel() == 1:
+            bs_step = 0
+        elif b_scale.numel() == n and b_scale.shape[-1] == n:
+            bs_step = 1
+        else:
+            return None
+        scale = _float_vector(b_scale.reshape(-1), b_scale.numel())
+        if bias is not None:
+            if bias.numel() != n or bias.shape[-1] != n:
+                return None
+            bias = _float_vector(bias, n)
+    shape = (*a.shape[:-1], n)
+    dtype = torch.float32 if scale is not None else torch.int32
+    if out is None or out.dtype != dtype or out.shape != shape or not out.is_contiguous():
+        out = torch.empty(shape, dtype=dtype)
+    if not a.is_contiguous():
+        a = a.contiguous()
+    if kind == A_DYNAMIC and a.dtype != torch.float32:
+        a = a.to(torch.float32)
+    threads = torch.get_num_threads() if m * k * n >= _THREAD_MIN_WORK else 1
+    out_kind = _OUT_I32 if scale is None else _OUT_F32_FMA if fused and bias is not None else _OUT_F32
+    rc = fn(m, k, n, threads, kind, a.data_ptr(), a_scale, a_zp, grp, kg, blk, colsum,
+            out_kind, None if scale is None else scale.data_ptr(), bs_step or 0,
+            None if bias is None else bias.data_ptr(), out.data_ptr())
+    if rc:
+        return None  # a non-finite range (or no memory): the torch path gives what the formula gives
+    native.count("qgemm_native_calls")
+    return out
+
+
+def _ready(prep):
+    """(K, N, group, groups, blocks' address, column sums' address) of a B qgemm.c takes, or False;
+    the tensors stay on the PreparedB (linalg.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
+    ``n``, and ``forms``, where B's layouts are kept)."""
+    form = blocks(prep, _int8_weights())
+    if form is None:
+        return False
+    grp, kg, blk, colsum = form
+    return (prep.k, prep.n, grp, kg, blk.data_ptr(),
+            None if colsum is None else colsum.data_ptr())
