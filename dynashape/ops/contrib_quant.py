@@ -77,7 +77,7 @@ def _scale(t: torch.Tensor | None, what: str) -> np.float32:
 
 
 def _put(out, r: torch.Tensor) -> torch.Tensor:
-    return r if out is None else out.copy_(r)
+    return r if out is None or r is out else out.copy_(r)
 
 
 # ---- float32 arithmetic as onnxruntime does it --------------------------------------------------
@@ -635,7 +635,7 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_p
     a_is_scalar = a_scale.numel() == 1
     sa = _F32(a_scale.reshape(-1)[0].item()) if a_is_scalar else _F32(1.0)
     dt = a_scale.dtype if a_scale.dtype.is_floating_point else torch.float32
-    y = _native(a, za_value or 0, b, zb, sa, b_scale, bias) if a_is_scalar else None
+    y = _native(a, za_value or 0, b, zb, sa, b_scale, bias, out=out) if a_is_scalar else None
     if y is not None:
         return _put(out, y.to(dt))
     za = None if za_value is None else torch.tensor(za_value, device=a.device)
@@ -649,10 +649,11 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_p
     return _put(out, y.to(dt))
 
 
-def _native(a, za: int, b, zb, a_scale, b_scale, bias, kind=None):
+def _native(a, za: int, b, zb, a_scale, b_scale, bias, kind=None, out=None):
     """float32(exact (A - za) @ (B - zb)) * float32(a_scale * b_scale) [+ bias] in one qgemm.c call
     (A uint8 / int8, or float32 to quantize with ``kind`` A_DYNAMIC), or None where it does not
-    serve: a b_scale other than per tensor / per column, the u8s8 saturation switch, not the CPU."""
+    serve: a b_scale other than per tensor / per column, the u8s8 saturation switch, not the CPU.
+    Into ``out`` where it is a float32 buffer of the result's shape."""
     if a.device.type != "cpu" or (u8s8_saturation() and b.dtype == torch.int8 and a.dtype != torch.int8):
         return None
     if not (b_scale.numel() == 1 or (b_scale.dim() == 1 and b_scale.shape[0] == b.shape[-1])):
@@ -660,7 +661,7 @@ def _native(a, za: int, b, zb, a_scale, b_scale, bias, kind=None):
     if kind is None:
         kind = qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8
     return qgemm.product(a, kind, prepared_b(b, zb), a_scale=float(a_scale), a_zp=za, b_scale=b_scale,
-                         bias=bias)
+                         bias=bias, out=out if out is not None and out.dtype == torch.float32 else None)
 
 
 def _dynamic_quant_params(a: torch.Tensor) -> tuple[np.float32, int]:
@@ -681,7 +682,7 @@ def _dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None, *, out
     _eight_bit(b, "DynamicQuantizeMatMul B")
     _matmul_shape(tuple(a.shape), tuple(b.shape), "DynamicQuantizeMatMul")
     zb = _per_column(b_zero_point, b, "DynamicQuantizeMatMul b_zero_point")
-    y = _native(a, 0, b, zb, 1.0, b_scale, bias, qgemm.A_DYNAMIC)
+    y = _native(a, 0, b, zb, 1.0, b_scale, bias, qgemm.A_DYNAMIC, out)
     if y is not None:
         return _put(out, y.to(a.dtype))
     scale, zp = _dynamic_quant_params(a)

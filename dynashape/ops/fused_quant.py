@@ -109,7 +109,8 @@ def _dq_infer(shapes, values):
 @op("DynQuantize", 1, DOMAIN, infer=_dq_infer,
     notes="DynamicQuantizeLinear whose values are handed on centered, as float32 (fuse_dynamic_quant)")
 def _dyn_quantize(x, *, out=None):
-    xc, xs, zp = _quantize(x, None if out is None else out[0])
+    r = qgemm.centered(x, None if out is None else out[0])
+    xc, xs, zp = r if r is not None else _quantize(x, None if out is None else out[0])
     if out is None:
         dev = x.device
         return (xc, xs if isinstance(xs, torch.Tensor) else torch.tensor(xs, dtype=torch.float32, device=dev),

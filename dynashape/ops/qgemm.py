@@ -41,6 +41,26 @@ def _int8_weights() -> bool:
     return bool(lib is not None and lib.qgemm_int8_weights())
 
 
+def centered(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int] | None:
+    """DynamicQuantizeLinear of a float32 CPU x as (q - zp as float32, scale, zero point), in one
+    call (csrc/qgemm.c dq_centered), into ``out`` when it is contiguous and x's shape; None where
+    it does not serve (not the CPU or not float32, no build (counted), a non-finite range)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not x.numel():
+        return None
+    fn = native.function("qgemm", "dq_centered", "pipp", ctypes.c_int)
+    if fn is None:
+        native.count("qgemm_torch_fallbacks")
+        return None
+    x = x.contiguous()
+    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        out = torch.empty_like(x)
+    sz = (ctypes.c_float * 2)()
+    if fn(x.data_ptr(), x.numel(), out.data_ptr(), sz):
+        return None
+    native.count("qgemm_native_calls")
+    return out, float(sz[0]), int(sz[1])
+
+
 @functools.cache
 def _serves_large() -> bool:
     try:

@@ -225,7 +225,7 @@ def test_quantized_model_matches_onnxruntime_over_shapes():
              helper.make_node("Add", ["y0", "bias"], ["Y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TP.FLOAT, ["b", "s", k])],
                               [helper.make_tensor_value_info("Y", TP.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     sess = dynashape.InferenceSession(model)
     before = native.counters().get("qgemm_native_calls", 0)
@@ -236,3 +236,20 @@ def test_quantized_model_matches_onnxruntime_over_shapes():
         (want,) = ref.run(None, {"X": x})
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert native.counters()["qgemm_native_calls"] >= before + len(shapes)
+
+
+def test_dyn_quantize_equals_the_torch_path(monkeypatch):
+    """DynQuantize in one call (dq_centered): centered values, scale and zero point as the torch
+    path's for ranges on both sides of zero, one side only, all zeros; into ``out`` too."""
+    g = torch.Generator().manual_seed(15)
+    for i, shape in enumerate([(1,), (7, 33), (2, 16, 64), (3, 5, 129), (4, 300)]):
+        x = torch.randn(shape, generator=g) * (i + 0.5)
+        for v in (x, x.abs(), -x.abs(), torch.zeros_like(x)):
+            before = native.counters().get("qgemm_native_calls", 0)
+            got = fused_quant._dyn_quantize(v)
+            assert native.counters()["qgemm_native_calls"] == before + 1
+            want = _torch(monkeypatch, fused_quant._dyn_quantize, v)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            out = (torch.empty(shape), torch.empty(()), torch.empty((), dtype=torch.uint8))
+            assert fused_quant._dyn_quantize(v, out=out) is out
+            assert all(torch.equal(a, b) for a, b in zip(out, want))

@@ -225,3 +225,18 @@ int qgemm(int64_t m, int64_t k, int64_t n, int64_t threads, int64_t a_kind, cons
     free(mult);
     return 0;
 }
+
+/* DynamicQuantizeLinear of x[0:n] handed on centered, as float32 q - zp (fused_quant's DynQuantize,
+ * whose values several products then read): scale_zp[0..1] its scale and zero point; 0, or 1 for
+ * a non-finite range (the caller's torch path then). */
+int dq_centered(const float *x, int64_t n, float *out, float *scale_zp) {
+    float scale, zp;
+    if (qparams(x, n, &scale, &zp)) return 1;
+    for (int64_t i = 0; i < n; i++) {
+        float q = nearbyintf(x[i] / scale);
+        out[i] = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
+    }
+    scale_zp[0] = scale;
+    scale_zp[1] = zp;
+    return 0;
+}
