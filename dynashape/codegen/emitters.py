@@ -218,8 +218,8 @@ def _conv(e: Emit) -> list[str] | None:
     dilations = tuple(a.get("dilations") or [1] * n)
     bias = e.ins[2] if len(e.ins) > 2 and e.ins[2] is not None else "None"
     # ops/conv.py: tiny batched 1-D ones as a product on CPU; ops/tuned_conv.py: 2-D ones on CUDA take
-    # the form a static impl's build timed fastest (torch's conv2d elsewhere)
-    fn = "_conv1d" if n == 1 else "_conv2d" if n == 2 and not e.on_cpu else f"torch.conv{n}d"
+    # the form a static impl's build timed fastest; ops/cpu_conv.py: 2-D ones on the CPU
+    fn = "_conv1d" if n == 1 else ("_cpu_conv2d" if e.on_cpu else "_conv2d") if n == 2 else f"torch.conv{n}d"
     return [f"{e.outs[0]} = {fn}({e.ins[0]}, {e.ins[1]}, {bias}, {strides!r}, {tuple(pads[:n])!r}, "
             f"{dilations!r}, {a.get('group', 1)})"]
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape import dim_ceildiv
-from . import tuned_conv
+from . import cpu_conv, tuned_conv
 from .registry import op
 
 
@@ -159,6 +159,8 @@ def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
     if fn is _CONV[2] and tuned_conv.serves(x, w, group, d):  # a static impl's build
         return tuned_conv.conv2d(x, w, b, s, p, d, group)
+    if fn is _CONV[2] and x.device.type == "cpu":
+        return cpu_conv.conv2d(x, w, b, s, p, d, group)
     return fn(x, w, b, s, p, d, group)
 
 

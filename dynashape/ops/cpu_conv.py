@@ -1,0 +1,35 @@
+"""2-D convolutions on the CPU where torch's call costs more than the arithmetic.
+
+torch's CPU convolution (oneDNN) costs ~35 us a call before any arithmetic (measured here with
+2 threads: a depthwise 3x3 of 8 channels at 24x96, 0.17M multiply-adds, 37 us). The
+squeeze-and-excitation blocks of MobileNet-style networks (the OCR, orientation and detection
+models PyPI packages ship) apply two 1x1 convolutions to a 1x1 image after a global pool: a
+matrix product of the (N, C) rows, which ``addmm`` does in ~5 us (PaddleOCR's direction
+classifier has 18 of them a call: 42 us each as convolutions). Everything else is torch's conv2d.
+
+(A depthwise kernel in C was tried and dropped: it beat oneDNN only below ~3M multiply-adds, by
+~20 us a layer, and the models measured did not move beyond this machine's noise.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def conv2d(x, w, b, stride, padding, dilation, groups):
+    """torch.conv2d(x, w, b, stride, padding, dilation, groups); a 1x1 convolution of a 1x1 image
+    as a matrix product on the CPU."""
+    if x.device.type == "cpu" and groups == 1 and x.dim() == 4 and w.dim() == 4 and x.shape[2] == x.shape[3] == 1 \
+            and w.shape[2] == w.shape[3] == 1 and not _padded(padding) and x.dtype == w.dtype \
+            and (b is None or b.dtype == x.dtype) and x.dtype.is_floating_point:
+        rows = x.reshape(x.shape[0], x.shape[1])
+        wt = w.reshape(w.shape[0], w.shape[1]).t()
+        y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
+        return y.reshape(x.shape[0], w.shape[0], 1, 1)
+    return torch.conv2d(x, w, b, stride, padding, dilation, groups)
+
+
+def _padded(padding) -> bool:
+    if isinstance(padding, str):
+        return padding != "valid"
+    return any(padding) if isinstance(padding, (tuple, list)) else bool(padding)
