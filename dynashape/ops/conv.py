@@ -159,8 +159,8 @@ def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
     if fn is _CONV[2] and tuned_conv.serves(x, w, group, d):  # a static impl's build
         return tuned_conv.conv2d(x, w, b, s, p, d, group)
-    if fn is _CONV[2] and x.device.type == "cpu":
-        return cpu_conv.conv2d(x, w, b, s, p, d, group)
+    if fn is _CONV[2] and cpu_conv.serves(x, w, b, p, group):
+        return cpu_conv.pooled_1x1(x, w, b)
     return fn(x, w, b, s, p, d, group)
 
 

@@ -19,14 +19,25 @@ import torch
 def conv2d(x, w, b, stride, padding, dilation, groups):
     """torch.conv2d(x, w, b, stride, padding, dilation, groups); a 1x1 convolution of a 1x1 image
     as a matrix product on the CPU."""
-    if x.device.type == "cpu" and groups == 1 and x.dim() == 4 and w.dim() == 4 and x.shape[2] == x.shape[3] == 1 \
-            and w.shape[2] == w.shape[3] == 1 and not _padded(padding) and x.dtype == w.dtype \
-            and (b is None or b.dtype == x.dtype) and x.dtype.is_floating_point:
-        rows = x.reshape(x.shape[0], x.shape[1])
-        wt = w.reshape(w.shape[0], w.shape[1]).t()
-        y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
-        return y.reshape(x.shape[0], w.shape[0], 1, 1)
+    if serves(x, w, b, padding, groups):
+        return pooled_1x1(x, w, b)
     return torch.conv2d(x, w, b, stride, padding, dilation, groups)
+
+
+def serves(x, w, b, padding, groups) -> bool:
+    """A CPU float 1x1 convolution of a 1x1 image, one group, no padding."""
+    return (x.device.type == "cpu" and groups == 1 and x.dim() == 4 and w.dim() == 4 and x.shape[2] == x.shape[3] == 1
+            and w.shape[2] == w.shape[3] == 1 and not _padded(padding) and x.dtype == w.dtype
+            and (b is None or b.dtype == x.dtype) and x.dtype.is_floating_point)
+
+
+def pooled_1x1(x, w, b):
+    """The convolution ``serves`` takes, as the product of the (N, C) rows with W (O, C) transposed
+    (stride and dilation do not matter for a 1x1 kernel on a 1x1 image)."""
+    rows = x.reshape(x.shape[0], x.shape[1])
+    wt = w.reshape(w.shape[0], w.shape[1]).t()
+    y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
+    return y.reshape(x.shape[0], w.shape[0], 1, 1)
 
 
 def _padded(padding) -> bool:
