@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape import Dimension
+from . import cpu_attention
 from .attention import _emit, _grouped, _rotary
 from .fused import SDPA_GQA
 from .registry import op
@@ -71,6 +72,9 @@ def _attend(q, k, v, bias, scale: float, *, softcap: float = 0.0, sink=None):
     if t == 0 or s == 0:  # no keys: nothing to attend (onnxruntime writes zeros)
         return q.new_zeros((b, n, s, hv))
     if softcap <= 0 and sink is None:
+        r = cpu_attention.attention(q, k, v, bias, scale)  # small heads on the CPU: one C call
+        if r is not None:
+            return r
         kw = {}
         if nk != n:
             if SDPA_GQA:

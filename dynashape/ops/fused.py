@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import tuned_gemm
+from . import cpu_attention, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -126,7 +126,11 @@ def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=
     if mask is not None and mask_kind == "drop":
         mask = torch.logical_not(mask)  # Where(mask, -inf, scores): True means masked out
     kw = {"enable_gqa": True} if gqa else {}
-    r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+    r = None
+    if mask is None or mask.dtype == torch.float32:  # (a boolean mask: torch's kernel)
+        r = cpu_attention.attention(q, k, v, mask, scale)
+    if r is None:
+        r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     if nan_to_zero:  # the exported graph turns the NaN of a fully masked row into 0
         r = torch.nan_to_num(r, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
     return r

@@ -1,0 +1,77 @@
+"""Attention of small float32 heads on the CPU in one C call (csrc/attention.c says why).
+
+``attention(q, k, v, bias, scale)`` answers None where it does not serve (not the CPU or not
+float32, a mask that is not additive float32, more work than ``MAX_WORK``, a row whose scores are
+all masked, where torch's kernel decides what it gives) and the caller's torch path runs; where
+it would serve but cannot be built, the fallback is counted (``attention_torch_fallbacks``).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+
+import torch
+
+from . import native
+
+# multiply-adds (2 * B * N * S * T * D) up to which the C kernel is used: measured faster than torch's
+# scaled_dot_product_attention at every size tried up to 2.7e8 (2 threads, the 2-core AMD EPYC:
+# a tiny BERT's 8x4x32x16 117 -> 59 us, BERT-base's 8x12x128x64 4.1 -> 3.1 ms, 1x8x512x64 4.5 ->
+# 3.4 ms; benchmarks/cpu_attention.py); beyond what was measured, torch's
+MAX_WORK = 1 << 30
+_THREAD_MIN_WORK = 1 << 16
+
+
+def _kernel():
+    return native.function("attention", "attention_f32", "pppppdp", ctypes.c_int)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+              scale: float) -> torch.Tensor | None:
+    """softmax(q k^T * scale + bias) v for q (B, N, S, D), k (B, Nk, T, D), v (B, Nk, T, Dv) with
+    Nk dividing N (grouped heads), bias additive and broadcastable to (B, N, S, T) (or all of them
+    without B); None where it does not serve (the module docstring)."""
+    if q.device.type != "cpu" or not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+        return None
+    if q.dim() == 3:
+        if bias is not None and bias.dim() > 3:
+            return None
+        r = attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), bias, scale)
+        return None if r is None else r.squeeze(0)
+    if not (q.dtype == k.dtype == v.dtype == torch.float32) or (bias is not None and bias.dtype != torch.float32):
+        return None
+    b, n, s, d = q.shape
+    nk, t, dv = k.shape[1], k.shape[2], v.shape[3]
+    if (k.shape[0] != b or v.shape[0] != b or v.shape[1] != nk or v.shape[2] != t or k.shape[3] != d or nk == 0
+            or n % nk or not (b and n and s and t and d and dv)):
+        return None
+    work = 2 * b * n * s * t * d
+    if work > MAX_WORK:
+        return None
+    if bias is not None:
+        if bias.dim() > 4:
+            return None
+        try:
+            bias = bias.expand(b, n, s, t)  # broadcast dims get stride 0
+        except RuntimeError:
+            return None
+    fn = _kernel()
+    if fn is None:
+        native.count("attention_torch_fallbacks")
+        return None
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    if v.stride(3) != 1:
+        v = v.contiguous()
+    out = torch.empty(b, n, s, dv)
+    threads = torch.get_num_threads() if work >= _THREAD_MIN_WORK and b * n > 1 else 1
+    ms = (0, 0, 0, 0) if bias is None else bias.stride()
+    params = array.array("q", (b, n, s, t, d, dv, n // nk, *q.stride()[:3], *k.stride(), *v.stride()[:3], *ms,
+                                *out.stride()[:3], threads))
+    rc = fn(params.buffer_info()[0], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            None if bias is None else bias.data_ptr(), float(scale), out.data_ptr())
+    if rc:
+        return None
+    native.count("attention_native_calls")
+    return out
