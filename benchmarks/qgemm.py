@@ -57,7 +57,7 @@ def main() -> None:
             before = native.counters().get("qgemm_native_calls", 0)
             results[env] = fused_quant._dyn_quant_matmul(x, b, ws, None, bias).clone()
             served = native.counters().get("qgemm_native_calls", 0) > before
-            times[env] = _best(lambda: fused_quant._dyn_quant_matmul(x, b, ws, None, bias, out=out), reps)
+            times[env] = _best(lambda a=(x, b, ws, None, bias), o=out: fused_quant._dyn_quant_matmul(*a, out=o), reps)
         same = bool(torch.equal(results["0"], results["1"]))
         rows.append({"m": m, "k": k, "n": n, "torch_us": times["0"], "c_us": times["1"], "c_served": served,
                      "identical": same})

@@ -15,11 +15,15 @@ import torch
 
 from . import native
 
-# multiply-adds (2 * B * N * S * T * D) up to which the C kernel is used: measured faster than torch's
-# scaled_dot_product_attention at every size tried up to 2.7e8 (2 threads, the 2-core AMD EPYC:
-# a tiny BERT's 8x4x32x16 117 -> 59 us, BERT-base's 8x12x128x64 4.1 -> 3.1 ms, 1x8x512x64 4.5 ->
-# 3.4 ms; benchmarks/cpu_attention.py); beyond what was measured, torch's
+# multiply-adds (2 * B * N * S * T * D) up to which the C kernel is used (measured against torch's
+# scaled_dot_product_attention up to 2.7e8 with 2 threads on the 2-core AMD EPYC: a tiny BERT's
+# 8x4x32x16 86 -> 53 us, BERT-base's 8x12x128x64 4.0 -> 2.9 ms; benchmarks/cpu_attention.py);
+# beyond what was measured, torch's
 MAX_WORK = 1 << 30
+# K's head (D x T floats, transposed once) that every four query rows read: beyond ~96 KB torch's
+# blocked kernel won or tied (1 x 8 x 512 x 64: 4.8 against 3.7 ms in one run, 3.4 against 4.5 in
+# another; 384 tokens 2.6 against 3.3)
+MAX_HEAD = 3 << 13
 _THREAD_MIN_WORK = 1 << 16
 
 
@@ -47,7 +51,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
             or n % nk or not (b and n and s and t and d and dv)):
         return None
     work = 2 * b * n * s * t * d
-    if work > MAX_WORK:
+    if work > MAX_WORK or d * t > MAX_HEAD:
         return None
     if bias is not None:
         if bias.dim() > 4:
