@@ -39,7 +39,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import TP
-from . import qgemm
+from . import byte_tables, qgemm
 from .conv import window_pads
 from .linalg import _matmul_shape, prepared_b, qmatmul, u8s8_saturation
 from .pool import _plan
@@ -176,7 +176,8 @@ def _table(key: tuple, device: torch.device, build) -> torch.Tensor:
 
 
 def _lookup(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return table[x.view(torch.uint8).to(torch.int64)]
+    y = byte_tables.single(table, x.view(torch.uint8))
+    return y if y is not None else table[x.view(torch.uint8).to(torch.int64)]
 
 
 def _np_dtype(signed: bool):
@@ -265,9 +266,11 @@ def _qlinear_binary(kind, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_
     else:
         key = ("mul",) + tuple(float(v) for v in p) + (signed,)
         table = _table(key, a.device, lambda: _mul_table(*p, signed))
-    a, b = torch.broadcast_tensors(a, b)
-    idx = (a.view(torch.uint8).to(torch.int64) << 8) | b.view(torch.uint8).to(torch.int64)
-    return _put(out, table[idx])
+    y = byte_tables.pairs(table, a.view(torch.uint8), b.view(torch.uint8))  # one C pass on the CPU
+    if y is None:
+        a, b = torch.broadcast_tensors(a, b)
+        y = table[(a.view(torch.uint8).to(torch.int64) << 8) | b.view(torch.uint8).to(torch.int64)]
+    return _put(out, y)
 
 
 @op("QLinearAdd", 1, DOMAIN, infer=_binary_infer,

@@ -251,16 +251,7 @@ class PreparedB:
         self.raw = bb
         self.bf = bf.contiguous()  # centered, (..., K, N)
         self.k, self.n = bb.shape[-2], bb.shape[-1]
-        # the table of column sums of |B - zb| per block of _BLOCK rows of K (max over batch dims)
-        a = self.bf.abs().to(torch.float64)
-        nb = -(-self.k // _BLOCK)
-        pad = nb * _BLOCK - self.k
-        if pad:
-            a = torch.nn.functional.pad(a, (0, 0, 0, pad))
-        sums = a.reshape(*a.shape[:-2], nb, _BLOCK, self.n).sum(-2)
-        if sums.dim() > 2:
-            sums = sums.reshape(-1, nb, self.n).amax(0)
-        self.block_sums = sums.cpu()  # (nb, N)
+        self._block_sums = None  # made when a plan needs them (for small K, B's type bound settles it: plan)
         self.plans: dict[int, list[tuple[int, int]] | None] = {}
         self.sat = None  # candidates for the u8s8 saturation, made when first asked for
         self.zb = None if b_zero_point is None else _b_zp(b_zero_point, bb)
@@ -287,13 +278,30 @@ class PreparedB:
                 self._int8 = (b8.contiguous(), b8.sum(0, dtype=torch.int32), zb)
         return self._int8 or None
 
+    @property
+    def block_sums(self) -> torch.Tensor:
+        """The table of column sums of |B - zb| per block of _BLOCK rows of K (max over batch dims)."""
+        if self._block_sums is None:
+            a = self.bf.abs().to(torch.float64)
+            nb = -(-self.k // _BLOCK)
+            pad = nb * _BLOCK - self.k
+            if pad:
+                a = torch.nn.functional.pad(a, (0, 0, 0, pad))
+            sums = a.reshape(*a.shape[:-2], nb, _BLOCK, self.n).sum(-2)
+            if sums.dim() > 2:
+                sums = sums.reshape(-1, nb, self.n).amax(0)
+            self._block_sums = sums.cpu()  # (nb, N)
+        return self._block_sums
+
     def plan(self, amax: int) -> list[tuple[int, int]] | None:
         """K split into chunks whose float32 partial sums are exact for |A - za| <= amax; None when
         even one block cannot be (wider than 8-bit operands): then float64."""
         p = self.plans.get(amax, False)
         if p is not False:
             return p
-        if amax == 0 or self.k == 0:
+        rng = _INT_RANGE.get(self.raw.dtype)
+        if amax == 0 or self.k == 0 or (rng is not None and self.k * amax * (rng[1] - rng[0]) <= _F32_EXACT):
+            # (B's type bounds |B - zb|: a dynamic B, new every call, skips the table of sums)
             p = [(0, self.k)]
         else:
             limit = _F32_EXACT / amax

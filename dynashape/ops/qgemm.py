@@ -23,7 +23,7 @@ import torch
 from . import native
 
 A_DYNAMIC, A_CENTERED, A_U8, A_S8 = range(4)  # what A holds (qgemm.c's kinds)
-_OUT_I32, _OUT_F32, _OUT_F32_FMA = 0, 1, 2
+_OUT_I32, _OUT_F32, _OUT_F32_FMA, _OUT_U8, _OUT_S8 = 0, 1, 2, 3, 4
 _THREAD_MIN_WORK = 1 << 18  # multiply-adds below which a second thread costs more than it saves
 # Multiply-adds up to which qgemm.c serves on any CPU: there torch's calls around the product cost
 # more than the product (64 x 64 x 64: 54 us in torch, 12 here). Above, only VNNI builds on CPUs
@@ -105,11 +105,14 @@ def _float_vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int = 0,
             b_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-            out: torch.Tensor | None = None, fused: bool = False) -> torch.Tensor | None:
+            out: torch.Tensor | None = None, fused: bool = False,
+            requant: tuple[int, torch.dtype] | None = None) -> torch.Tensor | None:
     """(A - za) @ (B - zb) for A (..., K) of ``kind``: int32, or with ``b_scale`` float32
     float32(sum) * float32(a_scale * b_scale) [+ bias] (A's scale and zero point computed for
     A_DYNAMIC); ``fused``: the bias added in one rounding with the product, fma(sum, mult, bias),
-    as torch.addcmul computes it. ``out``: where to write (contiguous, the result's shape and
+    as torch.addcmul computes it; ``requant`` (zero point, uint8 or int8): with ``b_scale`` the
+    whole multiplier (a_scale 1), round-half-even(float32(sum) * multiplier) + zero point saturated
+    to that type, as QLinearMatMul. ``out``: where to write (contiguous, the result's shape and
     dtype), else a new tensor. None where qgemm.c does not serve (the module docstring)."""
     if a.device.type != "cpu" or not a.dim():
         return None
@@ -135,12 +138,14 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
         else:
             return None
         scale = _float_vector(b_scale.reshape(-1), b_scale.numel())
-        if bias is not None:
+        if requant is not None:
+            bias = torch.tensor([float(requant[0])])  # the zero point, as the kernel reads it
+        elif bias is not None:
             if bias.numel() != n or bias.shape[-1] != n:
                 return None
             bias = _float_vector(bias, n)
     shape = (*a.shape[:-1], n)
-    dtype = torch.float32 if scale is not None else torch.int32
+    dtype = torch.int32 if scale is None else requant[1] if requant is not None else torch.float32
     if out is None or out.dtype != dtype or out.shape != shape or not out.is_contiguous():
         out = torch.empty(shape, dtype=dtype)
     if not a.is_contiguous():
@@ -148,7 +153,12 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     if kind == A_DYNAMIC and a.dtype != torch.float32:
         a = a.to(torch.float32)
     threads = torch.get_num_threads() if m * k * n >= _THREAD_MIN_WORK else 1
-    out_kind = _OUT_I32 if scale is None else _OUT_F32_FMA if fused and bias is not None else _OUT_F32
+    if scale is None:
+        out_kind = _OUT_I32
+    elif requant is not None:
+        out_kind = _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
+    else:
+        out_kind = _OUT_F32_FMA if fused and bias is not None else _OUT_F32
     rc = fn(m, k, n, threads, kind, a.data_ptr(), a_scale, a_zp, grp, kg, blk, colsum,
             out_kind, None if scale is None else scale.data_ptr(), bs_step or 0,
             None if bias is None else bias.data_ptr(), out.data_ptr())

@@ -253,3 +253,27 @@ def test_dyn_quantize_equals_the_torch_path(monkeypatch):
             out = (torch.empty(shape), torch.empty(()), torch.empty((), dtype=torch.uint8))
             assert fused_quant._dyn_quantize(v, out=out) is out
             assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,y_dtype", [(torch.uint8, torch.int8, torch.uint8),
+                                                     (torch.int8, torch.int8, torch.int8),
+                                                     (torch.uint8, torch.uint8, torch.int8)])
+def test_qlinear_matmul_requantized_in_c_equals_the_torch_path(monkeypatch, a_dtype, b_dtype, y_dtype):
+    """QLinearMatMul: the product and onnxruntime's requantization (round half to even, zero point,
+    saturation) in the C call, per-tensor and per-column multipliers; bit for bit."""
+    from dynashape.ops import quant
+    g = torch.Generator().manual_seed(16)
+    lo, hi = (0, 256) if a_dtype == torch.uint8 else (-128, 128)
+    for i, (m, k, n) in enumerate(SIZES):
+        b, zb = _weight(g, k, n, "s8-col" if b_dtype == torch.int8 else "u8")
+        a = torch.randint(lo, hi, (2, m, k), dtype=a_dtype, generator=g)
+        az = torch.tensor(int(torch.randint(lo, hi, (), generator=g)), dtype=a_dtype)
+        bs = torch.rand(n if i % 2 else 1, generator=g) * 0.02 + 1e-3
+        ys = torch.tensor(0.05 + 0.3 * float(torch.rand((), generator=g)))
+        yz = torch.tensor(3 if y_dtype == torch.uint8 else -5, dtype=y_dtype)
+        args = (a, torch.tensor(0.02), az, b, bs, zb, ys, yz)
+        before = native.counters().get("qgemm_native_calls", 0)
+        got = quant._qlinear_matmul(*args)
+        assert native.counters()["qgemm_native_calls"] == before + 1
+        want = _torch(monkeypatch, quant._qlinear_matmul, *args)
+        assert got.dtype == want.dtype == y_dtype and torch.equal(got, want), (m, k, n)

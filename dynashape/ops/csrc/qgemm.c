@@ -24,8 +24,20 @@
 enum { A_DYNAMIC = 0, A_CENTERED = 1, A_U8 = 2, A_S8 = 3 }; /* A's kinds */
 /* the output: int32 sums; float32(sum) * mult [+ bias] rounded twice (the unfused Mul and Add);
  * or fused, fma(float32(sum), mult, bias) rounded once (torch.addcmul's kernel, what QAttention's
- * torch path computes its projection with) */
-enum { OUT_I32 = 0, OUT_F32 = 1, OUT_F32_FMA = 2 };
+ * torch path computes its projection with); or requantized to uint8 / int8 as onnxruntime's
+ * QLinearMatMul does (MlasRequantizeOutput): round-half-even(float32(sum) * mult) + zero point,
+ * saturated (the zero point comes as the bias' one value) */
+enum { OUT_I32 = 0, OUT_F32 = 1, OUT_F32_FMA = 2, OUT_U8 = 3, OUT_S8 = 4 };
+
+static inline void requant_row(const int32_t *a, const float *mu, float zp, int64_t cols, int s8, void *out) {
+    const float lo = s8 ? -128.0f : 0.0f, hi = s8 ? 127.0f : 255.0f;
+    for (int64_t j = 0; j < cols; j++) {
+        float v = nearbyintf((float)a[j] * mu[j]) + zp;
+        v = v < lo ? lo : (v > hi ? hi : v);
+        if (s8) ((int8_t *)out)[j] = (int8_t)v;
+        else ((uint8_t *)out)[j] = (uint8_t)v;
+    }
+}
 
 #define CHUNK_BYTES (192 * 1024) /* of blocks a thread passes all rows over before the next chunk */
 
@@ -109,12 +121,20 @@ static void tile4_vnni(const Gemm *G, int64_t r0, int64_t blk) {
         if (G->grp == 4) /* sum (q + zp) w = sum q w + zp colsum(w) */
             corr = _mm512_mullo_epi32(_mm512_set1_epi32(G->qzp), _mm512_loadu_si512(G->colsum + j0));
         __m512 mu = _mm512_setzero_ps(), b = mu;
-        if (G->out_kind != OUT_I32) {
+        if (G->out_kind == OUT_F32 || G->out_kind == OUT_F32_FMA) {
             mu = _mm512_maskz_loadu_ps(mk, G->mult + j0);
             if (G->bias) b = _mm512_maskz_loadu_ps(mk, G->bias + j0);
         }
         for (int r = 0; r < 4; r++) {
             __m512i a = _mm512_sub_epi32(c[r][i], corr);
+            if (G->out_kind >= OUT_U8) {
+                int32_t t[16];
+                _mm512_storeu_si512(t, a);
+                const int64_t cols = left >= 16 ? 16 : left;
+                requant_row(t, G->mult + j0, G->bias[0], cols, G->out_kind == OUT_S8,
+                            (char *)G->out + (r0 + r) * G->n + j0);
+                continue;
+            }
             if (G->out_kind == OUT_I32) {
                 _mm512_mask_storeu_epi32((int32_t *)G->out + (r0 + r) * G->n + j0, mk, a);
                 continue;
@@ -155,6 +175,10 @@ static void tile(const Gemm *G, int64_t r0, int64_t rows, int64_t blk) {
             memcpy((int32_t *)G->out + (r0 + r) * G->n + c0, a, (size_t)cols * sizeof(int32_t));
             continue;
         }
+        if (G->out_kind >= OUT_U8) {
+            requant_row(a, G->mult + c0, G->bias[0], cols, G->out_kind == OUT_S8, (char *)G->out + (r0 + r) * G->n + c0);
+            continue;
+        }
         float *o = (float *)G->out + (r0 + r) * G->n + c0;
         const float *mu = G->mult + c0;
         if (G->out_kind == OUT_F32_FMA) {
@@ -185,7 +209,8 @@ static void run_blocks(const Gemm *G, int64_t b0, int64_t b1, int64_t t0, int64_
 /* A (m, k) of kind a_kind (float32 for A_DYNAMIC / A_CENTERED, else uint8 / int8), its zero point
  * a_zp (A_CENTERED: the uint8 zero point its values had) and scale a_scale (both computed for
  * A_DYNAMIC) times B's blocks; out (m, n) int32 sums or float32 (sum * float32(a_scale *
- * b_scale[n * bs_step]) [+ bias[n]], out_kind says how rounded; OUT_F32_FMA needs a bias). */
+ * b_scale[n * bs_step]) [+ bias[n]], out_kind says how rounded; OUT_F32_FMA needs a bias), or
+ * uint8 / int8 requantized (OUT_U8 / OUT_S8: bias[0] the output's zero point). */
 int qgemm(int64_t m, int64_t k, int64_t n, int64_t threads, int64_t a_kind, const void *a, double a_scale,
           int64_t a_zp, int64_t grp, int64_t kg, const void *blocks, const int32_t *colsum, int64_t out_kind,
           const float *b_scale, int64_t bs_step, const float *bias, void *out)

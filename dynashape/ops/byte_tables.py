@@ -1,0 +1,47 @@
+"""Lookups of bytes in a quantized op's table in one C call (csrc/lut.c says why); None where the C
+kernel does not serve (not the CPU, more than 8 dims) and the caller's torch indexing runs, counted
+(``lut_torch_fallbacks``) where it would serve but cannot be built."""
+
+from __future__ import annotations
+
+import array
+
+import torch
+
+from . import native
+
+
+def pairs(table: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """table[(a << 8) | b] over a and b (8-bit, broadcasting), as a's dtype; None where not served."""
+    if a.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():
+        return None
+    a, b = torch.broadcast_tensors(a, b)  # views: strides 0 along the broadcast dims
+    if a.dim() > 8:
+        return None
+    fn = native.function("lut", "lut2_u8", "ipppppp" "p", None)
+    if fn is None:
+        native.count("lut_torch_fallbacks")
+        return None
+    y = torch.empty(a.shape, dtype=table.dtype)
+    if y.numel():
+        shape = array.array("q", a.shape)
+        sa, sb = array.array("q", a.stride()), array.array("q", b.stride())
+        fn(a.dim(), shape.buffer_info()[0], a.data_ptr(), sa.buffer_info()[0], b.data_ptr(), sb.buffer_info()[0],
+           table.data_ptr(), y.data_ptr())
+    native.count("lut_native_calls")
+    return y
+
+
+def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """table[x] for 8-bit x, as the table's dtype; None where not served."""
+    if x.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():
+        return None
+    fn = native.function("lut", "lut1_u8", "pipp", None)
+    if fn is None:
+        native.count("lut_torch_fallbacks")
+        return None
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=table.dtype)
+    fn(x.data_ptr(), x.numel(), table.data_ptr(), y.data_ptr())
+    native.count("lut_native_calls")
+    return y

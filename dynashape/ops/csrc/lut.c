@@ -1,0 +1,35 @@
+/* Lookups in the tables of the quantized element-wise ops (QLinearAdd, QLinearMul: 65536 entries,
+ * one per pair of bytes; QLinearSigmoid, QLinearLeakyRelu, ...: 256).
+ *
+ * Why C: the tables make those ops bit-exact with onnxruntime, and torch's lookup is six calls
+ * (broadcast, widen both bytes to int64, shift, or, index: ~120 us on a tiny BERT's activations);
+ * here it is one pass over the bytes. The operands may broadcast: their strides (in elements, 0
+ * along a broadcast dim) over the output's shape, up to 8 dims; the output is contiguous.
+ */
+#include <stdint.h>
+
+void lut2_u8(int64_t ndim, const int64_t *shape, const uint8_t *a, const int64_t *sa, const uint8_t *b,
+             const int64_t *sb, const uint8_t *table, uint8_t *y)
+{
+    int64_t idx[8] = {0}, outer = 1;
+    const int64_t inner = ndim ? shape[ndim - 1] : 1, ia = ndim ? sa[ndim - 1] : 0, ib = ndim ? sb[ndim - 1] : 0;
+    for (int64_t d = 0; d + 1 < ndim; d++) outer *= shape[d];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t oa = 0, ob = 0;
+        for (int64_t d = 0; d + 1 < ndim; d++) {
+            oa += idx[d] * sa[d];
+            ob += idx[d] * sb[d];
+        }
+        const uint8_t *ap = a + oa, *bp = b + ob;
+        uint8_t *yp = y + o * inner;
+        for (int64_t i = 0; i < inner; i++) yp[i] = table[((uint32_t)ap[i * ia] << 8) | bp[i * ib]];
+        for (int64_t d = ndim - 2; d >= 0; d--) { /* the next index of the outer dims */
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+void lut1_u8(const uint8_t *x, int64_t n, const uint8_t *table, uint8_t *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = table[x[i]];
+}
