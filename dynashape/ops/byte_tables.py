@@ -45,3 +45,22 @@ def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     fn(x.data_ptr(), x.numel(), table.data_ptr(), y.data_ptr())
     native.count("lut_native_calls")
     return y
+
+
+def softmax(x: torch.Tensor, exp_table: torch.Tensor, y_inv: float, y_zp: int) -> torch.Tensor | None:
+    """QLinearSoftmax over the last axis of 8-bit x (csrc/lut.c qsoftmax_u8), x's dtype; None where
+    not served."""
+    if x.device.type != "cpu" or x.dim() == 0 or exp_table.dtype != torch.float32 or exp_table.numel() != 256:
+        return None
+    fn = native.function("lut", "qsoftmax_u8", "piiipdipp", None)
+    if fn is None:
+        native.count("lut_torch_fallbacks")
+        return None
+    x = x.contiguous()
+    d = x.shape[-1]
+    y = torch.empty_like(x)
+    scratch = torch.empty(max(d, 1))
+    fn(x.data_ptr(), x.numel() // max(d, 1), d, int(x.dtype == torch.int8), exp_table.contiguous().data_ptr(),
+       float(y_inv), int(y_zp), y.data_ptr(), scratch.data_ptr())
+    native.count("lut_native_calls")
+    return y

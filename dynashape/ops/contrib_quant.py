@@ -407,16 +407,18 @@ def _qlinear_softmax(x, x_scale, x_zero_point, y_scale, y_zero_point=None, *, ax
     d = rows.shape[-1]
     xs = _scale(x_scale, "QLinearSoftmax X_scale")
     table = _table(("softmax", float(xs), d), x.device, lambda: _softmax_table(xs, d))
-    xi = rows.to(torch.int32)
-    # only distances to the row's max matter (x_zero_point cancels): entry 255 - dist of the table
-    dist = xi.amax(dim=-1, keepdim=True) - xi
-    vt = table[(255 - dist).to(torch.int64)]
-    vsum = _sequential_sum(vt).to(x.device).unsqueeze(-1)
     y_inv = _F32(math.floor(_F32(1.0) / _scale(y_scale, "QLinearSoftmax y_scale")))
-    q = torch.round((vt * float(y_inv)) / vsum)
     yz = int(_one(y_zero_point, "QLinearSoftmax y_zero_point"))
-    # onnxruntime clamps only above (the quotient is >= 0), at 255 for uint8 and 127 for int8
-    y = (q + yz).clamp(max=255 if x.dtype == torch.uint8 else 127).to(x.dtype)
+    y = byte_tables.softmax(rows, table, float(y_inv), yz)  # one C pass on the CPU
+    if y is None:
+        xi = rows.to(torch.int32)
+        # only distances to the row's max matter (x_zero_point cancels): entry 255 - dist of the table
+        dist = xi.amax(dim=-1, keepdim=True) - xi
+        vt = table[(255 - dist).to(torch.int64)]
+        vsum = _sequential_sum(vt).to(x.device).unsqueeze(-1)
+        q = torch.round((vt * float(y_inv)) / vsum)
+        # onnxruntime clamps only above (the quotient is >= 0), at 255 for uint8 and 127 for int8
+        y = (q + yz).clamp(max=255 if x.dtype == torch.uint8 else 127).to(x.dtype)
     y = y.reshape(shape) if opset < 13 else y.movedim(-1, a)
     return _put(out, y)
 

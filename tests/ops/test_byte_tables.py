@@ -42,3 +42,24 @@ def test_single_and_fallback(monkeypatch):
     before = native.counters().get("lut_torch_fallbacks", 0)
     assert byte_tables.single(table, x) is None and byte_tables.pairs(table, x, x) is None
     assert native.counters()["lut_torch_fallbacks"] == before + 2
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("axis,opset", [(-1, 13), (1, 13), (0, 13), (1, 11)])
+def test_qlinear_softmax_in_c_is_the_torch_path(monkeypatch, dtype, axis, opset):
+    """QLinearSoftmax (onnxruntime's exp table, in-order float32 row sum, rounding, clamp above):
+    the C pass gives the torch path's bytes over changing shapes and axes."""
+    from dynashape.ops import contrib_quant
+    g = torch.Generator().manual_seed(2)
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    for shape in [(2, 3, 17), (1, 4, 64), (5, 1, 3), (2, 2, 130)]:
+        x = torch.randint(lo, hi, shape, dtype=dtype, generator=g)
+        args = (x, torch.tensor(0.07), torch.tensor(0, dtype=dtype), torch.tensor(1 / 256),
+                torch.tensor(0 if dtype == torch.uint8 else -128, dtype=dtype))
+        before = native.counters().get("lut_native_calls", 0)
+        got = contrib_quant._qlinear_softmax(*args, axis=axis, opset=opset)
+        assert native.counters()["lut_native_calls"] == before + 1
+        with monkeypatch.context() as m:
+            m.setenv("DYNASHAPE_NATIVE", "0")
+            want = contrib_quant._qlinear_softmax(*args, axis=axis, opset=opset)
+        assert torch.equal(got, want), shape
