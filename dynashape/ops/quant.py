@@ -261,28 +261,38 @@ def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                     _out_types=None, out=None):
     za = None if a_zero_point is None else _per_row(a_zero_point, a)
     zb = None if b_zero_point is None else _per_col(b_zero_point, b)
+    to = _out_type(_out_types) or onnx_elem_type(y_zero_point if y_zero_point is not None else a)
+    r = _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, out)
+    if r is not None:
+        return r if out is None or r is out else out.copy_(r)
     f32 = torch.float32
     # onnxruntime: a_scale * b_scale / y_scale in float32, in that order
     multiplier = _per_row(a_scale, a).to(f32) * _per_col(b_scale, b).to(f32) / y_scale.to(f32).reshape(())
-    to = _out_type(_out_types) or onnx_elem_type(y_zero_point if y_zero_point is not None else a)
-    r = _qlinear_native(a, za, b, zb, multiplier, y_zero_point, to)
-    if r is not None:
-        return r if out is None else out.copy_(r)
     acc = qmatmul(a, b, za, zb)  # exact (float32 / float64 holding the integers)
     r = _requant_f32(acc, multiplier, y_zero_point, to)
     return r if out is None else out.copy_(r)
 
 
-def _qlinear_native(a, za, b, zb, multiplier, y_zero_point, to):
-    """The product and its requantization in one qgemm.c call (a 2-D constant-layout B, one zero
-    point of A, a multiplier per tensor or per column, uint8 / int8 out), or None."""
+def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, out):
+    """The product and its requantization in one qgemm.c call (a 2-D B, one scale and zero point
+    of A, B's scale per tensor or per column, uint8 / int8 out), or None."""
     if a.device.type != "cpu" or a.dtype not in (torch.uint8, torch.int8) or b.dim() != 2 \
-            or to not in (TP.UINT8, TP.INT8) or (za is not None and za.numel() != 1) \
-            or multiplier.dim() > 1 or not bool(torch.isfinite(multiplier).all()) \
+            or to not in (TP.UINT8, TP.INT8) or (za is not None and za.numel() != 1) or a_scale.numel() != 1 \
             or (y_zero_point is not None and y_zero_point.numel() != 1) or linalg._saturates(a, b):
         return None
+    f32 = np.float32
+    if b_scale.numel() == 1:  # a_scale * b_scale / y_scale in float32, in that order, on the host
+        m = f32(f32(f32(a_scale.item()) * f32(b_scale.item())) / f32(y_scale.item()))
+        if not np.isfinite(m):
+            return None
+        multiplier = torch.tensor([float(m)])
+    else:
+        multiplier = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
+            / y_scale.to(torch.float32).reshape(())
+        if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
+            return None
     return qgemm.product(a, qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8, prepared_b(b, zb),
-                         a_zp=0 if za is None else int(za.item()), b_scale=multiplier,
+                         a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out,
                          requant=(0 if y_zero_point is None else int(y_zero_point.item()), torch_dtype(to)))
 
 

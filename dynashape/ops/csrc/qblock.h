@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define VNNI_512 1
 #elif defined(__AVX2__)

@@ -31,12 +31,15 @@ enum { OUT_I32 = 0, OUT_F32 = 1, OUT_F32_FMA = 2, OUT_U8 = 3, OUT_S8 = 4 };
 
 static inline void requant_row(const int32_t *a, const float *mu, float zp, int64_t cols, int s8, void *out) {
     const float lo = s8 ? -128.0f : 0.0f, hi = s8 ? 127.0f : 255.0f;
+    int32_t q[BLOCK_COLS]; /* cols <= BLOCK_COLS; three plain loops, which the compiler vectorizes */
     for (int64_t j = 0; j < cols; j++) {
         float v = nearbyintf((float)a[j] * mu[j]) + zp;
-        v = v < lo ? lo : (v > hi ? hi : v);
-        if (s8) ((int8_t *)out)[j] = (int8_t)v;
-        else ((uint8_t *)out)[j] = (uint8_t)v;
+        q[j] = (int32_t)(v < lo ? lo : (v > hi ? hi : v));
     }
+    if (s8)
+        for (int64_t j = 0; j < cols; j++) ((int8_t *)out)[j] = (int8_t)q[j];
+    else
+        for (int64_t j = 0; j < cols; j++) ((uint8_t *)out)[j] = (uint8_t)q[j];
 }
 
 #define CHUNK_BYTES (192 * 1024) /* of blocks a thread passes all rows over before the next chunk */
@@ -121,18 +124,21 @@ static void tile4_vnni(const Gemm *G, int64_t r0, int64_t blk) {
         if (G->grp == 4) /* sum (q + zp) w = sum q w + zp colsum(w) */
             corr = _mm512_mullo_epi32(_mm512_set1_epi32(G->qzp), _mm512_loadu_si512(G->colsum + j0));
         __m512 mu = _mm512_setzero_ps(), b = mu;
-        if (G->out_kind == OUT_F32 || G->out_kind == OUT_F32_FMA) {
+        if (G->out_kind != OUT_I32) {
             mu = _mm512_maskz_loadu_ps(mk, G->mult + j0);
-            if (G->bias) b = _mm512_maskz_loadu_ps(mk, G->bias + j0);
+            if (G->bias && G->out_kind < OUT_U8) b = _mm512_maskz_loadu_ps(mk, G->bias + j0);
         }
         for (int r = 0; r < 4; r++) {
             __m512i a = _mm512_sub_epi32(c[r][i], corr);
-            if (G->out_kind >= OUT_U8) {
-                int32_t t[16];
-                _mm512_storeu_si512(t, a);
-                const int64_t cols = left >= 16 ? 16 : left;
-                requant_row(t, G->mult + j0, G->bias[0], cols, G->out_kind == OUT_S8,
-                            (char *)G->out + (r0 + r) * G->n + j0);
+            if (G->out_kind >= OUT_U8) { /* requant_row's arithmetic, 16 at a time */
+                const int s8 = G->out_kind == OUT_S8;
+                __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), mu),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                v = _mm512_add_ps(v, _mm512_set1_ps(G->bias[0]));
+                v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(s8 ? -128.0f : 0.0f)),
+                                  _mm512_set1_ps(s8 ? 127.0f : 255.0f));
+                const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)); /* in range: no saturation needed */
+                _mm_mask_storeu_epi8((char *)G->out + (r0 + r) * G->n + j0, mk, bytes);
                 continue;
             }
             if (G->out_kind == OUT_I32) {
