@@ -1,35 +1,24 @@
 """Attention of small heads in one C call (ops/csrc/attention.c) against torch's CPU
 scaled_dot_product_attention, on this CPU: (batch, heads, tokens, head dim) from a tiny BERT's to
-BERT-base's and a 512-token one, an additive key mask; best of 5 runs, microseconds per call, and
-the largest difference between the two.
+BERT-base's and a 512-token one, an additive key mask; interleaved round by round
+(benchmarks/common.py), median microseconds per call, and the largest difference between the two.
 
-    python benchmarks/cpu_attention.py [--threads 2] [--json out.json]
+    python -m benchmarks.cpu_attention [--threads 2] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import interleaved, write_json
+
 SHAPES = [(4, 4, 16, 16), (8, 4, 32, 16), (1, 4, 64, 16), (1, 12, 16, 64), (2, 2, 200, 32), (4, 12, 64, 64),
           (8, 12, 128, 64), (1, 12, 384, 64), (1, 8, 512, 64)]
-
-
-def _best(f, reps: int) -> float:
-    for _ in range(3):
-        f()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
 
 
 def main() -> None:
@@ -48,8 +37,9 @@ def main() -> None:
         mask[..., s - s // 4:] = -10000.0  # the last quarter of the keys padded away
         reps = max(5, int(3e4 / (b * n * s * s * d / 1e3 + 10)))
         args = (q, k, v, mask, d ** -0.5)
-        t_sdpa = _best(lambda a=args: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3], scale=a[4]), reps)
-        t_c = _best(lambda a=args: cpu_attention.attention(*a), reps)
+        med = interleaved({"sdpa": lambda a=args: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3], scale=a[4]),
+                           "c": lambda a=args: cpu_attention.attention(*a)}, reps, 7)
+        t_sdpa, t_c = med["sdpa"]["median_s"] * 1e6, med["c"]["median_s"] * 1e6
         diff = float((cpu_attention.attention(q, k, v, mask, d ** -0.5)
                       - F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5)).abs().max())
         rows.append({"shape": [b, n, s, d], "sdpa_us": t_sdpa, "c_us": t_c, "max_diff": diff})
@@ -57,8 +47,7 @@ def main() -> None:
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "cpu": native.cpuinfo("model name") or platform.processor(),
                 "threads": args.threads, "torch": torch.__version__}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(args.json, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -2,37 +2,27 @@
 
 DynQuantMatMul (quantize_dynamic's DynamicQuantizeLinear -> MatMulInteger -> scales -> bias) over
 (M, K, N) from a tiny BERT's (64 x 64 x 64) to BERT-base's (512 x 768 x 3072): the same function
-with DYNASHAPE_NATIVE=1 and =0, best of 5 runs of `reps` calls, microseconds per call; results
-identical bit for bit (checked). Where the C call does not serve a size (a CPU with AMX above
-2^24 multiply-adds: qgemm.py), the "C" column is the torch path too, and marked.
+with DYNASHAPE_NATIVE=1 and =0, interleaved round by round (benchmarks/common.py), median
+microseconds per call; results identical bit for bit (checked). Where the C call does not serve a
+size (a CPU with AMX above 2^24 multiply-adds: qgemm.py), the "C" column is the torch path too,
+and marked.
 
-    python benchmarks/qgemm.py [--threads 2] [--json out.json]
+    python -m benchmarks.qgemm [--threads 2] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 
 import torch
 
+from benchmarks.common import interleaved, write_json
+
 SIZES = [(64, 64, 64), (256, 64, 256), (256, 256, 64), (16, 512, 512), (1, 512, 2048), (128, 512, 512),
          (128, 512, 2048), (512, 768, 768), (512, 768, 3072)]
-
-
-def _best(f, reps: int) -> float:
-    for _ in range(3):
-        f()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
 
 
 def main() -> None:
@@ -51,13 +41,18 @@ def main() -> None:
         x = torch.randn(m, k, generator=g)
         out = torch.empty(m, n)
         reps = max(3, int(2e6 // (m * k * n) + 3))
-        times, results = {}, {}
+        results = {}
         for env in ("0", "1"):
             os.environ["DYNASHAPE_NATIVE"] = env
             before = native.counters().get("qgemm_native_calls", 0)
             results[env] = fused_quant._dyn_quant_matmul(x, b, ws, None, bias).clone()
             served = native.counters().get("qgemm_native_calls", 0) > before
-            times[env] = _best(lambda a=(x, b, ws, None, bias), o=out: fused_quant._dyn_quant_matmul(*a, out=o), reps)
+
+        def call(env, a=(x, b, ws, None, bias), o=out):
+            os.environ["DYNASHAPE_NATIVE"] = env
+            return fused_quant._dyn_quant_matmul(*a, out=o)
+        med = interleaved({env: (lambda e=env: call(e)) for env in ("0", "1")}, reps, 7)
+        times = {env: med[env]["median_s"] * 1e6 for env in med}
         same = bool(torch.equal(results["0"], results["1"]))
         rows.append({"m": m, "k": k, "n": n, "torch_us": times["0"], "c_us": times["1"], "c_served": served,
                      "identical": same})
@@ -69,8 +64,7 @@ def main() -> None:
         meta = {"date": time.strftime("%Y-%m-%d"), "cpu": native.cpuinfo("model name") or platform.processor(),
                 "threads": args.threads, "int8_weights_vnni": qgemm._int8_weights(),
                 "serves_large": qgemm._serves_large()}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(args.json, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

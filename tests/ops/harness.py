@@ -152,3 +152,23 @@ def recurrent_step_inputs(g, t: int, n: int, i: int, h: int, d: int, lens: bool,
     h0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
     c0 = torch.randn(d, n, h, generator=g) * 0.5 if init else None
     return x, sl, h0, c0
+
+
+def other_build(name: str, symbol: str, like, arch: str, cache):
+    """``symbol`` of ops/csrc/<name>.c built for another x86 CPU (``x86-64-v3``: AVX2; ``x86-64``:
+    no SIMD extension), with the signature of ``like`` (this CPU's function); skips the test off
+    x86 or without a compiler."""
+    import platform
+
+    import pytest
+
+    from dynashape.ops import native
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 builds")
+    try:
+        lib = native.build(name, arch=arch, cache=cache)
+    except OSError as e:
+        pytest.skip(str(e))
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = like.argtypes, like.restype
+    return fn

@@ -12,6 +12,8 @@ import torch
 
 from dynashape.ops import contrib_attention, cpu_attention, native
 
+from .harness import other_build
+
 pytestmark = pytest.mark.skipif(native.library("attention") is None,
                                 reason=f"no native build: {native.why('attention')}")
 
@@ -82,15 +84,7 @@ def test_what_it_leaves_to_torch(monkeypatch):
 def test_other_cpu_builds(monkeypatch, tmp_path, arch):
     """The builds without AVX-512 (one row at a time, plain loops): the same sums in the same
     order per output, the row sums in another (within float32 rounding)."""
-    import platform
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 builds")
-    try:
-        lib = native.build("attention", arch=arch, cache=tmp_path)
-    except OSError as e:
-        pytest.skip(str(e))
-    fn = lib.attention_f32
-    fn.argtypes, fn.restype = cpu_attention._kernel().argtypes, cpu_attention._kernel().restype
+    fn = other_build("attention", "attention_f32", cpu_attention._kernel(), arch, tmp_path)
     g = torch.Generator().manual_seed(3)
     for b, nk, group, s, t, d, dv in CASES:
         q, k, v, bias = _inputs(g, b, nk, group, s, t, d, dv, "keys", False)

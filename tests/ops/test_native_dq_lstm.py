@@ -10,7 +10,7 @@ import torch
 
 from dynashape.ops import contrib_rnn, native
 
-from .harness import recurrent_step_inputs
+from .harness import other_build, recurrent_step_inputs
 
 pytestmark = pytest.mark.skipif(native.library("dq_lstm") is None, reason=f"no native build: {native.why('dq_lstm')}")
 
@@ -96,15 +96,7 @@ def test_other_cpu_builds_give_the_same_numbers(monkeypatch, tmp_path, arch, sig
     """The AVX2 (vpmaddwd) and plain-C products that other CPUs get, with either layout of int8
     weights (u8 x s8 in groups of 4, or int16 pairs): the same integers as this CPU's build, so
     identical outputs."""
-    import platform
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 builds")
-    try:
-        lib = native.build("dq_lstm", arch=arch, cache=tmp_path)
-    except OSError as e:
-        pytest.skip(str(e))
-    fn = lib.dq_lstm
-    fn.argtypes, fn.restype = contrib_rnn._kernel().argtypes, contrib_rnn._kernel().restype
+    fn = other_build("dq_lstm", "dq_lstm", contrib_rnn._kernel(), arch, tmp_path)
     outs = {}
     for which, kernel in (("native", contrib_rnn._kernel()), (arch, fn)):
         monkeypatch.setattr(contrib_rnn, "_kernel", lambda k=kernel: k)

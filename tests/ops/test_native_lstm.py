@@ -12,7 +12,7 @@ import torch
 
 from dynashape.ops import native, rnn
 
-from .harness import recurrent_step_inputs
+from .harness import other_build, recurrent_step_inputs
 
 pytestmark = pytest.mark.skipif(native.library("lstm") is None, reason=f"no native build: {native.why('lstm')}")
 
@@ -82,16 +82,8 @@ def test_threads_give_the_same_numbers(monkeypatch, direction):
 def test_plain_c_build_gives_the_same_numbers(monkeypatch, tmp_path):
     """The build of a CPU without AVX-512 (multiply and add where this one fuses them): within
     float32 rounding of this CPU's."""
-    import platform
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 builds")
-    try:
-        lib = native.build("lstm", arch="x86-64", cache=tmp_path)
-    except OSError as e:
-        pytest.skip(str(e))
-    fn = lib.lstm_f32
     ref = native.function("lstm", "lstm_f32", "iiiiiiippppppppp")
-    fn.argtypes, fn.restype = ref.argtypes, ref.restype
+    fn = other_build("lstm", "lstm_f32", ref, "x86-64", tmp_path)
     outs = []
     for kernel in (ref, fn):
         monkeypatch.setattr(native, "function", lambda *a, k=kernel: k)

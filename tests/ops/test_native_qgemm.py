@@ -13,6 +13,8 @@ import torch
 
 from dynashape.ops import contrib_qattention, contrib_quant, fused_quant, linalg, native, qgemm
 
+from .harness import other_build
+
 pytestmark = pytest.mark.skipif(native.library("qgemm") is None, reason=f"no native build: {native.why('qgemm')}")
 
 SIZES = [(1, 1, 1), (3, 5, 7), (4, 64, 64), (9, 33, 130), (17, 256, 64), (64, 100, 192), (2, 300, 65)]
@@ -159,15 +161,7 @@ def test_threads_give_the_same_numbers(monkeypatch):
 @pytest.mark.parametrize("form", ["s8", "u8-col"])
 def test_other_cpu_builds_give_the_same_numbers(monkeypatch, tmp_path, arch, form):
     """The AVX2 (vpmaddwd, int16 pairs) and plain-C products other CPUs get: the same numbers."""
-    import platform
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 builds")
-    try:
-        lib = native.build("qgemm", arch=arch, cache=tmp_path)
-    except OSError as e:
-        pytest.skip(str(e))
-    fn = lib.qgemm
-    fn.argtypes, fn.restype = qgemm._kernel().argtypes, qgemm._kernel().restype
+    fn = other_build("qgemm", "qgemm", qgemm._kernel(), arch, tmp_path)
     outs = {}
     for which, kernel, int8 in (("native", qgemm._kernel(), qgemm._int8_weights()), (arch, fn, False)):
         monkeypatch.setattr(qgemm, "_kernel", lambda k=kernel: k)
