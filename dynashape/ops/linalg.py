@@ -346,20 +346,50 @@ _PREPARED: dict[int, tuple] = {}
 def prepared_b(b: torch.Tensor, b_zero_point: torch.Tensor | None) -> PreparedB:
     """The PreparedB of ``b`` (cached per tensor object while it lives and is not written to)."""
     key = id(b)
-    # the zero point by value: kernels hand it on as a fresh view (reshape(())) every call
-    zkey = None if b_zero_point is None else b_zero_point.detach().reshape(-1)
     hit = _PREPARED.get(key)
     if hit is not None:
-        ref, version, ptr, zk, prep = hit
-        if ref() is b and version == b._version and ptr == b.data_ptr() and _same_zp(zk, zkey):
-            return prep
+        ref, version, ptr, zk, zsource, prep = hit
+        if ref() is b and version == b._version and ptr == b.data_ptr():
+            # the zero point: kernels hand it on as a fresh view (reshape(())) of the same constant
+            # every call; the same living source, unwritten, needs no comparison of values
+            if b_zero_point is None:
+                if zk is None:
+                    return prep
+            elif zsource is not None and zsource == _ZpSource(b_zero_point):
+                return prep
+            elif _same_zp(zk, b_zero_point.detach().reshape(-1)):
+                return prep
     prep = PreparedB(b, b_zero_point)
     try:
         ref = weakref.ref(b, lambda _r, k=key, cache=_PREPARED: cache.pop(k, None))  # cache: alive at exit
     except TypeError:
         return prep
-    _PREPARED[key] = (ref, b._version, b.data_ptr(), None if zkey is None else zkey.clone(), prep)
+    zk = None if b_zero_point is None else b_zero_point.detach().reshape(-1).clone()
+    _PREPARED[key] = (ref, b._version, b.data_ptr(), zk, None if b_zero_point is None else _ZpSource(b_zero_point),
+                      prep)
     return prep
+
+
+class _ZpSource:
+    """Where a zero point's values live: its base tensor (weakly: a dead one matches nothing), the
+    base's version, and the view's offset and shape."""
+
+    __slots__ = ("ref", "version", "offset", "shape")
+
+    def __init__(self, zp: torch.Tensor):
+        base = zp._base if zp._base is not None else zp
+        try:
+            self.ref = weakref.ref(base)
+        except TypeError:
+            self.ref = None
+        self.version, self.offset, self.shape = base._version, zp.storage_offset(), tuple(zp.shape)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, _ZpSource) and self.ref is not None and other.ref is not None
+                and self.ref() is not None and self.ref() is other.ref() and self.version == other.version
+                and self.offset == other.offset and self.shape == other.shape)
+
+    __hash__ = None
 
 
 def _same_zp(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

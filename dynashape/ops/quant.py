@@ -111,6 +111,15 @@ def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_d
     to = output_dtype or _out_type(_out_types) or onnx_elem_type(x_scale)
     if to not in _FLOATS:
         to = TP.FLOAT  # a float8e8m0 scale is no output type (T3 lacks it): without output_dtype, float
+    if (x.dtype in (torch.uint8, torch.int8, torch.int16, torch.uint16) and to == TP.FLOAT and x_scale.numel() == 1
+            and x_scale.dtype == torch.float32 and (x_zero_point is None or x_zero_point.numel() == 1)):
+        # one scale and zero point, values of at most 16 bits: x - zp is exact in float32 too, so
+        # two in-place steps give the integer path's float32 numbers (a tiny model's embeddings:
+        # six calls were most of the node)
+        v = x.to(torch.float32)
+        if x_zero_point is not None:
+            v = v.sub_(x_zero_point.reshape(()).to(torch.float32))
+        return v.mul_(x_scale.reshape(())) if out is None else torch.mul(v, x_scale.reshape(()), out=out)
     if x.dtype.is_floating_point:  # float8 / float4 values: exact in float32
         v = x.to(torch.float32)
         if x_zero_point is not None:
