@@ -4,7 +4,9 @@ RMSNorm as exporters write it (HF Llama, Mistral, Qwen, T5; the torch.onnx dynam
 ``x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2), -1) + eps)) * weight`` (or ``x / Sqrt(...)``, the
 reciprocal as ``Div(1, ...)``, ``Mul(x, x)`` for the square, operands in either order).
 LayerNorm written out (older exports): ``d = x - ReduceMean(x); d / Sqrt(ReduceMean(d^2) + eps)
-* weight + bias``. Both over the last axis, with the mean kept as a dim of 1.
+* weight + bias``; or as Keras' LayerNormalization reaches ONNX through tf2onnx (its batch-norm
+form): ``s = Reciprocal(Sqrt(ReduceMean(d^2) + eps)) * gamma; x * s + (beta - mean * s)``, twelve
+nodes. Both over the last axis, with the mean kept as a dim of 1.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ def _other(node: Node, v: Value) -> Value | None:
     return b if a is v else a if b is v else None
 
 
+_MEANS = ("ReduceMean", "GlobalAveragePool")
+
+
 def _mean_last_axis(n: Node | None) -> Value | None:
-    """The input of a ReduceMean over the last axis that keeps it as 1, else None."""
+    """The input of a ReduceMean over the last axis that keeps it as 1 (or a GlobalAveragePool of a
+    3-D input, which tf2onnx writes for it), else None."""
+    if n is not None and n.op_type == "GlobalAveragePool" and n.domain in ("", "ai.onnx"):
+        return n.inputs[0] if rank(n.inputs[0]) == 3 else None
     if n is None or n.op_type != "ReduceMean" or not n.attrs.get("keepdims", 1):
         return None
     axes = n.attrs.get("axes")
@@ -135,12 +143,52 @@ def _tail(mean: Node, normed: Value, graph: Graph, h: int):
     return eps, last, w, [*nodes, *between, *scale_nodes]
 
 
+def _const_of_len(v: Value | None, h: int, r: int) -> bool:
+    return v is not None and v.is_const and v.const.numel() == h and v.const.dim() <= r
+
+
+def _keras_tail(mean: Node, var_mean: Node, x: Value, graph: Graph, h: int):
+    """tf2onnx's LayerNormalization after ``var_mean`` (the mean of squares): + eps, Sqrt,
+    Reciprocal (or Div(1, .)), * gamma = s; then x * s + (beta - mean * s) in either order of
+    operands: (eps, gamma, beta, last node, nodes) or None."""
+    chain = _rsqrt_chain(var_mean, graph)
+    if chain is None:
+        return None
+    eps, sqrt, nodes = chain
+    r = len(x.shape)
+    recips = [u for u in sqrt.outputs[0].users if u.op_type == "Reciprocal"
+              or (u.op_type == "Div" and u.inputs[1] is sqrt.outputs[0] and scalar(u.inputs[0]) == 1.0)]
+    if len(recips) != 1 or len(sqrt.outputs[0].users) != 1 or len(recips[0].outputs[0].users) != 1:
+        return None
+    inv = recips[0].outputs[0]
+    scale = inv.users[0]
+    gamma = _other(scale, inv) if scale.op_type == "Mul" else None
+    if not _const_of_len(gamma, h, r):
+        return None
+    sv = scale.outputs[0]
+    m_mean = [u for u in sv.users if u.op_type == "Mul" and _other(u, sv) is mean.outputs[0]]
+    m_x = [u for u in sv.users if u.op_type == "Mul" and _other(u, sv) is x]
+    if len(sv.users) != 2 or len(m_mean) != 1 or len(m_x) != 1:
+        return None
+    ms, xs = m_mean[0].outputs[0], m_x[0].outputs[0]
+    if len(ms.users) != 1 or ms.users[0].op_type != "Sub" or ms.users[0].inputs[1] is not ms:
+        return None
+    sub_b = ms.users[0]
+    beta = sub_b.inputs[0]
+    if not _const_of_len(beta, h, r) or len(xs.users) != 1 or len(sub_b.outputs[0].users) != 1:
+        return None
+    add = xs.users[0]
+    if add.op_type != "Add" or _other(add, xs) is not sub_b.outputs[0]:
+        return None
+    return eps, gamma, beta, [*nodes, recips[0], scale, m_mean[0], m_x[0], sub_b, add]
+
+
 def fuse_layer_norm(graph: Graph) -> Graph:
     for sub in [n for n in graph.nodes if n.op_type == "Sub" and n.domain in ("", "ai.onnx")]:
         if sub not in graph.nodes:
             continue
         x, m = sub.inputs
-        mean = producer(m, "ReduceMean")
+        mean = producer(m, _MEANS)
         if mean is None or _mean_last_axis(mean) is not x or x.shape is None or not x.shape[-1].is_static:
             continue
         d = sub.outputs[0]
@@ -150,12 +198,22 @@ def fuse_layer_norm(graph: Graph) -> Graph:
         if len(squares) != 1:
             continue
         sq_node = squares[0]
-        means = _users(sq_node.outputs[0], "ReduceMean")
+        means = [u for op in _MEANS for u in _users(sq_node.outputs[0], op)]
         if len(means) != 1 or _mean_last_axis(means[0]) is not sq_node.outputs[0]:
             continue
         h = x.shape[-1].min
         tail = _tail(means[0], d, graph, h)
         if tail is None:
+            keras = _keras_tail(mean, means[0], x, graph, h)
+            if keras is None:
+                continue
+            eps, w, bias, tail_nodes = keras
+            nodes = [mean, sub, sq_node, *tail_nodes]
+            # the mean feeds the Sub and the mean * s: both inside
+            if not all(only_feeds(o, nodes, graph) for n in nodes[:-1] for o in n.outputs if o is not None):
+                continue
+            fuse(graph, nodes, "LayerNorm", [x, _flat_const(graph, w, "flat"), _flat_const(graph, bias, "flat")],
+                 {"epsilon": eps})
             continue
         eps, last, w, tail_nodes = tail
         bias, bias_nodes = None, []

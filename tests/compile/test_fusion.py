@@ -704,6 +704,43 @@ def test_layer_norm_fuses_into_one_node(variant):
     assert len(node.inputs) == 1 + variant["weight"] + (variant["bias"] and variant["weight"])
 
 
+def keras_layer_norm_model(mean="ReduceMean", also_output=None) -> onnx.ModelProto:
+    """Keras' LayerNormalization as tf2onnx writes it (its batch-norm form, twelve nodes; the means
+    as GlobalAveragePool of the 3-D input, or ReduceMean): s = gamma / sqrt(var + eps),
+    y = x * s + (beta - mean * s)."""
+    b = Builder()
+    x = b.input("x", ["batch", "seq", H])
+    rng = np.random.default_rng(11)
+
+    def avg(v):
+        return b.op("GlobalAveragePool", v) if mean == "GlobalAveragePool" else reduce_mean(b, v, -1, 17)
+    m = avg(x)
+    d = b.op("Sub", x, m)
+    var = avg(b.op("Mul", d, d))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.const(1e-3))))
+    s = b.op("Mul", inv, b.const(rng.uniform(0.5, 1.5, H)))
+    shift = b.op("Sub", b.const(rng.standard_normal(H)), b.op("Mul", m, s))
+    y = b.op("Add", b.op("Mul", x, s), shift)
+    return b.model([y] + ([s] if also_output == "scale" else []))
+
+
+@pytest.mark.parametrize("mean", ["ReduceMean", "GlobalAveragePool"])
+def test_keras_layer_norm_fuses_and_agrees(mean):
+    model = keras_layer_norm_model(mean)
+    sess = dynashape.InferenceSession(model)
+    assert fused_ops(sess) == Counter({f"{FUSED}.LayerNorm": 1}), dict(fused_ops(sess))
+    (node,) = fused_nodes(sess, "LayerNorm")
+    assert node.attrs["epsilon"] == pytest.approx(1e-3) and len(node.inputs) == 3
+    check_sequence(model, norm_feeds(np.random.default_rng(12)), sess=sess)
+
+
+def test_keras_layer_norm_with_its_scale_read_elsewhere_stays():
+    model = keras_layer_norm_model("GlobalAveragePool", also_output="scale")
+    sess = dynashape.InferenceSession(model)
+    assert fused_ops(sess)[f"{FUSED}.LayerNorm"] == 0
+    check_sequence(model, norm_feeds(np.random.default_rng(13), shapes=NORM_SHAPES[:3]), sess=sess)
+
+
 LAYER_NORM_NO_FUSE = [
     pytest.param(dict(axis=1), id="variance-over-seq"),
     pytest.param(dict(axis=1, opset=18), id="variance-over-seq-axes-input"),
