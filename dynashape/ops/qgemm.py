@@ -125,7 +125,7 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
         ready = prep.forms["qgemm"] = _ready(prep)
     if not ready or a.shape[-1] != ready[0]:
         return None
-    k, n, grp, kg, blk, colsum = ready
+    k, n, grp, kg, blk, colsum, _held = ready
     m = a.numel() // k
     if m == 0 or (m * k * n > _SMALL_WORK and not _serves_large()):
         return None
@@ -169,12 +169,13 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
 
 
 def _ready(prep):
-    """(K, N, group, groups, blocks' address, column sums' address) of a B qgemm.c takes, or False;
-    the tensors stay on the PreparedB (linalg.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
+    """(K, N, group, groups, blocks' address, column sums' address, the two tensors) of a B qgemm.c
+    takes, or False; kept on the PreparedB (linalg.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
     ``n``, and ``forms``, where B's layouts are kept)."""
     form = blocks(prep, _int8_weights())
     if form is None:
         return False
     grp, kg, blk, colsum = form
-    return (prep.k, prep.n, grp, kg, blk.data_ptr(),
-            None if colsum is None else colsum.data_ptr())
+    # the tensors ride along: the addresses stay theirs even if another thread, building the same
+    # layout at the same moment, replaces the one kept on the PreparedB
+    return (prep.k, prep.n, grp, kg, blk.data_ptr(), None if colsum is None else colsum.data_ptr(), (blk, colsum))

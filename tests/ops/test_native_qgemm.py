@@ -271,3 +271,27 @@ def test_qlinear_matmul_requantized_in_c_equals_the_torch_path(monkeypatch, a_dt
         assert native.counters()["qgemm_native_calls"] == before + 1
         want = _torch(monkeypatch, quant._qlinear_matmul, *args)
         assert got.dtype == want.dtype == y_dtype and torch.equal(got, want), (m, k, n)
+
+
+def test_threads_of_a_session_share_a_weight_safely():
+    """Several Python threads asking for the same fresh weight's layout at once (sessions serve
+    requests from threads): every product is the exact one."""
+    import threading
+    g = torch.Generator().manual_seed(17)
+    for _ in range(5):
+        b, zb = _weight(g, 96, 130, "s8")
+        xs = [torch.randn(7, 96, generator=g) for _ in range(6)]
+        ws = torch.tensor([0.01])
+        got = [None] * len(xs)
+        start = threading.Barrier(len(xs))
+
+        def work(i):
+            start.wait()
+            got[i] = fused_quant._dyn_quant_matmul(xs[i], b, ws, zb)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for x, y in zip(xs, got):
+            assert torch.equal(y, fused_quant._dyn_quant_matmul(x, b, ws, zb))
