@@ -273,25 +273,31 @@ def test_qlinear_matmul_requantized_in_c_equals_the_torch_path(monkeypatch, a_dt
         assert got.dtype == want.dtype == y_dtype and torch.equal(got, want), (m, k, n)
 
 
+def _concurrently(fn, args_list):
+    """fn(*args) for each args in its own thread, all started together; the results in order."""
+    import threading
+    got = [None] * len(args_list)
+    start = threading.Barrier(len(args_list))
+
+    def work(i, args):
+        start.wait()
+        got[i] = fn(*args)
+    threads = [threading.Thread(target=work, args=(i, a)) for i, a in enumerate(args_list)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_threads_of_a_session_share_a_weight_safely():
     """Several Python threads asking for the same fresh weight's layout at once (sessions serve
     requests from threads): every product is the exact one."""
-    import threading
     g = torch.Generator().manual_seed(17)
+    ws = torch.tensor([0.01])
     for _ in range(5):
         b, zb = _weight(g, 96, 130, "s8")
-        xs = [torch.randn(7, 96, generator=g) for _ in range(6)]
-        ws = torch.tensor([0.01])
-        got = [None] * len(xs)
-        start = threading.Barrier(len(xs))
-
-        def work(i):
-            start.wait()
-            got[i] = fused_quant._dyn_quant_matmul(xs[i], b, ws, zb)
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for x, y in zip(xs, got):
-            assert torch.equal(y, fused_quant._dyn_quant_matmul(x, b, ws, zb))
+        args = [(torch.randn(7, 96, generator=g), b, ws, zb) for _ in range(6)]
+        got = _concurrently(fused_quant._dyn_quant_matmul, args)
+        for a, y in zip(args, got):
+            assert torch.equal(y, fused_quant._dyn_quant_matmul(*a))
