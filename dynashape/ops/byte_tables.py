@@ -18,9 +18,8 @@ def pairs(table: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     a, b = torch.broadcast_tensors(a, b)  # views: strides 0 along the broadcast dims
     if a.dim() > 8:
         return None
-    fn = native.function("lut", "lut2_u8", "ipppppp" "p", None)
+    fn = native.function("lut", "lut2_u8", "ipppppp" "p", fallbacks="lut")
     if fn is None:
-        native.count("lut_torch_fallbacks")
         return None
     y = torch.empty(a.shape, dtype=table.dtype)
     if y.numel():
@@ -36,9 +35,8 @@ def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """table[x] for 8-bit x, as the table's dtype; None where not served."""
     if x.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():
         return None
-    fn = native.function("lut", "lut1_u8", "pipp", None)
+    fn = native.function("lut", "lut1_u8", "pipp", fallbacks="lut")
     if fn is None:
-        native.count("lut_torch_fallbacks")
         return None
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=table.dtype)
@@ -52,9 +50,8 @@ def softmax(x: torch.Tensor, exp_table: torch.Tensor, y_inv: float, y_zp: int) -
     not served."""
     if x.device.type != "cpu" or x.dim() == 0 or exp_table.dtype != torch.float32 or exp_table.numel() != 256:
         return None
-    fn = native.function("lut", "qsoftmax_u8", "piiipdipp", None)
+    fn = native.function("lut", "qsoftmax_u8", "piiipdipp", fallbacks="lut")
     if fn is None:
-        native.count("lut_torch_fallbacks")
         return None
     x = x.contiguous()
     d = x.shape[-1]

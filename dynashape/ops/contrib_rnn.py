@@ -357,7 +357,6 @@ def _native_layer(x, wq, rq, B, lens, initial_h, initial_c, direction, steps):
         return None
     kernel = _kernel()
     if kernel is None:
-        native.count("dq_lstm_torch_fallbacks")
         return None
     int8 = _int8_weights()
     wg, wblocks, wcolsum, wscale = wq.native(int8)
@@ -390,7 +389,7 @@ def _native_layer(x, wq, rq, B, lens, initial_h, initial_c, direction, steps):
 
 
 def _kernel():
-    return native.function("dq_lstm", "dq_lstm", "iiiiiiipiipppiippppppppp", ctypes.c_int)
+    return native.function("dq_lstm", "dq_lstm", "iiiiiiipiipppiippppppppp", ctypes.c_int, fallbacks="dq_lstm")
 
 
 def _int8_weights() -> bool:

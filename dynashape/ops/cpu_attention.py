@@ -31,7 +31,7 @@ _THREAD_MIN_WORK = 1 << 16
 
 
 def _kernel():
-    return native.function("attention", "attention_f32", "pppppdp", ctypes.c_int)
+    return native.function("attention", "attention_f32", "pppppdp", ctypes.c_int, fallbacks="attention")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
@@ -65,7 +65,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
             return None
     fn = _kernel()
     if fn is None:
-        native.count("attention_torch_fallbacks")
         return None
     if q.stride(3) != 1:
         q = q.contiguous()

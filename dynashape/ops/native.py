@@ -114,11 +114,15 @@ def library(name: str) -> ctypes.CDLL | None:
         return _libs[name]
 
 
-def function(name: str, symbol: str, argtypes: str, restype=None):
+def function(name: str, symbol: str, argtypes: str, restype=None, fallbacks: str | None = None):
     """``symbol`` of ``library(name)`` with its C signature set, or None. ``argtypes``: one letter
-    an argument, ``i`` int64_t, ``d`` double, ``p`` a pointer; ``restype`` a ctypes type or None (void)."""
+    an argument, ``i`` int64_t, ``d`` double, ``p`` a pointer; ``restype`` a ctypes type or None (void).
+    ``fallbacks``: where None comes back, ``<fallbacks>_torch_fallbacks`` is counted (the caller's
+    torch path runs instead)."""
     lib = library(name)
     if lib is None:
+        if fallbacks is not None:
+            count(f"{fallbacks}_torch_fallbacks")
         return None
     fn = getattr(lib, symbol)
     if fn.argtypes is None:

@@ -33,7 +33,7 @@ _SMALL_WORK = 1 << 24
 
 
 def _kernel():
-    return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int)
+    return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int, fallbacks="qgemm")
 
 
 def _int8_weights() -> bool:
@@ -47,9 +47,8 @@ def centered(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Te
     it does not serve (not the CPU or not float32, no build (counted), a non-finite range)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or not x.numel():
         return None
-    fn = native.function("qgemm", "dq_centered", "pipp", ctypes.c_int)
+    fn = native.function("qgemm", "dq_centered", "pipp", ctypes.c_int, fallbacks="qgemm")
     if fn is None:
-        native.count("qgemm_torch_fallbacks")
         return None
     x = x.contiguous()
     if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
@@ -70,16 +69,9 @@ def _serves_large() -> bool:
     return _int8_weights() and not amx
 
 
-def blocks(prep, int8: bool) -> tuple[int, int, torch.Tensor, torch.Tensor | None] | None:
-    """B (K, N) of a linalg.PreparedB for qgemm.c: (k's per group, groups, the blocks (N / 64,
-    K / group, 64, group), their column sums int32 or None), made once; None for a B it cannot take."""
-    key = ("qgemm blocks", int8)
-    if key not in prep.forms:
-        prep.forms[key] = _layout(prep, int8)
-    return prep.forms[key]
-
-
 def _layout(prep, int8: bool):
+    """B (K, N) of a linalg.PreparedB for qgemm.c: (k's per group, groups, the blocks (N / 64,
+    K / group, 64, group), their column sums int32 or None); None for a B it cannot take."""
     b, zb = prep.raw, prep.zb
     if b.dim() != 2 or b.dtype not in (torch.int8, torch.uint8) or b.device.type != "cpu":
         return None
@@ -118,7 +110,6 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
         return None
     fn = _kernel()
     if fn is None:
-        native.count("qgemm_torch_fallbacks")
         return None
     ready = prep.forms.get("qgemm")
     if ready is None:
@@ -172,10 +163,10 @@ def _ready(prep):
     """(K, N, group, groups, blocks' address, column sums' address, the two tensors) of a B qgemm.c
     takes, or False; kept on the PreparedB (linalg.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
     ``n``, and ``forms``, where B's layouts are kept)."""
-    form = blocks(prep, _int8_weights())
+    form = _layout(prep, _int8_weights())
     if form is None:
         return False
     grp, kg, blk, colsum = form
-    # the tensors ride along: the addresses stay theirs even if another thread, building the same
-    # layout at the same moment, replaces the one kept on the PreparedB
+    # the tensors ride along with their addresses (two threads building one layout at the same
+    # moment each keep their own)
     return (prep.k, prep.n, grp, kg, blk.data_ptr(), None if colsum is None else colsum.data_ptr(), (blk, colsum))

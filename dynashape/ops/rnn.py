@@ -427,9 +427,8 @@ def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, lay
     if tuple(W.shape) != (nd, 4 * n, ni) or tuple(R.shape) != (nd, 4 * n, n) or (
             B is not None and tuple(B.shape) != (nd, 8 * n)) or not (t and batch and n and ni):
         return None  # (the torch path says what does not match)
-    fn = native.function("lstm", "lstm_f32", "iiiiiiippppppppp")
+    fn = native.function("lstm", "lstm_f32", "iiiiiiippppppppp", fallbacks="lstm")
     if fn is None:
-        native.count("lstm_torch_fallbacks")
         return None
     w = _LSTM_FORMS.get(W, lambda: _gate_blocks(W, n))
     r = _LSTM_FORMS.get(R, lambda: _gate_blocks(R, n))

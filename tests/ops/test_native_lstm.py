@@ -86,7 +86,7 @@ def test_plain_c_build_gives_the_same_numbers(monkeypatch, tmp_path):
     fn = other_build("lstm", "lstm_f32", ref, "x86-64", tmp_path)
     outs = []
     for kernel in (ref, fn):
-        monkeypatch.setattr(native, "function", lambda *a, k=kernel: k)
+        monkeypatch.setattr(native, "function", lambda *a, k=kernel, **kw: k)
         run = _case(3, "bidirectional", 10, 21, True, True)
         outs.append([run(t, n) for t, n in SHAPES])
     _assert_close(*outs, atol=1e-5)
