@@ -150,7 +150,7 @@ def _const_of_len(v: Value | None, h: int, r: int) -> bool:
 def _keras_tail(mean: Node, var_mean: Node, x: Value, graph: Graph, h: int):
     """tf2onnx's LayerNormalization after ``var_mean`` (the mean of squares): + eps, Sqrt,
     Reciprocal (or Div(1, .)), * gamma = s; then x * s + (beta - mean * s) in either order of
-    operands: (eps, gamma, beta, last node, nodes) or None."""
+    operands: (eps, gamma, beta, nodes) or None."""
     chain = _rsqrt_chain(var_mean, graph)
     if chain is None:
         return None

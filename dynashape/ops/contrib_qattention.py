@@ -34,7 +34,7 @@ from . import qgemm
 from .attention import _emit
 from .contrib_attention import _causal, _core, _heads, _padding_bias, _scale
 from .contrib_transformer import _embed_infer, _embed_layer_norm
-from .linalg import prepared_b, qmatmul, u8s8_saturation
+from .linalg import _saturates, prepared_b, qmatmul
 from .registry import op
 
 MS = "com.microsoft"
@@ -127,10 +127,9 @@ def _projection(input, weight, bias, input_scale, weight_scale, input_zero_point
         raise ShapeError(f"QAttention: weight_zero_point's type {zw.dtype} differs from the weight's {weight.dtype}")
     xs = _one_value(input_scale, "QAttention input_scale").to(torch.float32)
     ws = _per_column(weight_scale, n3, "QAttention weight_scale")
-    if input.device.type == "cpu" and xs.device.type == "cpu" and not (
-            u8s8_saturation() and input.dtype == torch.uint8 and weight.dtype == torch.int8):
+    if input.device.type == "cpu" and xs.device.type == "cpu" and not _saturates(input, weight):
         # one call: the product, then fma(float32(acc), float32(xs * ws), bias) as addcmul below
-        r = qgemm.product(input, qgemm.A_U8 if input.dtype == torch.uint8 else qgemm.A_S8,
+        r = qgemm.product(input, qgemm.byte_kind(input),
                           prepared_b(weight, zw), a_scale=float(xs), a_zp=0 if zi is None else int(zi.item()),
                           b_scale=ws, bias=bias, fused=True)
         if r is not None:

@@ -663,10 +663,9 @@ def _native(a, za: int, b, zb, a_scale, b_scale, bias, kind=None, out=None):
         return None
     if not (b_scale.numel() == 1 or (b_scale.dim() == 1 and b_scale.shape[0] == b.shape[-1])):
         return None
-    if kind is None:
-        kind = qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8
-    return qgemm.product(a, kind, prepared_b(b, zb), a_scale=float(a_scale), a_zp=za, b_scale=b_scale,
-                         bias=bias, out=out if out is not None and out.dtype == torch.float32 else None)
+    return qgemm.product(a, qgemm.byte_kind(a) if kind is None else kind, prepared_b(b, zb), a_scale=float(a_scale),
+                         a_zp=za, b_scale=b_scale, bias=bias,
+                         out=out if out is not None and out.dtype == torch.float32 else None)
 
 
 def _dynamic_quant_params(a: torch.Tensor) -> tuple[np.float32, int]:

@@ -646,7 +646,7 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, a_zero_point=None, b_zero_point=No
         za = int(za.item())  # a host int: no zero-point tensor ops below
     r = None
     if a.dtype in (torch.uint8, torch.int8) and (za is None or isinstance(za, int)) and not _saturates(a, b):
-        r = qgemm.product(a, qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8, prep, a_zp=za or 0)
+        r = qgemm.product(a, qgemm.byte_kind(a), prep, a_zp=za or 0)
     if r is None and a.dtype in (torch.uint8, torch.int8):
         r = int8_product(a, za, prep)
     if r is None:

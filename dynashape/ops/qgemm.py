@@ -32,6 +32,11 @@ _THREAD_MIN_WORK = 1 << 18  # multiply-adds below which a second thread costs mo
 _SMALL_WORK = 1 << 24
 
 
+def byte_kind(a: torch.Tensor) -> int:
+    """A_U8 or A_S8 for an 8-bit A as it comes."""
+    return A_U8 if a.dtype == torch.uint8 else A_S8
+
+
 def _kernel():
     return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int, fallbacks="qgemm")
 

@@ -300,7 +300,7 @@ def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, o
             / y_scale.to(torch.float32).reshape(())
         if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
             return None
-    return qgemm.product(a, qgemm.A_U8 if a.dtype == torch.uint8 else qgemm.A_S8, prepared_b(b, zb),
+    return qgemm.product(a, qgemm.byte_kind(a), prepared_b(b, zb),
                          a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out,
                          requant=(0 if y_zero_point is None else int(y_zero_point.item()), torch_dtype(to)))
 
