@@ -1,6 +1,6 @@
 """Pass: the attention core written out by exporters becomes one scaled_dot_product_attention.
 
-    scores = MatMul(q [* cq], kT [* ck]) [/ c | * c]
+    scores = MatMul(q [* cq], kT [* ck]) [/ c | * c]      (or com.microsoft FusedMatMul(q, kT | k, alpha))
     scores = scores + mask | Where(mask, -inf, scores) | Where(mask, scores, -inf)     (optional)
     p = Softmax(scores, last axis) [then Where(IsNaN(p), 0, p)]
     out = MatMul(p, v)
@@ -28,6 +28,20 @@ def _scaled(v: Value) -> tuple[Value, float, list[Node]]:
             if c is not None and not a.is_const:
                 return a, c, [n]
     return v, 1.0, []
+
+
+def _scores_product(v: Value) -> tuple[Node, float, int] | None:
+    """``v`` = q @ kT: (the product node, its scale, 1 when its second input is kT, 0 when it is the
+    keys themselves). onnxruntime's optimizer writes the scaled product as FusedMatMul(alpha,
+    transB); one whose first operand or batch dims it transposes is not attention's."""
+    n = producer(v, "MatMul")
+    if n is not None:
+        return n, 1.0, 1
+    n = v.producer if v is not None else None
+    if n is None or n.op_type != "FusedMatMul" or n.domain != "com.microsoft" or n.attrs.get("transA", 0) \
+            or n.attrs.get("transBatchA", 0) or n.attrs.get("transBatchB", 0):
+        return None
+    return n, float(n.attrs.get("alpha", 1.0)), 0 if n.attrs.get("transB", 0) else 1
 
 
 def _swaps_last_two(perm, r: int | None) -> bool:
@@ -105,7 +119,7 @@ def _scores_mask(s: Value):
         return s, None, "none", []
     if n.op_type == "Add":
         a, b = n.inputs
-        ma, mb = producer(a, "MatMul") or _scale_of(a), producer(b, "MatMul") or _scale_of(b)
+        ma, mb = _scores_product(a) or _scale_of(a), _scores_product(b) or _scale_of(b)
         if ma is not None and mb is None:
             return a, b, "add", [n]
         if mb is not None and ma is None:
@@ -123,7 +137,7 @@ def _scale_of(v: Value) -> Node | None:
     n = producer(v, ("Div", "Mul"))
     if n is None:
         return None
-    return n if producer(n.inputs[0], "MatMul") is not None or producer(n.inputs[1], "MatMul") is not None else None
+    return n if _scores_product(n.inputs[0]) is not None or _scores_product(n.inputs[1]) is not None else None
 
 
 def _softmax_input(p: Value) -> tuple[Node, Value, bool, list[Node]] | None:
@@ -167,7 +181,7 @@ def _match(graph: Graph, mm: Node):
     s0, mask, mask_kind, mask_nodes = _scores_mask(s)
     scale, scale_nodes = 1.0, []
     d = producer(s0, ("Div", "Mul"))
-    if d is not None and producer(s0, "MatMul") is None:
+    if d is not None and _scores_product(s0) is None:
         c = scalar(d.inputs[1]) if d.op_type == "Div" else None
         if d.op_type == "Div" and c:
             scale, s1, scale_nodes = 1.0 / c, d.inputs[0], [d]
@@ -176,17 +190,18 @@ def _match(graph: Graph, mm: Node):
             scale = c
     else:
         s1 = s0
-    qk = producer(s1, "MatMul")
-    if qk is None:
+    found = _scores_product(s1)
+    if found is None:
         return None
+    qk, alpha, kt_given = found
     q, cq, q_nodes = _scaled(qk.inputs[0])
     kt, ck, k_nodes = _scaled(qk.inputs[1])
     if rank(q) is None or rank(q) != rank(kt) or rank(q) != rank(v) or rank(q) < 3:
         return None
-    scale *= cq * ck
+    scale *= cq * ck * alpha
     inner = [*q_nodes, *k_nodes, qk, *scale_nodes, *mask_nodes, *sm_nodes]
-    k, k_transposed, k_extra = kt, 1, []
-    un = _untransposed(kt)
+    k, k_transposed, k_extra = kt, kt_given, []
+    un = _untransposed(kt) if kt_given else None
     if un is not None:
         k, k_extra = un[0], un[1]
         k_transposed = 0
@@ -208,7 +223,7 @@ def _match(graph: Graph, mm: Node):
             # stays for them, and as only its shape is read, no kernel runs for it
             fused = nodes
         else:
-            k, k_transposed, gqa, v, extra, fused = kt, 1, 0, mm.inputs[1], [], nodes
+            k, k_transposed, gqa, v, extra, fused = kt, kt_given, 0, mm.inputs[1], [], nodes
     if mask is not None and mask_kind in ("drop", "keep"):
         flipped = producer(mask, "Not")  # Where(Not(m), -inf, s) is Where(m, s, -inf): read m
         if flipped is not None:

@@ -31,6 +31,35 @@ def pairs(table: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     return y
 
 
+ADD, ADD_SWAPPED, MUL = 0, 1, 2  # lut.c qbinary_u8's kinds
+
+
+def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float, c0: float, za: int = 0,
+               zb: int = 0) -> torch.Tensor | None:
+    """QLinearAdd / QLinearMul of 8-bit a and b (same dtype, broadcasting) by the arithmetic their
+    tables hold (csrc/lut.c qbinary_u8 says which), as a's dtype; None where not served."""
+    if a.device.type != "cpu" or b.device.type != "cpu":
+        return None
+    fn = native.function("lut", "qbinary_u8", "ipppppiidddiip", fallbacks="lut")
+    if fn is None:
+        return None
+    if a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
+        dims, sa = [a.numel()], [1]  # one run of elements: no broadcasting to walk
+        sb = sa
+    else:
+        a, b = torch.broadcast_tensors(a, b)  # views: strides 0 along the broadcast dims
+        if a.dim() > 8:
+            return None
+        dims, sa, sb = a.shape, a.stride(), b.stride()
+    y = torch.empty(a.shape, dtype=a.dtype)
+    if y.numel():
+        shape, sa, sb = array.array("q", dims), array.array("q", sa), array.array("q", sb)
+        fn(len(shape), shape.buffer_info()[0], a.data_ptr(), sa.buffer_info()[0], b.data_ptr(), sb.buffer_info()[0],
+           int(a.dtype == torch.int8), kind, ra, rb, c0, za, zb, y.data_ptr())
+    native.count("lut_native_calls")
+    return y
+
+
 def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """table[x] for 8-bit x, as the table's dtype; None where not served."""
     if x.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():

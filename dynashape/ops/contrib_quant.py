@@ -67,7 +67,7 @@ def _one(t: torch.Tensor | None, what: str, default=0):
         return default
     if t.numel() != 1:
         raise ShapeError(f"{what} must be a scalar or a 1-element tensor, got shape {tuple(t.shape)}")
-    return t.reshape(-1)[0].item()
+    return t.item()  # one element: item() directly (indexing first costs ~3 us a call)
 
 
 def _scale(t: torch.Tensor | None, what: str) -> np.float32:
@@ -259,18 +259,48 @@ def _qlinear_binary(kind, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_
     p = (_scale(a_scale, f"{what} A_scale"), int(_one(a_zero_point, f"{what} A_zero_point")),
          _scale(b_scale, f"{what} B_scale"), int(_one(b_zero_point, f"{what} B_zero_point")),
          _scale(c_scale, f"{what} C_scale"), int(_one(c_zero_point, f"{what} C_zero_point")))
+    swapped = kind == "add" and _a_is_span_scalar(tuple(a.shape), tuple(b.shape))
+    key = (kind,) + tuple(float(v) for v in p) + (signed, swapped)
+    y = None
+    if a.device.type == "cpu":
+        op_kind, ra, rb, c0, za, zb = _coefficients(key, p)
+        y = byte_tables.arithmetic(op_kind, a, b, ra, rb, c0, za, zb)
+    if y is not None:  # the tables' arithmetic in one C pass (csrc/lut.c)
+        return _put(out, y)
     if kind == "add":
-        swapped = _a_is_span_scalar(tuple(a.shape), tuple(b.shape))
-        key = ("add",) + tuple(float(v) for v in p) + (signed, swapped)
         table = _table(key, a.device, lambda: _add_table(*p, signed, swapped))
     else:
-        key = ("mul",) + tuple(float(v) for v in p) + (signed,)
         table = _table(key, a.device, lambda: _mul_table(*p, signed))
     y = byte_tables.pairs(table, a.view(torch.uint8), b.view(torch.uint8))  # one C pass on the CPU
     if y is None:
         a, b = torch.broadcast_tensors(a, b)
         y = table[(a.view(torch.uint8).to(torch.int64) << 8) | b.view(torch.uint8).to(torch.int64)]
     return _put(out, y)
+
+
+_COEFFICIENTS: dict = {}
+
+
+def _coefficients(key: tuple, p: tuple) -> tuple:
+    """(kind, ra, rb, c0, za, zb) of byte_tables.arithmetic for a QLinearAdd / QLinearMul's parameters
+    p = (sa, za, sb, zb, sc, zc): the constants _add_table / _mul_table compute, once per key."""
+    got = _COEFFICIENTS.get(key)
+    if got is not None:
+        return got
+    sa, za, sb, zb, sc, zc = p
+    if key[0] == "add":
+        ra, rb = _F32(_F32(sa) / _F32(sc)), _F32(_F32(sb) / _F32(sc))
+        if key[-1]:  # swapped (_add_table says why)
+            got = (byte_tables.ADD_SWAPPED, ra, rb, _F32(zc) - _fma(rb, _F32(zb), _F32(ra * _F32(za))), 0, 0)
+        else:
+            got = (byte_tables.ADD, ra, rb, _F32(zc) - _fma(ra, _F32(za), _F32(rb * _F32(zb))), 0, 0)
+    else:
+        got = (byte_tables.MUL, _F32(_F32(_F32(sa) * _F32(sb)) / _F32(sc)), 0.0, _F32(zc), int(za), int(zb))
+    got = tuple(float(v) if i in (1, 2, 3) else v for i, v in enumerate(got))
+    if len(_COEFFICIENTS) >= _MAX_TABLES:
+        _COEFFICIENTS.clear()
+    _COEFFICIENTS[key] = got
+    return got
 
 
 @op("QLinearAdd", 1, DOMAIN, infer=_binary_infer,
@@ -638,7 +668,7 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_p
     za_value = None if a_zero_point is None else int(_one(a_zero_point, "MatMulIntegerToFloat a_zero_point"))
     zb = _per_column(b_zero_point, b, "MatMulIntegerToFloat b_zero_point")
     a_is_scalar = a_scale.numel() == 1
-    sa = _F32(a_scale.reshape(-1)[0].item()) if a_is_scalar else _F32(1.0)
+    sa = _F32(a_scale.item()) if a_is_scalar else _F32(1.0)
     dt = a_scale.dtype if a_scale.dtype.is_floating_point else torch.float32
     y = _native(a, za_value or 0, b, zb, sa, b_scale, bias, out=out) if a_is_scalar else None
     if y is not None:

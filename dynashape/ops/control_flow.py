@@ -16,12 +16,12 @@ import torch
 from ..errors import ShapeError
 from .limits import check_loop
 from .registry import op
-from .shapes import norm_axis
+from .shapes import first_item, norm_axis
 
 
 def _if(cond, *, then_branch, else_branch, out=None):
     # The branch taken decides the output shapes: known only once the condition is read.
-    taken, other = (then_branch, else_branch) if bool(cond.reshape(-1)[0]) else (else_branch, then_branch)
+    taken, other = (then_branch, else_branch) if bool(first_item(cond)) else (else_branch, then_branch)
     outs = taken()
     warm = getattr(other, "warm", None)  # compiled bodies: the other branch compiled at the first run
     if warm is not None:
@@ -86,8 +86,8 @@ def _owned(t):
 def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=None):
     """for (i = 0; i < M && keep_going; ++i): the body's condition output counts only when the
     loop has a condition input; without one it is ignored (the spec's 'for loop' forms)."""
-    trips = None if M is None else int(M.reshape(-1)[0])
-    keep = True if cond is None else bool(cond.reshape(-1)[0])
+    trips = None if M is None else int(first_item(M))
+    keep = True if cond is None else bool(first_item(cond))
     carried = list(v_initial)
     n_scan = _n_outputs - len(carried)
     reuses = getattr(body, "reuses_outputs", False)
@@ -99,7 +99,7 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
         c = torch.tensor(keep, device=_device)
         outs = body(it, c, *carried)
         if cond is not None:
-            keep = bool(outs[0].reshape(-1)[0])
+            keep = bool(first_item(outs[0]))
         carried = list(outs[1:1 + len(carried)])
         scans.add(outs[1 + len(carried):])
         i += 1

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import IndexOutOfRangeError
 from .registry import op
-from .shapes import norm_axis
+from .shapes import first_item, norm_axis
 
 
 @op("NonZero", (9, 13), infer=None)
@@ -71,7 +71,7 @@ def _scalar_or(t, default, cast):
     """An optional scalar input: absent or empty means the spec's default."""
     if t is None or t.numel() == 0:
         return default
-    return cast(t.reshape(-1)[0].item())
+    return cast(first_item(t))
 
 
 def _box_corners(boxes, center_point_box: int):

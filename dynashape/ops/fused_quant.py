@@ -76,7 +76,7 @@ def _product(xc: torch.Tensor, zp, b, b_zero_point, out: torch.Tensor | None) ->
 def _multiplier(xs, b_scale: torch.Tensor) -> float | torch.Tensor:
     """Mul(xs, Ws) in float32: a float when both are single values on the host."""
     if isinstance(xs, float) and b_scale.numel() == 1 and b_scale.device.type == "cpu":
-        return float(np.float32(xs) * np.float32(b_scale.reshape(()).item()))
+        return float(np.float32(xs) * np.float32(b_scale.item()))
     xs_t = xs if isinstance(xs, torch.Tensor) else torch.tensor(xs, dtype=torch.float32, device=b_scale.device)
     return xs_t.to(torch.float32) * b_scale.to(torch.float32)
 

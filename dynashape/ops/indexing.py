@@ -35,7 +35,7 @@ import torch
 from ..errors import IndexOutOfRangeError, ShapeError
 from .elementwise import _ukey
 from .registry import op
-from .shapes import int_list, norm_axis, prod, same_as_first
+from .shapes import first_item, int_list, norm_axis, prod, same_as_first
 
 
 def _norm_index(idx: torch.Tensor, dim: int) -> torch.Tensor:
@@ -247,7 +247,7 @@ def _depth(v) -> int:
     """The depth input as a positive int. A depth of a float type must be a whole number: the spec
     says "cast to int64", which onnxruntime does by truncating (2.5 -> 2) and the reference
     evaluator by rounding up (2.5 -> 3); with no agreed answer, a fractional depth is refused."""
-    raw = v.reshape(-1)[0].item()
+    raw = first_item(v)
     if isinstance(raw, float):
         if not math.isfinite(raw) or raw != math.floor(raw):
             raise ShapeError(f"OneHot: depth must be a positive whole number, got {raw}")

@@ -581,7 +581,7 @@ def _rows_zp(zp, a: torch.Tensor, rows: int) -> torch.Tensor | int:
         return zp
     if zp.numel() == 1:
         if zp.device.type == "cpu":
-            return int(zp.reshape(()).item())
+            return int(zp.item())
         return zp.reshape(()).to(torch.int32)
     z = _a_zp(zp, a).to(torch.int32)
     return z.expand(*a.shape[:-1], 1).reshape(rows, 1)

@@ -37,8 +37,20 @@ _why: dict[str, str] = {}
 _counts: Counter = Counter()
 
 
+# os.environ.get costs ~1.5 us (it encodes the key and decodes the value); the kernels ask on every
+# call, so the raw value is read from the mapping's own dict and its meaning kept per value
+_ENV = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey("DYNASHAPE_NATIVE") if _ENV is not None and hasattr(os.environ, "encodekey") else None
+_MEANING: dict = {}
+
+
 def enabled() -> bool:
-    return os.environ.get("DYNASHAPE_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+    raw = _ENV.get(_ENV_KEY) if _ENV_KEY is not None else os.environ.get("DYNASHAPE_NATIVE")
+    on = _MEANING.get(raw)
+    if on is None:
+        text = raw.decode() if isinstance(raw, bytes) else (raw or "1")
+        on = _MEANING[raw] = text.strip().lower() not in ("0", "off", "false", "no")
+    return on
 
 
 def _cache_dir() -> Path:

@@ -41,6 +41,10 @@ def _kernel():
     return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int, fallbacks="qgemm")
 
 
+def _batched_kernel():
+    return native.function("qgemm", "qbmm", "iiiiipiipiiidip", ctypes.c_int, fallbacks="qgemm")
+
+
 def _int8_weights() -> bool:
     lib = native.library("qgemm")
     return bool(lib is not None and lib.qgemm_int8_weights())
@@ -125,21 +129,19 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     m = a.numel() // k
     if m == 0 or (m * k * n > _SMALL_WORK and not _serves_large()):
         return None
-    scale = bs_step = None
+    scale = bias_v = None
+    bs_step = 0
     if b_scale is not None:
-        if b_scale.numel() == 1:
-            bs_step = 0
-        elif b_scale.numel() == n and b_scale.shape[-1] == n:
-            bs_step = 1
-        else:
-            return None
-        scale = _float_vector(b_scale.reshape(-1), b_scale.numel())
         if requant is not None:
-            bias = torch.tensor([float(requant[0])])  # the zero point, as the kernel reads it
-        elif bias is not None:
-            if bias.numel() != n or bias.shape[-1] != n:
-                return None
-            bias = _float_vector(bias, n)
+            got = _epilogue(b_scale, None, n)
+            bias_v = torch.tensor([float(requant[0])])  # the zero point, as the kernel reads it
+        else:
+            got = _cached_epilogue(prep, b_scale, bias, n)
+        if got is None:
+            return None
+        scale, bs_step, b = got
+        if requant is None:
+            bias_v = b
     shape = (*a.shape[:-1], n)
     dtype = torch.int32 if scale is None else requant[1] if requant is not None else torch.float32
     if out is None or out.dtype != dtype or out.shape != shape or not out.is_contiguous():
@@ -154,14 +156,83 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     elif requant is not None:
         out_kind = _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
     else:
-        out_kind = _OUT_F32_FMA if fused and bias is not None else _OUT_F32
+        out_kind = _OUT_F32_FMA if fused and bias_v is not None else _OUT_F32
     rc = fn(m, k, n, threads, kind, a.data_ptr(), a_scale, a_zp, grp, kg, blk, colsum,
-            out_kind, None if scale is None else scale.data_ptr(), bs_step or 0,
-            None if bias is None else bias.data_ptr(), out.data_ptr())
+            out_kind, None if scale is None else scale.data_ptr(), bs_step,
+            None if bias_v is None else bias_v.data_ptr(), out.data_ptr())
     if rc:
         return None  # a non-finite range (or no memory): the torch path gives what the formula gives
     native.count("qgemm_native_calls")
     return out
+
+
+def batched(a: torch.Tensor, b: torch.Tensor, za: int, zb: int, *, requant: tuple[int, torch.dtype] | None = None,
+            mult: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(A - za) @ (B - zb) for 8-bit A (..., M, K) and B (..., K, N) that both change every call
+    (attention's scores and weighted sums; csrc/qgemm.c qbmm), batch dims broadcast: int32, or with
+    ``requant`` (zero point, uint8 / int8) round-half-even(float32(sum) * mult) + zero point,
+    saturated, as QLinearMatMul. None where it does not serve (not the CPU, not 8-bit operands)."""
+    if a.device.type != "cpu" or b.device.type != "cpu" or a.dim() < 2 or b.dim() < 2 \
+            or a.dtype not in (torch.uint8, torch.int8) or b.dtype not in (torch.uint8, torch.int8) \
+            or a.shape[-1] != b.shape[-2]:
+        return None
+    fn = _batched_kernel()
+    if fn is None:
+        return None
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    lead = a.shape[:-2]
+    if lead != b.shape[:-2]:  # torch.broadcast_shapes costs ~20 us: only where they differ
+        lead = torch.broadcast_shapes(lead, b.shape[:-2])
+        a, b = a.expand(*lead, m, k), b.expand(*lead, k, n)  # copied below where a batch dim broadcasts
+    if not a.is_contiguous():
+        a = a.contiguous()
+    if not b.is_contiguous():
+        b = b.contiguous()
+    shape = (*lead, m, n)
+    dtype = torch.int32 if requant is None else requant[1]
+    if out is None or out.dtype != dtype or out.shape != shape or not out.is_contiguous():
+        out = torch.empty(shape, dtype=dtype)
+    if not out.numel():
+        return out
+    batch = out.numel() // (m * n)
+    threads = torch.get_num_threads() if batch * m * k * n >= _THREAD_MIN_WORK else 1
+    out_kind = _OUT_I32 if requant is None else _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
+    if fn(batch, m, k, n, threads, a.data_ptr(), int(a.dtype == torch.int8), za, b.data_ptr(),
+          int(b.dtype == torch.int8), zb, out_kind, mult, 0 if requant is None else requant[0], out.data_ptr()):
+        return None  # no memory: the torch path
+    native.count("qgemm_native_calls")
+    return out
+
+
+def _epilogue(b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
+    """(B's scales as a float32 vector, their step (0: one for all columns, 1: one per column), the
+    bias as a float32 vector or None), or None for scales or a bias of another size."""
+    if b_scale.numel() == 1:
+        step = 0
+    elif b_scale.numel() == n and b_scale.shape[-1] == n:
+        step = 1
+    else:
+        return None
+    if bias is not None and (bias.numel() != n or bias.shape[-1] != n):
+        return None
+    return _float_vector(b_scale.reshape(-1), b_scale.numel()), step, _float_vector(bias, n)
+
+
+def _cached_epilogue(prep, b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
+    """_epilogue, kept on the PreparedB per scale and bias tensor (a model's constants come as the
+    same tensors every call; the entry holds them, so their ids stay theirs, and their versions
+    tell a write)."""
+    cache = prep.forms.setdefault("qgemm_epilogues", {})
+    key = (id(b_scale), id(bias))
+    hit = cache.get(key)
+    if hit is not None and hit[0] is b_scale and hit[1] is bias and hit[2] == b_scale._version \
+            and hit[3] == (None if bias is None else bias._version):
+        return hit[4]
+    got = _epilogue(b_scale, bias, n)
+    if len(cache) >= 8:  # scales made per call (not constants): keep the cache small
+        cache.clear()
+    cache[key] = (b_scale, bias, b_scale._version, None if bias is None else bias._version, got)
+    return got
 
 
 def _ready(prep):

@@ -285,24 +285,39 @@ def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
 def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, out):
     """The product and its requantization in one qgemm.c call (a 2-D B, one scale and zero point
     of A, B's scale per tensor or per column, uint8 / int8 out), or None."""
-    if a.device.type != "cpu" or a.dtype not in (torch.uint8, torch.int8) or b.dim() != 2 \
+    if a.device.type != "cpu" or a.dtype not in (torch.uint8, torch.int8) or b.dim() < 2 \
             or to not in (TP.UINT8, TP.INT8) or (za is not None and za.numel() != 1) or a_scale.numel() != 1 \
             or (y_zero_point is not None and y_zero_point.numel() != 1) or linalg._saturates(a, b):
         return None
-    f32 = np.float32
-    if b_scale.numel() == 1:  # a_scale * b_scale / y_scale in float32, in that order, on the host
-        m = f32(f32(f32(a_scale.item()) * f32(b_scale.item())) / f32(y_scale.item()))
-        if not np.isfinite(m):
+    requant = (0 if y_zero_point is None else int(y_zero_point.item()), torch_dtype(to))
+    if b.dim() > 2:  # B changes every call (attention): both operands as they come
+        m = _host_multiplier(a_scale, b_scale, y_scale)
+        if m is None or (zb is not None and zb.numel() != 1):
             return None
-        multiplier = torch.tensor([float(m)])
+        return qgemm.batched(a, b, 0 if za is None else int(za.item()), 0 if zb is None else int(zb.item()),
+                             requant=requant, mult=m, out=out)
+    if b_scale.numel() == 1:
+        m = _host_multiplier(a_scale, b_scale, y_scale)
+        if m is None:
+            return None
+        multiplier = torch.tensor([m])
     else:
         multiplier = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
             / y_scale.to(torch.float32).reshape(())
         if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
             return None
     return qgemm.product(a, qgemm.byte_kind(a), prepared_b(b, zb),
-                         a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out,
-                         requant=(0 if y_zero_point is None else int(y_zero_point.item()), torch_dtype(to)))
+                         a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out, requant=requant)
+
+
+def _host_multiplier(a_scale, b_scale, y_scale) -> float | None:
+    """a_scale * b_scale / y_scale in float32, in that order (onnxruntime's), of per-tensor scales on
+    the host; None when one is not per tensor or the result is not finite."""
+    if b_scale.numel() != 1 or y_scale.numel() != 1:
+        return None
+    f32 = np.float32
+    m = f32(f32(f32(a_scale.item()) * f32(b_scale.item())) / f32(y_scale.item()))
+    return float(m) if np.isfinite(m) else None
 
 
 # QLinearConv, ConvInteger -------------------------------------------------------------------

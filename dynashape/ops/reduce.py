@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .registry import op
-from .shapes import int_list, norm_axis
+from .shapes import first_item, int_list, norm_axis
 
 
 def _axes_of(rank: int, axes, noop: int) -> list[int]:
@@ -178,7 +178,7 @@ def _cumprod_infer(shapes, values, **_attrs):
 
 @op("CumProd", 26, infer=_cumprod_infer, shape_deps=(1,))  # the axis: a host number
 def _cumprod(x, axis, *, exclusive=0, reverse=0, out=None):
-    a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
+    a = norm_axis(int(first_item(axis)), x.dim())
     # no unsigned cumprod/flip kernels: run on int64 and keep the low bits, which is the
     # product modulo 2**32 / 2**64 the unsigned type wraps to
     src = x.to(torch.int64) if x.dtype in (torch.uint32, torch.uint64) else x

@@ -13,12 +13,12 @@ import torch
 from ..errors import ShapeError
 from ..ir.dtypes import torch_dtype
 from .registry import op
-from .shapes import norm_axis
+from .shapes import first_item, norm_axis
 
 
 def _position(pos, n: int, inserting: bool = False) -> int:
     """A position tensor as a list index; inserting allows n (append)."""
-    p = int(pos.reshape(-1)[0])
+    p = int(first_item(pos))
     hi = n if inserting else n - 1
     if not -n <= p <= hi:
         raise ShapeError(f"position {p} is out of range for a sequence of length {n}")

@@ -14,13 +14,14 @@ import torch
 from ..errors import ShapeError
 from ..ir.dtypes import torch_dtype
 from .registry import op
+from .shapes import first_item
 
 # torch.fft has no CPU kernels for these: they are transformed in float32 and cast back
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def _int_of(t) -> int:
-    return int(t.reshape(-1)[0].item())
+    return int(first_item(t))
 
 
 def _opt(items, i):

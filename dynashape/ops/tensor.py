@@ -13,7 +13,7 @@ from ..errors import ShapeError
 from ..ir.dtypes import torch_dtype
 from ..shape import Dimension
 from .registry import op
-from .shapes import broadcast, int_list, norm_axes, norm_axis, prod, same_as_first
+from .shapes import broadcast, first_item, int_list, norm_axes, norm_axis, prod, same_as_first
 
 INT64_MAX = (1 << 63) - 1
 
@@ -506,7 +506,7 @@ def _pad11(x, pads, constant_value=None, axes=None, *, mode="constant", out=None
     full = _pad_full(x.dim(), int_list(pads), _opt_list(axes))
     value = 0
     if constant_value is not None and constant_value.numel():
-        value = constant_value.reshape(-1)[0].item()
+        value = first_item(constant_value)
     return _pad_kernel(x, full, mode, value, out)
 
 
@@ -568,7 +568,7 @@ def _s2d(x, *, blocksize, mode="DCR", out=None):
 # ---- Trilu, CumSum, EyeLike, ReverseSequence ----------------------------------------------------
 @op("Trilu", 14, infer=same_as_first)
 def _trilu(x, k=None, *, upper=1, out=None):
-    kk = 0 if k is None else int(k.reshape(-1)[0].item())
+    kk = 0 if k is None else int(first_item(k))
     f = torch.triu if upper else torch.tril
     return f(x, kk) if out is None else f(x, kk, out=out)
 
@@ -576,7 +576,7 @@ def _trilu(x, k=None, *, upper=1, out=None):
 # the axis is read as a number on the host: given as a host tensor (shape_deps), never read back
 @op("CumSum", (11, 14), infer=same_as_first, shape_deps=(1,))
 def _cumsum(x, axis, *, exclusive=0, reverse=0, out=None):
-    a = norm_axis(int(axis.reshape(-1)[0].item()), x.dim())
+    a = norm_axis(int(first_item(axis)), x.dim())
     src = x.flip(a) if reverse else x
     n = x.shape[a]
     if exclusive:

@@ -54,16 +54,19 @@ class Builder:
         self.inits[name] = np.asarray(value, dtype=dtype)
         return name
 
-    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+    def op(self, op_type: str, *inputs: str, domain: str = "", **attrs) -> str:
         out = f"t{len(self.nodes)}_{op_type.lower()}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"n{len(self.nodes)}", **attrs))
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"n{len(self.nodes)}", domain=domain,
+                                           **attrs))
         return out
 
     def model(self, outputs: list[str], opset: int = 17) -> onnx.ModelProto:
         inits = [numpy_helper.from_array(v, k) for k, v in self.inits.items()]
         outs = [helper.make_tensor_value_info(o, F32, None) for o in outputs]
         g = helper.make_graph(self.nodes, "fusion_test", self.inputs, outs, initializer=inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+        domains = sorted({n.domain for n in self.nodes if n.domain})  # contrib ops: version 1
+        imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+        return helper.make_model(g, opset_imports=imports, ir_version=8)
 
 
 def reduce_mean(b: Builder, x: str, axis: int, opset: int) -> str:
@@ -172,7 +175,9 @@ def attention_model(scale="div", keys="transpose", mask="none", nan=False, gqa=F
     """softmax(q @ kT * scale [+ mask]) @ v over [batch, heads, seq | kv, D]; the variants as exporters write them.
 
     scale: div (scores / sqrt D), mul (scores * 1/sqrt D), mul_swapped (1/sqrt D * scores),
-    qk (q * D^-1/4 and D^-1/4 * kT), none, per_head (a [1, H, 1, 1] tensor: not a scalar).
+    qk (q * D^-1/4 and D^-1/4 * kT), none, per_head (a [1, H, 1, 1] tensor: not a scalar),
+    fused_matmul (com.microsoft FusedMatMul(q, kT, alpha)), fused_matmul_transB (FusedMatMul(q, k, alpha,
+    transB=1): the keys read as they are).
     keys: input_T (the graph input is kT), transpose (Transpose(k, 0 1 3 2)), reshape (torch.onnx's
     Reshape-Transpose-Reshape). mask: none, add, add_swapped (float), where_drop (True = masked out),
     where_keep (True = kept), where_not (Where(Not(keep), -inf, scores)). nan: Where(IsNaN(p), 0, p).
@@ -196,8 +201,16 @@ def attention_model(scale="div", keys="transpose", mask="none", nan=False, gqa=F
     if scale == "qk":
         q = b.op("Mul", q, b.const(D ** -0.25))
         kt = b.op("Mul", b.const(D ** -0.25), kt)
-    s = b.op("MatMul", q, kt)
     c = 1 / math.sqrt(D)
+    if scale == "fused_matmul":  # onnxruntime's optimizer: the scaled product as one contrib node
+        s = b.op("FusedMatMul", q, kt, domain="com.microsoft", alpha=c)
+    elif scale == "fused_matmul_transB":  # ... reading the keys themselves
+        s = b.op("FusedMatMul", q, k_in, domain="com.microsoft", alpha=c, transB=1)
+    elif scale == "fused_matmul_transA":  # the query read transposed: not attention's product as such
+        s = b.op("FusedMatMul", b.op("Transpose", q, perm=[0, 1, 3, 2]), kt, domain="com.microsoft", alpha=c,
+                 transA=1)
+    else:
+        s = b.op("MatMul", q, kt)
     if scale == "div":
         s = b.op("Div", s, b.const(math.sqrt(D)))
     elif scale == "mul":
@@ -268,6 +281,9 @@ ATTENTION_VARIANTS = [
     dict(scale="none", keys="input_T"),
     dict(scale="div", keys="reshape"),
     dict(scale="mul", keys="input_T", softmax_axis=3),
+    dict(scale="fused_matmul", keys="transpose"),
+    dict(scale="fused_matmul", keys="input_T", mask="add"),
+    dict(scale="fused_matmul_transB", keys="transpose", mask="add"),
     # masks, with and without the NaN cleanup (fully masked rows only with it)
     dict(scale="div", keys="transpose", mask="add"),
     dict(scale="mul", keys="input_T", mask="add_swapped"),
@@ -300,7 +316,7 @@ def test_attention_fuses_and_agrees(variant):
     want_scale = 1.0 if variant["scale"] == "none" else 1 / math.sqrt(D)
     assert node.attrs["scale"] == pytest.approx(want_scale, rel=1e-6)
     keys = variant["keys"]
-    assert node.attrs["k_transposed"] == (1 if keys == "input_T" else 0)
+    assert node.attrs["k_transposed"] == (1 if keys == "input_T" and variant["scale"] != "fused_matmul_transB" else 0)
     assert [i.name for i in node.inputs[:3]] == ["q", "k", "v"]  # before the transposes and the repeats
     assert node.attrs["gqa"] == (HEADS // KV_HEADS if variant.get("gqa") else 0)  # the repeat factor
     assert node.attrs["nan_to_zero"] == int(variant.get("nan", False))
@@ -338,6 +354,7 @@ ATTENTION_NO_FUSE = [
     pytest.param(dict(also_output="scores"), id="scores-also-output"),
     pytest.param(dict(also_output="probs", mask="where_keep"), id="probs-also-output"),
     pytest.param(dict(scale="per_head"), id="per-head-scale-tensor"),
+    pytest.param(dict(scale="fused_matmul_transA"), id="fused-matmul-transA"),
 ]
 
 
@@ -347,7 +364,7 @@ def test_attention_does_not_fuse(variant):
     sess = dynashape.InferenceSession(model)
     ops = fused_ops(sess)
     assert ops[f"{FUSED}.Attention"] == 0, f"fused graph: {dict(ops)}"
-    assert ops["Softmax"] == 1 and ops["MatMul"] == 2
+    assert ops["Softmax"] == 1 and ops["MatMul"] + ops["FusedMatMul"] == 2
     rng = np.random.default_rng(7)
     check_sequence(model, attention_feeds(rng, mask=variant.get("mask", "none"), shapes=ATT_SHAPES[:4]), sess=sess)
 

@@ -63,3 +63,32 @@ def test_qlinear_softmax_in_c_is_the_torch_path(monkeypatch, dtype, axis, opset)
             m.setenv("DYNASHAPE_NATIVE", "0")
             want = contrib_quant._qlinear_softmax(*args, axis=axis, opset=opset)
         assert torch.equal(got, want), shape
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("kind", ["add", "mul"])
+def test_qlinear_add_mul_arithmetic_equals_their_tables(monkeypatch, dtype, kind):
+    """QLinearAdd / QLinearMul by their arithmetic in C (lut.c qbinary_u8): bit for bit the 65536-entry
+    tables (onnxruntime's FMA chain, the swapped form where A broadcasts along the innermost dim,
+    rounding and saturation), over broadcasting shapes, strided views and random parameters,
+    scales that push many values past the type's range among them."""
+    from dynashape.ops import contrib_quant
+    fn = contrib_quant._qlinear_add if kind == "add" else contrib_quant._qlinear_mul
+    g = torch.Generator().manual_seed(3)
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    cases = SHAPES + [((4, 8, 16), (4, 8, 16)), ((4, 8, 1), (4, 8, 16)), ((4, 8, 16), (1, 8, 16))]
+    for i, (sa, sb) in enumerate(cases * 3):
+        a = torch.randint(lo, hi, sa, dtype=dtype, generator=g)
+        b = torch.randint(lo, hi, sb, dtype=dtype, generator=g)
+        if i == len(cases) and a.dim() >= 2:
+            a = a.transpose(0, 1).contiguous().transpose(0, 1)  # strided
+        s = [torch.tensor(float(torch.rand((), generator=g)) * (0.2 if i % 3 else 0.01) + 1e-3) for _ in range(3)]
+        z = [torch.tensor(int(torch.randint(lo, hi, (), generator=g)), dtype=dtype) for _ in range(3)]
+        args = (a, s[0], z[0], b, s[1], z[1], s[2], z[2])
+        before = native.counters().get("lut_native_calls", 0)
+        got = fn(*args)
+        assert native.counters()["lut_native_calls"] == before + 1
+        with monkeypatch.context() as m:
+            m.setattr(byte_tables, "arithmetic", lambda *x: None)  # the table path (lut2_u8)
+            want = fn(*args)
+        assert got.dtype == want.dtype == dtype and torch.equal(got, want), (sa, sb)

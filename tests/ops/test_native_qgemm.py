@@ -301,3 +301,61 @@ def test_threads_of_a_session_share_a_weight_safely():
         got = _concurrently(fused_quant._dyn_quant_matmul, args)
         for a, y in zip(args, got):
             assert torch.equal(y, fused_quant._dyn_quant_matmul(*a))
+
+
+BATCHED = [((2, 3), (2, 3)), ((4, 1), (1, 5)), ((), (3,)), ((2,), ())]  # batch dims of A and of B (broadcast)
+
+
+def _operands(g, dtype, lead, m, k):
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    return (torch.randint(lo, hi, (*lead, m, k), dtype=dtype, generator=g),
+            torch.tensor(int(torch.randint(lo, hi, (), generator=g)), dtype=dtype))
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [(torch.uint8, torch.uint8), (torch.int8, torch.uint8),
+                                             (torch.uint8, torch.int8), (torch.int8, torch.int8)])
+def test_batched_products_of_two_changing_operands_are_exact(a_dtype, b_dtype):
+    """qbmm (both operands change every call: attention's QLinearMatMuls): the int32 sums equal
+    float64's exact product, over broadcast batch dims, row and column tails, and K past one chunk
+    of 256 (where the float32 partial sums hand over to int32)."""
+    g = torch.Generator().manual_seed(21)
+    for (la, lb), (m, k, n) in zip(BATCHED * 2, [(1, 1, 1), (5, 7, 3), (64, 16, 64), (9, 300, 33),
+                                                 (4, 257, 17), (3, 600, 40), (13, 64, 70), (2, 1, 130)]):
+        a, za = _operands(g, a_dtype, la, m, k)
+        b, zb = _operands(g, b_dtype, lb, k, n)
+        got = qgemm.batched(a, b, int(za), int(zb))
+        want = (a.double() - int(za)) @ (b.double() - int(zb))
+        assert got.dtype == torch.int32 and torch.equal(got.double(), want), (la, lb, m, k, n)
+
+
+@pytest.mark.parametrize("y_dtype", [torch.uint8, torch.int8])
+def test_batched_qlinear_matmul_equals_the_torch_path(monkeypatch, y_dtype):
+    """QLinearMatMul of two activations (4-D, as a quantized BERT's scores and weighted sums) in one
+    qbmm call: bit for bit the torch path (exact product, onnxruntime's requantization); a
+    transposed (non-contiguous) B too."""
+    from dynashape.ops import quant
+    g = torch.Generator().manual_seed(22)
+    for lead, (m, k, n) in [((2, 4), (16, 8, 16)), ((1, 2), (7, 300, 5)), ((3, 1), (1, 16, 9))]:
+        a, az = _operands(g, torch.uint8, lead, m, k)
+        b, bz = _operands(g, torch.uint8, lead, n, k)
+        b = b.transpose(-1, -2)  # keys read transposed, as attention's scores do
+        ys = torch.tensor(0.05 + 0.5 * float(torch.rand((), generator=g)))
+        yz = torch.tensor(7 if y_dtype == torch.uint8 else -3, dtype=y_dtype)
+        args = (a, torch.tensor(0.02), az, b, torch.tensor(0.03), bz, ys, yz)
+        before = native.counters().get("qgemm_native_calls", 0)
+        got = quant._qlinear_matmul(*args)
+        assert native.counters()["qgemm_native_calls"] == before + 1
+        want = _torch(monkeypatch, quant._qlinear_matmul, *args)
+        assert got.dtype == want.dtype == y_dtype and torch.equal(got, want), (lead, m, k, n)
+
+
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"])
+def test_batched_products_of_other_cpu_builds(monkeypatch, tmp_path, arch):
+    """The plain-C tile other CPUs get (no AVX-512): the same sums."""
+    fn = other_build("qgemm", "qbmm", qgemm._batched_kernel(), arch, tmp_path)
+    g = torch.Generator().manual_seed(23)
+    a, za = _operands(g, torch.uint8, (3,), 10, 300)
+    b, zb = _operands(g, torch.int8, (3,), 300, 37)
+    want = qgemm.batched(a, b, int(za), int(zb), requant=(4, torch.uint8), mult=0.0007)
+    monkeypatch.setattr(qgemm, "_batched_kernel", lambda: fn)
+    assert torch.equal(qgemm.batched(a, b, int(za), int(zb), requant=(4, torch.uint8), mult=0.0007), want)

@@ -31,6 +31,65 @@ void lut2_u8(int64_t ndim, const int64_t *shape, const uint8_t *a, const int64_t
     }
 }
 
+/* QLinearAdd / QLinearMul by their arithmetic, 16 values a vector instead of a table's lookups,
+ * with the operands as lut2_u8 takes them. The arithmetic is exactly what contrib_quant.py's
+ * tables hold (the same float32 operations, fmaf a true fused multiply-add, nothing contracted):
+ *   add (kind 0):  fma(a, ra, fma(b, rb, c0)), swapped (kind 1): fma(b, rb, fma(a, ra, c0));
+ *   mul (kind 2):  float32((a - za) * (b - zb)) * ra, then + c0 (two roundings);
+ * then round half to even, NaN and values beyond int32 to the lowest value, saturated to the type. */
+static inline float qb_op(float a, float b, int kind, float ra, float rb, float c0, float za, float zb) {
+    if (kind == 0) return fmaf(a, ra, fmaf(b, rb, c0));
+    if (kind == 1) return fmaf(b, rb, fmaf(a, ra, c0));
+    float r = ((a - za) * (b - zb)) * ra;
+    return r + c0;
+}
+
+static inline int32_t qb_cvt(float r, float lo, float hi) {
+    float v = nearbyintf(r);
+    if (!(v >= -2147483648.0f && v < 2147483648.0f)) return (int32_t)lo; /* NaN too */
+    return (int32_t)(v < lo ? lo : (v > hi ? hi : v));
+}
+
+#define QB_ROW(T)                                                                                       \
+    do {                                                                                                \
+        const T *ap = (const T *)a + oa, *bp = (const T *)b + ob;                                       \
+        T *yp = (T *)y + o * inner;                                                                     \
+        if (ia == 1 && ib == 1)                                                                         \
+            for (int64_t i = 0; i < inner; i++)                                                         \
+                yp[i] = (T)qb_cvt(qb_op((float)ap[i], (float)bp[i], k, ra, rb, c0, za, zb), lo, hi);    \
+        else if (ia == 1 && ib == 0)                                                                    \
+            for (int64_t i = 0; i < inner; i++)                                                         \
+                yp[i] = (T)qb_cvt(qb_op((float)ap[i], (float)bp[0], k, ra, rb, c0, za, zb), lo, hi);    \
+        else                                                                                            \
+            for (int64_t i = 0; i < inner; i++)                                                         \
+                yp[i] = (T)qb_cvt(qb_op((float)ap[i * ia], (float)bp[i * ib], k, ra, rb, c0, za, zb), lo, hi); \
+    } while (0)
+
+void qbinary_u8(int64_t ndim, const int64_t *shape, const void *a, const int64_t *sa, const void *b,
+                const int64_t *sb, int64_t s8, int64_t kind, double ra_d, double rb_d, double c0_d, int64_t za_i,
+                int64_t zb_i, void *y)
+{
+    const float ra = (float)ra_d, rb = (float)rb_d, c0 = (float)c0_d, za = (float)za_i, zb = (float)zb_i;
+    const float lo = s8 ? -128.0f : 0.0f, hi = s8 ? 127.0f : 255.0f;
+    const int k = (int)kind;
+    int64_t idx[8] = {0}, outer = 1;
+    const int64_t inner = ndim ? shape[ndim - 1] : 1, ia = ndim ? sa[ndim - 1] : 0, ib = ndim ? sb[ndim - 1] : 0;
+    for (int64_t d = 0; d + 1 < ndim; d++) outer *= shape[d];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t oa = 0, ob = 0;
+        for (int64_t d = 0; d + 1 < ndim; d++) {
+            oa += idx[d] * sa[d];
+            ob += idx[d] * sb[d];
+        }
+        if (s8) QB_ROW(int8_t);
+        else QB_ROW(uint8_t);
+        for (int64_t d = ndim - 2; d >= 0; d--) {
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
 void lut1_u8(const uint8_t *x, int64_t n, const uint8_t *table, uint8_t *y) {
     for (int64_t i = 0; i < n; i++) y[i] = table[x[i]];
 }

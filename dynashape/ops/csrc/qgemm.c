@@ -271,3 +271,114 @@ int dq_centered(const float *x, int64_t n, float *out, float *scale_zp) {
     scale_zp[1] = zp;
     return 0;
 }
+
+/* A batch of products of two 8-bit operands that both change every call (QLinearMatMul's
+ * attention scores and weighted sums: no weight to lay out once): a (batch, m, k) and b (batch, k,
+ * n) contiguous, uint8 or int8 each (a_s8, b_s8), per-tensor zero points; out (batch, m, n) int32
+ * sums (OUT_I32) or requantized as requant_row does (OUT_U8 / OUT_S8 with mult and y_zp). Both are
+ * centered into float32 first (B's columns padded to QB_COLS); tiles of 4 rows x 32 columns sum
+ * float32 products in eight registers (independent chains: one chain's latency bound the loop
+ * otherwise) over chunks of 256 k's, exact (|a - za|, |b - zb| <= 255: 256 * 255^2 < 2^24), each
+ * chunk then added in int32. Returns 0, or 2 when memory runs out. */
+#define QB_CHUNK 256
+#define QB_COLS 32
+
+static inline float qb_value(const void *p, int64_t i, int s8) {
+    return s8 ? (float)((const int8_t *)p)[i] : (float)((const uint8_t *)p)[i];
+}
+
+static void qb_store(int32_t *s, int64_t cols, int out_kind, float mu, float zy, void *out, int64_t at) {
+    if (out_kind == OUT_I32) {
+        for (int64_t j = 0; j < cols; j++) ((int32_t *)out)[at + j] = s[j];
+        return;
+    }
+    const float lo = out_kind == OUT_S8 ? -128.0f : 0.0f, hi = out_kind == OUT_S8 ? 127.0f : 255.0f;
+    for (int64_t j = 0; j < cols; j++) {
+        float v = nearbyintf((float)s[j] * mu) + zy;
+        s[j] = (int32_t)(v < lo ? lo : (v > hi ? hi : v));
+    }
+    if (out_kind == OUT_S8)
+        for (int64_t j = 0; j < cols; j++) ((int8_t *)out)[at + j] = (int8_t)s[j];
+    else
+        for (int64_t j = 0; j < cols; j++) ((uint8_t *)out)[at + j] = (uint8_t)s[j];
+}
+
+/* y[0:len] = x[at:at + len] - z as float32, then zeros up to padded (loops the compiler vectorizes) */
+static void qb_center(const void *x, int64_t at, int64_t len, int s8, float z, float *y, int64_t padded) {
+    if (s8) {
+        const int8_t *p = (const int8_t *)x + at;
+        for (int64_t j = 0; j < len; j++) y[j] = (float)p[j] - z;
+    } else {
+        const uint8_t *p = (const uint8_t *)x + at;
+        for (int64_t j = 0; j < len; j++) y[j] = (float)p[j] - z;
+    }
+    for (int64_t j = len; j < padded; j++) y[j] = 0.0f;
+}
+
+/* s[i][0:QB_COLS] += sum over k in [c0, c1) of a4[i][k] * bb[k][0:QB_COLS], for four rows */
+static void qb_tile(const float *const a4[4], const float *bb, int64_t np, int64_t c0, int64_t c1,
+                    int32_t s[4][QB_COLS]) {
+#if defined(__AVX512F__)
+    __m512 x00 = _mm512_setzero_ps(), x01 = x00, x10 = x00, x11 = x00, x20 = x00, x21 = x00, x30 = x00, x31 = x00;
+    for (int64_t kk = c0; kk < c1; kk++) {
+        const __m512 w0 = _mm512_loadu_ps(bb + kk * np), w1 = _mm512_loadu_ps(bb + kk * np + 16);
+        __m512 v = _mm512_set1_ps(a4[0][kk]);
+        x00 = _mm512_fmadd_ps(v, w0, x00), x01 = _mm512_fmadd_ps(v, w1, x01);
+        v = _mm512_set1_ps(a4[1][kk]);
+        x10 = _mm512_fmadd_ps(v, w0, x10), x11 = _mm512_fmadd_ps(v, w1, x11);
+        v = _mm512_set1_ps(a4[2][kk]);
+        x20 = _mm512_fmadd_ps(v, w0, x20), x21 = _mm512_fmadd_ps(v, w1, x21);
+        v = _mm512_set1_ps(a4[3][kk]);
+        x30 = _mm512_fmadd_ps(v, w0, x30), x31 = _mm512_fmadd_ps(v, w1, x31);
+    }
+    const __m512 xs[4][2] = {{x00, x01}, {x10, x11}, {x20, x21}, {x30, x31}};
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) { /* whole numbers: the conversion is exact */
+            __m512i acc = _mm512_loadu_si512(s[i] + 16 * h);
+            _mm512_storeu_si512(s[i] + 16 * h, _mm512_add_epi32(acc, _mm512_cvtps_epi32(xs[i][h])));
+        }
+#else
+    float c[4][QB_COLS] = {{0}};
+    for (int64_t kk = c0; kk < c1; kk++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < QB_COLS; j++) c[i][j] = fmaf(a4[i][kk], bb[kk * np + j], c[i][j]);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < QB_COLS; j++) s[i][j] += (int32_t)c[i][j];
+#endif
+}
+
+int qbmm(int64_t batch, int64_t m, int64_t k, int64_t n, int64_t threads, const void *a, int64_t a_s8,
+         int64_t za, const void *b, int64_t b_s8, int64_t zb, int64_t out_kind, double mult, int64_t y_zp,
+         void *out)
+{
+    const int64_t np = (n + QB_COLS - 1) / QB_COLS * QB_COLS;
+    float *bf = malloc((size_t)(batch * k * np + batch * m * k) * sizeof(float) + 64);
+    if (!bf) return 2;
+    float *af = bf + batch * k * np;
+    const float fzb = (float)zb, fza = (float)za, mu = (float)mult, zy = (float)y_zp;
+    const int big = threads > 1 && batch * k * (n + m) >= 65536;
+#pragma omp parallel num_threads(threads) if (big)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < batch * k; i++)
+            qb_center(b, i * n, n, (int)b_s8, fzb, bf + i * np, np);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < batch * m; i++)
+            qb_center(a, i * k, k, (int)a_s8, fza, af + i * k, k);
+    }
+    const int64_t row_tiles = (m + 3) / 4, col_tiles = np / QB_COLS;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t t = 0; t < batch * row_tiles * col_tiles; t++) {
+        const int64_t bi = t / (row_tiles * col_tiles), rt = t / col_tiles % row_tiles, ct = t % col_tiles;
+        const int64_t r0 = bi * m + 4 * rt, rows = m - 4 * rt < 4 ? m - 4 * rt : 4, j0 = ct * QB_COLS;
+        const float *a4[4]; /* rows past m read row r0 again: their sums are not stored */
+        for (int i = 0; i < 4; i++) a4[i] = af + (r0 + (i < rows ? i : 0)) * k;
+        int32_t s[4][QB_COLS] = {{0}};
+        for (int64_t c0 = 0; c0 < k; c0 += QB_CHUNK)
+            qb_tile(a4, bf + bi * k * np + j0, np, c0, c0 + QB_CHUNK < k ? c0 + QB_CHUNK : k, s);
+        const int64_t cols = n - j0 < QB_COLS ? n - j0 : QB_COLS;
+        for (int i = 0; i < rows; i++) qb_store(s[i], cols, (int)out_kind, mu, zy, out, (r0 + i) * n + j0);
+    }
+    free(bf);
+    return 0;
+}
