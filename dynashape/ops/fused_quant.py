@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import qgemm
+from . import native, qgemm
 from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
 from .quant import _dql_tensor_path, host_qparams, quantize_u8
 from .registry import op
@@ -163,6 +163,32 @@ def _fake_quant(x, scale, zero_point, *, lo=0, hi=255, out=None):
     multiplication by its reciprocal). A NaN stays NaN, where the unfused cast to an integer
     type gives whatever the platform's conversion gives."""
     z = int(zero_point.item()) if zero_point is not None else 0
+    y = _fake_quant_native(x, scale, lo - z, hi - z, out)
+    if y is not None:
+        return y
     s = scale.reshape(()).to(torch.float32)
     q = torch.div(x, s, out=out) if out is not None else torch.div(x, s)
     return q.round_().clamp_(lo - z, hi - z).mul_(s)
+
+
+_FAKE_QUANT_THREAD_MIN = 1 << 16  # elements below which a second thread costs more than it saves
+
+
+def _fake_quant_native(x: torch.Tensor, scale: torch.Tensor, lo: int, hi: int, out) -> torch.Tensor | None:
+    """FakeQuant of a float32 CPU x with a float32 scale in one C call (csrc/elementwise.c
+    fake_quant_f32: the same four float32 operations), or None (the torch calls then)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or scale.dtype != torch.float32 \
+            or scale.device.type != "cpu" or scale.numel() != 1:
+        return None
+    fn = native.function("elementwise", "fake_quant_f32", "pidddpi", fallbacks="fake_quant")
+    if fn is None:
+        return None
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        out = torch.empty_like(x)
+    n = x.numel()
+    fn(x.data_ptr(), n, scale.item(), float(lo), float(hi), out.data_ptr(),
+       torch.get_num_threads() if n >= _FAKE_QUANT_THREAD_MIN else 1)
+    native.count("fake_quant_native_calls")
+    return out

@@ -1,6 +1,7 @@
 """ops/csrc/elementwise.c's tanh (large float32 CPU tensors; torch's CPU tanh is ~8x slower than
 onnxruntime's): accuracy against float64 over the whole range and the special values, a session
-over changing shapes against onnxruntime, and its calls and fallbacks counted."""
+over changing shapes against onnxruntime, and its calls and fallbacks counted. Its FakeQuant (a
+QDQ pair in one pass): bit for bit the four torch calls."""
 
 from __future__ import annotations
 
@@ -73,3 +74,28 @@ def test_tanh_into_an_out_of_another_shape_is_torchs():
     with pytest.warns(UserWarning, match="resized"):
         y = elementwise.tanh(x, out=out)
     assert y.shape == x.shape and torch.allclose(y, torch.tanh(x))
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 1 << 17])
+@pytest.mark.parametrize("zdtype", [torch.uint8, torch.int8])
+def test_fake_quant_in_c_is_the_torch_path_bit_for_bit(monkeypatch, n, zdtype):
+    """Division, round half to even, clamp to the type's range less the zero point, product: the
+    C pass gives the torch calls' numbers exactly, ties (x / s = k + 0.5), saturation and NaN
+    included; a strided x and an out of another shape too."""
+    from dynashape.ops import fused_quant
+    g = torch.Generator().manual_seed(n)
+    lo, hi = (0, 255) if zdtype == torch.uint8 else (-128, 127)
+    for trial in range(6):
+        s = torch.tensor(float(torch.rand((), generator=g)) * 0.1 + 1e-4)
+        x = torch.randn(2 * n, generator=g)[::2] * (300 * float(s) if trial % 2 else 1.0)  # strided; saturating
+        x[: n // 3] = (torch.randint(-200, 200, (n // 3,), generator=g) + 0.5) * s  # ties
+        if trial == 3:
+            x[n // 2] = float("nan")
+        z = torch.tensor(int(torch.randint(lo, hi + 1, (), generator=g)), dtype=zdtype)
+        before = native.counters().get("fake_quant_native_calls", 0)
+        got = fused_quant._fake_quant(x, s, z, lo=lo, hi=hi, out=torch.empty(3) if trial == 5 else None)
+        assert native.counters()["fake_quant_native_calls"] == before + 1
+        with monkeypatch.context() as m:
+            m.setenv("DYNASHAPE_NATIVE", "0")
+            want = fused_quant._fake_quant(x, s, z, lo=lo, hi=hi)
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)) and got.isnan().sum() == want.isnan().sum()

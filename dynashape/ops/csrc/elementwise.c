@@ -20,3 +20,17 @@ void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] = tanh_approx(x[i]);
 }
+
+/* A QuantizeLinear-DequantizeLinear pair of one scale and zero point (fused_quant.py FakeQuant):
+ * clamp(round-half-even(x / s), lo, hi) * s, with lo, hi the type's range less the zero point:
+ * the division, rounding, clamp and product are the unfused torch calls' own float32 operations,
+ * so the result is theirs bit for bit (NaN stays NaN). One pass instead of four calls. */
+void fake_quant_f32(const float *x, int64_t n, double scale_d, double lo_d, double hi_d, float *y, int64_t threads) {
+    const float s = (float)scale_d, lo = (float)lo_d, hi = (float)hi_d;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float q = nearbyintf(x[i] / s);
+        q = q < lo ? lo : (q > hi ? hi : q);
+        y[i] = q * s;
+    }
+}
