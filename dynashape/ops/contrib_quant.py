@@ -256,9 +256,7 @@ def _qlinear_binary(kind, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_
     if b.dtype != a.dtype:
         raise ShapeError(f"{what}: A is {a.dtype} but B is {b.dtype}")
     signed = a.dtype == torch.int8
-    p = (_scale(a_scale, f"{what} A_scale"), int(_one(a_zero_point, f"{what} A_zero_point")),
-         _scale(b_scale, f"{what} B_scale"), int(_one(b_zero_point, f"{what} B_zero_point")),
-         _scale(c_scale, f"{what} C_scale"), int(_one(c_zero_point, f"{what} C_zero_point")))
+    p = _binary_params(what, (a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point))
     swapped = kind == "add" and _a_is_span_scalar(tuple(a.shape), tuple(b.shape))
     key = (kind,) + tuple(float(v) for v in p) + (signed, swapped)
     y = None
@@ -276,6 +274,29 @@ def _qlinear_binary(kind, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_
         a, b = torch.broadcast_tensors(a, b)
         y = table[(a.view(torch.uint8).to(torch.int64) << 8) | b.view(torch.uint8).to(torch.int64)]
     return _put(out, y)
+
+
+_PARAMS: dict = {}
+
+
+def _binary_params(what: str, params: tuple) -> tuple:
+    """(sa, za, sb, zb, sc, zc) as numbers from the six parameter tensors (None: a zero point of 0),
+    kept per the tensors' identities: a model's constants come as the same tensors every call and
+    reading six of them costs ~10 us; the entry holds the tensors (their ids stay theirs) and their
+    versions tell a write."""
+    key = tuple(id(t) for t in params)
+    hit = _PARAMS.get(key)
+    if hit is not None and all(t is h for t, h in zip(params, hit[0])) \
+            and hit[1] == tuple(None if t is None else t._version for t in params):
+        return hit[2]
+    sa, za, sb, zb, sc, zc = params
+    got = (_scale(sa, f"{what} A_scale"), int(_one(za, f"{what} A_zero_point")),
+           _scale(sb, f"{what} B_scale"), int(_one(zb, f"{what} B_zero_point")),
+           _scale(sc, f"{what} C_scale"), int(_one(zc, f"{what} C_zero_point")))
+    if len(_PARAMS) >= _MAX_TABLES:  # parameters made per call (not constants): keep it small
+        _PARAMS.clear()
+    _PARAMS[key] = (params, tuple(None if t is None else t._version for t in params), got)
+    return got
 
 
 _COEFFICIENTS: dict = {}
