@@ -115,6 +115,10 @@ def to_torch(array: np.ndarray, elem_type: int | None = None):
     return torch.from_numpy(np.array(array, copy=True))
 
 
+_PLAIN_NUMPY = frozenset({torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                          torch.int8, torch.uint8, torch.bool})
+
+
 def to_numpy(t, elem_type: int | None = None) -> np.ndarray:
     """A tensor as a numpy array with the ONNX-matching dtype (bf16 / fp8 / int4 ... through
     ml_dtypes). ``elem_type`` names the ONNX type of a tensor holding a HELD type."""
@@ -123,6 +127,8 @@ def to_numpy(t, elem_type: int | None = None) -> np.ndarray:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.dtype in _PLAIN_NUMPY and elem_type not in HELD:
+        return t.numpy()  # the common types: numpy holds them as torch does
     a = None
     for et, (raw, tdt) in _VIEW_AS.items():
         if t.dtype == tdt:

@@ -45,10 +45,16 @@ class FeedChecker:
         self.by_name = {s.name: s for s in specs}
         # a feed that is a tensor of this dtype needs no element-type lookup
         self.dtypes = {s.name: _torch_dtype(s.elem_type) for s in specs}
+        # nor an array of this (native-order) numpy dtype: the types numpy holds as torch does
+        self.np_dtypes = {s.name: np.dtype(_NUMPY_HELD[s.elem_type]) for s in specs
+                          if s.kind == "tensor" and s.elem_type in _NUMPY_HELD}
 
     def __call__(self, feeds) -> tuple[dict, bool]:
         if not isinstance(feeds, dict) or not feeds or len(feeds) != len(self.specs):
             return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+        first = next(iter(feeds.values()))
+        if type(first) is np.ndarray:
+            return self._arrays(feeds)
         out: dict = {}
         symbols: dict[str, tuple[str, int, int]] = {}
         by_name, dtypes, device = self.by_name, self.dtypes, self.device
@@ -61,6 +67,26 @@ class FeedChecker:
             _check_shape(s, x.shape, symbols)
             out[name] = x
         return out, False
+
+    def _arrays(self, feeds: dict) -> tuple[dict, bool]:
+        """The common numpy case: every feed an array of its input's dtype, writeable, with no
+        negative stride (what torch.from_numpy shares as it is); else the full path."""
+        out: dict = {}
+        symbols: dict[str, tuple[str, int, int]] = {}
+        by_name, np_dtypes = self.by_name, self.np_dtypes
+        for name, x in feeds.items():
+            s = by_name.get(name)
+            if s is None or type(x) is not np.ndarray or x.dtype != np_dtypes.get(name) \
+                    or not x.flags.writeable or any(st < 0 for st in x.strides):
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+            _check_shape(s, x.shape, symbols)
+            out[name] = torch.from_numpy(x)  # a host tensor: a device session stages it (_to_tensor)
+        return out, True
+
+
+# ONNX element types whose numpy arrays torch.from_numpy takes as the tensors the session holds
+_NUMPY_HELD = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+               9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
 
 
 def _torch_dtype(elem_type: int):
