@@ -5,6 +5,10 @@ same activation by different weights: one product by the weights side by side
 (``[in, out_1 + out_2 + ...]``, concatenated once, at load) does the same work in one kernel,
 and each original result is a Slice (a view) of it. Linear nodes (a product with a bias, from
 ``fuse_linear``) sharing an input merge the same way, their weights stacked along the output axis.
+So do 8-bit products of one quantized activation (fuse_dynamic_quant's QMatMulCentered after one
+DynQuantize, onnxruntime's MatMulIntegerToFloat): the weights side by side, their scales, zero
+points and biases as per-column vectors, which gives every result bit for bit (a tiny quantized
+BERT's three projections: one C call instead of three).
 """
 
 from __future__ import annotations
@@ -17,17 +21,49 @@ from .patterns import FUSED_DOMAIN, add_const
 
 
 def _member(n: Node) -> tuple | None:
-    """(input, kind, the output-axis sizes' source weight, bias) of a product that can merge."""
+    """(the shared inputs, kind, the weight's dtype) of a product that can merge."""
     if n.op_type == "MatMul" and n.domain in ("", "ai.onnx"):
         x, w = n.inputs
         if w.is_const and w.const.dim() == 2 and w.const.is_floating_point() and x.shape is not None \
                 and len(x.shape) >= 2:
-            return x, "MatMul", w.const.dtype
+            return (x,), "MatMul", w.const.dtype
     if n.op_type == "Linear" and n.domain == FUSED_DOMAIN:
         x, w = n.inputs[0], n.inputs[1]
         bias = n.inputs[2] if len(n.inputs) > 2 else None
-        return x, f"Linear{'b' if bias is not None else ''}", w.const.dtype
+        return (x,), f"Linear{'b' if bias is not None else ''}", w.const.dtype
+    q = _QUANT.get((n.op_type, n.domain))
+    if q is not None:
+        return _quant_member(n, *q)
     return None
+
+
+# 8-bit products of one activation by constant weights: (positions of the shared activation and its
+# scale / zero point, of the weight, its scale, its zero point and the bias)
+_QUANT = {
+    ("QMatMulCentered", FUSED_DOMAIN): ((0, 1, 2), 3, 4, 5, 6),  # fuse_dynamic_quant's, after one DynQuantize
+    ("MatMulIntegerToFloat", "com.microsoft"): ((0, 2, 4), 1, 3, 5, 6),  # onnxruntime's quantizer
+}
+
+
+def _at(n: Node, i: int) -> Value | None:
+    return n.inputs[i] if i < len(n.inputs) else None
+
+
+def _quant_member(n: Node, shared, wi: int, si: int, zi: int, bi: int) -> tuple | None:
+    """A quantized product whose weight, scale, zero point and bias are constants (per tensor or per
+    output column): merged, each becomes per column, the values unchanged, so that every result is
+    the same bit for bit (the multiplier a_scale * b_scale is formed per column either way)."""
+    w, ws, wz, bias = _at(n, wi), _at(n, si), _at(n, zi), _at(n, bi)
+    if w is None or not w.is_const or w.const.dim() != 2 or w.const.dtype not in (torch.int8, torch.uint8):
+        return None
+    cols = w.const.shape[1]
+    for v in (ws, wz, bias):
+        if v is not None and not (v.is_const and v.const.numel() in (1, cols) and v.const.dim() <= 1):
+            return None
+    if ws is None or ws.const.dtype != torch.float32 or (bias is not None and bias.const.numel() != cols):
+        return None
+    kind = f"{n.op_type}:{'z' if wz is not None else ''}{'b' if bias is not None else ''}"
+    return tuple(_at(n, i) for i in shared), kind, w.const.dtype
 
 
 def fuse_parallel_matmul(graph: Graph) -> Graph:
@@ -35,12 +71,39 @@ def fuse_parallel_matmul(graph: Graph) -> Graph:
     for n in graph.nodes:
         m = _member(n)
         if m is not None:
-            groups.setdefault((id(m[0]), m[1], m[2]), []).append(n)
+            groups.setdefault((tuple(id(v) for v in m[0]), m[1], m[2]), []).append(n)
     for (_, kind, _), nodes in groups.items():
         if len(nodes) > 1:
-            _merge(graph, nodes, kind)
+            if ":" in kind:
+                _merge_quant(graph, nodes)
+            else:
+                _merge(graph, nodes, kind)
     graph.rebuild_users()
     return graph
+
+
+def _merge_quant(graph: Graph, nodes: list[Node]) -> None:
+    """One quantized product by the weights side by side, their scales, zero points and biases
+    as per-column vectors; each original result a Slice of it."""
+    first = nodes[0]
+    shared, wi, si, zi, bi = _QUANT[(first.op_type, first.domain)]
+
+    def columns(i: int, n: Node) -> torch.Tensor:
+        t = n.inputs[i].const.reshape(-1)
+        cols = n.inputs[wi].const.shape[1]
+        return t.expand(cols) if t.numel() == 1 else t
+
+    ins = list(first.inputs) + [None] * (7 - len(first.inputs))
+    ins[wi] = add_const(graph, f"{first.name}_merged_weight", first.inputs[wi],
+                        torch.cat([n.inputs[wi].const for n in nodes], 1))
+    for i, what in ((si, "scale"), (zi, "zero_point"), (bi, "bias")):
+        if _at(first, i) is not None:
+            ins[i] = add_const(graph, f"{first.name}_merged_{what}", first.inputs[i],
+                               torch.cat([columns(i, n) for n in nodes]))
+    while ins and ins[-1] is None:
+        ins.pop()
+    merged = Node(first.op_type, first.domain, f"{first.name}_merged", ins, [], dict(first.attrs), first.opset)
+    _replace_by_slices(graph, nodes, merged, [n.inputs[wi].const.shape[1] for n in nodes])
 
 
 def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
@@ -54,12 +117,21 @@ def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
     if kind == "Linearb":
         ins.append(add_const(graph, f"{first.name}_merged_bias", nodes[0].inputs[2],
                           torch.cat([n.inputs[2].const.reshape(-1) for n in nodes])))
-    out = Value(f"{first.name}_merged", first.outputs[0].elem_type, None, "tensor")
-    graph.values[out.name] = out
     domain = "" if kind == "MatMul" else FUSED_DOMAIN
     opset = first.opset if kind == "MatMul" else 1
-    merged = Node(kind[:6] if kind != "MatMul" else "MatMul", domain, out.name, ins, [out], {}, opset)
-    merged.opdef = lookup(merged.op_type, domain, opset)
+    merged = Node(kind[:6] if kind != "MatMul" else "MatMul", domain, f"{first.name}_merged", ins, [], {}, opset)
+    _replace_by_slices(graph, nodes, merged, sizes)
+
+
+def _replace_by_slices(graph: Graph, nodes: list[Node], merged: Node, sizes: list[int]) -> None:
+    """``merged`` (its inputs set, no outputs yet) in place of ``nodes``, whose results become Slices
+    of its result along the last axis, ``sizes`` wide each."""
+    first = nodes[0]
+    x = first.inputs[0]
+    out = Value(merged.name, first.outputs[0].elem_type, None, "tensor")
+    graph.values[out.name] = out
+    merged.outputs = [out]
+    merged.opdef = lookup(merged.op_type, merged.domain, merged.opset)
     merged.shape_of = False
     slice_def = lookup("Slice", "", 13)
     new_nodes = [merged]

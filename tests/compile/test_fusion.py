@@ -1005,6 +1005,51 @@ def test_parallel_projections_mixed_biases():
     check_sequence(model, linear_feeds(np.random.default_rng(18)), sess=sess)
 
 
+def quant_qkv_model(contrib: bool, per_column: bool, zero_points: bool) -> onnx.ModelProto:
+    """One activation quantized once (DynamicQuantizeLinear) and read by three 8-bit products, as
+    onnxruntime's quantize_dynamic writes them (MatMulInteger -> Cast -> Mul(scales) -> Add bias) or
+    as its transformers optimizer's MatMulIntegerToFloat (``contrib``); weight scales per tensor or
+    per column, zero points given (and not all zero) or absent."""
+    b = Builder()
+    x = b.input("x", ["batch", "seq", IN])
+    rng = np.random.default_rng(2)
+    xq, xs, xz = (f"x{s}" for s in ("q", "s", "z"))
+    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz], name="dql"))
+    res = []
+    for n in (16, 8, 8):
+        w = b.const(rng.integers(-128, 128, (IN, n)), np.int8)
+        ws = b.const(rng.random(n if per_column else ()) * 0.01 + 1e-3)
+        wz = b.const(rng.integers(-3, 4, n if per_column else ()), np.int8) if zero_points else ""
+        bias = b.const(rng.standard_normal(n))
+        if contrib:
+            res.append(b.op("MatMulIntegerToFloat", xq, w, xs, ws, xz, wz, bias, domain="com.microsoft"))
+            continue
+        acc = b.op("MatMulInteger", xq, w, xz, *([wz] if wz else []))
+        y = b.op("Mul", b.op("Cast", acc, to=1), b.op("Mul", xs, ws))
+        res.append(b.op("Add", y, bias))
+    return b.model(res)
+
+
+@pytest.mark.parametrize("contrib", [False, True], ids=["quantize_dynamic", "MatMulIntegerToFloat"])
+@pytest.mark.parametrize("per_column,zero_points", [(False, False), (True, True), (False, True)])
+def test_parallel_quantized_projections_merge_bit_for_bit(contrib, per_column, zero_points):
+    """Three 8-bit products of one quantized activation become one (weights side by side, scales,
+    zero points and biases per column) and three Slices; the results are the unmerged ones bit for
+    bit (the interpreter runs the graph as it was) and onnxruntime's within float32 rounding."""
+    model = quant_qkv_model(contrib, per_column, zero_points)
+    sess = dynashape.InferenceSession(model)
+    kind = "MatMulIntegerToFloat" if contrib else "QMatMulCentered"
+    merged = [n for n in sess.program.fused.nodes if n.op_type == kind]
+    assert len(merged) == 1 and merged[0].inputs[1 if contrib else 3].const.shape == (IN, 32)
+    assert fused_ops(sess)["Slice"] == 3
+    interp = dynashape.InferenceSession(model, executor="interpreter")
+    feeds = linear_feeds(np.random.default_rng(19))
+    for f in feeds:
+        for got, want in zip(sess.run(None, f), interp.run(None, f)):
+            assert np.array_equal(got, want)
+    check_sequence(model, feeds, sess=sess)
+
+
 # Conv + BatchNormalization, channels last ----------------------------------------------------------------
 def conv_bn_model(conv_output=False):
     """Conv(3x3, bias) -> BN -> Relu -> depthwise Conv(no bias) -> BN -> Relu, and a 1x1 Conv -> BN ->
