@@ -132,11 +132,11 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     scale = bias_v = None
     bs_step = 0
     if b_scale is not None:
+        got = _cached_epilogue(prep, b_scale, None if requant is not None else bias, n)
         if requant is not None:
-            got = _epilogue(b_scale, None, n)
-            bias_v = torch.tensor([float(requant[0])])  # the zero point, as the kernel reads it
-        else:
-            got = _cached_epilogue(prep, b_scale, bias, n)
+            bias_v = _ZERO_POINTS.get(requant[0])
+            if bias_v is None:  # the zero point, as the kernel reads it (a float32 vector of one)
+                bias_v = _ZERO_POINTS.setdefault(requant[0], torch.tensor([float(requant[0])]))
         if got is None:
             return None
         scale, bs_step, b = got
@@ -202,6 +202,9 @@ def batched(a: torch.Tensor, b: torch.Tensor, za: int, zb: int, *, requant: tupl
         return None  # no memory: the torch path
     native.count("qgemm_native_calls")
     return out
+
+
+_ZERO_POINTS: dict[int, torch.Tensor] = {}  # requantization's zero points (-128 .. 255) as the kernel reads them
 
 
 def _epilogue(b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
