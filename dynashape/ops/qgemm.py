@@ -54,14 +54,24 @@ def centered(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Te
     """DynamicQuantizeLinear of a float32 CPU x as (q - zp as float32, scale, zero point), in one
     call (csrc/qgemm.c dq_centered), into ``out`` when it is contiguous and x's shape; None where
     it does not serve (not the CPU or not float32, no build (counted), a non-finite range)."""
+    return _dynamic_quantize(x, out, "dq_centered", torch.float32)
+
+
+def quantized(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int] | None:
+    """DynamicQuantizeLinear of a float32 CPU x as it is written (uint8 q, scale, zero point), in
+    one call (csrc/qgemm.c dq_u8); None where it does not serve (as ``centered``)."""
+    return _dynamic_quantize(x, out, "dq_u8", torch.uint8)
+
+
+def _dynamic_quantize(x, out, symbol: str, dtype: torch.dtype):
     if x.device.type != "cpu" or x.dtype != torch.float32 or not x.numel():
         return None
-    fn = native.function("qgemm", "dq_centered", "pipp", ctypes.c_int, fallbacks="qgemm")
+    fn = native.function("qgemm", symbol, "pipp", ctypes.c_int, fallbacks="qgemm")
     if fn is None:
         return None
     x = x.contiguous()
-    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        out = torch.empty_like(x)
+    if out is None or out.shape != x.shape or out.dtype != dtype or not out.is_contiguous():
+        out = torch.empty(x.shape, dtype=dtype)
     sz = (ctypes.c_float * 2)()
     if fn(x.data_ptr(), x.numel(), out.data_ptr(), sz):
         return None

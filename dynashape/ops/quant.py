@@ -200,6 +200,16 @@ def _dql_tensor_path(xf: torch.Tensor):
 def _dynamic_quantize(x, *, out=None):
     """uint8 over [min(0, x), max(0, x)], as onnxruntime computes it (bit for bit)."""
     xf = x if x.dtype == torch.float32 else x.to(torch.float32)
+    r = qgemm.quantized(xf, None if out is None else out[0])  # one C pass on the CPU
+    if r is not None:
+        q, scale, zp = r
+        if out is None:
+            return q, torch.tensor(scale, dtype=torch.float32), torch.tensor(zp, dtype=torch.uint8)
+        if q is not out[0]:
+            out[0].copy_(q)
+        out[1].fill_(scale)
+        out[2].fill_(zp)
+        return out
     qp = host_qparams(xf)
     if qp is None:
         y, scale, zp = _dql_tensor_path(xf)

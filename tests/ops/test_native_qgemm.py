@@ -249,6 +249,25 @@ def test_dyn_quantize_equals_the_torch_path(monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(out, want))
 
 
+def test_dynamic_quantize_linear_equals_the_torch_path(monkeypatch):
+    """DynamicQuantizeLinear in one call (dq_u8): uint8 values, scale and zero point as the torch
+    path's, ranges on both sides of zero, one side only, all zeros, ties of x / scale; into ``out``."""
+    from dynashape.ops import quant
+    g = torch.Generator().manual_seed(24)
+    for i, shape in enumerate([(1,), (7, 33), (2, 16, 64), (3, 5, 129), (4, 300)]):
+        x = torch.randn(shape, generator=g) * (i + 0.5)
+        ties = torch.round(x * 4) / 4  # many values on exact halves of the scale's steps
+        for v in (x, x.abs(), -x.abs(), torch.zeros_like(x), ties):
+            before = native.counters().get("qgemm_native_calls", 0)
+            got = quant._dynamic_quantize(v)
+            assert native.counters()["qgemm_native_calls"] == before + 1
+            want = _torch(monkeypatch, quant._dynamic_quantize, v)
+            assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+            out = (torch.empty(shape, dtype=torch.uint8), torch.empty(()), torch.empty((), dtype=torch.uint8))
+            assert quant._dynamic_quantize(v, out=out) is out
+            assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
 @pytest.mark.parametrize("a_dtype,b_dtype,y_dtype", [(torch.uint8, torch.int8, torch.uint8),
                                                      (torch.int8, torch.int8, torch.int8),
                                                      (torch.uint8, torch.uint8, torch.int8)])

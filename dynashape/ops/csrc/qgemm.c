@@ -272,6 +272,21 @@ int dq_centered(const float *x, int64_t n, float *out, float *scale_zp) {
     return 0;
 }
 
+/* DynamicQuantizeLinear of x[0:n] as it is written: uint8 q (dq_centered's q + zp); 0, or 1 for a
+ * non-finite range. */
+int dq_u8(const float *x, int64_t n, uint8_t *out, float *scale_zp) {
+    float scale, zp;
+    if (qparams(x, n, &scale, &zp)) return 1;
+    for (int64_t i = 0; i < n; i++) {
+        float q = nearbyintf(x[i] / scale);
+        q = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
+        out[i] = (uint8_t)(int32_t)(q + zp);
+    }
+    scale_zp[0] = scale;
+    scale_zp[1] = zp;
+    return 0;
+}
+
 /* A batch of products of two 8-bit operands that both change every call (QLinearMatMul's
  * attention scores and weighted sums: no weight to lay out once): a (batch, m, k) and b (batch, k,
  * n) contiguous, uint8 or int8 each (a_s8, b_s8), per-tensor zero points; out (batch, m, n) int32
