@@ -60,6 +60,27 @@ def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float
     return y
 
 
+_SMALL_KINDS = {torch.uint8: 0, torch.int8: 1, torch.uint16: 2, torch.int16: 3}
+
+
+def dequantize(x: torch.Tensor, zp: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """float32(x - zp) * scale of 8- or 16-bit CPU x in one pass (csrc/lut.c dequant_small), into
+    ``out`` when it is a contiguous float32 tensor of x's shape; None where not served."""
+    kind = _SMALL_KINDS.get(x.dtype)
+    if kind is None or x.device.type != "cpu":
+        return None
+    fn = native.function("lut", "dequant_small", "piiidp", fallbacks="lut")
+    if fn is None:
+        return None
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        out = torch.empty(x.shape, dtype=torch.float32)
+    fn(x.data_ptr(), x.numel(), kind, zp, scale, out.data_ptr())
+    native.count("lut_native_calls")
+    return out
+
+
 def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """table[x] for 8-bit x, as the table's dtype; None where not served."""
     if x.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():

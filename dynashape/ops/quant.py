@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import SUBBYTE_INT, TP, cast_tensor, onnx_elem_type, torch_dtype
-from . import linalg, qgemm
+from . import byte_tables, linalg, qgemm
 from .conv import _conv, _conv_infer
 from .linalg import _amax, _matmul_shape, prepared_b, qmatmul
 from .registry import op
@@ -116,10 +116,20 @@ def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_d
         # one scale and zero point, values of at most 16 bits: x - zp is exact in float32 too, so
         # two in-place steps give the integer path's float32 numbers (a tiny model's embeddings:
         # six calls were most of the node)
+        # (host numbers where the parameters live on the host: a float32 scale as a Python float
+        # multiplies in float32 all the same, and no reshape / to() a call)
+        on_host = x_scale.device.type == "cpu" and (x_zero_point is None or x_zero_point.device.type == "cpu")
+        zp = (int(x_zero_point.item()) if on_host else x_zero_point.reshape(()).to(torch.float32)) \
+            if x_zero_point is not None else 0
+        sc = x_scale.item() if on_host else x_scale.reshape(())
+        if on_host:
+            r = byte_tables.dequantize(x, zp, sc, out)  # one C pass
+            if r is not None:
+                return r if out is None or r is out else out.copy_(r)
         v = x.to(torch.float32)
         if x_zero_point is not None:
-            v = v.sub_(x_zero_point.reshape(()).to(torch.float32))
-        return v.mul_(x_scale.reshape(())) if out is None else torch.mul(v, x_scale.reshape(()), out=out)
+            v = v.sub_(zp)
+        return v.mul_(sc) if out is None else torch.mul(v, sc, out=out)
     if x.dtype.is_floating_point:  # float8 / float4 values: exact in float32
         v = x.to(torch.float32)
         if x_zero_point is not None:

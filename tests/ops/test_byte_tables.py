@@ -92,3 +92,26 @@ def test_qlinear_add_mul_arithmetic_equals_their_tables(monkeypatch, dtype, kind
             m.setattr(byte_tables, "arithmetic", lambda *x: None)  # the table path (lut2_u8)
             want = fn(*args)
         assert got.dtype == want.dtype == dtype and torch.equal(got, want), (sa, sb)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.uint16, torch.int16])
+def test_dequantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
+    """DequantizeLinear of one scale and zero point in one C pass (lut.c dequant_small): float32(x -
+    zp) * scale bit for bit as the torch steps, strided inputs, an out buffer, tiny scales."""
+    from dynashape.ops import quant
+    g = torch.Generator().manual_seed(4)
+    lo, hi = (0, 65536) if dtype == torch.uint16 else (torch.iinfo(dtype).min, torch.iinfo(dtype).max + 1)
+    for shape, sc in [((5,), 0.0123), ((3, 40, 17), 3.7e-5), ((2, 8, 9), 1e-30), ((0, 4), 0.5)]:
+        x = torch.randint(lo, hi, shape, dtype=torch.int64, generator=g).to(dtype)
+        s = torch.tensor(sc)
+        z = torch.tensor(int(torch.randint(lo, hi, (), generator=g))).to(dtype)
+        for v in (x, x[..., ::2]):
+            before = native.counters().get("lut_native_calls", 0)
+            got = quant._dequantize(v, s, z)
+            assert native.counters()["lut_native_calls"] == before + 1
+            with monkeypatch.context() as m:
+                m.setenv("DYNASHAPE_NATIVE", "0")
+                want = quant._dequantize(v, s, z)
+            assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+        out = torch.empty(shape)
+        assert quant._dequantize(x, s, z, out=out) is out and torch.equal(out, quant._dequantize(x, s, z))
