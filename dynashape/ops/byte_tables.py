@@ -81,6 +81,24 @@ def dequantize(x: torch.Tensor, zp: int, scale: float, out: torch.Tensor | None 
     return out
 
 
+def quantize(x: torch.Tensor, scale: float, zp: int, dtype: torch.dtype,
+             out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """QuantizeLinear of float32 CPU x with one scale and zero point to uint8 / int8 in one pass
+    (csrc/lut.c quant_small), into ``out`` when it fits; None where not served."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or dtype not in (torch.uint8, torch.int8):
+        return None
+    fn = native.function("lut", "quant_small", "piidip", fallbacks="lut")
+    if fn is None:
+        return None
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if out is None or out.shape != x.shape or out.dtype != dtype or not out.is_contiguous():
+        out = torch.empty(x.shape, dtype=dtype)
+    fn(x.data_ptr(), x.numel(), int(dtype == torch.int8), scale, zp, out.data_ptr())
+    native.count("lut_native_calls")
+    return out
+
+
 def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """table[x] for 8-bit x, as the table's dtype; None where not served."""
     if x.device.type != "cpu" or table.device.type != "cpu" or not table.is_contiguous():

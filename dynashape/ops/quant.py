@@ -92,6 +92,13 @@ def _quantize(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dty
     if not to:
         to = TP.UINT8 if y_zero_point is None else onnx_elem_type(y_zero_point)
     dt = _division_dtype(precision, y_scale)
+    if to in (TP.UINT8, TP.INT8) and dt == torch.float32 and x.dtype == torch.float32 and x.device.type == "cpu" \
+            and y_scale.numel() == 1 and y_scale.dtype == torch.float32 and y_scale.device.type == "cpu" \
+            and (y_zero_point is None or (y_zero_point.numel() == 1 and y_zero_point.device.type == "cpu")):
+        r = byte_tables.quantize(x, y_scale.item(), 0 if y_zero_point is None else int(y_zero_point.item()),
+                                 torch_dtype(to), out)  # one C pass
+        if r is not None:
+            return r if out is None or r is out else out.copy_(r)
     q = x.to(dt) / _param(y_scale, x, axis, block_size, "y_scale").to(dt)
     if to in _INT_RANGE:
         q = torch.round(q)  # rounded in the division's precision, before the zero point is added

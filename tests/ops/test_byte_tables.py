@@ -115,3 +115,25 @@ def test_dequantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
             assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
         out = torch.empty(shape)
         assert quant._dequantize(x, s, z, out=out) is out and torch.equal(out, quant._dequantize(x, s, z))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_quantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
+    """QuantizeLinear of one scale and zero point in one C pass (lut.c quant_small): division,
+    rounding half to even (ties made on purpose), zero point and saturation as the torch steps."""
+    from dynashape.ops import quant
+    g = torch.Generator().manual_seed(5)
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    for shape, sc in [((5,), 0.0123), ((3, 40, 17), 0.5), ((2, 8, 9), 1e-3), ((0, 4), 0.5)]:
+        s = torch.tensor(sc)
+        x = torch.randn(shape, generator=g) * 200 * sc  # past the type's range too
+        x.view(-1)[: x.numel() // 2] = (torch.randint(-300, 300, (x.numel() // 2,), generator=g) + 0.5) * sc  # ties
+        z = torch.tensor(int(torch.randint(lo, hi, (), generator=g)), dtype=dtype)
+        for v in (x, x[..., ::2]):
+            before = native.counters().get("lut_native_calls", 0)
+            got = quant._quantize(v, s, z)
+            assert native.counters()["lut_native_calls"] == before + 1
+            with monkeypatch.context() as m:
+                m.setenv("DYNASHAPE_NATIVE", "0")
+                want = quant._quantize(v, s, z)
+            assert got.dtype == want.dtype == dtype and torch.equal(got, want)

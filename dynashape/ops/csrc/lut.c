@@ -137,3 +137,15 @@ void dequant_small(const void *x, int64_t n, int64_t kind, int64_t zp, double sc
     default: for (int64_t i = 0; i < n; i++) y[i] = (float)((int32_t)((const int16_t *)x)[i] - z) * s; break;
     }
 }
+
+/* QuantizeLinear of one scale and zero point to uint8 / int8 (s8): round-half-even(x / scale) +
+ * zp, saturated, in float32 as the torch path's steps (NaN to 0, as its conversion gives). */
+void quant_small(const float *x, int64_t n, int64_t s8, double scale_d, int64_t zp, void *y) {
+    const float s = (float)scale_d, z = (float)zp, lo = s8 ? -128.0f : 0.0f, hi = s8 ? 127.0f : 255.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] / s) + z;
+        v = v != v ? 0.0f : (v < lo ? lo : (v > hi ? hi : v));
+        if (s8) ((int8_t *)y)[i] = (int8_t)(int32_t)v;
+        else ((uint8_t *)y)[i] = (uint8_t)(int32_t)v;
+    }
+}
