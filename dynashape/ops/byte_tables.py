@@ -34,6 +34,10 @@ def pairs(table: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
 ADD, ADD_SWAPPED, MUL = 0, 1, 2  # lut.c qbinary_u8's kinds
 
 
+def _dense(x: torch.Tensor) -> bool:
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
 def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float, c0: float, za: int = 0,
                zb: int = 0) -> torch.Tensor | None:
     """QLinearAdd / QLinearMul of 8-bit a and b (same dtype, broadcasting) by the arithmetic their
@@ -43,15 +47,22 @@ def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float
     fn = native.function("lut", "qbinary_u8", "ipppppiidddiip", fallbacks="lut")
     if fn is None:
         return None
-    if a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
-        dims, sa = [a.numel()], [1]  # one run of elements: no broadcasting to walk
+    if a.shape == b.shape and a.stride() == b.stride() and _dense(a):
+        # one run of elements in memory order, either layout: no broadcasting to walk
+        y = torch.empty_like(a)
+        dims, sa = [a.numel()], [1]
         sb = sa
     else:
         a, b = torch.broadcast_tensors(a, b)  # views: strides 0 along the broadcast dims
         if a.dim() > 8:
             return None
+        if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous():
+            # a CNN's channels-last activation: walked in NHWC order, so that the result keeps its layout
+            y = torch.empty_like(a)
+            a, b = a.permute(0, 2, 3, 1), b.permute(0, 2, 3, 1)  # y's storage in this order
+        else:
+            y = torch.empty(a.shape, dtype=a.dtype)
         dims, sa, sb = a.shape, a.stride(), b.stride()
-    y = torch.empty(a.shape, dtype=a.dtype)
     if y.numel():
         shape, sa, sb = array.array("q", dims), array.array("q", sa), array.array("q", sb)
         fn(len(shape), shape.buffer_info()[0], a.data_ptr(), sa.buffer_info()[0], b.data_ptr(), sb.buffer_info()[0],
@@ -72,10 +83,7 @@ def dequantize(x: torch.Tensor, zp: int, scale: float, out: torch.Tensor | None 
     fn = native.function("lut", "dequant_small", "piiidp", fallbacks="lut")
     if fn is None:
         return None
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        out = torch.empty(x.shape, dtype=torch.float32)
+    x, out = native.dense_pair(x, out, torch.float32)
     fn(x.data_ptr(), x.numel(), kind, zp, scale, out.data_ptr())
     native.count("lut_native_calls")
     return out
@@ -90,10 +98,7 @@ def quantize(x: torch.Tensor, scale: float, zp: int, dtype: torch.dtype,
     fn = native.function("lut", "quant_small", "piidip", fallbacks="lut")
     if fn is None:
         return None
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if out is None or out.shape != x.shape or out.dtype != dtype or not out.is_contiguous():
-        out = torch.empty(x.shape, dtype=dtype)
+    x, out = native.dense_pair(x, out, dtype)
     fn(x.data_ptr(), x.numel(), int(dtype == torch.int8), scale, zp, out.data_ptr())
     native.count("lut_native_calls")
     return out
@@ -106,8 +111,7 @@ def single(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     fn = native.function("lut", "lut1_u8", "pipp", fallbacks="lut")
     if fn is None:
         return None
-    x = x.contiguous()
-    y = torch.empty(x.shape, dtype=table.dtype)
+    x, y = native.dense_pair(x, None, table.dtype)
     fn(x.data_ptr(), x.numel(), table.data_ptr(), y.data_ptr())
     native.count("lut_native_calls")
     return y

@@ -183,10 +183,7 @@ def _fake_quant_native(x: torch.Tensor, scale: torch.Tensor, lo: int, hi: int, o
     fn = native.function("elementwise", "fake_quant_f32", "pidddpi", fallbacks="fake_quant")
     if fn is None:
         return None
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if out is None or out.shape != x.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        out = torch.empty_like(x)
+    x, out = native.dense_pair(x, out, torch.float32)
     n = x.numel()
     fn(x.data_ptr(), n, scale.item(), float(lo), float(hi), out.data_ptr(),
        torch.get_num_threads() if n >= _FAKE_QUANT_THREAD_MIN else 1)

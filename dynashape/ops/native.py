@@ -144,6 +144,19 @@ def function(name: str, symbol: str, argtypes: str, restype=None, fallbacks: str
     return fn
 
 
+def dense_pair(x, out, dtype):
+    """(x, y) for a C pass over a tensor's elements in memory order: x as it lies when it is dense
+    (contiguous, or channels-last: a CNN's activations, whose layout the next convolution wants
+    kept), else a contiguous copy; y ``out`` when it has x's shape, strides and ``dtype``, else a
+    new tensor laid out as x. Element i of one storage is element i of the other."""
+    import torch
+    if not (x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))):
+        x = x.contiguous()
+    if out is None or out.dtype != dtype or out.shape != x.shape or out.stride() != x.stride():
+        out = torch.empty_like(x, dtype=dtype)  # preserve_format keeps a dense x's strides
+    return x, out
+
+
 def why(name: str) -> str:
     """Why ``library(name)`` is None ("" when it is not)."""
     if not enabled():

@@ -69,9 +69,7 @@ def _dynamic_quantize(x, out, symbol: str, dtype: torch.dtype):
     fn = native.function("qgemm", symbol, "pipp", ctypes.c_int, fallbacks="qgemm")
     if fn is None:
         return None
-    x = x.contiguous()
-    if out is None or out.shape != x.shape or out.dtype != dtype or not out.is_contiguous():
-        out = torch.empty(x.shape, dtype=dtype)
+    x, out = native.dense_pair(x, out, dtype)
     sz = (ctypes.c_float * 2)()
     if fn(x.data_ptr(), x.numel(), out.data_ptr(), sz):
         return None

@@ -137,3 +137,28 @@ def test_quantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
                 m.setenv("DYNASHAPE_NATIVE", "0")
                 want = quant._quantize(v, s, z)
             assert got.dtype == want.dtype == dtype and torch.equal(got, want)
+
+
+def test_channels_last_activations_keep_their_layout(monkeypatch):
+    """A CNN's channels-last activations through the C passes (QLinearAdd with and without a
+    broadcast operand, DequantizeLinear, QuantizeLinear, FakeQuant): the torch path's values, and the
+    result channels-last too (an NCHW result would make the next convolution reorder it)."""
+    from dynashape.ops import contrib_quant, fused_quant, quant
+    g = torch.Generator().manual_seed(6)
+    cl = torch.channels_last
+    a = torch.randint(0, 256, (2, 8, 5, 6), dtype=torch.uint8, generator=g).contiguous(memory_format=cl)
+    b = torch.randint(0, 256, (2, 8, 5, 6), dtype=torch.uint8, generator=g).contiguous(memory_format=cl)
+    c = torch.randint(0, 256, (1, 8, 1, 1), dtype=torch.uint8, generator=g)
+    x = torch.randn(2, 8, 5, 6, generator=g).contiguous(memory_format=cl)
+    s, z = torch.tensor(0.02), torch.tensor(128, dtype=torch.uint8)
+    cases = [(contrib_quant._qlinear_add, (a, s, z, b, s, z, s, z)),
+             (contrib_quant._qlinear_add, (a, s, z, c, s, z, s, z)),
+             (contrib_quant._qlinear_mul, (a, s, z, c, s, z, s, z)), (quant._dequantize, (a, s, z)),
+             (quant._quantize, (x, s, z)), (fused_quant._fake_quant, (x, s, z))]
+    for fn, args in cases:
+        got = fn(*args)
+        with monkeypatch.context() as m:
+            m.setenv("DYNASHAPE_NATIVE", "0")
+            want = fn(*args)
+        assert torch.equal(got, want), fn.__name__
+        assert got.is_contiguous(memory_format=cl) and not got.is_contiguous(), fn.__name__
