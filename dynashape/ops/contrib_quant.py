@@ -46,6 +46,7 @@ from .pool import _plan
 from .quant import _dequantize, _quantize
 from .registry import op
 from .shapes import broadcast, norm_axis, same_as_first
+from .weight_cache import ConstantsCache
 
 DOMAIN = "com.microsoft"
 _F32 = np.float32
@@ -276,27 +277,17 @@ def _qlinear_binary(kind, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_
     return _put(out, y)
 
 
-_PARAMS: dict = {}
+_PARAMS = ConstantsCache(_MAX_TABLES)
 
 
 def _binary_params(what: str, params: tuple) -> tuple:
     """(sa, za, sb, zb, sc, zc) as numbers from the six parameter tensors (None: a zero point of 0),
-    kept per the tensors' identities: a model's constants come as the same tensors every call and
-    reading six of them costs ~10 us; the entry holds the tensors (their ids stay theirs) and their
-    versions tell a write."""
-    key = tuple(id(t) for t in params)
-    hit = _PARAMS.get(key)
-    if hit is not None and all(t is h for t, h in zip(params, hit[0])) \
-            and hit[1] == tuple(None if t is None else t._version for t in params):
-        return hit[2]
+    kept per the tensors (reading six costs ~10 us a call)."""
     sa, za, sb, zb, sc, zc = params
-    got = (_scale(sa, f"{what} A_scale"), int(_one(za, f"{what} A_zero_point")),
-           _scale(sb, f"{what} B_scale"), int(_one(zb, f"{what} B_zero_point")),
-           _scale(sc, f"{what} C_scale"), int(_one(zc, f"{what} C_zero_point")))
-    if len(_PARAMS) >= _MAX_TABLES:  # parameters made per call (not constants): keep it small
-        _PARAMS.clear()
-    _PARAMS[key] = (params, tuple(None if t is None else t._version for t in params), got)
-    return got
+    return _PARAMS.get(params, lambda: (
+        _scale(sa, f"{what} A_scale"), int(_one(za, f"{what} A_zero_point")),
+        _scale(sb, f"{what} B_scale"), int(_one(zb, f"{what} B_zero_point")),
+        _scale(sc, f"{what} C_scale"), int(_one(zc, f"{what} C_zero_point"))))
 
 
 _COEFFICIENTS: dict = {}

@@ -21,6 +21,7 @@ import functools
 import torch
 
 from . import native
+from .weight_cache import ConstantsCache
 
 A_DYNAMIC, A_CENTERED, A_U8, A_S8 = range(4)  # what A holds (qgemm.c's kinds)
 _OUT_I32, _OUT_F32, _OUT_F32_FMA, _OUT_U8, _OUT_S8 = 0, 1, 2, 3, 4
@@ -140,7 +141,8 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     scale = bias_v = None
     bs_step = 0
     if b_scale is not None:
-        got = _cached_epilogue(prep, b_scale, None if requant is not None else bias, n)
+        b = None if requant is not None else bias
+        got = _EPILOGUES.get((b_scale, b), lambda: _epilogue(b_scale, b, n), n)
         if requant is not None:
             bias_v = _ZERO_POINTS.get(requant[0])
             if bias_v is None:  # the zero point, as the kernel reads it (a float32 vector of one)
@@ -212,6 +214,7 @@ def batched(a: torch.Tensor, b: torch.Tensor, za: int, zb: int, *, requant: tupl
     return out
 
 
+_EPILOGUES = ConstantsCache()  # B's scales and bias as the kernel reads them, per constant tensors
 _ZERO_POINTS: dict[int, torch.Tensor] = {}  # requantization's zero points (-128 .. 255) as the kernel reads them
 
 
@@ -227,23 +230,6 @@ def _epilogue(b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
     if bias is not None and (bias.numel() != n or bias.shape[-1] != n):
         return None
     return _float_vector(b_scale.reshape(-1), b_scale.numel()), step, _float_vector(bias, n)
-
-
-def _cached_epilogue(prep, b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
-    """_epilogue, kept on the PreparedB per scale and bias tensor (a model's constants come as the
-    same tensors every call; the entry holds them, so their ids stay theirs, and their versions
-    tell a write)."""
-    cache = prep.forms.setdefault("qgemm_epilogues", {})
-    key = (id(b_scale), id(bias))
-    hit = cache.get(key)
-    if hit is not None and hit[0] is b_scale and hit[1] is bias and hit[2] == b_scale._version \
-            and hit[3] == (None if bias is None else bias._version):
-        return hit[4]
-    got = _epilogue(b_scale, bias, n)
-    if len(cache) >= 8:  # scales made per call (not constants): keep the cache small
-        cache.clear()
-    cache[key] = (b_scale, bias, b_scale._version, None if bias is None else bias._version, got)
-    return got
 
 
 def _ready(prep):

@@ -29,7 +29,7 @@ from .conv import _conv, _conv_infer
 from .linalg import _amax, _matmul_shape, prepared_b, qmatmul
 from .registry import op
 from .shapes import norm_axis, same_as_first
-from .weight_cache import WeightCache
+from .weight_cache import ConstantsCache, WeightCache
 
 # Integer quantized types: (lowest, highest) value.
 _INT_RANGE = {
@@ -336,26 +336,17 @@ def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, o
                          a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out, requant=requant)
 
 
-_MULTIPLIERS: dict = {}
+_MULTIPLIERS = ConstantsCache()
 
 
 def _multiplier_tensor(a_scale, b_scale, y_scale) -> torch.Tensor | None:
     """_host_multiplier as the one-element float32 tensor the kernel reads, kept per the three scale
-    tensors (a static model's constants: the same tensors every call; the entry holds them, so
-    their ids stay theirs, and their versions tell a write). The same tensor each call also lets
-    qgemm.product find its cached epilogue."""
-    key = (id(a_scale), id(b_scale), id(y_scale))
-    versions = (a_scale._version, b_scale._version, y_scale._version)
-    hit = _MULTIPLIERS.get(key)
-    if hit is not None and hit[0][0] is a_scale and hit[0][1] is b_scale and hit[0][2] is y_scale \
-            and hit[1] == versions:
-        return hit[2]
-    m = _host_multiplier(a_scale, b_scale, y_scale)
-    t = None if m is None else torch.tensor([m])
-    if len(_MULTIPLIERS) >= 1024:  # scales made per call (not constants): keep it small
-        _MULTIPLIERS.clear()
-    _MULTIPLIERS[key] = ((a_scale, b_scale, y_scale), versions, t)
-    return t
+    tensors (a static model's constants; the same tensor each call also lets qgemm.product find its
+    kept epilogue)."""
+    def make():
+        m = _host_multiplier(a_scale, b_scale, y_scale)
+        return None if m is None else torch.tensor([m])
+    return _MULTIPLIERS.get((a_scale, b_scale, y_scale), make)
 
 
 def _host_multiplier(a_scale, b_scale, y_scale) -> float | None:

@@ -43,3 +43,29 @@ class WeightCache:
     def __contains__(self, weight_id: int) -> bool:
         """Whether a form of the weight with this ``id`` is kept."""
         return any(k[0] == weight_id for k in self._items)
+
+
+class ConstantsCache:
+    """Values derived from a few small tensors (scales, zero points, biases), kept per the tensors'
+    identities: a model's constants come as the same tensors every call, and reading or combining
+    them (``item()``, float32 arithmetic, a one-element tensor) costs microseconds a call that the
+    kernel does not. An entry holds its tensors (they are small), so that their ids stay theirs
+    while it is kept; their versions tell a write. Tensors made per call (not constants) miss and
+    fill the cache, which is emptied when it reaches ``limit`` entries."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._items: dict[tuple, tuple] = {}
+        self.limit = limit
+
+    def get(self, tensors: tuple, make: Callable[[], Any], tag: Hashable = None) -> Any:
+        """``make()`` for these tensors (None allowed among them) and ``tag``, made once while they stay."""
+        key = (*(id(t) for t in tensors), tag)
+        versions = tuple(None if t is None else t._version for t in tensors)
+        hit = self._items.get(key)
+        if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], tensors)):
+            return hit[2]
+        value = make()
+        if len(self._items) >= self.limit:
+            self._items.clear()
+        self._items[key] = (tensors, versions, value)
+        return value

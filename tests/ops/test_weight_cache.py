@@ -7,7 +7,7 @@ import gc
 
 import torch
 
-from dynashape.ops.weight_cache import WeightCache
+from dynashape.ops.weight_cache import ConstantsCache, WeightCache
 
 
 def test_made_once_per_weight_slot_and_tag_and_dropped_with_the_weight():
@@ -49,3 +49,24 @@ def test_forms_that_keep_their_weights_values_let_the_weight_go():
     del w, b, qw, prep, lw
     gc.collect()
     assert wid not in contrib_rnn._WEIGHTS and bid not in linalg._PREPARED and lid not in rnn._LSTM_FORMS
+
+
+def test_constants_cache_follows_identity_version_and_tag():
+    """A value of a few constant tensors is made once; a write (version), another tensor, another
+    tag or a None in another place makes it again; the limit empties the cache."""
+    cache, made = ConstantsCache(limit=4), []
+
+    def make(v):
+        made.append(v)
+        return v
+
+    s, z = torch.tensor(0.5), torch.tensor(3)
+    assert cache.get((s, z), lambda: make(1)) == 1
+    assert cache.get((s, z), lambda: make(2)) == 1 and made == [1]
+    assert cache.get((s, z), lambda: make(3), tag=7) == 3  # another tag: another entry
+    s.add_(1.0)  # a write: the version moves
+    assert cache.get((s, z), lambda: make(4)) == 4
+    assert cache.get((torch.tensor(0.5), z), lambda: make(5)) == 5  # an equal tensor is another tensor
+    assert cache.get((s, None), lambda: make(6)) == 6
+    assert len(cache._items) <= 4  # emptied on reaching the limit
+    assert made == [1, 3, 4, 5, 6]
