@@ -106,12 +106,7 @@ def test_dequantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
         s = torch.tensor(sc)
         z = torch.tensor(int(torch.randint(lo, hi, (), generator=g))).to(dtype)
         for v in (x, x[..., ::2]):
-            before = native.counters().get("lut_native_calls", 0)
-            got = quant._dequantize(v, s, z)
-            assert native.counters()["lut_native_calls"] == before + 1
-            with monkeypatch.context() as m:
-                m.setenv("DYNASHAPE_NATIVE", "0")
-                want = quant._dequantize(v, s, z)
+            got, want = _c_and_torch(monkeypatch, quant._dequantize, v, s, z)
             assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
         out = torch.empty(shape)
         assert quant._dequantize(x, s, z, out=out) is out and torch.equal(out, quant._dequantize(x, s, z))
@@ -130,12 +125,7 @@ def test_quantize_linear_in_c_is_the_torch_path(monkeypatch, dtype):
         x.view(-1)[: x.numel() // 2] = (torch.randint(-300, 300, (x.numel() // 2,), generator=g) + 0.5) * sc  # ties
         z = torch.tensor(int(torch.randint(lo, hi, (), generator=g)), dtype=dtype)
         for v in (x, x[..., ::2]):
-            before = native.counters().get("lut_native_calls", 0)
-            got = quant._quantize(v, s, z)
-            assert native.counters()["lut_native_calls"] == before + 1
-            with monkeypatch.context() as m:
-                m.setenv("DYNASHAPE_NATIVE", "0")
-                want = quant._quantize(v, s, z)
+            got, want = _c_and_torch(monkeypatch, quant._quantize, v, s, z)
             assert got.dtype == want.dtype == dtype and torch.equal(got, want)
 
 
@@ -162,3 +152,14 @@ def test_channels_last_activations_keep_their_layout(monkeypatch):
             want = fn(*args)
         assert torch.equal(got, want), fn.__name__
         assert got.is_contiguous(memory_format=cl) and not got.is_contiguous(), fn.__name__
+
+
+def _c_and_torch(monkeypatch, fn, *args):
+    """fn(*args) through its C pass (counted once) and through its torch path."""
+    before = native.counters().get("lut_native_calls", 0)
+    got = fn(*args)
+    assert native.counters()["lut_native_calls"] == before + 1
+    with monkeypatch.context() as m:
+        m.setenv("DYNASHAPE_NATIVE", "0")
+        want = fn(*args)
+    return got, want

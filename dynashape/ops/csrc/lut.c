@@ -9,25 +9,44 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The walk of two broadcasting operands over the output's shape: rows of the innermost dim, each
+ * row's start in a and in b (strides in elements), the output contiguous. */
+typedef struct {
+    int64_t ndim, idx[8], outer, inner, ia, ib;
+    const int64_t *shape, *sa, *sb;
+} Walk;
+
+static Walk walk_start(int64_t ndim, const int64_t *shape, const int64_t *sa, const int64_t *sb) {
+    Walk w = {ndim, {0}, 1, ndim ? shape[ndim - 1] : 1, ndim ? sa[ndim - 1] : 0, ndim ? sb[ndim - 1] : 0,
+              shape, sa, sb};
+    for (int64_t d = 0; d + 1 < ndim; d++) w.outer *= shape[d];
+    return w;
+}
+
+/* the current row's offsets in a and b, then the next row's index */
+static void walk_row(Walk *w, int64_t *oa, int64_t *ob) {
+    *oa = *ob = 0;
+    for (int64_t d = 0; d + 1 < w->ndim; d++) {
+        *oa += w->idx[d] * w->sa[d];
+        *ob += w->idx[d] * w->sb[d];
+    }
+    for (int64_t d = w->ndim - 2; d >= 0; d--) {
+        if (++w->idx[d] < w->shape[d]) break;
+        w->idx[d] = 0;
+    }
+}
+
 void lut2_u8(int64_t ndim, const int64_t *shape, const uint8_t *a, const int64_t *sa, const uint8_t *b,
              const int64_t *sb, const uint8_t *table, uint8_t *y)
 {
-    int64_t idx[8] = {0}, outer = 1;
-    const int64_t inner = ndim ? shape[ndim - 1] : 1, ia = ndim ? sa[ndim - 1] : 0, ib = ndim ? sb[ndim - 1] : 0;
-    for (int64_t d = 0; d + 1 < ndim; d++) outer *= shape[d];
-    for (int64_t o = 0; o < outer; o++) {
-        int64_t oa = 0, ob = 0;
-        for (int64_t d = 0; d + 1 < ndim; d++) {
-            oa += idx[d] * sa[d];
-            ob += idx[d] * sb[d];
-        }
+    Walk w = walk_start(ndim, shape, sa, sb);
+    const int64_t inner = w.inner, ia = w.ia, ib = w.ib;
+    for (int64_t o = 0; o < w.outer; o++) {
+        int64_t oa, ob;
+        walk_row(&w, &oa, &ob);
         const uint8_t *ap = a + oa, *bp = b + ob;
         uint8_t *yp = y + o * inner;
         for (int64_t i = 0; i < inner; i++) yp[i] = table[((uint32_t)ap[i * ia] << 8) | bp[i * ib]];
-        for (int64_t d = ndim - 2; d >= 0; d--) { /* the next index of the outer dims */
-            if (++idx[d] < shape[d]) break;
-            idx[d] = 0;
-        }
     }
 }
 
@@ -72,21 +91,13 @@ void qbinary_u8(int64_t ndim, const int64_t *shape, const void *a, const int64_t
     const float ra = (float)ra_d, rb = (float)rb_d, c0 = (float)c0_d, za = (float)za_i, zb = (float)zb_i;
     const float lo = s8 ? -128.0f : 0.0f, hi = s8 ? 127.0f : 255.0f;
     const int k = (int)kind;
-    int64_t idx[8] = {0}, outer = 1;
-    const int64_t inner = ndim ? shape[ndim - 1] : 1, ia = ndim ? sa[ndim - 1] : 0, ib = ndim ? sb[ndim - 1] : 0;
-    for (int64_t d = 0; d + 1 < ndim; d++) outer *= shape[d];
-    for (int64_t o = 0; o < outer; o++) {
-        int64_t oa = 0, ob = 0;
-        for (int64_t d = 0; d + 1 < ndim; d++) {
-            oa += idx[d] * sa[d];
-            ob += idx[d] * sb[d];
-        }
+    Walk w = walk_start(ndim, shape, sa, sb);
+    const int64_t inner = w.inner, ia = w.ia, ib = w.ib;
+    for (int64_t o = 0; o < w.outer; o++) {
+        int64_t oa, ob;
+        walk_row(&w, &oa, &ob);
         if (s8) QB_ROW(int8_t);
         else QB_ROW(uint8_t);
-        for (int64_t d = ndim - 2; d >= 0; d--) {
-            if (++idx[d] < shape[d]) break;
-            idx[d] = 0;
-        }
     }
 }
 
