@@ -108,10 +108,10 @@ def _padding_bias(mask, b: int, s: int, past: int, total: int, fill: float, what
     if mask is None:
         return None
     dev, shape = mask.device, tuple(mask.shape)
-    j = torch.arange(total, device=dev)
-    zero = torch.zeros((), device=dev)
+    zero = 0.0  # torch.where of two numbers: float32, on the condition's device
     if mask.dim() == 1 and shape[0] in (b, 2 * b):
         # key lengths (right padding), then start positions (left padding) when there are 2B
+        j = torch.arange(total, device=dev)
         keep = j < mask[:b].reshape(b, 1).to(torch.int64)
         if shape[0] == 2 * b:
             keep = keep & (j >= mask[b:].reshape(b, 1).to(torch.int64))

@@ -84,13 +84,19 @@ def _skip_rms_infer(shapes, values, **_attrs):
     return _skip_infer("SkipSimplifiedLayerNormalization", shapes)
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, without a call where it is already (``to`` costs ~1 us even then, and
+    these ops convert five inputs a call)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: int, out):
     ct = _compute_type(x.dtype)
-    s = x.to(ct) + skip.to(ct)
+    s = _as(x, ct) + _as(skip, ct)
     if bias is not None:
-        s = s + bias.to(ct)
-    g = gamma.to(ct)
-    b = None if beta is None else beta.to(ct)
+        s = s + _as(bias, ct)
+    g = _as(gamma, ct)
+    b = None if beta is None else _as(beta, ct)
     h = (x.shape[-1],)
     if not (_wants(out, n, 1) or _wants(out, n, 2)):
         y = F.rms_norm(s, h, g, epsilon) if simplified else F.layer_norm(s, h, g, b, epsilon)
@@ -107,8 +113,8 @@ def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: 
             if b is not None:
                 y = y + b
         mean, inv = mean.float(), inv.float()
-    total = s.to(x.dtype) if _wants(out, n, 3) else None
-    return _emit([y.to(x.dtype), mean, inv, total], out, n)
+    total = _as(s, x.dtype) if _wants(out, n, 3) else None
+    return _emit([_as(y, x.dtype), mean, inv, total], out, n)
 
 
 @op("SkipLayerNormalization", 1, MS, infer=_skip_ln_infer,
@@ -145,9 +151,9 @@ def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, _n_
     # onnxruntime computes in float32 (float64 for double) whatever stash_type says
     a = _axis(axis, x.dim(), "SimplifiedLayerNormalization")
     ct = _compute_type(x.dtype)
-    xs = x.to(ct)
+    xs = _as(x, ct)
     inv = torch.rsqrt(xs.pow(2).mean(list(range(a, x.dim())), keepdim=True) + epsilon)
-    y = (xs * inv * scale.to(ct)).to(scale.dtype)
+    y = _as(xs * inv * _as(scale, ct), scale.dtype)
     return _emit([y, inv.float()], out, _n_outputs)
 
 
@@ -214,15 +220,15 @@ def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding
         pos = position_embedding[:s]
     else:
         pos = _rows(position_embedding, position_ids)  # (1, S, H) broadcasts over the batch
-    e = _rows(word_embedding, input_ids).to(ct) + pos.to(ct)
+    e = _as(_rows(word_embedding, input_ids), ct) + _as(pos, ct)
     if segment_embedding is not None:
         # without segment_ids onnxruntime adds segment row 0 to every token
         seg = segment_ids if segment_ids is not None else torch.zeros_like(input_ids)
-        e = e + _rows(segment_embedding, seg).to(ct)
+        e = e + _as(_rows(segment_embedding, seg), ct)
     elif segment_ids is not None:
         raise ValueError("EmbedLayerNormalization: segment_ids given without a segment_embedding")
     h = (word_embedding.shape[1],)
-    y = F.layer_norm(e, h, gamma.to(ct), beta.to(ct), epsilon).to(word_embedding.dtype)
+    y = _as(F.layer_norm(e, h, _as(gamma, ct), _as(beta, ct), epsilon), word_embedding.dtype)
     mask_index = None
     if _wants(out, _n_outputs, 1):
         # the count of ones per row (other values do not count), zeros without a mask

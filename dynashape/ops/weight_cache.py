@@ -58,11 +58,13 @@ class ConstantsCache:
         self.limit = limit
 
     def get(self, tensors: tuple, make: Callable[[], Any], tag: Hashable = None) -> Any:
-        """``make()`` for these tensors (None allowed among them) and ``tag``, made once while they stay."""
-        key = (*(id(t) for t in tensors), tag)
-        versions = tuple(None if t is None else t._version for t in tensors)
+        """``make()`` for these tensors (None allowed among them) and ``tag``, made once while they stay.
+        (An entry holds its tensors: while it is there, no other object can have their ids, so a
+        key that matches names the same tensors.)"""
+        key = (*map(id, tensors), tag)
+        versions = tuple([None if t is None else t._version for t in tensors])
         hit = self._items.get(key)
-        if hit is not None and hit[1] == versions and all(a is b for a, b in zip(hit[0], tensors)):
+        if hit is not None and hit[1] == versions:
             return hit[2]
         value = make()
         if len(self._items) >= self.limit:
