@@ -503,8 +503,11 @@ def is_sym(x) -> bool:
 
 
 def expr_of(x) -> Expr:
-    """The expression of a dim (an int is a constant)."""
-    return x.expr if isinstance(x, SymInt) else E.const(int(x))
+    """The expression of a dim (an int is a constant), with the symbols its specialization's
+    guards have fixed put in (a SymInt made before the guard that made ``batch`` 1 still holds
+    ``batch``; products made after it hold 1: compared as they were, ``seq * batch`` was ``seq``
+    while ``batch`` was not 1, and a reshape of batch 1 was taken for a copy)."""
+    return x.env.canon(x.expr) if isinstance(x, SymInt) else E.const(int(x))
 
 
 def same_dim(a, b) -> bool:

@@ -126,3 +126,19 @@ def test_no_guard_from_layouts_and_identities():
     # heads merged after a transpose: [n, 8, 1, 32, 16] -> [8n, 32, 16] is a copy for n > 1
     assert _reshape_strides([n, 8, 1, 32, 16], [4096, 16, 4096, 128, 1], [n * 8, 32, 16]) is None
     assert not env.guards
+
+
+def test_a_dim_a_guard_made_1_is_1_for_the_views():
+    """A SymInt made before the guard that fixed ``batch == 1`` still holds ``batch``; products made
+    after it hold 1. Compared as they were, ``seq * batch`` was ``seq`` while ``batch`` was not 1,
+    so the heads' reshape of a q/k/v slice at batch 1 was taken for a copy (run per call) instead
+    of a view made with its buffer."""
+    env = ShapeEnv()
+    batch, seq = env.symbol("batch", 1), env.symbol("seq", 16)
+    assert bool(batch == 1)  # the guard (a node that asked), after ``batch`` was made
+    assert env.replace
+    shape, strides = [batch, seq, 64], [seq * 192, 192, 1]  # a slice of a (batch, seq, 192) buffer
+    out = _reshape_strides(shape, strides, [batch, seq, 4, 16])
+    assert out is not None and [E.source(s.expr) if isinstance(s, SymInt) else s for s in out][1:] == [192, 16, 1]
+    base = torch.arange(16 * 192).as_strided([1, 16, 64], [16 * 192, 192, 1])
+    assert torch.equal(base.as_strided([1, 16, 4, 16], [16 * 192, 192, 16, 1]), base.reshape(1, 16, 4, 16))
