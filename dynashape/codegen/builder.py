@@ -647,7 +647,7 @@ class _Builder:
             pairs = ", ".join(f"{n!r}: {src}" for n, src in outer.items())
             sep = ", " if args else ""
             self._body([f"{targets} = st.sub[{k}]({args}{sep}_outer={{{pairs}}})"], node)
-        elif node.opdef.infer is not None and node.opdef.shape_deps:
+        elif node.opdef.infer is not None and node.opdef.shape_deps and not _bounded_by_input(node):
             # sizes from data: st.sized runs the shape function on the values and refuses a
             # negative or absurd size before the kernel allocates anything (ops/limits.py)
             k = len(self.sized_nodes)
@@ -928,6 +928,14 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> tuple | None:
 
 
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# ops whose shape inputs only rearrange or select the input's elements: the result never holds
+# more than the input already does, so no value read from data can make it absurd (no st.sized:
+# ~10 us a call, silero-vad ran seven a call after its If's)
+_SIZE_BOUNDED = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Transpose"})
+
+
+def _bounded_by_input(node: Node) -> bool:
+    return node.op_type in _SIZE_BOUNDED and node.domain in ("", "ai.onnx")
 
 
 def _output_action(plan: MemoryPlan, v: Value) -> str:

@@ -471,3 +471,41 @@ def test_a_kernel_of_optional_outputs_after_a_break_point_returns_its_tensor_who
         feeds = {"x": rng.standard_normal((1, c, n)).astype(np.float32), "kin": np.array([k], np.int64)}
         (y,) = sess.run(None, feeds)
         np.testing.assert_allclose(y, ref.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_views_after_a_break_run_without_a_size_check():
+    """After a break whose shape the program cannot follow (an If whose branches give different
+    ranks), an Unsqueeze of its result holds no more than its input: the generated code calls it
+    directly (no st.sized, whose shape function and size check cost ~10 us a call), while an
+    Expand to a shape read from data keeps the check."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    import dynashape
+    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TP.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["c0"], axis=0),
+                                helper.make_node("Unsqueeze", ["c0", "ax"], ["c"])], "else", [],
+                               [helper.make_tensor_value_info("c", TP.FLOAT, None)])  # another rank
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Unsqueeze", ["y", "ax"], ["u"]),
+             helper.make_node("Cast", ["k"], ["kk"], to=TP.INT64),
+             helper.make_node("Expand", ["one", "kk"], ["e"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n"]),
+                                       helper.make_tensor_value_info("cond", TP.BOOL, []),
+                                       helper.make_tensor_value_info("k", TP.FLOAT, [1])],
+                          [helper.make_tensor_value_info("u", TP.FLOAT, None),
+                           helper.make_tensor_value_info("e", TP.FLOAT, None)],
+                          [onnx.numpy_helper.from_array(np.array([0], np.int64), "ax"),
+                           onnx.numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = dynashape.InferenceSession(model)
+    for n, c, k in ((5, True, 3.0), (4, False, 2.0), (6, True, 7.0)):
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        u, e = sess.run(None, {"x": x, "cond": np.array(c), "k": np.array([k], np.float32)})
+        assert np.array_equal(u, x[None, :] if c else np.concatenate([x, x])[None, None, :])
+        assert e.shape == (int(k),)
+    ops = {n.op_type for spec in sess.compiled.specs for n, _ in spec.sized_nodes}
+    assert "Unsqueeze" not in ops and "Expand" in ops, ops
