@@ -165,9 +165,14 @@ def _core(q, k, v, mask_bias, attention_bias, scale: float, out_dtype):
     bias = None
     for extra in (attention_bias, mask_bias):
         if extra is not None:
-            bias = extra.to(ct) if bias is None else bias + extra.to(ct)
-    y = _attend(q.to(ct), k.to(ct), v.to(ct), bias, scale)
-    return _merge_heads(y).to(out_dtype)
+            bias = _as(extra, ct) if bias is None else bias + _as(extra, ct)
+    y = _attend(_as(q, ct), _as(k, ct), _as(v, ct), bias, scale)
+    return _as(_merge_heads(y), out_dtype)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, without a call where it is already (``to`` costs ~1 us even then)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _scale(scale: float, head_size: int) -> float:

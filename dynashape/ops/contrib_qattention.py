@@ -125,15 +125,19 @@ def _projection(input, weight, bias, input_scale, weight_scale, input_zero_point
         raise ShapeError(f"QAttention: input_zero_point's type {zi.dtype} differs from the input's {input.dtype}")
     if zw is not None and zw.dtype != weight.dtype:
         raise ShapeError(f"QAttention: weight_zero_point's type {zw.dtype} differs from the weight's {weight.dtype}")
-    xs = _one_value(input_scale, "QAttention input_scale").to(torch.float32)
+    xs = _one_value(input_scale, "QAttention input_scale")
     ws = _per_column(weight_scale, n3, "QAttention weight_scale")
     if input.device.type == "cpu" and xs.device.type == "cpu" and not _saturates(input, weight):
-        # one call: the product, then fma(float32(acc), float32(xs * ws), bias) as addcmul below
-        r = qgemm.product(input, qgemm.byte_kind(input),
-                          prepared_b(weight, zw), a_scale=float(xs), a_zp=0 if zi is None else int(zi.item()),
-                          b_scale=ws, bias=bias, fused=True)
+        # one call: the product, then fma(float32(acc), float32(xs * ws), bias) as addcmul below;
+        # the weight's scale as it comes (a constant: qgemm keeps its epilogue per tensor, which a
+        # fresh view each call would miss)
+        r = qgemm.product(input, qgemm.byte_kind(input), prepared_b(weight, zw),
+                          a_scale=input_scale.item() if input_scale.dtype == torch.float32
+                          else float(xs.to(torch.float32)), a_zp=0 if zi is None else int(zi.item()),
+                          b_scale=weight_scale, bias=bias, fused=True)
         if r is not None:
             return r
+    xs = xs.to(torch.float32)
     acc = qmatmul(input, weight, zi, zw)  # float32 or float64 holding the exact integers
     mult = ws.to(torch.float32) * xs  # onnxruntime's dequant_scales, float32
     return torch.addcmul(bias.to(torch.float32), acc.to(torch.float32), mult)
