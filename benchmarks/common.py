@@ -25,6 +25,19 @@ def interleaved(engines: dict[str, Callable[[], object]], calls: int, rounds: in
     return {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)} for k, v in samples.items()}
 
 
+def cpu_args(doc: str):
+    """The CPU micro-benchmarks' arguments (--threads, --json), torch's thread count set from them."""
+    import argparse
+
+    import torch
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def print_table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -8,25 +8,20 @@ BERT-base's and a 512-token one, an additive key mask; interleaved round by roun
 
 from __future__ import annotations
 
-import argparse
 import platform
 import time
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import interleaved, write_json
+from benchmarks.common import cpu_args, interleaved, write_json
 
 SHAPES = [(4, 4, 16, 16), (8, 4, 32, 16), (1, 4, 64, 16), (1, 12, 16, 64), (2, 2, 200, 32), (4, 12, 64, 64),
           (8, 12, 128, 64), (1, 12, 384, 64), (1, 8, 512, 64)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = cpu_args(__doc__)
     from dynashape.ops import cpu_attention, native
     rows = []
     print(f"{'B x N x S x D':>20} {'sdpa us':>10} {'C us':>10} {'speedup':>8} {'max diff':>10}")

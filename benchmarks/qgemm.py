@@ -12,25 +12,20 @@ and marked.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import time
 
 import torch
 
-from benchmarks.common import interleaved, write_json
+from benchmarks.common import cpu_args, interleaved, write_json
 
 SIZES = [(64, 64, 64), (256, 64, 256), (256, 256, 64), (16, 512, 512), (1, 512, 2048), (128, 512, 512),
          (128, 512, 2048), (512, 768, 768), (512, 768, 3072)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = cpu_args(__doc__)
     from dynashape.ops import fused_quant, native, qgemm
     rows = []
     print(f"{'M x K x N':>18} {'torch us':>10} {'C us':>10} {'speedup':>8}")

@@ -96,12 +96,18 @@ static int qparams(const float *v, int64_t m, float *scale, float *zp) {
     return 0;
 }
 
+/* DynamicQuantizeLinear's value of v less its zero point: round-half-even(v / scale) clamped to
+ * [-zp, 255 - zp] (MlasQuantizeLinear's arithmetic) */
+static inline float quantized_centered(float v, float scale, float zp) {
+    const float q = nearbyintf(v / scale);
+    return q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
+}
+
 /* v quantized (scale, zp) into a row of the operand of a weight of group grp: uint8 q + zp for
  * grp 4, int16 q (centered) for grp 2 */
 static void quantize_row(const float *v, int64_t m, float scale, float zp, int64_t grp, void *out) {
     for (int64_t i = 0; i < m; i++) {
-        float q = nearbyintf(v[i] / scale);
-        q = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
+        const float q = quantized_centered(v[i], scale, zp);
         if (grp == 4) ((uint8_t *)out)[i] = (uint8_t)(q + zp);
         else ((int16_t *)out)[i] = (int16_t)q;
     }

@@ -263,25 +263,18 @@ int qgemm(int64_t m, int64_t k, int64_t n, int64_t threads, int64_t a_kind, cons
 int dq_centered(const float *x, int64_t n, float *out, float *scale_zp) {
     float scale, zp;
     if (qparams(x, n, &scale, &zp)) return 1;
-    for (int64_t i = 0; i < n; i++) {
-        float q = nearbyintf(x[i] / scale);
-        out[i] = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = quantized_centered(x[i], scale, zp);
     scale_zp[0] = scale;
     scale_zp[1] = zp;
     return 0;
 }
 
-/* DynamicQuantizeLinear of x[0:n] as it is written: uint8 q (dq_centered's q + zp); 0, or 1 for a
- * non-finite range. */
+/* DynamicQuantizeLinear of x[0:n] as it is written: uint8 q (dq_centered's q + zp, qblock.h's
+ * uint8 operand row); 0, or 1 for a non-finite range. */
 int dq_u8(const float *x, int64_t n, uint8_t *out, float *scale_zp) {
     float scale, zp;
     if (qparams(x, n, &scale, &zp)) return 1;
-    for (int64_t i = 0; i < n; i++) {
-        float q = nearbyintf(x[i] / scale);
-        q = q < -zp ? -zp : (q > 255.0f - zp ? 255.0f - zp : q);
-        out[i] = (uint8_t)(int32_t)(q + zp);
-    }
+    quantize_row(x, n, scale, zp, 4, out);
     scale_zp[0] = scale;
     scale_zp[1] = zp;
     return 0;
