@@ -32,7 +32,7 @@ from .frontend.options import ParseOptions
 from .frontend.parse import load_model_proto, parse_model, prepare_proto
 from .interpreter.network import Network
 from .ir import elem_type_name
-from .ir.dtypes import to_numpy
+from .ir.dtypes import _PLAIN_NUMPY, HELD, to_numpy
 from .memory import Engine, host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
@@ -549,12 +549,15 @@ class InferRequest:
             # a feed that requires grad must not trip the kernels' out= (no_grad: ~2 us a run otherwise)
             grad = not numpy_mode and torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values())
-            with torch.no_grad() if grad else contextlib.nullcontext(), _Threads(threads):
-                if self.session.precision is not None:
-                    with self.session.precision:
+            if not grad and not threads and self.session.precision is None:
+                outs = self._run(tensors, hand_out=not numpy_mode)  # the usual run: no context to enter
+            else:
+                with torch.no_grad() if grad else contextlib.nullcontext(), _Threads(threads):
+                    if self.session.precision is not None:
+                        with self.session.precision:
+                            outs = self._run(tensors, hand_out=not numpy_mode)
+                    else:
                         outs = self._run(tensors, hand_out=not numpy_mode)
-                else:
-                    outs = self._run(tensors, hand_out=not numpy_mode)
         except DynashapeError:
             raise
         except Exception as e:  # what no node claims (a bug of ours): still a typed error
@@ -775,6 +778,9 @@ def _sample(spec: InputSpec, shape: tuple, device: torch.device) -> torch.Tensor
 def _to_numpy(x, elem_type: int = 0):
     """An output as numpy; ``elem_type`` (a sequence's element type for a list) picks the
     ml_dtypes type of a tensor that holds an INT4, FLOAT4E2M1 ... (see ir.dtypes)."""
+    if type(x) is torch.Tensor and x.dtype in _PLAIN_NUMPY and elem_type not in HELD and x.device.type == "cpu" \
+            and not x.requires_grad:
+        return x.numpy().copy()  # the common case of the branch below, without its general calls
     if isinstance(x, torch.Tensor):
         # the network keeps its output buffers in numpy mode: a CPU tensor's numpy view would
         # change with the next run, so it is copied (a device tensor is copied by .cpu() anyway)

@@ -111,6 +111,8 @@ def _padding_bias(mask, b: int, s: int, past: int, total: int, fill: float, what
     zero = 0.0  # torch.where of two numbers: float32, on the condition's device
     if mask.dim() == 1 and shape[0] in (b, 2 * b):
         # key lengths (right padding), then start positions (left padding) when there are 2B
+        if b and shape[0] == b and dev.type == "cpu" and int(mask.min()) >= total:
+            return None  # no key left out (an unpadded batch): no bias to add, the unmasked kernel
         j = torch.arange(total, device=dev)
         keep = j < mask[:b].reshape(b, 1).to(torch.int64)
         if shape[0] == 2 * b:

@@ -366,7 +366,7 @@ def _lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P
           layout=0, out=None):
     if (P is None and not input_forget and clip is None and not activation_alpha and not activation_beta
             and _default_gates(activations)):
-        done = _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout)
+        done = _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout, out)
         if done is not None:
             return _put(out, done)
     if P is None and not input_forget and _fused_ok(X, sequence_lens, activations, activation_alpha, activation_beta,
@@ -414,10 +414,20 @@ def _gate_blocks(v: torch.Tensor, n: int) -> torch.Tensor:
     return v.reshape(*v.shape[:-2], 64).contiguous()
 
 
-def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout):
+def _into(out, i: int, shape: tuple) -> torch.Tensor | None:
+    """``out[i]`` where the C kernel can write it as it is: contiguous float32 of ``shape``."""
+    o = out[i] if isinstance(out, (tuple, list)) and len(out) > i else None
+    if o is None or o.dtype != torch.float32 or tuple(o.shape) != shape or not o.is_contiguous():
+        return None
+    return o
+
+
+def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout, out=None):
     """[Y, Y_h, Y_c] of a float32 CPU LSTM with the default gates through csrc/lstm.c, or None where
     it does not serve (another device or dtype, shapes the torch path refuses, no compiler: then
-    torch's, counted in native.counters())."""
+    torch's, counted in native.counters()). The kernel writes ``out``'s buffers where they fit
+    (the layout-0 forms: a run's states and outputs without a copy each; the caller's ``_put``
+    then finds them in place)."""
     if X.device.type != "cpu" or not (X.dtype == W.dtype == R.dtype == torch.float32):
         return None
     nd = _num_dir(direction)
@@ -440,14 +450,17 @@ def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, lay
         lens = sequence_lens.to(torch.int64).clamp(0, t).contiguous()
         steps = int(lens.max())
     states = []
-    for s in (initial_h, initial_c):
+    for i, s in ((1, initial_h), (2, initial_c)):
+        o = None if layout else _into(out, i, (nd, batch, n))
         if s is None:
-            states.append(torch.zeros(nd, batch, n))
+            states.append(torch.zeros(nd, batch, n) if o is None else o.zero_())
         else:
             s = s.transpose(0, 1) if layout else s
-            states.append(s.to(torch.float32, copy=True).contiguous())
+            states.append(s.to(torch.float32, copy=True).contiguous() if o is None else o.copy_(s))
     h, c = states
-    y = torch.zeros(t, nd, batch, n)
+    y = None if layout or lens is not None else _into(out, 0, (t, nd, batch, n))
+    if y is None:  # (every step's rows are written unless sequence lengths leave some out)
+        y = torch.zeros(t, nd, batch, n) if lens is not None else torch.empty(t, nd, batch, n)
     reverse = (ctypes.c_int64 * nd)(*[int(direction == "reverse" or d == 1) for d in range(nd)])
     threads = torch.get_num_threads() if steps * batch * 4 * n * (n + ni) >= _THREAD_MIN_WORK else 1
     x = x.contiguous()

@@ -51,6 +51,7 @@ from .kv_append import KVAppend
 log = logging.getLogger(__name__)
 
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
+KEEP_SMALL_BYTES = 1 << 20  # an output buffer this small is kept for any smaller output (output_buffer)
 GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
 # the counters of static impls, reported (as 0 too) whenever they are on
 # (static_trace_time_s: the part of CPU builds spent in the calling thread, the trace)
@@ -264,6 +265,8 @@ class SpecState:
         self.epoch = -1
         self.total = 0  # bytes of the arena this specialization is planned for
         self.caps: tuple | None = None  # per signature symbol: the value the arena is planned for
+        # per graph output the generated code asks a buffer for: (name, dtype), looked up once
+        self.out_meta = [(v.name, spec.trace.of(v).dtype) for v in spec.output_values]
         self.kv = [runner.kv_for(node) for node in spec.kv_nodes]
         self.sub = [runner.sub_for(node) for node in spec.sub_nodes]
         # static impls: keyed by (token, region, key symbols' values); the token changes with the plan
@@ -468,8 +471,8 @@ class SpecState:
 
     # ---- buffers the generated code asks for -------------------------------------------------
     def out(self, k: int, shape: tuple) -> torch.Tensor:
-        v = self.spec.output_values[k]
-        return self.runner.output_buffer(v.name, self.spec.trace.of(v).dtype, shape)
+        name, dtype = self.out_meta[k]
+        return self.runner.output_buffer(name, dtype, shape)
 
 
 class CompiledRunner:
@@ -489,6 +492,9 @@ class CompiledRunner:
         self.buffer_set = 0
         self.owned: list[torch.Tensor] = []  # this run's output buffers (torch mode: the caller's)
         self.kept: dict[tuple, tuple[torch.Tensor, int]] = {}  # (output, buffer set) -> buffer kept
+        # (output, buffer set) -> (shape, dtype, view) last handed out of the kept buffer: a run of
+        # the same shape takes it again (two torch calls and a loop less per output)
+        self.kept_views: dict[tuple, tuple] = {}
         self._kv: dict[str, KVAppend] = {}
         self._subs: dict[str, object] = {}
         self._caps: dict[str, int] = {}
@@ -543,6 +549,11 @@ class CompiledRunner:
     def output_buffer(self, name: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
         """The buffer an output is written into: fresh when it goes to the caller (torch mode),
         else kept per output and reused while it is large enough (numpy mode)."""
+        if not self.hand_out:
+            last = self.kept_views.get((name, self.buffer_set))
+            if last is not None and last[0] == shape and last[1] == dtype:
+                self.stats["buffer_reuses"] += 1
+                return last[2]
         n = 1
         for d in shape:
             if d < 0:  # dims from the shape program of these inputs (Sub of a dim going below 0)
@@ -559,11 +570,17 @@ class CompiledRunner:
             return buf
         key = (name, self.buffer_set)
         kept = self.kept.get(key)
-        if kept is not None and n <= kept[1] and n * 10 >= kept[1] and kept[0].dtype == dtype:
+        # a buffer 10x larger than needed goes back, unless it is small (<= 1 MiB: outputs whose
+        # shapes alternate, a decoder's one token and a prompt's ten, would reallocate every call)
+        if kept is not None and n <= kept[1] and (n * 10 >= kept[1] or kept[1] * dtype.itemsize <= KEEP_SMALL_BYTES) \
+                and kept[0].dtype == dtype:
             self.stats["buffer_reuses"] += 1
-            return kept[0][:n].view(shape)
+            view = kept[0][:n].view(shape)
+            self.kept_views[key] = (shape, dtype, view)
+            return view
         if kept is not None:
             del self.kept[key]  # gone before anything below can fail: never released twice
+            self.kept_views.pop(key, None)
             self.engine.release(kept[0])
         want = n
         if self.predictor is not None:
@@ -577,7 +594,9 @@ class CompiledRunner:
                     self.stats["predictions_used"] += 1
         buf = self.engine.allocate(want, dtype)
         self.kept[key] = (buf, want)
-        return buf[:n].view(shape)
+        view = buf[:n].view(shape)
+        self.kept_views[key] = (shape, dtype, view)
+        return view
 
     # ---- running -------------------------------------------------------------------------------
     def state(self, shapes: tuple) -> SpecState | None:
@@ -596,7 +615,7 @@ class CompiledRunner:
         """Outputs for ``inputs`` (in the model's input order), or None when no specialization
         serves these shapes (the caller runs the interpreter). ``buffer_set``: which of the kept
         output buffers (numpy mode, loop bodies) this run writes."""
-        shapes = tuple(x.shape if isinstance(x, torch.Tensor) else None for x in inputs)
+        shapes = tuple([x.shape if isinstance(x, torch.Tensor) else None for x in inputs])
         st = self.state(shapes)
         if st is None:
             return None

@@ -76,8 +76,10 @@ class FeedChecker:
         by_name, np_dtypes = self.by_name, self.np_dtypes
         for name, x in feeds.items():
             s = by_name.get(name)
-            if s is None or type(x) is not np.ndarray or x.dtype != np_dtypes.get(name) \
-                    or not x.flags.writeable or any(st < 0 for st in x.strides):
+            if s is None or type(x) is not np.ndarray or x.dtype != np_dtypes.get(name):
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+            flags = x.flags
+            if not flags.writeable or (not flags.c_contiguous and any(st < 0 for st in x.strides)):
                 return prepare_feeds(feeds, self.specs, self.device, self.by_name)
             _check_shape(s, x.shape, symbols)
             out[name] = torch.from_numpy(x)  # a host tensor: a device session stages it (_to_tensor)
@@ -162,7 +164,7 @@ def _check_dtype(s: InputSpec, x, what: str) -> None:
 def _check_shape(s: InputSpec, shape: tuple[int, ...], symbols: dict) -> None:
     if s.shape is None:
         return
-    if len(shape) != len(s.shape):
+    if len(shape) != len(s.dims):  # (one entry per axis: PartialShape's len is a Python call)
         raise InputRankError(f"input {s.name!r}: rank {len(shape)} given (shape {list(shape)}), rank "
                              f"{len(s.shape)} expected (shape {s.shape})")
     for (axis, lo, hi, symbol), v in zip(s.dims, shape):
