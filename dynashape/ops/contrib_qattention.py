@@ -32,7 +32,7 @@ import torch
 from ..errors import ShapeError
 from . import qgemm
 from .attention import _emit
-from .contrib_attention import _causal, _core, _heads, _padding_bias, _scale
+from .contrib_attention import _causal, _core, _padding_bias, _scale
 from .contrib_transformer import _embed_infer, _embed_layer_norm
 from .linalg import _saturates, prepared_b, qmatmul
 from .registry import op
@@ -102,14 +102,18 @@ def _qattention_infer(shapes, values, *, num_heads, **_attrs):
 def _one_value(t: torch.Tensor | None, what: str) -> torch.Tensor | None:
     if t is None:
         return None
+    if t.dim() == 0:
+        return t
     if t.numel() != 1:
         raise ShapeError(f"{what} must be a scalar or a 1-element tensor, got shape {tuple(t.shape)}")
     return t.reshape(())
 
 
 def _per_column(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
-    if t is None or t.numel() == 1:
-        return None if t is None else t.reshape(())
+    if t is None or t.dim() == 0:
+        return t
+    if t.numel() == 1:
+        return t.reshape(())
     if t.dim() == 1 and t.shape[0] == n:
         return t
     raise ShapeError(f"{what} must be one value or one per weight column ({n},), got shape {tuple(t.shape)}")
@@ -175,8 +179,9 @@ def _qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
     b, s, _ = input.shape
     out_dtype = bias.dtype
     qkv = _projection(input, weight, bias, input_scale, weight_scale, input_zero_point, weight_zero_point)
-    q, k, v = (_heads(x, num_heads, f"{what} {name}") for x, name in zip(qkv.split(hidden, -1), "QKV"))
     hs = hidden // num_heads
+    # (B, S, 3 * hidden) -> three (B, N, S, H) views: the strides split() and a reshape into heads give
+    q, k, v = qkv.reshape(b, s, 3, num_heads, hs).permute(2, 0, 3, 1, 4).unbind(0)
     p = 0
     if past is not None:
         if past.dim() != 5 or past.shape[0] != 2 or past.shape[1] != b or past.shape[2] != num_heads \

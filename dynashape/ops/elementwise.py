@@ -269,7 +269,10 @@ for _name, _tfn, _since, _sop in (
     _unary(_name, _with_out(_tfn), _since, shape_op=_sop)
 
 
-_NATIVE_TANH_MIN = 1 << 14  # elements below which the ctypes call costs more than torch's slower kernel saves
+# elements below which the ctypes call costs more than torch's slower kernel saves (2 threads, AMD
+# EPYC: at 1024 elements torch 7.1 us against 5.7 for the call, at 4096 12.8 against 6.7, at 256
+# 4.6 against 5.3)
+_NATIVE_TANH_MIN = 1 << 10
 
 
 def tanh(x, *, out=None):
