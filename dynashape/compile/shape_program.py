@@ -19,6 +19,10 @@ Each node gets a kind, which is what the generated code does with it:
   control flow), or a node whose shape function needs a value known only at run time. It runs,
   its result is taken as it is, and the dims of its outputs become new *runtime* symbols that
   the program continues with.
+
+An If whose condition the program knows for this signature (a test of a dim or a rank: exporters
+write ``squeeze(dim)`` as "If the dim is 1, Squeeze, else Identity") is no break point: the branch
+it takes is traced in its place, as its nodes, and the test is a guard (``Trace.inlined_ifs``).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class Trace:
     nodes: list[NodeInfo]
     runtime_symbols: dict[str, tuple[Value, int]] = field(default_factory=dict)  # symbol -> (value, axis)
     unfused: int = 0  # fused nodes traced as the nodes they replaced
+    inlined_ifs: int = 0  # If nodes traced as the branch their condition takes here
 
     def of(self, v: Value) -> ValueInfo:
         return self.info[id(v)]
@@ -173,13 +178,54 @@ def _trace_once(graph: Graph, input_shapes: list, inputs: list[Value], seed: Sha
 
 def _trace_into(t: Trace, node: Node) -> None:
     """Trace ``node``; a fused node whose kernel cannot serve this signature is traced as the
-    nodes it replaced (unfusion, counted)."""
+    nodes it replaced (unfusion, counted); an If whose condition is known, as its branch."""
+    taken = _taken_branch(t, node)
+    if taken is not None:
+        t.inlined_ifs += 1
+        for n in taken:
+            _trace_into(t, n)
+        return
     try:
         t.nodes.append(_trace_node(t, node))
     except CannotServe:
         t.unfused += 1
         for n in node.unfused:
             _trace_into(t, n)
+
+
+def _taken_branch(t: Trace, node: Node) -> list[Node] | None:
+    """The nodes that compute an If's outputs for this signature: the branch its condition takes
+    (known from the shapes, the comparison a guard) and an Identity per output; None when the
+    condition comes from data or the branch yields sequences or optionals."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return None
+    info = _input_info(t, node.inputs[0])
+    sv = info.sval if info is not None else None
+    if sv is None or sv.numel() != 1:
+        return None
+    cond = sv.reshape(-1).tolist()[0]
+    if isinstance(cond, SymInt):
+        return None
+    name = "then_branch" if bool(cond) else "else_branch"
+    branch = node.subgraphs.get(name)
+    if branch is None or len(branch.outputs) != len(node.outputs) or any(
+            v.kind != "tensor" for v in (*branch.outputs, *node.outputs)):
+        return None
+    made = node.__dict__.setdefault("_taken", {})  # the same Identity nodes in every trace of the If
+    if name not in made:
+        made[name] = [_identity(f"{node.name}_{name}_out{i}", res, out)
+                      for i, (res, out) in enumerate(zip(branch.outputs, node.outputs))]
+    return [*branch.nodes, *made[name]]
+
+
+def _identity(name: str, src: Value, dst: Value) -> Node:
+    from ..ops import lookup
+    n = Node("Identity", "", name, [src], [dst], {}, _IDENTITY_OPSET)
+    n.opdef = lookup("Identity", "", _IDENTITY_OPSET, name)
+    return n
+
+
+_IDENTITY_OPSET = 16  # any Identity passes its input on; which version does not matter here
 
 
 def _trace_inputs(t: Trace, input_shapes: list) -> None:

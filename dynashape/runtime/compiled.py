@@ -218,6 +218,8 @@ class CompiledModel:
                 t = trace(self.graph, list(shapes), self.inputs, seed=t.env)
                 spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
             self.stats["shape_program_traces"] += 1
+            if t.inlined_ifs:  # Ifs whose condition this signature decides: their branch is inline code
+                self.stats["ifs_decided_by_shapes"] += t.inlined_ifs
             if self.specs:
                 self.stats["guard_misses"] += 1
             self.specs.append(spec)
