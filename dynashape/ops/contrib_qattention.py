@@ -242,6 +242,11 @@ def _dequantized(q: torch.Tensor, scale: torch.Tensor | None, zero_point: torch.
     """(q - zero point) * scale in the scale's type (float32), cached by the three tensors'
     identities (object and version counter). An entry keeps its sources alive, so that their ids
     cannot come back under another tensor while it is cached."""
+    key = (_ident(q), _ident(scale), _ident(zero_point))
+    hit = _DEQUANT.get(key)
+    if hit is not None:  # the same three tensors, unwritten: checked when the entry was made
+        _DEQUANT.move_to_end(key)
+        return hit[1]
     if q.dtype not in _EIGHT_BIT:
         raise ShapeError(f"QEmbedLayerNormalization: {what} must be uint8 or int8, got {q.dtype}")
     if scale is None:
@@ -253,11 +258,6 @@ def _dequantized(q: torch.Tensor, scale: torch.Tensor | None, zero_point: torch.
     if zero_point is not None and zero_point.dtype != q.dtype:
         raise ShapeError(f"QEmbedLayerNormalization: {what}_zero_point's type {zero_point.dtype} differs from "
                          f"{what}'s {q.dtype}")
-    key = (_ident(q), _ident(scale), _ident(zero_point))
-    hit = _DEQUANT.get(key)
-    if hit is not None:
-        _DEQUANT.move_to_end(key)
-        return hit[1]
     dt = scale.dtype if scale.dtype.is_floating_point else torch.float32
     v = q.to(torch.float32)
     if zero_point is not None:

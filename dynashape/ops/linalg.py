@@ -348,13 +348,16 @@ def prepared_b(b: torch.Tensor, b_zero_point: torch.Tensor | None) -> PreparedB:
     key = id(b)
     hit = _PREPARED.get(key)
     if hit is not None:
-        ref, version, ptr, zk, zsource, prep = hit
+        ref, version, ptr, zk, zsource, prep, zobj, zversion = hit
         if ref() is b and version == b._version and ptr == b.data_ptr():
-            # the zero point: kernels hand it on as a fresh view (reshape(())) of the same constant
-            # every call; the same living source, unwritten, needs no comparison of values
+            # the zero point: generated code hands on the same constant tensor every call (the entry
+            # holds it: no other tensor can have its identity), kernels a fresh view (reshape(()))
+            # of it; the same living source, unwritten, needs no comparison of values
             if b_zero_point is None:
                 if zk is None:
                     return prep
+            elif b_zero_point is zobj and zobj._version == zversion:
+                return prep
             elif zsource is not None and zsource == _ZpSource(b_zero_point):
                 return prep
             elif _same_zp(zk, b_zero_point.detach().reshape(-1)):
@@ -366,7 +369,7 @@ def prepared_b(b: torch.Tensor, b_zero_point: torch.Tensor | None) -> PreparedB:
         return prep
     zk = None if b_zero_point is None else b_zero_point.detach().reshape(-1).clone()
     _PREPARED[key] = (ref, b._version, b.data_ptr(), zk, None if b_zero_point is None else _ZpSource(b_zero_point),
-                      prep)
+                      prep, b_zero_point, None if b_zero_point is None else b_zero_point._version)
     return prep
 
 
