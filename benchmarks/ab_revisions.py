@@ -9,6 +9,8 @@ thread pool gone), keeping per shape the least median of ``--repeat`` calls. The
 model is the median over its shapes; onnxruntime is timed in both processes, so a drift shows.
 
     python benchmarks/ab_revisions.py --base REV --models a,b [--passes 2] [--rounds 2] [--json out.json]
+    python benchmarks/ab_revisions.py --base-tree DIR --models a,b ...   # DIR/dynashape: a copy made
+                                                                          # where git is (a device host)
 
 Pin the processes to cores (``taskset -c 2,3 python ...``) where the machine has more than two.
 """
@@ -96,6 +98,8 @@ def measure(tree: str, models: list[str], rounds: int, repeat: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", help="the earlier revision (a git commit, tag or branch)")
+    ap.add_argument("--base-tree", help="instead of --base: a directory holding the earlier dynashape package "
+                                        "(git archive REV dynashape | tar -x -C DIR, made where git is)")
     ap.add_argument("--models", required=True, help="comma-separated names of benchmarks/real_models_specs.py")
     ap.add_argument("--passes", type=int, default=2, help="times each version's process runs, alternated")
     ap.add_argument("--rounds", type=int, default=2, help="timings per model in a process, least kept")
@@ -109,24 +113,29 @@ def main() -> None:
         if o.json:
             Path(o.json).write_text(json.dumps(res))
         return
-    if not o.base:
-        ap.error("--base is required")
+    if not o.base and not o.base_tree:
+        ap.error("--base or --base-tree is required")
+    base = o.base or o.base_tree
     results: dict[str, list] = {"base": [], "working tree": []}
     with tempfile.TemporaryDirectory(prefix="dynashape-ab-") as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", o.base, "dynashape"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {"base": tmp, "working tree": str(ROOT)}
+        if o.base_tree:
+            tree = str(Path(o.base_tree).resolve())
+        else:
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", o.base, "dynashape"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            tree = tmp
+        trees = {"base": tree, "working tree": str(ROOT)}
         for p in range(o.passes):
             for label, tree in trees.items():
-                print(f"pass {p + 1}, {label} ({o.base if label == 'base' else 'working tree'}):", flush=True)
+                print(f"pass {p + 1}, {label} ({base if label == 'base' else 'working tree'}):", flush=True)
                 out = Path(tmp) / f"{label.replace(' ', '_')}_{p}.json"
                 cmd = [sys.executable, __file__, "--models", o.models, "--rounds", str(o.rounds), "--repeat",
                        str(o.repeat), "--measure-tree", tree, "--json", str(out)]
                 subprocess.run(cmd, check=True)
                 results[label].append(json.loads(out.read_text()))
     if o.json:
-        Path(o.json).write_text(json.dumps({"base": o.base, "passes": o.passes, "rounds": o.rounds,
+        Path(o.json).write_text(json.dumps({"base": base, "passes": o.passes, "rounds": o.rounds,
                                             "repeat": o.repeat, "threads": THREADS, "results": results}, indent=1))
 
 

@@ -580,8 +580,10 @@ def _per_row_zp(p, a, what):
 def _per_column(p, b, what):
     """A B-side scale or zero point: one value, or one per column of B (shape (N,) or B's batch
     dims with a 1 for K)."""
-    if p is None or p.numel() == 1:
-        return None if p is None else p.reshape(())
+    if p is None or p.dim() == 0:
+        return p  # (as it comes: prepared_b knows a constant by its identity)
+    if p.numel() == 1:
+        return p.reshape(())
     n = b.shape[-1]
     if p.dim() == 1 and p.shape[0] == n:
         return p
@@ -684,7 +686,7 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_p
     dt = a_scale.dtype if a_scale.dtype.is_floating_point else torch.float32
     y = _native(a, za_value or 0, b, zb, sa, b_scale, bias, out=out) if a_is_scalar else None
     if y is not None:
-        return _put(out, y.to(dt))
+        return _put(out, y if y.dtype == dt else y.to(dt))
     za = None if za_value is None else torch.tensor(za_value, device=a.device)
     acc = _exact_matmul(a, za, b, zb)
     mult, rest = _b_multiplier(sa, b_scale, b, "MatMulIntegerToFloat b_scale")
@@ -725,12 +727,11 @@ def _dynamic_quant_params(a: torch.Tensor) -> tuple[np.float32, int]:
 @op("DynamicQuantizeMatMul", 1, DOMAIN, infer=_mm_infer,
     notes="A quantized to uint8 as onnxruntime does; exact integer products")
 def _dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None, *, out=None):
-    _eight_bit(b, "DynamicQuantizeMatMul B")
-    _matmul_shape(tuple(a.shape), tuple(b.shape), "DynamicQuantizeMatMul")
+    _eight_bit(b, "DynamicQuantizeMatMul B")  # (the shapes: checked by its shape function, _mm_infer)
     zb = _per_column(b_zero_point, b, "DynamicQuantizeMatMul b_zero_point")
     y = _native(a, 0, b, zb, 1.0, b_scale, bias, qgemm.A_DYNAMIC, out)
     if y is not None:
-        return _put(out, y.to(a.dtype))
+        return _put(out, y if y.dtype == a.dtype else y.to(a.dtype))
     scale, zp = _dynamic_quant_params(a)
     # MlasQuantizeLinear: a / scale in float32, clamped to [0 - zp, 255 - zp], rounded, + zp
     qa = _requant(a.to(torch.float32) / float(scale), zp, 0, 255)

@@ -94,7 +94,7 @@ def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: 
     ct = _compute_type(x.dtype)
     s = _as(x, ct) + _as(skip, ct)
     if bias is not None:
-        s = s + _as(bias, ct)
+        s = s.add_(_as(bias, ct))  # (s is this call's own: the bias in place, no second buffer)
     g = _as(gamma, ct)
     b = None if beta is None else _as(beta, ct)
     h = (x.shape[-1],)
