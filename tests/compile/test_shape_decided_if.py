@@ -88,3 +88,31 @@ def test_a_condition_from_data_stays_a_break_point():
         np.testing.assert_allclose(comp.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=ORT_RTOL, atol=ORT_ATOL)
     assert comp.stats().get("ifs_decided_by_shapes", 0) == 0
     assert "st.sub[" in _sources(comp)  # the If's body runs: its condition is data
+
+
+def test_a_condition_on_a_dim_known_only_at_run_time_stays_a_break_point():
+    """The count of NonZero's result is a runtime symbol: no guard can be checked before the run, so
+    the If on it runs its body (a squeeze when exactly one element is nonzero)."""
+    sq_then = helper.make_graph([helper.make_node("Squeeze", ["nzf", "one_ax"], ["t_out"])], "t", [],
+                                [helper.make_tensor_value_info("t_out", TP.FLOAT, None)])
+    sq_else = helper.make_graph([helper.make_node("Identity", ["nzf"], ["e_out"])], "e", [],
+                                [helper.make_tensor_value_info("e_out", TP.FLOAT, None)])
+    m = make_model([helper.make_node("Greater", ["x", "zero_f"], ["pos"]),
+                    helper.make_node("NonZero", ["pos"], ["nz"]),
+                    helper.make_node("Cast", ["nz"], ["nzf"], to=TP.FLOAT),
+                    helper.make_node("Shape", ["nz"], ["nz_shape"]),
+                    helper.make_node("Gather", ["nz_shape", "one_i"], ["count"]),
+                    helper.make_node("Equal", ["count", "one_i"], ["single"]),
+                    helper.make_node("If", ["single"], ["y"], name="by_count", then_branch=sq_then,
+                                     else_branch=sq_else)],
+                   [("x", TP.FLOAT, ["N", 4])], ["y"],
+                   [const(0.0, "zero_f", np.float32), const(1, "one_i", np.int64), const([1], "one_ax", np.int64)])
+    comp, ref = dynashape.InferenceSession(m, executor="compiled"), ort_session(m)
+    rng = np.random.default_rng(6)
+    for n, hits in ((2, 1), (2, 3), (3, 1), (3, 5), (2, 1)):
+        x = -np.abs(rand(rng, (n, 4)))
+        x.reshape(-1)[rng.choice(n * 4, hits, replace=False)] = 1.0  # exactly ``hits`` positive elements
+        got, want = comp.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert comp.stats().get("ifs_decided_by_shapes", 0) == 0
