@@ -61,6 +61,25 @@ def test_shrinking_reuses_buffers_growing_reallocates_tiny_reclaims():
     run_chain(s, 1, 4)
 
 
+def test_a_small_output_buffer_serves_shapes_that_alternate_10x_apart():
+    """Compiled runs, numpy outputs: a kept output buffer 10x larger than needed goes back, unless it
+    is at most 1 MiB (KEEP_SMALL_BYTES): a decoder's 1 token and a prompt's 10 would otherwise take a
+    new buffer every call. A large one still goes back."""
+    s = dynashape.InferenceSession(add_chain(2), preallocation="0 0 0 1.0")
+    for n in (40, 2, 40, 2):  # 640 and 32 bytes
+        run_chain(s, n, 2)
+    m0 = s.memory_stats()
+    for n in (2, 40, 2, 40, 2):
+        run_chain(s, n, 2)
+    assert s.memory_stats()["allocations"] == m0["allocations"]
+    one = dynashape.InferenceSession(add_chain(1), preallocation="0 0 0 1.0")  # the output its only buffer
+    run_chain(one, 1 << 17, 1)  # 2 MiB
+    m1 = one.memory_stats()
+    run_chain(one, 1 << 12, 1)  # 64 KiB: the 2 MiB buffer goes back for one of this size
+    m2 = one.memory_stats()
+    assert m2["allocations"] == m1["allocations"] + 1 and m2["frees"] == m1["frees"] + 1
+
+
 def test_outputs_are_owned_by_the_caller():
     s = dynashape.InferenceSession(add_chain(2))
     rng = np.random.default_rng(1)

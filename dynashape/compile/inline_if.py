@@ -39,11 +39,7 @@ def _inline(graph: Graph) -> bool:
         changed = True
         _adopt_values(graph, branch)
         nodes.extend(branch.nodes)
-        for i, (out, res) in enumerate(zip(node.outputs, branch.outputs)):
-            if out is not None:
-                ident = Node("Identity", "", f"{node.name}_out{i}", [res], [out], {}, _IDENTITY_OPSET)
-                ident.opdef = lookup("Identity", "", _IDENTITY_OPSET, ident.name)
-                nodes.append(ident)
+        nodes.extend(output_identities(node, branch, f"{node.name}_out"))
     if changed:
         graph.nodes = nodes
         graph.rebuild_users()
@@ -59,10 +55,29 @@ def _taken_branch(node: Node) -> Graph | None:
     cond = node.inputs[0].const
     if cond is None or cond.numel() != 1:
         return None
-    branch = node.subgraphs["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"]
+    return branch_taken(node, bool(cond.reshape(-1)[0]))
+
+
+def branch_taken(node: Node, cond: bool) -> Graph | None:
+    """The branch an If takes when its condition is ``cond``, where its nodes can stand in the
+    If's place (also shape_program.py's, for a condition the shapes decide); None for a branch
+    that yields sequences or optionals, which keep the If's own handling."""
+    branch = node.subgraphs["then_branch" if cond else "else_branch"]
     if len(branch.outputs) != len(node.outputs) or any(v.kind != "tensor" for v in branch.outputs):
-        return None  # sequences and optionals keep the If's own handling
+        return None
     return branch
+
+
+def output_identities(node: Node, branch: Graph, prefix: str) -> list[Node]:
+    """An Identity per output of the If ``node`` from the ``branch`` result that makes it: the If's
+    outputs stay the same Values."""
+    made = []
+    for i, (out, res) in enumerate(zip(node.outputs, branch.outputs)):
+        if out is not None:
+            ident = Node("Identity", "", f"{prefix}{i}", [res], [out], {}, _IDENTITY_OPSET)
+            ident.opdef = lookup("Identity", "", _IDENTITY_OPSET, ident.name)
+            made.append(ident)
+    return made
 
 
 def _adopt_values(graph: Graph, branch: Graph) -> None:

@@ -41,6 +41,7 @@ from ..shape import is_placeholder
 from ..shape.symint import NeedsConcrete, ShapeEnv, SymInt, expr_of
 from . import affine
 from .affine import Affine
+from .inline_if import branch_taken, output_identities
 from .symbolic_values import SymValue
 from .symbolic_values import evaluate as evaluate_values
 
@@ -207,25 +208,13 @@ def _taken_branch(t: Trace, node: Node) -> list[Node] | None:
     if isinstance(cond, SymInt):
         return None
     name = "then_branch" if bool(cond) else "else_branch"
-    branch = node.subgraphs.get(name)
-    if branch is None or len(branch.outputs) != len(node.outputs) or any(
-            v.kind != "tensor" for v in (*branch.outputs, *node.outputs)):
+    branch = branch_taken(node, bool(cond))
+    if branch is None:
         return None
     made = node.__dict__.setdefault("_taken", {})  # the same Identity nodes in every trace of the If
     if name not in made:
-        made[name] = [_identity(f"{node.name}_{name}_out{i}", res, out)
-                      for i, (res, out) in enumerate(zip(branch.outputs, node.outputs))]
+        made[name] = output_identities(node, branch, f"{node.name}_{name}_out")
     return [*branch.nodes, *made[name]]
-
-
-def _identity(name: str, src: Value, dst: Value) -> Node:
-    from ..ops import lookup
-    n = Node("Identity", "", name, [src], [dst], {}, _IDENTITY_OPSET)
-    n.opdef = lookup("Identity", "", _IDENTITY_OPSET, name)
-    return n
-
-
-_IDENTITY_OPSET = 16  # any Identity passes its input on; which version does not matter here
 
 
 def _trace_inputs(t: Trace, input_shapes: list) -> None:

@@ -117,7 +117,7 @@ class Engine:
         self.max_buffer_bytes = _limit(max_buffer_bytes, "max_buffer_bytes")
         # sizes that pass check_size on any machine this runs on (the message it builds costs
         # microseconds a buffer): up to 16 MiB, or max_buffer_bytes where that is less
-        self._surely_fits = min(1 << 24, self.max_buffer_bytes if self.max_buffer_bytes is not None else 1 << 24)
+        self._surely_fits = 1 << 24 if self.max_buffer_bytes is None else min(1 << 24, self.max_buffer_bytes)
         self.device = _device(device)
         self.allocator = make_allocator(allocator, self.device)
         self.allocator_name = getattr(self.allocator, "name", type(self.allocator).__name__)
@@ -155,10 +155,10 @@ class Engine:
         n = 1
         for d in shape:
             n *= int(d)
-        if not 0 <= n * dtype.itemsize <= self._surely_fits:
-            self.check_size(n * dtype.itemsize, f"an output of shape {list(shape)} ({dtype})")
+        nbytes = n * dtype.itemsize
+        if not 0 <= nbytes <= self._surely_fits:
+            self.check_size(nbytes, f"an output of shape {list(shape)} ({dtype})")
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        nbytes = buf.numel() * dtype.itemsize
         st = self._stats
         st["allocations"] += 1
         st["device_allocations"] += 1
