@@ -141,6 +141,15 @@ def _padding_bias(mask, b: int, s: int, past: int, total: int, fill: float, what
                      f"with B={b}, S={s}, T={total}")
 
 
+def _key_lengths(mask, b: int, fill: float):
+    """(mask_index as int32 key lengths, fill) for _core where the mask is one length per batch row
+    of a CPU batch (right padding); else None (_padding_bias decides)."""
+    if mask is None or mask.dim() != 1 or mask.shape[0] != b or mask.device.type != "cpu" or not b \
+            or mask.dtype != torch.int32:
+        return None
+    return mask if mask.is_contiguous() else mask.contiguous(), fill
+
+
 def _causal(bias, s: int, past: int, total: int, device):
     """Keys after a query's own position (past + s) set to float's lowest, over a padding bias.
     onnxruntime leaves the last query row unmasked: the same for self-attention, whose last row
@@ -160,14 +169,28 @@ def _attention_bias(attention_bias, b: int, n: int, s: int, total: int, what: st
     return attention_bias
 
 
-def _core(q, k, v, mask_bias, attention_bias, scale: float, out_dtype):
+def _core(q, k, v, mask_bias, attention_bias, scale: float, out_dtype, lengths=None):
     """The attention of Attention and MultiHeadAttention: q (B, N, S, H), k/v (B, N, T, H)
-    in their input type; both biases added to the scaled scores. Returns (B, S, N*Hv)."""
+    in their input type; both biases added to the scaled scores. Returns (B, S, N*Hv).
+    ``lengths`` (what _key_lengths gives, instead of ``mask_bias``): the C kernel masks keys by
+    their batch row's length; where it does not serve, the bias those lengths make. On the CPU the
+    C kernel writes the heads side by side (no copy to merge them) at every size."""
     ct = _compute_type(q, fused=True)
     bias = None
     for extra in (attention_bias, mask_bias):
         if extra is not None:
             bias = _as(extra, ct) if bias is None else bias + _as(extra, ct)
+    lens, fill = (None, 0.0) if lengths is None or bias is not None else lengths
+    if ct == torch.float32 and q.dtype == k.dtype == v.dtype == ct:
+        y = cpu_attention.attention(q, k, v, bias, scale, lens=lens, fill=fill, merged=True)
+        if y is not None:
+            return _as(y, out_dtype)
+    if lengths is not None:
+        lens, fill = lengths
+        b, t = q.shape[0], k.shape[2]
+        if int(lens.min()) < t:  # else no key is left out: nothing to add
+            pad = torch.where(torch.arange(t) < lens.reshape(b, 1), 0.0, fill).reshape(b, 1, 1, t)
+            bias = pad if bias is None else bias + pad
     y = _attend(_as(q, ct), _as(k, ct), _as(v, ct), bias, scale)
     return _as(_merge_heads(y), out_dtype)
 
@@ -246,11 +269,14 @@ def _ms_attention(input, weights, bias=None, mask_index=None, past=None, attenti
         p = past.shape[3]
         k, v = torch.cat((past[0].to(ct), k), 2), torch.cat((past[1].to(ct), v), 2)
     total = p + s
-    bias_m = _padding_bias(mask_index, b, s, p, total, mask_filter_value, "Attention mask_index", dummy_ok=True)
-    if unidirectional and s > 1:
+    causal = unidirectional and s > 1
+    lengths = None if causal else _key_lengths(mask_index, b, mask_filter_value)
+    bias_m = None if lengths is not None else \
+        _padding_bias(mask_index, b, s, p, total, mask_filter_value, "Attention mask_index", dummy_ok=True)
+    if causal:
         bias_m = _causal(bias_m, s, p, total, input.device)
     ab = _attention_bias(attention_bias, b, num_heads, s, total, "Attention")
-    y = _core(q, k, v, bias_m, ab, _scale(scale, dk // num_heads), input.dtype)
+    y = _core(q, k, v, bias_m, ab, _scale(scale, dk // num_heads), input.dtype, lengths)
     present = torch.stack((k, v)).to(input.dtype) if _n_outputs > 1 else None
     return _emit((y, present), out, _n_outputs)
 

@@ -32,7 +32,7 @@ import torch
 from ..errors import ShapeError
 from . import qgemm
 from .attention import _emit
-from .contrib_attention import _causal, _core, _padding_bias, _scale
+from .contrib_attention import _causal, _core, _key_lengths, _padding_bias, _scale
 from .contrib_transformer import _embed_infer, _embed_layer_norm
 from .linalg import _saturates, prepared_b, qmatmul
 from .registry import op
@@ -190,10 +190,13 @@ def _qattention(input, weight, bias, input_scale, weight_scale, mask_index=None,
         p = past.shape[3]
         k, v = torch.cat((past[0].to(k.dtype), k), 2), torch.cat((past[1].to(v.dtype), v), 2)
     total = p + s
-    bias_m = _padding_bias(mask_index, b, s, p, total, mask_filter_value, f"{what} mask_index", dummy_ok=True)
-    if unidirectional and s > 1:
+    causal = unidirectional and s > 1
+    lengths = None if causal else _key_lengths(mask_index, b, mask_filter_value)
+    bias_m = None if lengths is not None else \
+        _padding_bias(mask_index, b, s, p, total, mask_filter_value, f"{what} mask_index", dummy_ok=True)
+    if causal:
         bias_m = _causal(bias_m, s, p, total, input.device)
-    y = _core(q, k, v, bias_m, None, _scale(scale, hs), out_dtype)
+    y = _core(q, k, v, bias_m, None, _scale(scale, hs), out_dtype, lengths)
     present = torch.stack((k, v)).to(out_dtype) if _n_outputs > 1 else None
     return _emit((y, present), out, _n_outputs)
 

@@ -1,10 +1,10 @@
 """Attention of small float32 heads on the CPU in one C call (csrc/attention.c says why).
 
 ``attention(q, k, v, bias, scale)`` answers None where it does not serve (not the CPU or not
-float32, a mask that is not additive float32, work outside [MIN_WORK, MAX_WORK] or a head larger
-than MAX_HEAD, a row whose scores are all masked, where torch's kernel decides what it gives)
-and the caller's torch path runs; where it would serve but cannot be built, the fallback is
-counted (``attention_torch_fallbacks``).
+float32, a mask that is not additive float32, work outside [MIN_WORK, MAX_WORK] (from 0 for
+heads written side by side, ``merged``) or a head larger than MAX_HEAD, a row whose scores are
+all masked, where torch's kernel decides what it gives) and the caller's torch path runs; where
+it would serve but cannot be built, the fallback is counted (``attention_torch_fallbacks``).
 """
 
 from __future__ import annotations
@@ -25,24 +25,29 @@ MAX_WORK = 1 << 30
 # blocked kernel won or tied (1 x 8 x 512 x 64: 4.8 against 3.7 ms in one run, 3.4 against 4.5 in
 # another; 384 tokens 2.6 against 3.3)
 MAX_HEAD = 3 << 13
-# and from which it is: below, torch's kernel was as fast or faster (4 x 4 x 16 x 16, 0.13M: 16 against 22 us)
+# and from which it is: below, torch's kernel was as fast or faster (4 x 4 x 16 x 16, 0.13M: 16 against 22 us);
+# heads written side by side (``merged``: no copy after) and masked by key lengths (no bias built),
+# the kernel served every size measured (1 x 4 x 16 x 16: 14 against 38-45 us with the bias built)
 MIN_WORK = 1 << 18
 _THREAD_MIN_WORK = 1 << 16
 
 
 def _kernel():
-    return native.function("attention", "attention_f32", "pppppdp", ctypes.c_int, fallbacks="attention")
+    return native.function("attention", "attention_f32", "pppppdppd", ctypes.c_int, fallbacks="attention")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-              scale: float) -> torch.Tensor | None:
+              scale: float, *, lens: torch.Tensor | None = None, fill: float = 0.0,
+              merged: bool = False) -> torch.Tensor | None:
     """softmax(q k^T * scale + bias) v for q (B, N, S, D), k (B, Nk, T, D), v (B, Nk, T, Dv) with
     Nk dividing N (grouped heads), bias additive and broadcastable to (B, N, S, T) (or all of them
-    without B); None where it does not serve (the module docstring)."""
+    without B); None where it does not serve (the module docstring). ``lens`` (int32 (B,), no
+    ``bias``): keys from lens[b] on get ``fill`` added (a right-padded mask_index). ``merged``: the
+    result as (B, S, N * Dv), the heads side by side, written so by the kernel (4-D q only)."""
     if q.device.type != "cpu" or not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
         return None
     if q.dim() == 3:
-        if bias is not None and bias.dim() > 3:
+        if (bias is not None and bias.dim() > 3) or lens is not None or merged:
             return None
         r = attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), bias, scale)
         return None if r is None else r.squeeze(0)
@@ -54,7 +59,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
             or n % nk or not (b and n and s and t and d and dv)):
         return None
     work = 2 * b * n * s * t * d
-    if work > MAX_WORK or work < MIN_WORK or d * t > MAX_HEAD:
+    if work > MAX_WORK or (work < MIN_WORK and not merged) or d * t > MAX_HEAD:
         return None
     if bias is not None:
         if bias.dim() > 4:
@@ -70,13 +75,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         q = q.contiguous()
     if v.stride(3) != 1:
         v = v.contiguous()
-    out = torch.empty(b, n, s, dv)
+    if lens is not None and (bias is not None or lens.dtype != torch.int32 or lens.shape != (b,)
+                             or not lens.is_contiguous()):
+        return None
+    if merged:
+        out = torch.empty(b, s, n * dv)
+        ostrides = (s * n * dv, dv, n * dv)  # (B, N, S, Dv) as the kernel walks it
+    else:
+        out = torch.empty(b, n, s, dv)
+        ostrides = out.stride()[:3]
     threads = torch.get_num_threads() if work >= _THREAD_MIN_WORK and b * n > 1 else 1
     ms = (0, 0, 0, 0) if bias is None else bias.stride()
     params = array.array("q", (b, n, s, t, d, dv, n // nk, *q.stride()[:3], *k.stride(), *v.stride()[:3], *ms,
-                                *out.stride()[:3], threads))
+                                *ostrides, threads))
     rc = fn(params.buffer_info()[0], q.data_ptr(), k.data_ptr(), v.data_ptr(),
-            None if bias is None else bias.data_ptr(), float(scale), out.data_ptr())
+            None if bias is None else bias.data_ptr(), float(scale), out.data_ptr(),
+            None if lens is None else lens.data_ptr(), float(fill))
     if rc:
         return None
     native.count("attention_native_calls")

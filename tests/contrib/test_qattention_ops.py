@@ -128,6 +128,27 @@ def test_qattention_past_masks(mask, unidirectional, executor):
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
+def test_qattention_key_lengths_in_the_c_kernel(executor):
+    """A right-padded batch's mask_index (one key length a row) at sizes the C attention serves:
+    the kernel masks by the lengths (no bias tensor) and writes the heads side by side; rows
+    padded, full and with lengths past the sequence, against onnxruntime."""
+    from dynashape.ops import native
+    rng = np.random.default_rng(7)
+    n, h, d_in = 4, 16, 32
+    model, _ = _qattention_model(n, d_in, h, U8, False, rng, 1, False, 1)
+    feeds = []
+    for b, s in [(2, 64), (1, 48), (3, 64), (2, 40)]:
+        x, xs, xz = _qinput(b, s, d_in, rng)
+        lens = rng.integers(1, s + 1, b).astype(np.int32)
+        lens[-1] = s + 3 if b > 1 else lens[-1]
+        feeds.append({"in0": x, "in3": xs, "in6": xz, "in5": lens})
+    before = native.counters().get("attention_native_calls", 0)
+    run_sequence(model, feeds, references=("ort",), executor=executor, **TOL)
+    if native.library("attention") is not None and DEVICE == "cpu":
+        assert native.counters().get("attention_native_calls", 0) >= before + len(feeds)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("per_column", [False, True], ids=["per_tensor", "per_column"])
 @pytest.mark.parametrize("wt", [U8, I8], ids=["u8", "s8"])
 def test_qattention_weights(wt, per_column, executor):

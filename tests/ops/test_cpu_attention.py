@@ -99,3 +99,49 @@ def test_other_cpu_builds(monkeypatch, tmp_path, arch):
         other = cpu_attention.attention(q, k, v, bias, 0.25)
         monkeypatch.undo()
         torch.testing.assert_close(other, here, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("k_transposed", [False, True])
+def test_key_lengths_and_merged_heads_as_the_bias(k_transposed):
+    """lens (a right-padded mask_index) gives bit for bit what the (B, 1, 1, T) bias of 0 and fill
+    gives, lengths of 0, inside and past T included; merged writes the heads side by side, bit for
+    bit the (B, N, S, Dv) result transposed."""
+    g = torch.Generator().manual_seed(4)
+    for b, nk, group, s, t, d, dv in CASES:
+        q, k, v, _ = _inputs(g, b, nk, group, s, t, d, dv, "none", k_transposed)
+        lens = torch.randint(0, t + 2, (b,), generator=g, dtype=torch.int32)
+        lens[0] = t // 2
+        bias = torch.where(torch.arange(t) < lens.reshape(b, 1), 0.0, -10000.0).reshape(b, 1, 1, t)
+        want = cpu_attention.attention(q, k, v, bias, 0.3)
+        got = cpu_attention.attention(q, k, v, None, 0.3, lens=lens, fill=-10000.0)
+        assert torch.equal(got, want)
+        merged = cpu_attention.attention(q, k, v, None, 0.3, lens=lens, fill=-10000.0, merged=True)
+        assert torch.equal(merged, want.transpose(1, 2).reshape(b, s, nk * group * dv))
+    # not served: a bias and lengths at once, lengths of another type or count
+    q, k, v, bias = _inputs(g, 2, 1, 1, 3, 4, 8, 8, "keys", False)
+    for kw in ({"lens": torch.ones(2, dtype=torch.int32)}, ):
+        assert cpu_attention.attention(q, k, v, bias, 0.3, **kw) is None
+    assert cpu_attention.attention(q, k, v, None, 0.3, lens=torch.ones(2, dtype=torch.int64)) is None
+    assert cpu_attention.attention(q, k, v, None, 0.3, lens=torch.ones(3, dtype=torch.int32)) is None
+
+
+def test_core_with_lengths_where_the_kernel_does_not_serve(monkeypatch):
+    """_core's lengths: the C kernel's result, and where it does not serve (here: every size sent
+    to torch) the bias those lengths make, as _padding_bias builds it from the mask_index."""
+    monkeypatch.setattr(cpu_attention, "MIN_WORK", 1 << 62)  # merged heads: served at every size still
+    g = torch.Generator().manual_seed(5)
+    q, k, v, _ = _inputs(g, 3, 2, 1, 6, 9, 8, 8, "none", False)
+    lens = torch.tensor([9, 4, 0], dtype=torch.int32)
+    fill = -10000.0
+    bias = contrib_attention._padding_bias(lens, 3, 6, 0, 9, fill, "mask_index", dummy_ok=True)
+    want = contrib_attention._core(q, k, v, bias, None, 0.3, torch.float32)
+    got = contrib_attention._core(q, k, v, None, None, 0.3, torch.float32, (lens, fill))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(cpu_attention, "MAX_WORK", 0)
+    before = native.counters().get("attention_native_calls", 0)
+    torch_want = contrib_attention._core(q, k, v, bias, None, 0.3, torch.float32)
+    assert torch.equal(contrib_attention._core(q, k, v, None, None, 0.3, torch.float32, (lens, fill)), torch_want)
+    full = torch.tensor([9, 9, 12], dtype=torch.int32)  # no key left out: the unmasked kernel
+    assert torch.equal(contrib_attention._core(q, k, v, None, None, 0.3, torch.float32, (full, fill)),
+                       contrib_attention._core(q, k, v, None, None, 0.3, torch.float32))
+    assert native.counters().get("attention_native_calls", 0) == before  # torch's, all of them
