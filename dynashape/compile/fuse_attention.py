@@ -168,8 +168,19 @@ def fuse_attention(graph: Graph) -> Graph:
         found = _match(graph, mm)
         if found is not None:
             nodes, ins, attrs = found
+            attrs["heads_last"] = int(_heads_merged_after(mm.outputs[0], graph))
             fuse(graph, nodes, "Attention", ins, attrs)
     return graph
+
+
+def _heads_merged_after(y: Value, graph: Graph) -> bool:
+    """Whether the attention's (B, N, S, H) result is read only by Transpose(0, 2, 1, 3) (the heads
+    put side by side before a Reshape): the kernel then writes it in that order, and the
+    transpose leaves a contiguous tensor whose reshape is a view instead of a copy."""
+    if rank(y) != 4 or not y.users or any(y is o for o in graph.outputs):
+        return False
+    return all(u.op_type == "Transpose" and u.domain in ("", "ai.onnx")
+               and list(u.attrs.get("perm", ())) == [0, 2, 1, 3] for u in y.users)
 
 
 def _match(graph: Graph, mm: Node):

@@ -95,7 +95,8 @@ def _linear(x, weight, bias=None, *, out=None):
 
 
 # ---- attention -----------------------------------------------------------------------------------
-def _attention_infer(shapes, values, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0):
+def _attention_infer(shapes, values, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0,
+                     heads_last=0):
     q, k, v = shapes[0], shapes[1], shapes[2]
     if len(q) < 3 or len(k) != len(q) or len(v) != len(q):
         raise CannotServe("attention of other ranks")
@@ -120,7 +121,8 @@ def _attention_infer(shapes, values, *, scale=1.0, mask_kind="none", k_transpose
 
 @op("Attention", 1, DOMAIN, infer=_attention_infer, writes_out=False,
     notes="softmax(q @ k.T * scale + mask) @ v as scaled_dot_product_attention (fuse_attention)")
-def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0, out=None):
+def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=0, gqa=0, nan_to_zero=0,
+               heads_last=0, out=None):
     if k_transposed:
         k = k.transpose(-2, -1)
     if mask is not None and mask_kind == "drop":
@@ -128,7 +130,15 @@ def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=
     kw = {"enable_gqa": True} if gqa else {}
     r = None
     if mask is None or mask.dtype == torch.float32:  # (a boolean mask: torch's kernel)
-        r = cpu_attention.attention(q, k, v, mask, scale)
+        if heads_last and q.dim() == 4:
+            # (B, N, S, Dv) laid out as (B, S, N, Dv): the Transpose(0, 2, 1, 3) after it is
+            # contiguous, the Reshape merging the heads a view (fuse_attention's heads_last)
+            r = cpu_attention.attention(q, k, v, mask, scale, merged=True)
+            if r is not None:
+                b, n, s = q.shape[:3]
+                r = r.view(b, s, n, -1).transpose(1, 2)
+        else:
+            r = cpu_attention.attention(q, k, v, mask, scale)
     if r is None:
         r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     if nan_to_zero:  # the exported graph turns the NaN of a fully masked row into 0

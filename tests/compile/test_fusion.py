@@ -171,7 +171,7 @@ def _reshape_transpose(b: Builder, k: str) -> str:
 
 
 def attention_model(scale="div", keys="transpose", mask="none", nan=False, gqa=False, softmax_axis=-1,
-                    also_output=None, q_heads=HEADS, kv_len="kv", opset=17) -> onnx.ModelProto:
+                    also_output=None, q_heads=HEADS, kv_len="kv", opset=17, merge_heads=None) -> onnx.ModelProto:
     """softmax(q @ kT * scale [+ mask]) @ v over [batch, heads, seq | kv, D]; the variants as exporters write them.
 
     scale: div (scores / sqrt D), mul (scores * 1/sqrt D), mul_swapped (1/sqrt D * scores),
@@ -185,6 +185,8 @@ def attention_model(scale="div", keys="transpose", mask="none", nan=False, gqa=F
     the transposed keys / the (repeated) keys are a graph output too (fuses, reading kT as it is).
     softmax_axis: None for no attribute (the default, 1 before opset 13: the coerced 2-D softmax).
     q_heads, kv_len: the query heads and key length (a dim name, or a number for a static dim).
+    merge_heads: "only" (the result through Transpose(0, 2, 1, 3) and a Reshape to [batch, seq, heads * D],
+    as a model merges its heads), "also" (that, and the result itself an output too).
     """
     b = Builder()
     kvh = KV_HEADS if gqa else HEADS
@@ -238,6 +240,9 @@ def attention_model(scale="div", keys="transpose", mask="none", nan=False, gqa=F
         p = b.op("Where", b.op("IsNaN", p), b.const(0.0), p)
     out = b.op("MatMul", p, v)
     extra = {"scores": [scores], "probs": [probs], "kT": [k_t], "keys": [k_in], None: []}[also_output]
+    if merge_heads:
+        merged = b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.const([0, 0, -1], np.int64))
+        return b.model([merged, *([out] if merge_heads == "also" else []), *extra], opset)
     return b.model([out, *extra], opset)
 
 
@@ -332,6 +337,20 @@ def test_attention_fuses_and_agrees(variant):
     feeds = attention_feeds(rng, keys, mask, variant.get("nan", False), variant.get("gqa", False))
     check_sequence(model, feeds, sess=sess)
     assert all(s.trace.unfused == 0 for s in sess.compiled.specs), "the fused kernel serves all these shapes"
+
+
+@pytest.mark.parametrize("merge", ["only", "also"])
+@pytest.mark.parametrize("mask", ["none", "add"])
+def test_attention_heads_written_side_by_side(merge, mask):
+    """heads_last: where only Transpose(0, 2, 1, 3) reads the result (the heads merged by a Reshape
+    after), the kernel writes (B, S, N, D) (the transpose contiguous, the reshape a view); where
+    the result is read otherwise too, as (B, N, S, D). Either way as onnxruntime over shapes."""
+    model = attention_model("div", "transpose", mask, merge_heads=merge)
+    sess = dynashape.InferenceSession(model)
+    (node,) = fused_nodes(sess, "Attention")
+    assert node.attrs["heads_last"] == (merge == "only")
+    rng = np.random.default_rng(11)
+    check_sequence(model, attention_feeds(rng, "transpose", mask), sess=sess)
 
 
 def test_attention_nan_cleanup_zeroes_fully_masked_rows():
