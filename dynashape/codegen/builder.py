@@ -41,6 +41,7 @@ from ..ir import Node, Value
 from ..ops.conv import conv1d
 from ..ops.cpu_conv import conv2d as cpu_conv2d
 from ..ops.elementwise import tanh
+from ..ops.registry import COMPUTED, bound_kernel
 from ..ops.tensor import _perm
 from ..ops.tuned_conv import conv2d_op
 from ..shape import expr as E
@@ -105,6 +106,7 @@ class SpecCode:
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
     aligned_positions: frozenset = frozenset()  # signature positions of the regions' aligned symbols
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
+    bound_kernels: int = 0  # of them, kernels bound to their node's constants (registry.binder)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
     input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
     step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
@@ -165,6 +167,7 @@ class _Builder:
         self.sized_nodes: list[tuple] = []  # break points whose sizes come from data: (node, output dtypes)
         self.inplace_inputs = 0  # Concat inputs their producers write in place, per run
         self.dropped = 0  # inputs not needed in this specialization (masks that mask nothing)
+        self.bound_kernels = 0  # kernels bound to their node's constants (registry.binder)
         self.arena_index: dict[int, int] = {id(b.value): i for i, b in enumerate(self.plan.arena)}
         self.arena_dtypes: list[torch.dtype] = []
         for b in self.plan.arena:
@@ -394,7 +397,13 @@ class _Builder:
         attrs = dict(node.attrs)
         if "_device" in od.attrs:
             attrs["_device"] = torch.device("cpu") if host else self.device
-        self.ns[name] = partial(od.fn, **attrs) if attrs else od.fn
+        fn = None
+        if self.device.type == "cpu" and any(x is not None and x.is_const for x in node.inputs):
+            # constant scales, zero points, tables read and checked once, not per call
+            fn = bound_kernel(od, [None if x is None else x.const if x.is_const else COMPUTED for x in node.inputs],
+                              dict(node.attrs))
+            self.bound_kernels += fn is not None
+        self.ns[name] = fn or (partial(od.fn, **attrs) if attrs else od.fn)
         return name
 
     def _emit_ctx(self, node: Node, ins: list, outs: list, bufs: list, kname: str, more: bool = False) -> Emit:
@@ -976,6 +985,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     spec.group_keys = [_key_of(g.key) for g in groups]
     spec.accepted_guards = b.accepted_guards  # what ``accepts`` checks (tests: every guard the build made)
     spec.kernel_items = sum(1 for it in b.items if it.node is not None)
+    spec.bound_kernels = b.bound_kernels
     spec.sized_nodes = b.sized_nodes
     spec.step_refused = b.step_refused if b.kv_nodes else ""
     spec.input_locals = [b.local[id(v)] for v in trace.input_values]

@@ -34,6 +34,14 @@ def pairs(table: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
 ADD, ADD_SWAPPED, MUL = 0, 1, 2  # lut.c qbinary_u8's kinds
 
 
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
 def _dense(x: torch.Tensor) -> bool:
     return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
 
@@ -44,14 +52,25 @@ def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float
     tables hold (csrc/lut.c qbinary_u8 says which), as a's dtype; None where not served."""
     if a.device.type != "cpu" or b.device.type != "cpu":
         return None
-    fn = native.function("lut", "qbinary_u8", "ipppppiidddiip", fallbacks="lut")
+    fn = _arithmetic_kernel()
     if fn is None:
         return None
+    walk = binary_walk(a, b)
+    return None if walk is None else run_arithmetic(fn, walk, kind, a, b, ra, rb, c0, za, zb)
+
+
+def _arithmetic_kernel():
+    return native.function("lut", "qbinary_u8", "ipppppiidddiip", fallbacks="lut")
+
+
+def binary_walk(a: torch.Tensor, b: torch.Tensor):
+    """How qbinary_u8 walks a and b (CPU tensors of one dtype) and lays out the result, a function
+    of their shapes and strides only (a bound QLinearAdd keeps it per layout): (dims, a's strides,
+    b's strides as C arrays, the result's shape and strides); None beyond 8 dims."""
     if a.shape == b.shape and a.stride() == b.stride() and _dense(a):
         # one run of elements in memory order, either layout: no broadcasting to walk
-        y = torch.empty_like(a)
         dims, sa = [a.numel()], [1]
-        sb = sa
+        sb, y_shape, y_strides = sa, a.shape, a.stride()
     else:
         a, b = torch.broadcast_tensors(a, b)  # views: strides 0 along the broadcast dims
         if a.dim() > 8:
@@ -59,13 +78,21 @@ def arithmetic(kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float
         if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous():
             # a CNN's channels-last activation: walked in NHWC order, so that the result keeps its layout
             y = torch.empty_like(a)
+            y_shape, y_strides = y.shape, y.stride()
             a, b = a.permute(0, 2, 3, 1), b.permute(0, 2, 3, 1)  # y's storage in this order
         else:
-            y = torch.empty(a.shape, dtype=a.dtype)
+            y_shape, y_strides = a.shape, _contiguous_strides(a.shape)
         dims, sa, sb = a.shape, a.stride(), b.stride()
+    return (array.array("q", dims), array.array("q", sa), array.array("q", sb), tuple(y_shape), tuple(y_strides))
+
+
+def run_arithmetic(fn, walk, kind: int, a: torch.Tensor, b: torch.Tensor, ra: float, rb: float, c0: float,
+                   za: int, zb: int) -> torch.Tensor:
+    """qbinary_u8 over a and b as ``walk`` (binary_walk of their layouts) says, into a new tensor."""
+    dims, sa, sb, y_shape, y_strides = walk
+    y = torch.empty_strided(y_shape, y_strides, dtype=a.dtype)
     if y.numel():
-        shape, sa, sb = array.array("q", dims), array.array("q", sa), array.array("q", sb)
-        fn(len(shape), shape.buffer_info()[0], a.data_ptr(), sa.buffer_info()[0], b.data_ptr(), sb.buffer_info()[0],
+        fn(len(dims), dims.buffer_info()[0], a.data_ptr(), sa.buffer_info()[0], b.data_ptr(), sb.buffer_info()[0],
            int(a.dtype == torch.int8), kind, ra, rb, c0, za, zb, y.data_ptr())
     native.count("lut_native_calls")
     return y

@@ -44,7 +44,7 @@ from .conv import window_pads
 from .linalg import _matmul_shape, prepared_b, qmatmul, u8s8_saturation
 from .pool import _plan
 from .quant import _dequantize, _quantize
-from .registry import op
+from .registry import COMPUTED, binder, op
 from .shapes import broadcast, norm_axis, same_as_first
 from .weight_cache import ConstantsCache
 
@@ -326,6 +326,57 @@ def _qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_
     notes="bit-exact with onnxruntime: a 65536-entry table per parameter set")
 def _qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None, *, out=None):
     return _qlinear_binary("mul", a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point, out)
+
+
+@binder("QLinearAdd", DOMAIN)
+def _bind_qlinear_add(consts, attrs):
+    return _bind_binary("add", _qlinear_add, consts)
+
+
+@binder("QLinearMul", DOMAIN)
+def _bind_qlinear_mul(consts, attrs):
+    return _bind_binary("mul", _qlinear_mul, consts)
+
+
+_BOUND_LAYOUTS = 16  # layouts of (A, B) a bound kernel keeps the walk of (a model shows a few)
+
+
+def _bind_binary(kind: str, full, consts):
+    """QLinearAdd / QLinearMul whose six scales and zero points are constants: their numbers and
+    the arithmetic's coefficients read once, and per layout of the two inputs the C pass's walk
+    (byte_tables.binary_walk), where the op reads six tensors and checks them every call (~20 us
+    a call against ~5 for the pass at a tiny BERT's sizes). Anything else (another device or
+    dtype, a layout past those kept) goes to the op itself, which says what is wrong."""
+    params = tuple(consts[i] if i < len(consts) else None for i in (1, 2, 4, 5, 6, 7))
+    if any(p is COMPUTED for p in params) or any(p is not None and p.device.type != "cpu" for p in params):
+        return None
+    try:
+        p = _binary_params(f"QLinear{kind.capitalize()}", params)
+    except ShapeError:
+        return None  # the op raises it at the first call
+    fn = byte_tables._arithmetic_kernel()
+    if fn is None:
+        return None
+    walks: dict = {}
+
+    def kernel(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None, *, out=None):
+        dt = a.dtype
+        key = (dt, b.dtype, a.device.type, b.device.type, a.shape, a.stride(), b.shape, b.stride())
+        got = walks.get(key)
+        if got is None:
+            if dt != b.dtype or dt not in _RANGE or a.device.type != "cpu" or b.device.type != "cpu" \
+                    or len(walks) >= _BOUND_LAYOUTS:
+                return full(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point, out=out)
+            walk = byte_tables.binary_walk(a, b)
+            if walk is None:
+                return full(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point, out=out)
+            swapped = kind == "add" and _a_is_span_scalar(tuple(a.shape), tuple(b.shape))
+            signed = dt == torch.int8
+            got = walks[key] = (walk, _coefficients((kind,) + tuple(float(v) for v in p) + (signed, swapped), p))
+        walk, (op_kind, ra, rb, c0, za, zb) = got
+        return _put(out, byte_tables.run_arithmetic(fn, walk, op_kind, a, b, ra, rb, c0, za, zb))
+
+    return kernel
 
 
 # ---- QLinearSigmoid / QLinearLeakyRelu ----------------------------------------------------------
@@ -739,6 +790,63 @@ def _dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None, *, out
     mult, rest = _b_multiplier(scale, b_scale, b, "DynamicQuantizeMatMul b_scale")
     y = _scaled_output(acc, mult, bias, rest, torch.float32)
     return _put(out, y.to(a.dtype))
+
+
+def _bound_product(b, b_scale, b_zp, bias, what: str):
+    """qgemm.bind for a contrib product's constant B side (_native's conditions), or None."""
+    if any(t is COMPUTED for t in (b, b_scale, b_zp, bias)) or b is None or b_scale is None \
+            or b.device.type != "cpu" or b.dim() != 2 or b.dtype not in _RANGE \
+            or not (b_scale.numel() == 1 or (b_scale.dim() == 1 and b_scale.shape[0] == b.shape[-1])):
+        return None
+    try:
+        zb = _per_column(b_zp, b, f"{what} b_zero_point")
+    except ShapeError:
+        return None
+    return qgemm.bind(prepared_b(b, zb), b_scale=b_scale, bias=bias)
+
+
+@binder("DynamicQuantizeMatMul", DOMAIN)
+def _bind_dynamic_quantize_matmul(consts, attrs):
+    """DynamicQuantizeMatMul of constant B, scale, zero point and bias: qgemm.c's B and epilogue read
+    once (qgemm.bind) where the op checks and looks them up every call; the op itself elsewhere."""
+    c = list(consts) + [None] * (5 - len(consts))
+    run = _bound_product(c[1], c[2], c[3], c[4], "DynamicQuantizeMatMul")
+    if run is None:
+        return None
+    int8 = c[1].dtype == torch.int8
+
+    def kernel(a, b, b_scale, b_zero_point=None, bias=None, *, out=None):
+        if not (int8 and u8s8_saturation()):
+            y = run(a, qgemm.A_DYNAMIC, 1.0, 0, out if out is not None and out.dtype == torch.float32 else None)
+            if y is not None:
+                return _put(out, y if y.dtype == a.dtype else y.to(a.dtype))
+        return _dynamic_quantize_matmul(a, b, b_scale, b_zero_point, bias, out=out)
+
+    return kernel
+
+
+@binder("MatMulIntegerToFloat", DOMAIN)
+def _bind_matmul_integer_to_float(consts, attrs):
+    """MatMulIntegerToFloat of constant B, b_scale (per tensor or per column: no swap of the scales
+    then), zero point and bias, A's scale one value: as DynamicQuantizeMatMul's bound form."""
+    c = list(consts) + [None] * (7 - len(consts))
+    run = _bound_product(c[1], c[3], c[5], c[6], "MatMulIntegerToFloat")
+    if run is None:
+        return None
+    int8 = c[1].dtype == torch.int8
+
+    def kernel(a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None, *, out=None):
+        if a.dtype in _RANGE and a_scale.numel() == 1 and a_scale.dtype == torch.float32 \
+                and (a_zero_point is None or a_zero_point.numel() == 1) \
+                and not (int8 and u8s8_saturation() and a.dtype != torch.int8):
+            za = 0 if a_zero_point is None else int(a_zero_point.item())
+            y = run(a, qgemm.byte_kind(a), float(_F32(a_scale.item())), za,
+                    out if out is not None and out.dtype == torch.float32 else None)
+            if y is not None:
+                return _put(out, y)
+        return _matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point, b_zero_point, bias, out=out)
+
+    return kernel
 
 
 # ---- MatMulNBits --------------------------------------------------------------------------------

@@ -126,18 +126,40 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     dtype), else a new tensor. None where qgemm.c does not serve (the module docstring)."""
     if a.device.type != "cpu" or not a.dim():
         return None
+    half = _constant_half(prep, b_scale, bias, fused, requant)
+    return None if half is None else _run(half, a, kind, a_scale, a_zp, out)
+
+
+def bind(prep, *, b_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, fused: bool = False,
+         requant: tuple[int, torch.dtype] | None = None):
+    """``product`` for a node whose B, B's scales and bias are constants: what depends on them
+    alone (B's blocks, the epilogue's vectors, the output kind) worked out once, and a function
+    ``f(a, kind, a_scale=1.0, a_zp=0, out=None)`` that does the rest as product does (None where
+    qgemm.c does not serve those arguments); None where it cannot serve this B at all."""
+    half = _constant_half(prep, b_scale, bias, fused, requant)
+    if half is None:
+        return None
+
+    def run(a, kind, a_scale=1.0, a_zp=0, out=None):
+        if a.device.type != "cpu" or not a.dim():
+            return None
+        return _run(half, a, kind, a_scale, a_zp, out)
+
+    return run
+
+
+def _constant_half(prep, b_scale, bias, fused, requant):
+    """What product's call takes from B, its scales, the bias and the output kind alone (the
+    tensors whose addresses it passes ride along), or None where qgemm.c cannot serve them."""
     fn = _kernel()
     if fn is None:
         return None
     ready = prep.forms.get("qgemm")
     if ready is None:
         ready = prep.forms["qgemm"] = _ready(prep)
-    if not ready or a.shape[-1] != ready[0]:
+    if not ready:
         return None
-    k, n, grp, kg, blk, colsum, _held = ready
-    m = a.numel() // k
-    if m == 0 or (m * k * n > _SMALL_WORK and not _serves_large()):
-        return None
+    k, n, grp, kg, blk, colsum, held = ready
     scale = bias_v = None
     bs_step = 0
     if b_scale is not None:
@@ -152,8 +174,25 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
         scale, bs_step, b = got
         if requant is None:
             bias_v = b
-    shape = (*a.shape[:-1], n)
     dtype = torch.int32 if scale is None else requant[1] if requant is not None else torch.float32
+    if scale is None:
+        out_kind = _OUT_I32
+    elif requant is not None:
+        out_kind = _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
+    else:
+        out_kind = _OUT_F32_FMA if fused and bias_v is not None else _OUT_F32
+    return (fn, k, n, grp, kg, blk, colsum, dtype, out_kind, None if scale is None else scale.data_ptr(), bs_step,
+            None if bias_v is None else bias_v.data_ptr(), (held, scale, bias_v))
+
+
+def _run(half, a, kind, a_scale, a_zp, out):
+    fn, k, n, grp, kg, blk, colsum, dtype, out_kind, scale_p, bs_step, bias_p, _held = half
+    if a.shape[-1] != k:
+        return None
+    m = a.numel() // k
+    if m == 0 or (m * k * n > _SMALL_WORK and not _serves_large()):
+        return None
+    shape = (*a.shape[:-1], n)
     if out is None or out.dtype != dtype or out.shape != shape or not out.is_contiguous():
         out = torch.empty(shape, dtype=dtype)
     if not a.is_contiguous():
@@ -161,15 +200,8 @@ def product(a: torch.Tensor, kind: int, prep, *, a_scale: float = 1.0, a_zp: int
     if kind == A_DYNAMIC and a.dtype != torch.float32:
         a = a.to(torch.float32)
     threads = torch.get_num_threads() if m * k * n >= _THREAD_MIN_WORK else 1
-    if scale is None:
-        out_kind = _OUT_I32
-    elif requant is not None:
-        out_kind = _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
-    else:
-        out_kind = _OUT_F32_FMA if fused and bias_v is not None else _OUT_F32
     rc = fn(m, k, n, threads, kind, a.data_ptr(), a_scale, a_zp, grp, kg, blk, colsum,
-            out_kind, None if scale is None else scale.data_ptr(), bs_step,
-            None if bias_v is None else bias_v.data_ptr(), out.data_ptr())
+            out_kind, scale_p, bs_step, bias_p, out.data_ptr())
     if rc:
         return None  # a non-finite range (or no memory): the torch path gives what the formula gives
     native.count("qgemm_native_calls")

@@ -19,6 +19,8 @@ outputs, passed in by the runtime) names an INT4 that the held int8 of a zero po
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -27,7 +29,7 @@ from ..ir.dtypes import SUBBYTE_INT, TP, cast_tensor, onnx_elem_type, torch_dtyp
 from . import byte_tables, linalg, qgemm
 from .conv import _conv, _conv_infer
 from .linalg import _amax, _matmul_shape, prepared_b, qmatmul
-from .registry import op
+from .registry import COMPUTED, binder, op
 from .shapes import norm_axis, same_as_first
 from .weight_cache import ConstantsCache, WeightCache
 
@@ -334,6 +336,49 @@ def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, o
             return None
     return qgemm.product(a, qgemm.byte_kind(a), prepared_b(b, zb),
                          a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out, requant=requant)
+
+
+@binder("QLinearMatMul")
+def _bind_qlinear_matmul(consts, attrs):
+    """QLinearMatMul of a constant 2-D B whose scales and zero points (A's and Y's too) are
+    constants: the multiplier, the requantization and qgemm.c's B read once (qgemm.bind), where
+    the op reads eight tensors every call. Anything it does not serve goes to the op itself."""
+    c = list(consts) + [None] * (8 - len(consts))
+    a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = c[1:8]
+    if any(t is COMPUTED or t is None for t in (a_scale, b, b_scale, y_scale, y_zp)) or a_zp is COMPUTED \
+            or b_zp is COMPUTED or b.dim() != 2 or b.dtype not in (torch.uint8, torch.int8):
+        return None
+    to = _out_type(attrs.get("_out_types")) or onnx_elem_type(y_zp)
+    if to not in (TP.UINT8, TP.INT8) or a_scale.numel() != 1 or y_zp.numel() != 1 \
+            or (a_zp is not None and a_zp.numel() != 1) or any(t.device.type != "cpu" for t in (a_scale, b, b_scale)):
+        return None
+    try:
+        zb = None if b_zp is None else _per_col(b_zp, b)
+    except ShapeError:
+        return None
+    if b_scale.numel() == 1:
+        multiplier = _multiplier_tensor(a_scale, b_scale, y_scale)
+    else:
+        multiplier = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
+            / y_scale.to(torch.float32).reshape(())
+        if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
+            multiplier = None
+    if multiplier is None:
+        return None
+    run = qgemm.bind(prepared_b(b, zb), b_scale=multiplier, requant=(int(y_zp.item()), torch_dtype(to)))
+    if run is None:
+        return None
+    za = 0 if a_zp is None else int(a_zp.item())
+    full = partial(_qlinear_matmul, **attrs)
+
+    def kernel(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, out=None):
+        if a.dtype in (torch.uint8, torch.int8) and not linalg._saturates(a, b):
+            r = run(a, qgemm.byte_kind(a), 1.0, za, out)
+            if r is not None:
+                return r if out is None or r is out else out.copy_(r)
+        return full(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, out=out)
+
+    return kernel
 
 
 _MULTIPLIERS = ConstantsCache()

@@ -68,6 +68,38 @@ def op(op_type: str, since: int | tuple[int, ...] = 1, domain: str = "", *, infe
     return deco
 
 
+_BINDERS: dict[tuple[str, str], Callable] = {}
+
+
+class _Computed:
+    def __repr__(self) -> str:
+        return "COMPUTED"
+
+
+COMPUTED = _Computed()  # a binder's input that is computed at run time (None: absent)
+
+
+def binder(op_type: str, domain: str = ""):
+    """Register ``fn(consts, attrs)`` for ``op_type``: given a node's inputs (a tensor per constant
+    input, COMPUTED for one computed at run time, None for an absent one) and attributes, a kernel
+    with the op's calling convention that has read, checked and prepared those constants once
+    (scales, zero points, tables), or None where it has nothing to prepare. The generated CPU
+    runner calls it in the registered kernel's place; the interpreter keeps the registered kernel
+    (the reference)."""
+
+    def deco(fn: Callable) -> Callable:
+        _BINDERS[("" if domain == "ai.onnx" else domain, op_type)] = fn
+        return fn
+
+    return deco
+
+
+def bound_kernel(d: OpDef, consts: list, attrs: dict) -> Callable | None:
+    """The bound form of ``d``'s kernel for these constants (``binder``), or None."""
+    fn = _BINDERS.get((d.domain, d.op_type))
+    return None if fn is None else fn(consts, attrs)
+
+
 def lookup(op_type: str, domain: str, opset: int, node_name: str = "") -> OpDef:
     """The newest registration at or below ``opset``, or a load-time UnsupportedOpError.
     (Every op module is imported with the package, in ``ops/__init__.py``.)"""

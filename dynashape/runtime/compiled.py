@@ -220,6 +220,8 @@ class CompiledModel:
             self.stats["shape_program_traces"] += 1
             if t.inlined_ifs:  # Ifs whose condition this signature decides: their branch is inline code
                 self.stats["ifs_decided_by_shapes"] += t.inlined_ifs
+            if spec.bound_kernels:  # kernels that read their node's constant parameters once
+                self.stats["bound_kernels"] += spec.bound_kernels
             if self.specs:
                 self.stats["guard_misses"] += 1
             self.specs.append(spec)
