@@ -234,6 +234,23 @@ def _concat(e: Emit) -> list[str] | None:
     return [f"{e.outs[0]} = torch.cat({args}, {axis}, out={e.bufs[0]})"]
 
 
+def _range(e: Emit) -> list[str] | None:
+    """Range of start, limit and delta the shape program knows (a decoder's positions: 0 .. seq):
+    torch.arange over the output's own length, n = max(ceil((limit - start) / delta), 0), which
+    torch's arange would refuse for a negative count; the kernel reads three tensors back."""
+    vals = [_ints(v) for v in e.values[:3]]
+    dt = e.out_dtypes[0]
+    if len(vals) < 3 or any(v is None or len(v) != 1 for v in vals) or e.out_dims[0] is None \
+            or dt not in (torch.int64, torch.int32, torch.float32, torch.float64):
+        return None
+    start, delta = vals[0][0], vals[2][0]
+    if type(delta) is not int or delta == 0:
+        return None
+    s, n = e.src(start), e.src(e.out_dims[0][0])
+    out = f", out={e.bufs[0]}" if e.bufs[0] is not None else ""
+    return [f"{e.outs[0]} = torch.arange({s}, {s} + ({n}) * {delta}, {delta}, dtype={dt}{out})"]
+
+
 VIEW_EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Reshape": _reshape, "Flatten": _reshape, "Squeeze": _squeeze_like, "Unsqueeze": _squeeze_like,
     "Transpose": _transpose, "Identity": _identity, "Expand": _expand, "Slice": _slice,
@@ -247,7 +264,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Sigmoid": _unary("torch.sigmoid"), "Tanh": _tanh, "Exp": _unary("torch.exp"),
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
-    "Abs": _unary("torch.abs"), "Log": _unary("torch.log"),
+    "Abs": _unary("torch.abs"), "Log": _unary("torch.log"), "Range": _range,
 }
 
 

@@ -25,10 +25,12 @@ MAX_WORK = 1 << 30
 # blocked kernel won or tied (1 x 8 x 512 x 64: 4.8 against 3.7 ms in one run, 3.4 against 4.5 in
 # another; 384 tokens 2.6 against 3.3)
 MAX_HEAD = 3 << 13
-# and from which it is: below, torch's kernel was as fast or faster (4 x 4 x 16 x 16, 0.13M: 16 against 22 us);
-# heads written side by side (``merged``: no copy after) and masked by key lengths (no bias built),
-# the kernel served every size measured (1 x 4 x 16 x 16: 14 against 38-45 us with the bias built)
-MIN_WORK = 1 << 18
+# The multiply-adds from which it is used. Measured first (4 x 4 x 16 x 16, 0.13M: torch 16 against 22 us) it was
+# 2^18; measured again after the four-row blocking, through the fused Attention op (2 threads, this
+# 2-core AMD EPYC), the kernel was as fast or faster at every small size: 1 x 4 x 12 x 12 x 16 11.6
+# against torch's 14.2 us, 4 x 4 x 16 x 16 x 16 15.6 against 21.3, 1 x 4 x 1 x 64 x 16 11.0 against
+# 10.8; with K read transposed or an additive mask (T5's position bias) 13-17 against 28-54
+MIN_WORK = 0
 _THREAD_MIN_WORK = 1 << 16
 
 

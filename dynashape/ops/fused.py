@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import cpu_attention, tuned_gemm
+from . import cpu_attention, native, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -43,7 +43,32 @@ class CannotServe(NeedsConcrete):
 @op("RMSNorm", 1, DOMAIN, infer=same_as_first, writes_out=False,
     notes="x * rsqrt(mean(x^2, last axis) + eps) * weight (fuse_norms)")
 def _rms_norm(x, weight=None, *, epsilon=1e-5, out=None):
-    return F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+    y = _rms_norm_native(x, weight, epsilon)
+    return y if y is not None else F.rms_norm(x, (x.shape[-1],), weight, epsilon)
+
+
+_RMS_THREAD_MIN = 1 << 16  # elements below which a second thread costs more than it saves
+
+
+def _rms_norm_native(x, weight, epsilon: float):
+    """RMSNorm of contiguous float32 CPU rows in one C call (csrc/elementwise.c rms_norm_f32;
+    F.rms_norm is six kernels on the CPU), or None (a trace's fake tensors, another dtype or device)."""
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or x.dtype != torch.float32 or not x.dim() \
+            or not x.is_contiguous() or (weight is not None and (
+                type(weight) is not torch.Tensor or weight.dtype != torch.float32 or weight.device.type != "cpu"
+                or weight.shape != x.shape[-1:] or not weight.is_contiguous())):
+        return None
+    fn = native.function("elementwise", "rms_norm_f32", "ppiidpi", fallbacks="rms_norm")
+    if fn is None:
+        return None
+    h = x.shape[-1]
+    y = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        fn(x.data_ptr(), None if weight is None else weight.data_ptr(), n // h, h, float(epsilon), y.data_ptr(),
+           torch.get_num_threads() if n >= _RMS_THREAD_MIN else 1)
+    native.count("rms_norm_native_calls")
+    return y
 
 
 @op("LayerNorm", 1, DOMAIN, infer=same_as_first, writes_out=False,

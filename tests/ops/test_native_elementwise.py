@@ -1,7 +1,8 @@
 """ops/csrc/elementwise.c's tanh (large float32 CPU tensors; torch's CPU tanh is ~8x slower than
 onnxruntime's): accuracy against float64 over the whole range and the special values, a session
 over changing shapes against onnxruntime, and its calls and fallbacks counted. Its FakeQuant (a
-QDQ pair in one pass): bit for bit the four torch calls."""
+QDQ pair in one pass): bit for bit the four torch calls. Its RMSNorm (the fused op's CPU kernel):
+within float32 rounding of F.rms_norm, and the other CPU builds the same."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import dynashape
-from dynashape.ops import elementwise, native
+from dynashape.ops import elementwise, fused, native
+
+from .harness import other_build
 
 pytestmark = pytest.mark.skipif(native.library("elementwise") is None,
                                 reason=f"no native build: {native.why('elementwise')}")
@@ -99,3 +102,43 @@ def test_fake_quant_in_c_is_the_torch_path_bit_for_bit(monkeypatch, n, zdtype):
             m.setenv("DYNASHAPE_NATIVE", "0")
             want = fused_quant._fake_quant(x, s, z, lo=lo, hi=hi)
         assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)) and got.isnan().sum() == want.isnan().sum()
+
+
+RMS_SHAPES = [(1, 64), (3, 12, 64), (2, 5, 1), (7, 33), (4, 16), (2, 3, 130), (0, 8)]
+
+
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_rms_norm_in_c_against_float64(with_weight):
+    g = torch.Generator().manual_seed(1)
+    for shape in RMS_SHAPES:
+        x = torch.randn(shape, generator=g) * 3
+        w = torch.randn(shape[-1], generator=g) if with_weight else None
+        before = native.counters().get("rms_norm_native_calls", 0)
+        y = fused._rms_norm(x, w, epsilon=1e-6)
+        assert native.counters()["rms_norm_native_calls"] == before + 1
+        xd = x.double()
+        want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 if w is None else w.double())
+        torch.testing.assert_close(y.double(), want, rtol=4e-7, atol=1e-7)
+        torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (shape[-1],), w, 1e-6), rtol=1e-6, atol=1e-7)
+
+
+def test_rms_norm_leaves_the_rest_to_torch():
+    x = torch.randn(4, 8)
+    for args in ((x.double(), None), (x.t(), None), (x, torch.randn(8).double()), (x, torch.randn(7))):
+        assert fused._rms_norm_native(args[0], args[1], 1e-5) is None
+    t = torch.randn(2, 3, 8).transpose(0, 1)  # not contiguous: torch's, same numbers
+    torch.testing.assert_close(fused._rms_norm(t, None), torch.nn.functional.rms_norm(t, (8,), None, 1e-5))
+
+
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"])
+def test_rms_norm_other_cpu_builds(monkeypatch, tmp_path, arch):
+    fn = other_build("elementwise", "rms_norm_f32", native.function("elementwise", "rms_norm_f32", "ppiidpi"),
+                     arch, tmp_path)
+    g = torch.Generator().manual_seed(2)
+    for shape in RMS_SHAPES[:-1]:
+        x, w = torch.randn(shape, generator=g), torch.randn(shape[-1], generator=g)
+        here = fused._rms_norm(x, w)
+        monkeypatch.setattr(native, "function", lambda *a, **k: fn)
+        other = fused._rms_norm(x, w)
+        monkeypatch.undo()
+        torch.testing.assert_close(other, here, rtol=1e-6, atol=1e-7)

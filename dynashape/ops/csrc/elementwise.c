@@ -34,3 +34,30 @@ void fake_quant_f32(const float *x, int64_t n, double scale_d, double lo_d, doub
         y[i] = q * s;
     }
 }
+
+/* RMS normalization over the last axis (fused.py RMSNorm, what T5 and Llama exports decompose):
+ * y = x * (1 / sqrt(mean(x^2) + eps)) [* w], rows of h contiguous floats. torch's F.rms_norm is a
+ * composite of six kernels on the CPU (~11 us for a 12 x 64 tensor, against ~1 here); the sum of
+ * squares runs in 16 lanes (another order than torch's: float32 rounding apart), the two products
+ * in torch's order. w: NULL or h floats. */
+void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, double eps_d, float *y, int64_t threads) {
+    const float eps = (float)eps_d;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * h;
+        float *yr = y + r * h;
+        float acc[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= h; j += 16)
+            for (int l = 0; l < 16; l++) acc[l] += xr[j + l] * xr[j + l];
+        float ss = 0.0f;
+        for (int l = 0; l < 16; l++) ss += acc[l];
+        for (; j < h; j++) ss += xr[j] * xr[j];
+        const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+        if (w) {
+            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv * w[k];
+        } else {
+            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv;
+        }
+    }
+}
