@@ -241,8 +241,8 @@ def _range(e: Emit) -> list[str] | None:
     vals = [_ints(v) for v in e.values[:3]]
     dt = e.out_dtypes[0]
     if len(vals) < 3 or any(v is None or len(v) != 1 for v in vals) or e.out_dims[0] is None \
-            or dt not in (torch.int64, torch.int32, torch.float32, torch.float64):
-        return None
+            or dt not in (torch.int64, torch.int32, torch.float32, torch.float64) or not e.on_cpu:
+        return None  # (on a device the kernel, which puts the result where its out= is)
     start, delta = vals[0][0], vals[2][0]
     if type(delta) is not int or delta == 0:
         return None
