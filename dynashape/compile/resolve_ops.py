@@ -17,6 +17,8 @@ def resolve_ops(graph: Graph) -> Graph:
         node.opdef = opdef
         if "_n_outputs" in opdef.attrs:  # ops whose outputs count is part of their meaning (Split)
             node.attrs["_n_outputs"] = _count_outputs(node)
+        if "_present" in opdef.attrs:  # which outputs the graph reads: a kernel without out= cannot tell
+            node.attrs["_present"] = tuple(v is not None for v in node.outputs)
         if "_out_types" in opdef.attrs:  # result types a torch dtype cannot name (INT4 is held in int8)
             node.attrs["_out_types"] = tuple(0 if v is None else v.elem_type for v in node.outputs)
         for sub in node.subgraphs.values():

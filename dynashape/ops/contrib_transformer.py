@@ -32,10 +32,10 @@ def _compute_type(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _wants(out, n: int, k: int) -> bool:
-    """Whether output k is asked for: within the node's outputs, and not a gap where ``out``
-    says which outputs have a buffer."""
-    if k >= n:
+def _wants(out, n: int, k: int, present=None) -> bool:
+    """Whether output k is asked for: within the node's outputs, not a gap where ``out`` says which
+    outputs have a buffer, and read by the graph where ``present`` (resolve_ops' ``_present``) says."""
+    if k >= n or (present is not None and (k >= len(present) or not present[k])):
         return False
     return not isinstance(out, tuple) or k >= len(out) or out[k] is not None
 
@@ -90,7 +90,7 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: int, out):
+def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: int, out, present=None):
     ct = _compute_type(x.dtype)
     s = _as(x, ct) + _as(skip, ct)
     if bias is not None:
@@ -98,7 +98,7 @@ def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: 
     g = _as(gamma, ct)
     b = None if beta is None else _as(beta, ct)
     h = (x.shape[-1],)
-    if not (_wants(out, n, 1) or _wants(out, n, 2)):
+    if not (_wants(out, n, 1, present) or _wants(out, n, 2, present)):  # (mean and inv_std: training's)
         y = F.rms_norm(s, h, g, epsilon) if simplified else F.layer_norm(s, h, g, b, epsilon)
         mean = inv = None
     else:
@@ -113,19 +113,20 @@ def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: 
             if b is not None:
                 y = y + b
         mean, inv = mean.float(), inv.float()
-    total = _as(s, x.dtype) if _wants(out, n, 3) else None
+    total = _as(s, x.dtype) if _wants(out, n, 3, present) else None
     return _emit([_as(y, x.dtype), mean, inv, total], out, n)
 
 
 @op("SkipLayerNormalization", 1, MS, infer=_skip_ln_infer,
     notes="skip of batch 1 or without batch broadcasts over the input's batch")
-def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, _n_outputs=1, out=None):
-    return _skip_norm(x, skip, gamma, beta, bias, epsilon, False, _n_outputs, out)
+def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, _n_outputs=1, _present=None, out=None):
+    return _skip_norm(x, skip, gamma, beta, bias, epsilon, False, _n_outputs, out, _present)
 
 
 @op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer)
-def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12, _n_outputs=1, out=None):
-    return _skip_norm(x, skip, gamma, None, bias, epsilon, True, _n_outputs, out)
+def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12, _n_outputs=1, _present=None,
+                                out=None):
+    return _skip_norm(x, skip, gamma, None, bias, epsilon, True, _n_outputs, out, _present)
 
 
 # SimplifiedLayerNormalization (ONNX domain) -------------------------------------------------

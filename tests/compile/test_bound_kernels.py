@@ -142,7 +142,8 @@ def test_fake_quant_bound_through_a_qdq_pair():
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
              helper.make_node("Neg", ["d"], ["y"])]  # (a pair whose result is a graph output is not fused)
-    m = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(helper.make_graph(nodes, "qdq", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)],
+                          ir_version=8)
     _same_as_interpreter(m, [{"x": rng.uniform(-6, 6, s).astype(np.float32)} for s in [(3, 5), (1, 40), (7, 2)]])
     s, z = torch.tensor(0.037), torch.tensor(131, dtype=torch.uint8)
     kernel = fused_quant._bind_fake_quant([COMPUTED, s, z], {"lo": 0, "hi": 255})

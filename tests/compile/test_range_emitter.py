@@ -11,6 +11,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import dynashape
+from tests.ops.harness import DEVICE
 
 
 def _model(start: int, delta: int, offset: int, dtype=TP.INT64):
@@ -28,7 +29,7 @@ def _model(start: int, delta: int, offset: int, dtype=TP.INT64):
         (np.array(delta, np_t), "delta"))]
     g = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("x", TP.FLOAT, [1, "seq"])],
                           [helper.make_tensor_value_info("y", dtype, None)], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 @pytest.mark.parametrize("start, delta, offset", [(0, 1, 0), (3, 2, 5), (10, -3, -4), (7, 1, -20), (0, 4, 1)])
@@ -36,8 +37,8 @@ def _model(start: int, delta: int, offset: int, dtype=TP.INT64):
 def test_range_of_known_ints(start, delta, offset, dtype):
     import onnxruntime as ort
     m = _model(start, delta, offset, dtype)
-    sess = dynashape.InferenceSession(m)
-    ref = dynashape.InferenceSession(m, executor="interpreter")
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    ref = dynashape.InferenceSession(m, device=DEVICE, executor="interpreter")
     o = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     for n in (1, 5, 12, 2, 30, 5):
         feeds = {"x": np.random.default_rng(n).standard_normal((1, n)).astype(np.float32)}

@@ -92,6 +92,28 @@ def test_skip_layer_norm(case):
     _check(model, feeds)
 
 
+def test_skip_layer_norm_without_statistics_outputs():
+    """The graph reads the output and the sum, not mean / inv_std (GPT-2 as onnxruntime's optimizer
+    writes it): resolve_ops gives the kernel ``_present``, so the statistics are not computed even
+    when no out= buffers say which outputs exist (a contrib op's outputs have no known dtype)."""
+    import torch
+
+    from dynashape.ops import contrib_transformer as CT
+    rng = np.random.default_rng(3)
+    gamma, beta = rand(H, rng=rng), rand(H, rng=rng)
+    model = _model("SkipLayerNormalization", [TP.FLOAT] * 4, [TP.FLOAT, None, None, TP.FLOAT], {"epsilon": 1e-5},
+                   {2: gamma, 3: beta}, ranks=[3, 3, 1, 1])
+    sess = dynashape.InferenceSession(model, device=DEVICE)
+    node = next(n for n in sess.program.fused.nodes if n.op_type == "SkipLayerNormalization")
+    assert node.attrs["_present"] == (True, False, False, True)
+    x, skip = torch.randn(2, 3, H), torch.randn(2, 3, H)
+    y, mean, inv, total = CT._skip_layer_norm(x, skip, torch.from_numpy(gamma), torch.from_numpy(beta),
+                                              epsilon=1e-5, _n_outputs=4, _present=node.attrs["_present"])
+    assert mean is None and inv is None and torch.equal(total, x + skip)
+    want = torch.nn.functional.layer_norm(x + skip, (H,), torch.from_numpy(gamma), torch.from_numpy(beta), 1e-5)
+    assert torch.equal(y, want)
+
+
 def test_skip_layer_norm_half():
     rng = np.random.default_rng(2)
     w = [rand(H, np.float16, rng) for _ in range(3)]
