@@ -234,6 +234,22 @@ def _concat(e: Emit) -> list[str] | None:
     return [f"{e.outs[0]} = torch.cat({args}, {axis}, out={e.bufs[0]})"]
 
 
+def _split(e: Emit) -> list[str] | None:
+    """Split sized from the shape program's output dims (the kernel reads the sizes back from a
+    tensor and checks them): torch.split's views, copied into the parts' buffers where the memory
+    plan gave them (views of the input where it adopts the parts)."""
+    if e.in_dims[0] is None or not e.outs or any(d is None for d in e.out_dims) or any(o is None for o in e.outs):
+        return None
+    a = norm_axes([e.node.attrs.get("axis", 0)], len(e.in_dims[0]))[0]
+    sizes = [e.src(d[a]) for d in e.out_dims]
+    if all(b is None for b in e.bufs):
+        return [f"{', '.join(e.outs)}, = torch.split({e.ins[0]}, [{', '.join(sizes)}], {a})"]
+    if any(b is None for b in e.bufs):
+        return None
+    return [f"{o} = {b}.copy_({e.ins[0]}.narrow({a}, {' + '.join(sizes[:k]) or 0}, {sizes[k]}))"
+            for k, (o, b) in enumerate(zip(e.outs, e.bufs))]
+
+
 def _range(e: Emit) -> list[str] | None:
     """Range of start, limit and delta the shape program knows (a decoder's positions: 0 .. seq):
     torch.arange over the output's own length, n = max(ceil((limit - start) / delta), 0), which
@@ -265,6 +281,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
     "Abs": _unary("torch.abs"), "Log": _unary("torch.log"), "Range": _range,
+    "Split": _split,
 }
 
 

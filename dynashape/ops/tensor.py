@@ -232,6 +232,8 @@ def _split_kernel(x, a, sizes, out):
     parts = torch.split(x, sizes, dim=a)
     if out is None:
         return tuple(p.clone() for p in parts)
+    if isinstance(out, torch.Tensor):  # one part: its buffer comes alone (not a tuple of one)
+        return out.copy_(parts[0])
     for o, p in zip(out, parts):
         if o is not None:
             o.copy_(p)
