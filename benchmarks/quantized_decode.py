@@ -1,0 +1,111 @@
+"""The zoo's quantized GPT-2 (onnxruntime's transformers optimizer, then quantize_dynamic:
+DynamicQuantizeMatMul, Attention with past, SkipLayerNormalization, FastGelu) decoding: dynashape
+vs onnxruntime on the CPU.
+
+A prompt of --prompt tokens, then --steps single-token steps, the presents fed back as the next
+step's pasts (numpy arrays, as an onnxruntime user's loop hands them), for each batch size in
+--batches. Each runtime gets the machine in its turn (its session is deleted and garbage-collected
+before the other's exists); both use --threads threads. Reported per batch: the whole loop, the
+median of --repeat warm passes, the ratio, and the largest difference of the logits.
+
+    python benchmarks/quantized_decode.py [--batches 1,4] [--prompt 8] [--steps 24] [--repeat 7]
+                                          [--threads 2] [--json out.json]
+
+The model is scripts/make_zoo_models.py's ``gpt2-opt-qdyn`` (built into .cache/generated when missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def decode_loop(run, gen, batch: int, prompt: int, steps: int, seed: int = 0) -> list:
+    """The loop; returns the logits of every step."""
+    c = gen.GPT2
+    heads, hd = c["heads"], c["hidden"] // c["heads"]
+    past_names = gen.gpt2_io()[0][3:]
+    rng = np.random.default_rng(seed)
+    past = {n: np.zeros((batch, heads, 0, hd), np.float32) for n in past_names}
+    mask = np.ones((batch, prompt), np.int64)
+    logits = []
+    for k, s in enumerate([prompt] + [1] * steps):
+        if k:
+            mask = np.concatenate([mask, np.ones((batch, s), np.int64)], axis=1)
+        pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -s:].astype(np.int64)
+        feeds = {"input_ids": rng.integers(0, c["vocab"], (batch, s)).astype(np.int64), "attention_mask": mask,
+                 "position_ids": pos, **past}
+        out = run(feeds)
+        logits.append(out[0])
+        past = {n: out[1 + i] for i, n in enumerate(past_names)}
+    return logits
+
+
+def measure(make, gen, batch: int, args) -> tuple[float, list]:
+    holder = [make()]
+
+    def run(feeds):
+        return holder[0].run(None, feeds)
+
+    first = decode_loop(run, gen, batch, args.prompt, args.steps)
+    decode_loop(run, gen, batch, args.prompt, args.steps)
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        decode_loop(run, gen, batch, args.prompt, args.steps)
+        times.append(time.perf_counter() - t0)
+    holder.clear()  # the session and its thread pool gone before the other runtime's exists
+    gc.collect()
+    return statistics.median(times), first
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", default="1,4")
+    p.add_argument("--prompt", type=int, default=8)
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    import onnxruntime as ort
+    import torch
+
+    import dynashape
+    from benchmarks.real_models_specs import generator
+    torch.set_num_threads(args.threads)
+    gen = generator()
+    path = gen.generate("gpt2-opt-qdyn")  # the cached file, made when missing
+
+    def make_ort():
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    rows = []
+    for b in (int(x) for x in args.batches.split(",")):
+        t_ort, ref = measure(make_ort, gen, b, args)
+        t_ds, got = measure(lambda: dynashape.InferenceSession(str(path)), gen, b, args)
+        err = max(float(np.abs(x - y).max()) for x, y in zip(got, ref))
+        rows.append({"batch": b, "onnxruntime_ms": t_ort * 1e3, "dynashape_ms": t_ds * 1e3, "ratio": t_ds / t_ort,
+                     "max_abs_logits": err, "steps": args.steps, "prompt": args.prompt})
+        print(f"gpt2-opt-qdyn batch {b}: onnxruntime {t_ort * 1e3:.2f} ms, dynashape {t_ds * 1e3:.2f} ms, "
+              f"ratio {t_ds / t_ort:.2f}, max |logits diff| {err:.1e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
