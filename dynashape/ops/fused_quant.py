@@ -102,29 +102,27 @@ def _dyn_quant_matmul(x, b, b_scale, b_zero_point=None, bias=None, *, out=None):
     return r if out is None or r is out else out.copy_(r)
 
 
-def _constant_b(consts, b_at: int):
-    """(B, its scale, zero point, bias) of a fused 8-bit product whose B side is constants (inputs
-    b_at .. b_at + 3, the last two optional), or None."""
+def _bound_b(consts, b_at: int):
+    """(qgemm.bind's function, whether B is int8) for a fused 8-bit product whose B side is
+    constants (inputs b_at .. b_at + 3: B, its scale, zero point and bias, the last two optional),
+    or None."""
     c = list(consts) + [None] * (b_at + 4 - len(consts))
     b, b_scale, b_zp, bias = c[b_at:b_at + 4]
     if any(t is COMPUTED for t in (b, b_scale, b_zp, bias)) or b is None or b_scale is None \
             or b.device.type != "cpu" or b.dim() != 2:
         return None
-    return b, b_scale, b_zp, bias
+    run = qgemm.bind(prepared_b(b, b_zp), b_scale=b_scale, bias=bias)
+    return None if run is None else (run, b.dtype == torch.int8)
 
 
 @binder("DynQuantMatMul", DOMAIN)
 def _bind_dyn_quant_matmul(consts, attrs):
     """DynQuantMatMul of constant B, scales and bias: qgemm.c's B and epilogue read once
     (qgemm.bind); the op itself where that does not serve."""
-    got = _constant_b(consts, 1)
+    got = _bound_b(consts, 1)
     if got is None:
         return None
-    b, b_scale, b_zp, bias = got
-    run = qgemm.bind(prepared_b(b, b_zp), b_scale=b_scale, bias=bias)
-    if run is None:
-        return None
-    int8 = b.dtype == torch.int8
+    run, int8 = got
 
     def kernel(x, b, b_scale, b_zero_point=None, bias=None, *, out=None):
         if not (int8 and u8s8_saturation()):
@@ -185,14 +183,10 @@ def _qmatmul_centered(xc, x_scale, x_zero_point, b, b_scale, b_zero_point=None, 
 def _bind_qmatmul_centered(consts, attrs):
     """QMatMulCentered of constant B, scales and bias: as DynQuantMatMul's bound form, A's scale
     and zero point read from their tensors each call."""
-    got = _constant_b(consts, 3)
+    got = _bound_b(consts, 3)
     if got is None:
         return None
-    b, b_scale, b_zp, bias = got
-    run = qgemm.bind(prepared_b(b, b_zp), b_scale=b_scale, bias=bias)
-    if run is None:
-        return None
-    int8 = b.dtype == torch.int8
+    run, int8 = got
 
     def kernel(xc, x_scale, x_zero_point, b, b_scale, b_zero_point=None, bias=None, *, out=None):
         if x_zero_point.device.type == "cpu" and x_scale.device.type == "cpu" and not (int8 and u8s8_saturation()):
