@@ -26,6 +26,7 @@ outputs are the normalized embedding and the mask index (the count of ones of ea
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 
 import torch
 
@@ -33,9 +34,9 @@ from ..errors import ShapeError
 from . import qgemm
 from .attention import _emit
 from .contrib_attention import _causal, _core, _key_lengths, _padding_bias, _scale
-from .contrib_transformer import _embed_infer, _embed_layer_norm
+from .contrib_transformer import _embed_infer, _embed_layer_norm, _wants, embed_ln_bound
 from .linalg import _saturates, prepared_b, qmatmul
-from .registry import op
+from .registry import COMPUTED, binder, op
 
 MS = "com.microsoft"
 _EIGHT_BIT = (torch.uint8, torch.int8)
@@ -302,3 +303,40 @@ def _qembed_layer_norm(input_ids, segment_ids=None, word_embedding=None, positio
                            "segment_embedding")
     return _embed_layer_norm(input_ids, segment_ids, word, pos, seg, g, bt, mask, None, epsilon=epsilon,
                              _n_outputs=min(_n_outputs, 2), out=out)
+
+
+@binder("QEmbedLayerNormalization", MS)
+def _bind_qembed_layer_norm(consts, attrs):
+    """QEmbedLayerNormalization of constant tables, scales and zero points: the tables dequantized
+    and checked once, the C embedding pass bound to them (contrib_transformer.embed_ln_bound), where
+    the op looks five tables up by identity and checks them every call. The op itself elsewhere."""
+    c = list(consts) + [None] * (18 - len(consts))
+    params = c[2:7] + c[8:18]
+    if any(t is COMPUTED for t in params) or any(c[i] is None for i in (2, 3, 5, 6)):
+        return None
+    try:
+        tables = ((2, "word_embedding"), (3, "position_embedding"), (5, "gamma"), (6, "beta"))
+        word, pos, g, bt = (_dequantized(c[i], c[6 + i], c[11 + i], name) for i, name in tables)
+        seg = None if c[4] is None else _dequantized(c[4], c[10], c[15], "segment_embedding")
+    except ShapeError:
+        return None  # the op raises it at the first call
+    run = embed_ln_bound(word, pos, seg, g, bt, attrs.get("epsilon", 1e-12))
+    if run is None:
+        return None
+    full = partial(_qembed_layer_norm, **attrs)
+    n = min(attrs.get("_n_outputs", 2), 2)
+
+    def kernel(*args, out=None):
+        ids = args[0]
+        seg_ids = args[1] if len(args) > 1 else None
+        mask = args[7] if len(args) > 7 else None
+        got = run(ids, seg_ids, False) if (seg is None) == (seg_ids is None) else None
+        if got is None:
+            return full(*args, out=out)
+        mask_index = None
+        if _wants(out, n, 1):
+            b = ids.shape[0]
+            mask_index = torch.zeros(b, dtype=torch.int32) if mask is None else (mask == 1).sum(1, dtype=torch.int32)
+        return _emit([got[0], mask_index], out, n)
+
+    return kernel

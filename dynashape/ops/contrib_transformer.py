@@ -10,10 +10,13 @@ to know how many outputs the node asks for.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from . import native
 from .attention import _emit  # the first n results into out's buffers: one helper for both families
 from .linalg import _known_differ, _matmul, _matmul_shape
 from .norm import _layernorm, _ln_infer
@@ -209,11 +212,71 @@ def _rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.index_select(table, 0, flat).reshape(*ids.shape, table.shape[1])
 
 
+_EMBED_THREAD_MIN = 1 << 16  # elements below which a second thread costs more than it saves
+
+
+def _embed_ln_native(ids, seg_ids, word, pos, seg, gamma, beta, epsilon: float, with_sum: bool):
+    """EmbedLayerNormalization in one C call (csrc/elementwise.c embed_ln_f32) for float32 CPU tables
+    and positions 0 .. S-1: (output, the embedding sum or None), or None where it does not serve
+    (and the torch path runs, which also reports a bad id or a sequence longer than the table)."""
+    run = embed_ln_bound(word, pos, seg, gamma, beta, epsilon)
+    return None if run is None else run(ids, seg_ids, with_sum)
+
+
+def embed_ln_bound(word, pos, seg, gamma, beta, epsilon: float):
+    """The C pass with its tables checked once: ``f(ids, seg_ids, with_sum)`` -> (output, sum or None),
+    or None for ids it does not serve; None where the tables themselves are not served (QEmbedLayer-
+    Normalization binds its dequantized tables so)."""
+    f32 = torch.float32
+    tables = [word, pos, gamma, beta] + ([seg] if seg is not None else [])
+    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.dtype != f32 or not t.is_contiguous()
+           for t in tables) or word.dim() != 2 or pos.dim() != 2 or gamma.dim() != 1 or beta.dim() != 1:
+        return None
+    h = word.shape[1]
+    if pos.shape[1] != h or gamma.shape[0] != h or beta.shape[0] != h or (seg is not None and (
+            seg.dim() != 2 or seg.shape[1] != h)):
+        return None
+    fn = native.function("elementwise", "embed_ln_f32", "ppiiiipipipippdppi", ctypes.c_int, fallbacks="embed_ln")
+    if fn is None:
+        return None
+    consts = (word.data_ptr(), word.shape[0], pos.data_ptr(), pos.shape[0], None if seg is None else seg.data_ptr(),
+              0 if seg is None else seg.shape[0], gamma.data_ptr(), beta.data_ptr(), float(epsilon))
+    npos = pos.shape[0]
+
+    def run(ids, seg_ids, with_sum: bool):
+        if ids.device.type != "cpu" or ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 2 \
+                or not ids.is_contiguous() or ids.shape[1] > npos \
+                or (seg is None) != (seg_ids is None) or (seg_ids is not None and (
+                    seg_ids.dtype != ids.dtype or seg_ids.shape != ids.shape or not seg_ids.is_contiguous())):
+            return None  # (a segment table without segment ids adds its row 0: the torch path)
+        b, s = ids.shape
+        y = torch.empty(b, s, h)
+        total = torch.empty(b, s, h) if with_sum else None
+        n = b * s * h
+        if n and fn(ids.data_ptr(), None if seg_ids is None else seg_ids.data_ptr(), int(ids.dtype == torch.int64),
+                    b * s, s, h, *consts, y.data_ptr(), None if total is None else total.data_ptr(),
+                    torch.get_num_threads() if n >= _EMBED_THREAD_MIN else 1):
+            return None  # an id outside its table: the torch path raises onnxruntime's error
+        native.count("embed_ln_native_calls")
+        return y, total
+
+    run.tables = tables  # the tables whose addresses it holds stay alive with it
+    return run
+
+
 @op("EmbedLayerNormalization", 1, MS, infer=_embed_infer)
 def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding, segment_embedding, gamma, beta,
                       mask=None, position_ids=None, *, epsilon=1e-12, mask_index_type=1, _n_outputs=1, out=None):
     b, s = input_ids.shape
     ct = _compute_type(word_embedding.dtype)
+    got = _embed_ln_native(input_ids, segment_ids, word_embedding, position_embedding, segment_embedding, gamma,
+                           beta, epsilon, _wants(out, _n_outputs, 2)) if position_ids is None else None
+    if got is not None:
+        y, total = got
+        mask_index = None
+        if _wants(out, _n_outputs, 1):
+            mask_index = (torch.zeros(b, dtype=torch.int32) if mask is None else (mask == 1).sum(1, dtype=torch.int32))
+        return _emit([y, mask_index, total], out, _n_outputs)
     if position_ids is None:
         if s > position_embedding.shape[0]:
             raise ValueError(f"EmbedLayerNormalization: sequence length {s} exceeds the "

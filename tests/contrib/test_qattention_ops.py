@@ -377,3 +377,22 @@ def test_qembed_refusals():
     model.graph.input.extend(keep)
     with pytest.raises(dynashape.errors.DynashapeError, match="all be given or all be absent"):
         dynashape.InferenceSession(model, device=DEVICE).run(None, {"in0": f["in0"]})
+
+
+@pytest.mark.parametrize("with_segment", [False, True])
+def test_qembed_layer_norm_bound_to_its_tables(with_segment):
+    """Constant tables: the compiled runner's QEmbedLayerNormalization is bound to them (dequantized
+    once, the C embedding pass) and gives the interpreter's results bit for bit; a sequence longer
+    than the position table still raises the op's error."""
+    rng = np.random.default_rng(11)
+    model = _qembed_model(U8, rng, with_segment, True)
+    comp = dynashape.InferenceSession(model, device=DEVICE)
+    ref = dynashape.InferenceSession(model, device=DEVICE, executor="interpreter")
+    for f in _embed_feeds(rng, [(2, 5), (1, 16), (3, 9)], with_segment, True):
+        for g, w in zip(comp.run(None, f), ref.run(None, f)):
+            np.testing.assert_array_equal(g, w)
+    if DEVICE == "cpu":
+        assert comp.compiled.stats["bound_kernels"] >= 1
+    with pytest.raises(dynashape.errors.DynashapeError):
+        comp.run(None, _embed_feeds(rng, [(1, 17)], with_segment, True)[0])
+    assert comp.run(None, _embed_feeds(rng, [(2, 5)], with_segment, True)[0])[0].shape == (2, 5, 32)

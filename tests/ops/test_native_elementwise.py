@@ -142,3 +142,57 @@ def test_rms_norm_other_cpu_builds(monkeypatch, tmp_path, arch):
         other = fused._rms_norm(x, w)
         monkeypatch.undo()
         torch.testing.assert_close(other, here, rtol=1e-6, atol=1e-7)
+
+
+def _embed_case(g, b, s, h, vocab=50, npos=40, nseg=3, seg=True, dtype=torch.int32):
+    ids = torch.randint(0, vocab, (b, s), generator=g, dtype=dtype)
+    seg_ids = torch.randint(0, nseg, (b, s), generator=g, dtype=dtype) if seg else None
+    word, pos = torch.randn(vocab, h, generator=g), torch.randn(npos, h, generator=g)
+    segt = torch.randn(nseg, h, generator=g) if seg else None
+    return ids, seg_ids, word, pos, segt, torch.randn(h, generator=g), torch.randn(h, generator=g)
+
+
+@pytest.mark.parametrize("seg", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_embed_layer_norm_in_c_against_torch(seg, dtype):
+    """EmbedLayerNormalization's C pass against the torch path (gathers, adds, layer_norm) within
+    float32 rounding, the embedding sum output too, over shapes and hidden sizes no multiple of 16."""
+    from dynashape.ops import contrib_transformer as CT
+    g = torch.Generator().manual_seed(4)
+    for b, s, h in [(1, 16, 64), (4, 7, 33), (2, 40, 128), (3, 1, 5)]:
+        ids, seg_ids, word, pos, segt, gamma, beta = _embed_case(g, b, s, h, seg=seg, dtype=dtype)
+        got = CT._embed_ln_native(ids, seg_ids, word, pos, segt, gamma, beta, 1e-12, True)
+        assert got is not None
+        e = word[ids] + pos[:s] + (segt[seg_ids] if seg else 0)
+        want = torch.nn.functional.layer_norm(e, (h,), gamma, beta, 1e-12)
+        torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+        assert torch.equal(got[1], e)
+
+
+def test_embed_layer_norm_leaves_bad_ids_and_other_inputs_to_torch():
+    from dynashape.ops import contrib_transformer as CT
+    g = torch.Generator().manual_seed(5)
+    ids, seg_ids, word, pos, segt, gamma, beta = _embed_case(g, 2, 6, 16)
+    bad = ids.clone()
+    bad[1, 2] = 50  # outside the table: the torch path raises onnxruntime's error
+    assert CT._embed_ln_native(bad, seg_ids, word, pos, segt, gamma, beta, 1e-12, False) is None
+    with pytest.raises(IndexError):
+        CT._embed_layer_norm(bad, seg_ids, word, pos, segt, gamma, beta, _n_outputs=1)
+    assert CT._embed_ln_native(ids, seg_ids, word.double(), pos, segt, gamma, beta, 1e-12, False) is None
+    assert CT._embed_ln_native(ids, None, word, pos, segt, gamma, beta, 1e-12, False) is None  # row 0: torch's
+    long = torch.zeros(1, 41, dtype=torch.int32)  # longer than the position table: torch's error
+    assert CT._embed_ln_native(long, None, word, pos, None, gamma, beta, 1e-12, False) is None
+
+
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"])
+def test_embed_layer_norm_other_cpu_builds(monkeypatch, tmp_path, arch):
+    from dynashape.ops import contrib_transformer as CT
+    like = native.function("elementwise", "embed_ln_f32", "ppiiiipipipippdppi")
+    fn = other_build("elementwise", "embed_ln_f32", like, arch, tmp_path)
+    g = torch.Generator().manual_seed(6)
+    args = _embed_case(g, 2, 9, 48)
+    here = CT._embed_ln_native(*args, 1e-12, True)
+    monkeypatch.setattr(native, "function", lambda *a, **k: fn)
+    other = CT._embed_ln_native(*args, 1e-12, True)
+    monkeypatch.undo()
+    torch.testing.assert_close(other[0], here[0], rtol=1e-6, atol=1e-6)

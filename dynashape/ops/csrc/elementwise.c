@@ -61,3 +61,59 @@ void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, doubl
         }
     }
 }
+
+/* EmbedLayerNormalization (com.microsoft) over float32 tables, one token a row: the word, position
+ * (0 .. S-1 for token j of a sequence) and optional segment rows added, then layer-normalized with
+ * gamma and beta. torch needs ~8 calls (gathers, adds, layer_norm; ~45 us for a tiny BERT's
+ * 1 x 64 tokens); here one pass. The statistics: mean, then the mean of squared deviations (two
+ * passes over the row, in 16 lanes: float32 rounding apart from torch's). ids and seg: int32 or
+ * int64 (ids64); seg NULL for no segment table. sum_out: NULL, or where the embedding sum goes.
+ * Returns 0, or 1 for an id outside its table (nothing promised of the output then: the caller's
+ * torch path says which). */
+static float lane_sum(const float *v, int64_t h) {
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int l = 0; l < 16; l++) acc[l] += v[j + l];
+    float s = 0.0f;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    for (; j < h; j++) s += v[j];
+    return s;
+}
+
+int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, int64_t s, int64_t h,
+                 const float *word, int64_t vocab, const float *pos, int64_t npos, const float *segtab, int64_t nseg,
+                 const float *gamma, const float *beta, double eps_d, float *out, float *sum_out, int64_t threads) {
+    const float eps = (float)eps_d;
+    int bad = 0;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) reduction(| : bad)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t id = ids64 ? ((const int64_t *)ids)[r] : ((const int32_t *)ids)[r];
+        const int64_t p = r % s;
+        int64_t sg = 0;
+        if (segtab) sg = ids64 ? ((const int64_t *)seg)[r] : ((const int32_t *)seg)[r];
+        if (id < 0 || id >= vocab || p >= npos || (segtab && (sg < 0 || sg >= nseg))) {
+            bad = 1;
+            continue;
+        }
+        float *y = out + r * h;
+        const float *w = word + id * h, *q = pos + p * h;
+        for (int64_t k = 0; k < h; k++) y[k] = w[k] + q[k];
+        if (segtab) {
+            const float *t = segtab + sg * h;
+            for (int64_t k = 0; k < h; k++) y[k] += t[k];
+        }
+        if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = y[k];
+        const float mean = lane_sum(y, h) / (float)h;
+        float dev[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= h; j += 16)
+            for (int l = 0; l < 16; l++) dev[l] += (y[j + l] - mean) * (y[j + l] - mean);
+        float var = 0.0f;
+        for (int l = 0; l < 16; l++) var += dev[l];
+        for (; j < h; j++) var += (y[j] - mean) * (y[j] - mean);
+        const float rstd = 1.0f / sqrtf(var / (float)h + eps);
+        for (int64_t k = 0; k < h; k++) y[k] = (y[k] - mean) * rstd * gamma[k] + beta[k];
+    }
+    return bad;
+}
