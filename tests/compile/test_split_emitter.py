@@ -14,7 +14,7 @@ import dynashape
 from tests.ops.harness import DEVICE
 
 
-def _model(opset: int, axis: int, split, n_out: int):
+def _model(opset: int, axis: int, split, n_out: int, width: int = 12):
     inits, ins, attrs = [], ["x"], {"axis": axis}
     if split is not None and opset >= 13:
         inits.append(numpy_helper.from_array(np.array(split, np.int64), "split"))
@@ -27,7 +27,7 @@ def _model(opset: int, axis: int, split, n_out: int):
     nodes = [helper.make_node("Split", ins, outs, **attrs)]
     # each part through an Add: the parts feed kernels, as in a model (and get buffers of their own)
     nodes += [helper.make_node("Add", [o, o], [f"z{k}"]) for k, o in enumerate(outs)]
-    g = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", TP.FLOAT, ["b", "s", 12])],
+    g = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", TP.FLOAT, ["b", "s", width])],
                           [helper.make_tensor_value_info(f"z{k}", TP.FLOAT, None) for k in range(n_out)], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
@@ -36,17 +36,20 @@ def _model(opset: int, axis: int, split, n_out: int):
     (11, 2, [4, 4, 4], 3), (13, -1, [2, 7, 3], 3), (18, 2, None, 3), (13, 2, None, 2), (18, -1, None, 5),
     (13, 1, None, 1)])
 def test_split_emitted(opset, axis, split, n_out):
+    # opset 18's uneven num_outputs: 13 into 5 is 3, 3, 3, 3 and 1 (12 would end in an empty part,
+    # which onnxruntime 1.30 refuses)
+    width = 13 if n_out == 5 else 12
     import onnxruntime as ort
     if axis == 1 and split is None:  # an equal split of a dynamic dim: sizes from the output dims
         shapes = [(2, 4), (1, 6), (3, 4)]
     else:
         shapes = [(2, 3), (1, 5), (4, 1), (2, 3)]
-    m = _model(opset, axis, split, n_out)
+    m = _model(opset, axis, split, n_out, width)
     sess = dynashape.InferenceSession(m, device=DEVICE)
     ref = dynashape.InferenceSession(m, device=DEVICE, executor="interpreter")
     o = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     for b, s in shapes:
-        feeds = {"x": np.random.default_rng(b * 10 + s).standard_normal((b, s, 12)).astype(np.float32)}
+        feeds = {"x": np.random.default_rng(b * 10 + s).standard_normal((b, s, width)).astype(np.float32)}
         for got, inter, want in zip(sess.run(None, feeds), ref.run(None, feeds), o.run(None, feeds)):
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(inter, want)
