@@ -185,12 +185,11 @@ def _core(q, k, v, mask_bias, attention_bias, scale: float, out_dtype, lengths=N
         y = cpu_attention.attention(q, k, v, bias, scale, lens=lens, fill=fill, merged=True)
         if y is not None:
             return _as(y, out_dtype)
-    if lengths is not None:
-        lens, fill = lengths
-        b, t = q.shape[0], k.shape[2]
-        if int(lens.min()) < t:  # else no key is left out: nothing to add
-            pad = torch.where(torch.arange(t) < lens.reshape(b, 1), 0.0, fill).reshape(b, 1, 1, t)
-            bias = pad if bias is None else bias + pad
+    if lengths is not None:  # the bias those lengths make, as the mask_index they came from
+        b, s, t = q.shape[0], q.shape[2], k.shape[2]
+        pad = _padding_bias(lengths[0], b, s, t - s, t, lengths[1], "mask_index", dummy_ok=True)
+        if pad is not None:
+            bias = _as(pad, ct) if bias is None else bias + _as(pad, ct)
     y = _attend(_as(q, ct), _as(k, ct), _as(v, ct), bias, scale)
     return _as(_merge_heads(y), out_dtype)
 

@@ -34,7 +34,7 @@ from ..errors import ShapeError
 from . import qgemm
 from .attention import _emit
 from .contrib_attention import _causal, _core, _key_lengths, _padding_bias, _scale
-from .contrib_transformer import _embed_infer, _embed_layer_norm, _wants, embed_ln_bound
+from .contrib_transformer import _embed_infer, _embed_layer_norm, bound_embed_kernel, embed_ln_bound
 from .linalg import _saturates, prepared_b, qmatmul
 from .registry import COMPUTED, binder, op
 
@@ -323,20 +323,5 @@ def _bind_qembed_layer_norm(consts, attrs):
     run = embed_ln_bound(word, pos, seg, g, bt, attrs.get("epsilon", 1e-12))
     if run is None:
         return None
-    full = partial(_qembed_layer_norm, **attrs)
-    n = min(attrs.get("_n_outputs", 2), 2)
-
-    def kernel(*args, out=None):
-        ids = args[0]
-        seg_ids = args[1] if len(args) > 1 else None
-        mask = args[7] if len(args) > 7 else None
-        got = run(ids, seg_ids, False) if (seg is None) == (seg_ids is None) else None
-        if got is None:
-            return full(*args, out=out)
-        mask_index = None
-        if _wants(out, n, 1):
-            b = ids.shape[0]
-            mask_index = torch.zeros(b, dtype=torch.int32) if mask is None else (mask == 1).sum(1, dtype=torch.int32)
-        return _emit([got[0], mask_index], out, n)
-
-    return kernel
+    return bound_embed_kernel(run, partial(_qembed_layer_norm, **attrs), min(attrs.get("_n_outputs", 2), 2),
+                              seg is not None)

@@ -11,6 +11,7 @@ to know how many outputs the node asks for.
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from . import native
 from .attention import _emit  # the first n results into out's buffers: one helper for both families
 from .linalg import _known_differ, _matmul, _matmul_shape
 from .norm import _layernorm, _ln_infer
-from .registry import op
+from .registry import COMPUTED, binder, op
 from .shapes import same_as_first
 
 MS = "com.microsoft"
@@ -264,6 +265,31 @@ def embed_ln_bound(word, pos, seg, gamma, beta, epsilon: float):
     return run
 
 
+def _mask_index(mask, input_ids):
+    """The count of ones per row (other values do not count), zeros without a mask."""
+    if mask is None:
+        return torch.zeros(input_ids.shape[0], dtype=torch.int32, device=input_ids.device)
+    return (mask == 1).sum(1, dtype=torch.int32)
+
+
+def bound_embed_kernel(run, full, n: int, with_segments: bool):
+    """The bound form of (Q)EmbedLayerNormalization around ``run`` (embed_ln_bound of its tables):
+    ids, segment ids and mask from their positions, the mask index as the op gives it; ``full``
+    (the op with its attributes) for whatever ``run`` does not serve."""
+
+    def kernel(*args, out=None):
+        ids = args[0]
+        seg_ids = args[1] if len(args) > 1 else None
+        mask = args[7] if len(args) > 7 else None
+        got = run(ids, seg_ids, _wants(out, n, 2)) if with_segments == (seg_ids is not None) else None
+        if got is None:
+            return full(*args, out=out)
+        mask_index = _mask_index(mask, ids) if _wants(out, n, 1) else None
+        return _emit([got[0], mask_index, got[1]], out, n)
+
+    return kernel
+
+
 @op("EmbedLayerNormalization", 1, MS, infer=_embed_infer)
 def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding, segment_embedding, gamma, beta,
                       mask=None, position_ids=None, *, epsilon=1e-12, mask_index_type=1, _n_outputs=1, out=None):
@@ -273,9 +299,7 @@ def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding
                            beta, epsilon, _wants(out, _n_outputs, 2)) if position_ids is None else None
     if got is not None:
         y, total = got
-        mask_index = None
-        if _wants(out, _n_outputs, 1):
-            mask_index = (torch.zeros(b, dtype=torch.int32) if mask is None else (mask == 1).sum(1, dtype=torch.int32))
+        mask_index = _mask_index(mask, input_ids) if _wants(out, _n_outputs, 1) else None
         return _emit([y, mask_index, total], out, _n_outputs)
     if position_ids is None:
         if s > position_embedding.shape[0]:
@@ -293,13 +317,22 @@ def _embed_layer_norm(input_ids, segment_ids, word_embedding, position_embedding
         raise ValueError("EmbedLayerNormalization: segment_ids given without a segment_embedding")
     h = (word_embedding.shape[1],)
     y = _as(F.layer_norm(e, h, _as(gamma, ct), _as(beta, ct), epsilon), word_embedding.dtype)
-    mask_index = None
-    if _wants(out, _n_outputs, 1):
-        # the count of ones per row (other values do not count), zeros without a mask
-        mask_index = (torch.zeros(b, dtype=torch.int32, device=input_ids.device) if mask is None
-                      else (mask == 1).sum(1, dtype=torch.int32))
+    mask_index = _mask_index(mask, input_ids) if _wants(out, _n_outputs, 1) else None
     total = e.to(word_embedding.dtype) if _wants(out, _n_outputs, 2) else None
     return _emit([y, mask_index, total], out, _n_outputs)
+
+
+@binder("EmbedLayerNormalization", MS)
+def _bind_embed_layer_norm(consts, attrs):
+    """EmbedLayerNormalization of constant tables and no position_ids: the C pass bound to them
+    (embed_ln_bound), where the op checks five tables every call."""
+    c = list(consts) + [None] * (9 - len(consts))
+    if any(t is COMPUTED for t in c[2:7]) or any(c[i] is None for i in (2, 3, 5, 6)) or c[8] is not None:
+        return None
+    run = embed_ln_bound(c[2], c[3], c[4], c[5], c[6], attrs.get("epsilon", 1e-12))
+    if run is None:
+        return None
+    return bound_embed_kernel(run, partial(_embed_layer_norm, **attrs), attrs.get("_n_outputs", 1), c[4] is not None)
 
 
 # activations --------------------------------------------------------------------------------

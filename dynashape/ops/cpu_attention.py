@@ -1,10 +1,10 @@
 """Attention of small float32 heads on the CPU in one C call (csrc/attention.c says why).
 
 ``attention(q, k, v, bias, scale)`` answers None where it does not serve (not the CPU or not
-float32, a mask that is not additive float32, work outside [MIN_WORK, MAX_WORK] (from 0 for
-heads written side by side, ``merged``) or a head larger than MAX_HEAD, a row whose scores are
-all masked, where torch's kernel decides what it gives) and the caller's torch path runs; where
-it would serve but cannot be built, the fallback is counted (``attention_torch_fallbacks``).
+float32, a mask that is not additive float32, work outside [MIN_WORK, MAX_WORK] or a head larger
+than MAX_HEAD, a row whose scores are all masked, where torch's kernel decides what it gives)
+and the caller's torch path runs; where it would serve but cannot be built, the fallback is
+counted (``attention_torch_fallbacks``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ MAX_WORK = 1 << 30
 # blocked kernel won or tied (1 x 8 x 512 x 64: 4.8 against 3.7 ms in one run, 3.4 against 4.5 in
 # another; 384 tokens 2.6 against 3.3)
 MAX_HEAD = 3 << 13
-# The multiply-adds from which it is used. Measured first (4 x 4 x 16 x 16, 0.13M: torch 16 against 22 us) it was
-# 2^18; measured again after the four-row blocking, through the fused Attention op (2 threads, this
-# 2-core AMD EPYC), the kernel was as fast or faster at every small size: 1 x 4 x 12 x 12 x 16 11.6
-# against torch's 14.2 us, 4 x 4 x 16 x 16 x 16 15.6 against 21.3, 1 x 4 x 1 x 64 x 16 11.0 against
-# 10.8; with K read transposed or an additive mask (T5's position bias) 13-17 against 28-54
+# The multiply-adds from which it is used. Measured first (4 x 4 x 16 x 16, 0.13M: torch 16
+# against 22 us) it was 2^18; measured again after the four-row blocking, through the fused
+# Attention op (2 threads, this 2-core AMD EPYC), the kernel was as fast or faster at every small
+# size: 1 x 4 x 12 x 12 x 16 11.6 against torch's 14.2 us, 4 x 4 x 16 x 16 x 16 15.6 against 21.3,
+# 1 x 4 x 1 x 64 x 16 11.0 against 10.8; with K read transposed or an additive mask (T5's position
+# bias) 13-17 against 28-54
 MIN_WORK = 0
 _THREAD_MIN_WORK = 1 << 16
 
@@ -61,7 +62,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
             or n % nk or not (b and n and s and t and d and dv)):
         return None
     work = 2 * b * n * s * t * d
-    if work > MAX_WORK or (work < MIN_WORK and not merged) or d * t > MAX_HEAD:
+    if work > MAX_WORK or work < MIN_WORK or d * t > MAX_HEAD:
         return None
     if bias is not None:
         if bias.dim() > 4:

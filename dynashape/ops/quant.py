@@ -325,15 +325,9 @@ def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, o
             return None
         return qgemm.batched(a, b, 0 if za is None else int(za.item()), 0 if zb is None else int(zb.item()),
                              requant=requant, mult=m, out=out)
-    if b_scale.numel() == 1:
-        multiplier = _multiplier_tensor(a_scale, b_scale, y_scale)
-        if multiplier is None:
-            return None
-    else:
-        multiplier = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
-            / y_scale.to(torch.float32).reshape(())
-        if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
-            return None
+    multiplier = _b_multiplier(a_scale, b_scale, y_scale, b)
+    if multiplier is None:
+        return None
     return qgemm.product(a, qgemm.byte_kind(a), prepared_b(b, zb),
                          a_zp=0 if za is None else int(za.item()), b_scale=multiplier, out=out, requant=requant)
 
@@ -354,15 +348,9 @@ def _bind_qlinear_matmul(consts, attrs):
         return None
     try:
         zb = None if b_zp is None else _per_col(b_zp, b)
+        multiplier = _b_multiplier(a_scale, b_scale, y_scale, b)
     except ShapeError:
         return None
-    if b_scale.numel() == 1:
-        multiplier = _multiplier_tensor(a_scale, b_scale, y_scale)
-    else:
-        multiplier = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
-            / y_scale.to(torch.float32).reshape(())
-        if multiplier.dim() != 1 or not bool(torch.isfinite(multiplier).all()):
-            multiplier = None
     if multiplier is None:
         return None
     run = qgemm.bind(prepared_b(b, zb), b_scale=multiplier, requant=(int(y_zp.item()), torch_dtype(to)))
@@ -379,6 +367,16 @@ def _bind_qlinear_matmul(consts, attrs):
         return full(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, out=out)
 
     return kernel
+
+
+def _b_multiplier(a_scale, b_scale, y_scale, b) -> torch.Tensor | None:
+    """a_scale * b_scale / y_scale as qgemm.c's epilogue reads it for a 2-D B: one float32 value
+    (kept per the three scale tensors) or one per column; None where it is not finite."""
+    if b_scale.numel() == 1:
+        return _multiplier_tensor(a_scale, b_scale, y_scale)
+    m = a_scale.reshape(()).to(torch.float32) * _per_col(b_scale, b).to(torch.float32) \
+        / y_scale.to(torch.float32).reshape(())
+    return m if m.dim() == 1 and bool(torch.isfinite(m).all()) else None
 
 
 _MULTIPLIERS = ConstantsCache()

@@ -250,6 +250,23 @@ def test_embed_layer_norm_without_mask():
     _check(model, [_embed_feeds(model, rng, b, s) for b, s in SEQ])
 
 
+@pytest.mark.parametrize("segments", [False, True])
+def test_embed_layer_norm_bound_to_its_tables(segments):
+    """Constant tables: the compiled CPU runner binds the op to them (the C embedding pass, tables
+    checked once) and gives the interpreter's outputs bit for bit, the sum output too."""
+    rng = np.random.default_rng(14)
+    outs = (TP.FLOAT, TP.INT32, TP.FLOAT) if segments else (TP.FLOAT, TP.INT32)
+    model = _embed_model(rng, segments=segments, outputs=outs)
+    comp = dynashape.InferenceSession(model, device=DEVICE)
+    ref = dynashape.InferenceSession(model, device=DEVICE, executor="interpreter")
+    for b, s in SEQ:
+        feeds = _embed_feeds(model, rng, b, s)
+        for g, w in zip(comp.run(None, feeds), ref.run(None, feeds)):
+            np.testing.assert_array_equal(g, w)
+    if DEVICE == "cpu":
+        assert comp.compiled.stats["bound_kernels"] >= 1
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_embed_layer_norm_bad_ids(executor):
     rng = np.random.default_rng(13)

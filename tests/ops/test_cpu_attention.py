@@ -128,7 +128,6 @@ def test_key_lengths_and_merged_heads_as_the_bias(k_transposed):
 def test_core_with_lengths_where_the_kernel_does_not_serve(monkeypatch):
     """_core's lengths: the C kernel's result, and where it does not serve (here: every size sent
     to torch) the bias those lengths make, as _padding_bias builds it from the mask_index."""
-    monkeypatch.setattr(cpu_attention, "MIN_WORK", 1 << 62)  # merged heads: served at every size still
     g = torch.Generator().manual_seed(5)
     q, k, v, _ = _inputs(g, 3, 2, 1, 6, 9, 8, 8, "none", False)
     lens = torch.tensor([9, 4, 0], dtype=torch.int32)
