@@ -16,15 +16,18 @@ from ..ir import Graph, Node, Value
 from .patterns import add_const, fold_into, only_feeds, producer
 
 
-def _channel_vector(c: Value, conv: Node) -> torch.Tensor | None:
-    """``c`` as the (C,) vector it adds per output channel, or None when it broadcasts otherwise."""
+def _channel_vector(c: Value, conv: Node, inputs: bool = False) -> torch.Tensor | None:
+    """``c`` as the (C,) vector it adds per output channel (per input channel when ``inputs``), or
+    None when it broadcasts otherwise."""
     t = c.const
     w = conv.inputs[1]
     if not isinstance(t, torch.Tensor) or not t.is_floating_point() or w is None or not w.is_const:
         return None
-    cout, rank = w.const.shape[0], w.const.dim()  # the output is (N, C, spatial...) of the weight's rank
+    # the output (input) is (N, C, spatial...) of the weight's rank
+    count = w.const.shape[1] * conv.attrs.get("group", 1) if inputs else w.const.shape[0]
+    rank = w.const.dim()
     if t.numel() == 1:
-        return t.reshape(1).expand(cout)
+        return t.reshape(1).expand(count)
     dims = list(t.shape)
     if len(dims) > rank or len(dims) < rank - 1:
         return None
@@ -32,9 +35,9 @@ def _channel_vector(c: Value, conv: Node) -> torch.Tensor | None:
         if dims[0] != 1:
             return None
         dims = dims[1:]
-    if dims[0] != cout or any(d != 1 for d in dims[1:]):
+    if dims[0] != count or any(d != 1 for d in dims[1:]):
         return None
-    return t.reshape(cout)
+    return t.reshape(count)
 
 
 def fold_conv_add(graph: Graph) -> Graph:

@@ -1,0 +1,32 @@
+"""Pass: the readers of an Identity's output read its input instead, and the Identity goes.
+
+Paddle2ONNX writes an Identity after many of its ops (PaddleOCR's v5 / v6 detector: between
+every convolution's bias Add and its activation), which hides the pair from the fusion passes
+that follow (a Conv and its activation, GELU's arithmetic). The generated code already made the
+Identity an alias; without it the patterns meet. An Identity whose output the graph returns, or
+that a subgraph reads from its enclosing scope, stays.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+
+
+def skip_identities(graph: Graph) -> Graph:
+    outputs = {id(v) for v in graph.outputs}
+    gone = set()
+    for node in graph.nodes:
+        if node.op_type != "Identity" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 1:
+            continue
+        src, out = node.inputs[0], node.outputs[0]
+        if src is None or out is None or id(out) in outputs or out.elem_type != src.elem_type:
+            continue
+        if any(out is v for u in out.users for sub in u.subgraphs.values() for v in sub.outer):
+            continue
+        for u in out.users:
+            u.inputs = [src if v is out else v for v in u.inputs]
+        gone.add(id(node))
+    if gone:
+        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+        graph.rebuild_users()
+    return graph

@@ -1,0 +1,48 @@
+"""``skip_identities`` (compile/skip_identities.py): readers of an Identity read its input (the
+pattern behind it then fuses); an Identity the graph returns, or whose output a branch of an If
+reads from the enclosing scope, stays. Each model runs over changing shapes with fresh random
+inputs in the fused compiled session, the interpreter and onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from tests.compile.test_fusion import FUSED, Builder, check_sequence, fused_ops, randn
+
+SHAPES = [(2, 3), (5, 3), (1, 3)]
+
+
+def _feeds(seed: int):
+    rng = np.random.default_rng(seed)
+    return [{"x": randn(rng, *s)} for s in SHAPES]
+
+
+def test_identity_between_a_pattern_goes():
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    s = b.op("Identity", b.op("Sigmoid", x))
+    y = b.op("Mul", x, s)  # SiLU behind the Identity
+    ops = fused_ops(check_sequence(b.model([y]), _feeds(1)))
+    assert ops["Identity"] == 0 and ops[f"{FUSED}.Silu"] == 1, dict(ops)
+
+
+def test_returned_identity_stays():
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    i = b.op("Identity", b.op("Relu", x))
+    ops = fused_ops(check_sequence(b.model([i, b.op("Neg", i)]), _feeds(2)))
+    assert ops["Identity"] == 1, dict(ops)
+
+
+def test_identity_read_by_a_branch_stays():
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    i = b.op("Identity", b.op("Relu", x))
+    cond = b.op("Greater", b.op("ReduceSum", x, keepdims=0), b.const(0.0))
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    then = helper.make_graph([helper.make_node("Neg", [i], ["y"])], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Abs", [i], ["y"])], "else", [], [out])
+    b.nodes.append(helper.make_node("If", [cond], ["z"], name="branch", then_branch=then, else_branch=other))
+    sess = check_sequence(b.model(["z"]), _feeds(3))
+    assert [n.op_type for n in sess.program.fused.nodes].count("Identity") == 1
