@@ -661,10 +661,11 @@ class _Builder:
             # negative or absurd size before the kernel allocates anything (ops/limits.py)
             k = len(self.sized_nodes)
             self.sized_nodes.append((node, [self.t.of(v).dtype if v is not None else None for v in node.outputs]))
-            self._body([f"{targets} = st.sized({k}, {self.kernel(node, ni.host)}, ({args}{',' if args else ''}))"],
-                       node)
+            call = f"st.sized({k}, {self.kernel(node, ni.host)}, ({args}{',' if args else ''}))"
+            self._body([f"{targets} = {f'first({call})' if ni.more_results else call}"], node)
         else:
-            self._body([f"{targets} = {self.kernel(node, ni.host)}({args})"], node)
+            call = f"{self.kernel(node, ni.host)}({args})"
+            self._body([f"{targets} = {f'first({call})' if ni.more_results else call}"], node)
         # the dims of the result are runtime symbols from here on
         binds = []
         for sym, (v, axis) in self.t.runtime_symbols.items():

@@ -15,8 +15,11 @@ from .dead_nodes import remove_dead_nodes
 from .drop_repeated_fake_quant import drop_repeated_fake_quant
 from .fold_conv_add import fold_conv_add
 from .fold_conv_bn import fold_conv_bn
+from .fold_conv_input_affine import fold_conv_input_affine
+from .fold_conv_scale import fold_conv_scale
 from .fuse_activations import fuse_gelu, fuse_hard_activations, fuse_silu
 from .fuse_attention import fuse_attention
+from .fuse_conv_activation import fuse_conv_activation
 from .fuse_conv_relu import fuse_conv_relu
 from .fuse_dynamic_quant import fuse_dynamic_quant
 from .fuse_linear import fuse_linear
@@ -31,6 +34,7 @@ from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
 from .shape_subgraphs import mark_shape_subgraphs
+from .skip_identities import skip_identities
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +50,11 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # Fusion: exported patterns -> single kernels, for the generated code. The interpreter runs the
 # graph as it was (the reference the fused graph is tested against).
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("skip_identities", skip_identities),  # first: an Identity between two nodes hides their pattern
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fuse_qdq", fuse_qdq),
     ("drop_repeated_fake_quant", drop_repeated_fake_quant),
+    ("fold_conv_scale", fold_conv_scale),  # first: the Add after the Mul then folds as the bias
     ("fold_conv_add", fold_conv_add),  # before fold_conv_bn: a BatchNormalization after the Add folds too
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
@@ -57,6 +63,8 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_gelu", fuse_gelu),
     ("fuse_silu", fuse_silu),
     ("fuse_hard_activations", fuse_hard_activations),
+    # after the activations: GELU's 0.5 * x * (...) would lose its 0.5 to the convolution after it
+    ("fold_conv_input_affine", fold_conv_input_affine),
     ("fuse_rotary", fuse_rotary),
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
@@ -93,7 +101,11 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
         residual = []
     conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")
     conv = [("fuse_conv_relu", fuse_conv_relu)] if conv_on != "0" else []
-    packed = [("cpu_packed_linear", cpu_packed_linear)] if str(device).split(":")[0] == "cpu" else []
+    cpu = str(device).split(":")[0] == "cpu"
+    packed = [("cpu_packed_linear", cpu_packed_linear)] if cpu else []
+    # oneDNN's convolution with its activation as a post-op (CPU); DYNASHAPE_FUSE_CONV_ACT=0 turns it off
+    if cpu and os.environ.get("DYNASHAPE_FUSE_CONV_ACT", "1") != "0":
+        conv = [*conv, ("fuse_conv_activation", fuse_conv_activation)]
     return [("linear_layout", linear_layout_pass(device)), *residual, *packed, ("remove_dead_nodes", remove_dead_nodes),
             ("channels_last", channels_last_pass(device)), *conv]
 

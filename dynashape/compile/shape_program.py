@@ -446,7 +446,11 @@ def _dyn(t: Trace, node: Node, host: bool, reason: str) -> NodeInfo:
             dims.append(t.env.symbol(name, None, d.min, d.max))
             t.runtime_symbols[name] = (v, axis)
         t.info[id(v)] = ValueInfo(tuple(dims), _dtype(v), host=host, runtime=True)
-    return NodeInfo(node, "dyn", host, reason)
+    # the shape function did not say whether the kernel has more results than the node (MaxPool's
+    # Indices): a one-tensor node's call takes the first of a tuple
+    outs = [v for v in node.outputs if v is not None]
+    more = len(node.outputs) == 1 and len(outs) == 1 and outs[0].kind == "tensor"
+    return NodeInfo(node, "dyn", host, reason, more_results=more)
 
 
 def _show(shapes) -> list:

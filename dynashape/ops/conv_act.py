@@ -25,10 +25,10 @@ import threading
 
 import torch
 
-from . import tuned_conv
+from . import cpu_conv, tuned_conv
 from .conv import _conv_infer, conv_plan
 from .fused import DOMAIN, CannotServe
-from .registry import op
+from .registry import binder, op
 from .specialise import thread_setting
 
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -88,3 +88,38 @@ def _conv_add_relu(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
     if tuned_conv.serves(x, w, group, d) and z.dtype == x.dtype:
         return tuned_conv.conv2d(x, w, b, s, p, d, group, relu=True, z=z, cudnn=own)
     return own()
+
+
+def _conv_act_infer(shapes, values, activation=None, act_scalars=None, act_algorithm=None, **attrs):
+    return _conv_infer(shapes[:2], values[:2], **attrs)
+
+
+@op("ConvAct", 1, DOMAIN, infer=_conv_act_infer, writes_out=False,
+    notes="activation(conv(x, w, b)) of a 2-D float convolution, oneDNN's post-op on the CPU (fuse_conv_activation)")
+def _conv_act(x, w, b=None, *, activation="relu", act_scalars=(), act_algorithm="", auto_pad="NOTSET",
+              dilations=None, group=1, kernel_shape=None, pads=None, strides=None, out=None):
+    fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    scalars = [float(v) for v in act_scalars]
+    if x.dim() != 4:
+        return cpu_conv.ACTIVATIONS[activation](fn(x, w, b, s, p, d, group), scalars, act_algorithm)
+    return cpu_conv.conv2d_act(x, w, b, s, p, d, group, activation, scalars, act_algorithm)
+
+
+@binder("ConvAct", DOMAIN)
+def _bind_conv_act(consts, attrs):
+    """The 2-D convolution's parameters read once (explicit symmetric pads: the generated CPU
+    runner then calls oneDNN's fused convolution straight)."""
+    w = consts[1]
+    pads = list(attrs.get("pads") or [0, 0, 0, 0])
+    if not isinstance(w, torch.Tensor) or w.dim() != 4 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "") \
+            or len(pads) != 4 or pads[:2] != pads[2:]:
+        return None
+    s, p = list(attrs.get("strides") or [1, 1]), pads[:2]
+    d, g = list(attrs.get("dilations") or [1, 1]), attrs.get("group", 1)
+    act, alg = attrs["activation"], attrs.get("act_algorithm", "")
+    scalars = [float(v) for v in attrs.get("act_scalars") or ()]
+    conv2d_act = cpu_conv.conv2d_act
+
+    def kernel(x, w, b=None, out=None):
+        return conv2d_act(x, w, b, s, p, d, g, act, scalars, alg)
+    return kernel

@@ -14,6 +14,7 @@ classifier has 18 of them a call: 42 us each as convolutions). Everything else i
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def conv2d(x, w, b, stride, padding, dilation, groups):
@@ -44,3 +45,36 @@ def _padded(padding) -> bool:
     if isinstance(padding, str):
         return padding != "valid"
     return any(padding) if isinstance(padding, (tuple, list)) else bool(padding)
+
+
+# the activations oneDNN applies inside a convolution (its post-ops, as torch names them), and what
+# they are, for a call oneDNN does not take: (y, scalars, algorithm) -> activation(y)
+ACTIVATIONS = {
+    "relu": lambda y, s, a: torch.relu(y),
+    "sigmoid": lambda y, s, a: torch.sigmoid(y),
+    "tanh": lambda y, s, a: torch.tanh(y),
+    "hardswish": lambda y, s, a: F.hardswish(y),
+    "hardsigmoid": lambda y, s, a: F.hardsigmoid(y),
+    "swish": lambda y, s, a: F.silu(y),
+    "gelu": lambda y, s, a: F.gelu(y, approximate="tanh" if a == "tanh" else "none"),
+    "leaky_relu": lambda y, s, a: F.leaky_relu(y, s[0]),
+    "hardtanh": lambda y, s, a: torch.clamp(y, s[0], s[1]),
+}
+
+
+def onednn_fuses() -> bool:
+    """Whether torch has oneDNN's convolution with a post-op (``_convolution_pointwise``)."""
+    mk = getattr(torch.ops, "mkldnn", None)
+    return torch.backends.mkldnn.is_available() and mk is not None and hasattr(mk, "_convolution_pointwise")
+
+
+def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
+    """activation(conv2d(x, w, b, ...)): on the CPU oneDNN applies the activation to each block of
+    the output while it is still in registers (one pass over the output fewer)."""
+    if serves(x, w, b, padding, groups):
+        return ACTIVATIONS[activation](pooled_1x1(x, w, b), scalars, algorithm)
+    if (type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 4
+            and w.dtype == x.dtype and (b is None or b.dtype == x.dtype)):
+        return torch.ops.mkldnn._convolution_pointwise(x, w, b, padding, stride, dilation, groups, activation,
+                                                       scalars, algorithm)
+    return ACTIVATIONS[activation](torch.conv2d(x, w, b, stride, padding, dilation, groups), scalars, algorithm)

@@ -509,3 +509,34 @@ def test_views_after_a_break_run_without_a_size_check():
         assert e.shape == (int(k),)
     ops = {n.op_type for spec in sess.compiled.specs for n, _ in spec.sized_nodes}
     assert "Unsqueeze" not in ops and "Expand" in ops, ops
+
+
+def test_a_break_point_at_a_kernel_of_optional_results(monkeypatch):
+    """A MaxPool whose shape function cannot run symbolically is a break point; its kernel, called
+    without a buffer, returns (Y,) for a node without Indices: the generated code takes Y."""
+    import dataclasses
+
+    from dynashape.ops import registry
+    od = registry.lookup("MaxPool", "", 17)
+    real = od.infer
+
+    def concrete_only(shapes, values, **attrs):
+        if not all(type(d) is int for s in shapes for d in s):  # a symbolic dim
+            raise TypeError("needs numbers")
+        return real(shapes, values, **attrs)
+    versions = [dataclasses.replace(v, infer=concrete_only) if v is od else v
+                for v in registry._REGISTRY[("", "MaxPool")]]
+    monkeypatch.setitem(registry._REGISTRY, ("", "MaxPool"), versions)
+    g = helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+         helper.make_node("Neg", ["p"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = dynashape.InferenceSession(model, executor="compiled")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for shape in [(1, 3, 8, 6), (2, 3, 5, 9), (1, 3, 8, 6)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0])
+    assert {n.kind for spec in sess.compiled.specs for n in spec.trace.nodes if n.node.op_type == "MaxPool"} == {"dyn"}
