@@ -6,7 +6,9 @@ fewer. Measured on this project's CPU (2 threads, channels-last, 6 x 64 x 24 x 1
 3x3 with its HardSwish 226 us fused against 176 + 103 separately. Taken: Relu, Sigmoid, Tanh,
 HardSwish, HardSigmoid (1/6, 1/2, as MobileNetV3 writes it), LeakyRelu, Clip of constant bounds,
 and fuse_activations' SiLU and GELU (erf and tanh forms). Runs after ``channels_last``, which
-looks for Conv nodes; the activation's output keeps its layout.
+looks for Conv nodes; the activation's output keeps its layout. The convolutions left without an
+activation become ``ConvAct`` too, with none: the op's bound kernel keeps oneDNN's reordered copies
+of the weight (``ops/cpu_conv.py PackedWeight``), which torch's ``conv2d`` makes at every call.
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ def _post_op(node: Node) -> tuple[str, list[float], str] | None:
     return None
 
 
+def _takes(conv: Node | None) -> bool:
+    if conv is None or len(conv.outputs) != 1:
+        return False
+    w = conv.inputs[1]
+    return w is not None and w.is_const and w.const.dim() == 4 and w.const.dtype == torch.float32
+
+
+def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str]) -> None:
+    name, scalars, algorithm = post
+    attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm}
+    ins = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else None]
+    fuse(graph, [conv] + ([act] if act is not None else []), "ConvAct", ins, attrs)
+
+
 def fuse_conv_activation(graph: Graph) -> Graph:
     if not onednn_fuses():
         return graph
@@ -59,15 +75,11 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         post = _post_op(act)
         if post is None or not act.inputs or act.inputs[0] is None:
             continue
-        v = act.inputs[0]
-        conv = producer(v, "Conv")
-        if conv is None or len(conv.outputs) != 1 or not only_feeds(v, [act], graph):
-            continue
-        w = conv.inputs[1]
-        if w is None or not w.is_const or w.const.dim() != 4 or w.const.dtype != torch.float32:
-            continue
-        name, scalars, algorithm = post
-        attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm}
-        fuse(graph, [conv, act], "ConvAct", [conv.inputs[0], w, conv.inputs[2] if len(conv.inputs) > 2 else None],
-             attrs)
+        conv = producer(act.inputs[0], "Conv")
+        if _takes(conv) and only_feeds(act.inputs[0], [act], graph):
+            _fuse(graph, conv, act, post)
+    # the others without a post-op: the op's bound kernel reorders the weight once per input shape
+    for conv in [n for n in graph.nodes if n.op_type == "Conv" and n.domain in _STD]:
+        if _takes(conv):
+            _fuse(graph, conv, None, ("none", [], ""))
     return graph

@@ -107,8 +107,9 @@ def _conv_act(x, w, b=None, *, activation="relu", act_scalars=(), act_algorithm=
 
 @binder("ConvAct", DOMAIN)
 def _bind_conv_act(consts, attrs):
-    """The 2-D convolution's parameters read once (explicit symmetric pads: the generated CPU
-    runner then calls oneDNN's fused convolution straight)."""
+    """The 2-D convolution's parameters read once and its weight reordered once per input shape
+    (explicit symmetric pads: the generated CPU runner then calls oneDNN's fused convolution
+    straight)."""
     w = consts[1]
     pads = list(attrs.get("pads") or [0, 0, 0, 0])
     if not isinstance(w, torch.Tensor) or w.dim() != 4 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "") \
@@ -118,8 +119,7 @@ def _bind_conv_act(consts, attrs):
     d, g = list(attrs.get("dilations") or [1, 1]), attrs.get("group", 1)
     act, alg = attrs["activation"], attrs.get("act_algorithm", "")
     scalars = [float(v) for v in attrs.get("act_scalars") or ()]
-    conv2d_act = cpu_conv.conv2d_act
-
-    def kernel(x, w, b=None, out=None):
-        return conv2d_act(x, w, b, s, p, d, g, act, scalars, alg)
-    return kernel
+    b = consts[2] if len(consts) > 2 and isinstance(consts[2], torch.Tensor) else None
+    if len(consts) > 2 and consts[2] is not None and b is None:
+        return None  # a computed bias
+    return cpu_conv.bound_conv2d_act(w, b, s, p, d, g, act, scalars, alg)
