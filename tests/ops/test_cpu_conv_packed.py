@@ -33,15 +33,17 @@ def test_equals_torch_over_shapes(cin, cout, k, s, g, act):
         torch.testing.assert_close(kernel(x, w, b), _ref(x, w, b, s, p, g, act), rtol=1e-5, atol=1e-5)
 
 
-def test_one_copy_per_shape_the_last_ones_kept(monkeypatch):
+def test_one_copy_per_shape_from_its_second_call_the_last_ones_kept(monkeypatch):
     monkeypatch.setattr(cpu_conv, "MAX_SHAPES", 2)
     w = torch.randn(4, 3, 3, 3)
     packed = cpu_conv.PackedWeight(w, [1, 1], [1, 1], [1, 1], 1)
-    a = packed.for_input(torch.Size([1, 3, 8, 8]))
-    assert packed.for_input(torch.Size([1, 3, 8, 8])) is a  # made once
-    packed.for_input(torch.Size([1, 3, 9, 9]))
-    packed.for_input(torch.Size([2, 3, 8, 8]))
-    assert list(packed.copies) == [torch.Size([1, 3, 9, 9]), torch.Size([2, 3, 8, 8])]
+    a, b, c = torch.Size([1, 3, 8, 8]), torch.Size([1, 3, 9, 9]), torch.Size([2, 3, 8, 8])
+    assert packed.for_input(a) is None  # a shape seen once: the call reorders the weight itself
+    first = packed.for_input(a)
+    assert first is not None and packed.for_input(a) is first  # made once
+    for shape in (b, b, c, c):
+        packed.for_input(shape)
+    assert list(packed.copies) == [b, c]
 
 
 def test_a_written_weight_is_reordered_again():
