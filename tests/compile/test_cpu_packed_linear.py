@@ -76,6 +76,44 @@ def test_packed_products_equal_the_unfused_graph_over_changing_rows(bias):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _gemm(trans_b=1, bias=True, alpha=1.0, c_shape=None, unknown_rank=False) -> onnx.ModelProto:
+    """Gemm(x, W, C) as exporters write a classifier (ddddocr's 1024 -> 8210), A of unknown rank
+    when ``unknown_rank`` (a Reshape to a shape computed from data feeds it)."""
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((N, K) if trans_b else (K, N)) / np.sqrt(K)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "W")]
+    ins = ["a", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(c_shape or (N,)).astype(np.float32), "C"))
+        ins.append("C")
+    nodes = [helper.make_node("Gemm", ins, ["y"], transB=trans_b, alpha=alpha)]
+    if unknown_rank:
+        nodes.insert(0, helper.make_node("Reshape", ["x", "shape"], ["a"]))
+        inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["r", K]),
+                  helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [2])]
+    else:
+        nodes.insert(0, helper.make_node("Identity", ["x"], ["a"]))
+        inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["r", K])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_plain_gemms_are_packed_and_equal_the_unfused_graph():
+    assert "PackedLinear" not in _ops(_gemm(alpha=0.5))  # a scaled product stays a Gemm
+    assert "PackedLinear" not in _ops(_gemm(c_shape=(1, N)))  # a C of another shape than a bias
+    rng = np.random.default_rng(3)
+    for m in (_gemm(), _gemm(trans_b=0), _gemm(bias=False), _gemm(unknown_rank=True)):
+        fused = dynashape.InferenceSession(m.SerializeToString())
+        plain = dynashape.InferenceSession(m.SerializeToString(), fusion=False)
+        assert "PackedLinear" in [n.op_type for n in fused.program.fused.nodes]
+        for rows in (1, 9, 33, 9, 2):
+            feeds = {"x": rng.standard_normal((rows, K)).astype(np.float32)}
+            if len(fused.get_inputs()) > 1:
+                feeds["shape"] = np.array([rows, K], np.int64)
+            np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_one_row_by_a_mid_sized_weight_takes_the_plain_product(monkeypatch):
     w = torch.randn(N, K)
     rows = []
