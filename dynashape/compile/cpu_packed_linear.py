@@ -4,10 +4,10 @@ AMD CPU measured were 1.2-6x slower at 1-256 rows).
 
 ``MatMul(x, W)`` with W a constant [in, out], ``Linear(x, W.T, b)`` (fuse_linear's) and a plain
 ``Gemm(x, W, b)`` (alpha and beta 1, W either way; ddddocr's classifier, 1024 -> 8210, took 56% of
-its CPU time in MKL's product) are rewritten, both reading W as the model has it (fuse_linear's transposed copy goes: the plain
-weight is held once, shared with the unfused graph, plus its packed copy); the weight is packed
-here, so the first call does not pay for it. x must have at least 2 dims (a 1-D x is a vector
-product the MatMul keeps).
+its CPU time in MKL's product) are rewritten, all reading W as the model has it (fuse_linear's
+transposed copy goes: the plain weight is held once, shared with the unfused graph, plus its packed
+copy); the weight is packed here, so the first call does not pay for it. x must have at least 2
+dims (a 1-D x is a vector product the MatMul keeps).
 """
 
 from __future__ import annotations
