@@ -24,6 +24,7 @@ a node is mapped back to it, so an exception names the node.
 
 from __future__ import annotations
 
+import functools
 import keyword
 import linecache
 import operator
@@ -35,6 +36,7 @@ from itertools import count
 import torch
 
 from ..compile import affine
+from ..compile.arena import overlapping
 from ..compile.memory_plan import AS_VIEW, ArenaBuffer, MemoryPlan, plan_memory
 from ..compile.shape_program import Trace
 from ..ir import Node, Value
@@ -108,6 +110,12 @@ class SpecCode:
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     bound_kernels: int = 0  # of them, kernels bound to their node's constants (registry.binder)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
+
+    @functools.cached_property
+    def arena_lifetimes(self) -> tuple[list[int], list[int], list[list[int]]]:
+        """First and last steps of the arena buffers, and which overlap (compile/arena.py)."""
+        first, last = [b.first for b in self.arena], [b.last for b in self.arena]
+        return first, last, overlapping(first, last)
     input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
     step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
     step_refused: str = ""  # why there is no whole-step function (when there are KV appends)

@@ -20,27 +20,38 @@ def _up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def overlapping(first: Sequence[int], last: Sequence[int]) -> list[list[int]]:
+    """For each buffer, the others whose lifetimes share a step with its own. Lifetimes are fixed
+    by the graph (sizes change with the shapes): a runner computes this once and plans each new
+    signature from it (a first call at a new shape replans)."""
+    n = len(first)
+    return [[j for j in range(n) if j != i and first[j] <= last[i] and first[i] <= last[j]] for i in range(n)]
+
+
 def plan_offsets(sizes: Sequence[int], first: Sequence[int], last: Sequence[int],
-                 align: int = ALIGN) -> tuple[list[int], int]:
+                 align: int = ALIGN, overlaps: Sequence[Sequence[int]] | None = None) -> tuple[list[int], int]:
     """Offsets (bytes) for buffers i with ``sizes[i]`` bytes, live from step ``first[i]`` to
-    ``last[i]`` inclusive; and the total bytes of the block."""
+    ``last[i]`` inclusive; and the total bytes of the block. ``overlaps``: ``overlapping(first,
+    last)``, when the caller keeps it."""
     n = len(sizes)
+    if overlaps is None:
+        overlaps = overlapping(first, last)
     order = sorted(range(n), key=lambda i: (-sizes[i], first[i], i))
     offsets = [0] * n
-    placed: list[tuple[int, int, int, int]] = []  # (first, last, start, end) of placed buffers
+    placed: list[tuple[int, int] | None] = [None] * n  # (start, end) of each placed buffer
     total = 0
     for i in order:
         size = _up(max(sizes[i], 1), align)
-        f, l = first[i], last[i]
         # the address ranges of placed buffers alive at the same time as this one, by start
-        busy = sorted((s, e) for pf, pl, s, e in placed if pf <= l and f <= pl)
+        busy = sorted([r for r in map(placed.__getitem__, overlaps[i]) if r is not None])
         at = 0
         for s, e in busy:
             if at + size <= s:
                 break
-            at = max(at, e)
+            if e > at:
+                at = e
         offsets[i] = at
-        placed.append((f, l, at, at + size))
+        placed[i] = (at, at + size)
         total = max(total, at + size)
     return offsets, total
 

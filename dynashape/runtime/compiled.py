@@ -328,7 +328,8 @@ class SpecState:
             if n < 0:
                 dims = dict(zip(spec.sig_symbols, sig))
                 raise ShapeError(f"value {b.value.name!r} would have a negative size for input dims {dims}")
-        offsets, total = plan_offsets(sizes, [b.first for b in spec.arena], [b.last for b in spec.arena])
+        first, last, overlaps = spec.arena_lifetimes
+        offsets, total = plan_offsets(sizes, first, last, overlaps=overlaps)
         self.total = total
         block = runner.arena_block(total)
         off = [o // spec.arena_dtypes[k].itemsize for o, k in zip(offsets, spec.arena_dtype_index)]
