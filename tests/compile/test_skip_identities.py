@@ -46,3 +46,12 @@ def test_identity_read_by_a_branch_stays():
     b.nodes.append(helper.make_node("If", [cond], ["z"], name="branch", then_branch=then, else_branch=other))
     sess = check_sequence(b.model(["z"]), _feeds(3))
     assert [n.op_type for n in sess.program.fused.nodes].count("Identity") == 1
+
+
+def test_a_concat_of_one_input_goes_too():
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    c = b.op("Concat", b.op("Relu", x), axis=1)
+    y = b.op("Concat", c, b.op("Neg", x), axis=1)
+    ops = fused_ops(check_sequence(b.model([y]), _feeds(4)))
+    assert ops["Concat"] == 1, dict(ops)
