@@ -70,3 +70,25 @@ def test_what_it_does_not_take_goes_to_conv2d_act(monkeypatch):
     torch.testing.assert_close(kernel(x, other, b), F.relu(F.conv2d(x, other, b)))
     assert calls == [pooled.shape, x.shape]
     assert cpu_conv.bound_conv2d_act(w.double(), None, [1, 1], [0, 0], [1, 1], 1, "relu", [], "") is None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_small_pointwise_convolution_is_a_product_of_pixel_rows(monkeypatch, bias):
+    """A 1x1 of stride 1 below SMALL_PRODUCT multiply-adds on a channels-last input: the rows of its
+    pixels by the weight (oneDNN's fixed cost is most of such a call), the activation after."""
+    torch.manual_seed(3)
+    w, b = torch.randn(12, 8, 1, 1), (torch.randn(12) if bias else None)
+    kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [0, 0], [1, 1], 1, "hardswish", [], "")
+    products = []
+    real_mm, real_addmm = torch.mm, torch.addmm
+    monkeypatch.setattr(torch, "mm", lambda *a: products.append("mm") or real_mm(*a))
+    monkeypatch.setattr(torch, "addmm", lambda *a: products.append("addmm") or real_addmm(*a))
+    for n, h, wd in [(1, 5, 7), (3, 4, 4), (1, 5, 7)]:
+        x = torch.randn(n, 8, h, wd).contiguous(memory_format=torch.channels_last)
+        y = kernel(x, w, b)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y, _ref(x, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5, atol=1e-5)
+    assert products == ["addmm" if bias else "mm"] * 3
+    big = torch.randn(1, 8, 200, 200).contiguous(memory_format=torch.channels_last)  # above: oneDNN's
+    torch.testing.assert_close(kernel(big, w, b), _ref(big, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5, atol=1e-5)
+    assert len(products) == 3
