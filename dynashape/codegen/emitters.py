@@ -10,6 +10,7 @@ default then serves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -250,6 +251,21 @@ def _split(e: Emit) -> list[str] | None:
             for k, (o, b) in enumerate(zip(e.outs, e.bufs))]
 
 
+def _constant_of_shape(e: Emit) -> list[str] | None:
+    """ConstantOfShape of dims the shape program knows: filled where the node runs (its kernel,
+    given only a host shape, made the tensor on the CPU; on CUDA, YOLOv8's anchor grid then met a
+    device tensor), or its buffer filled."""
+    value = e.node.attrs.get("value")
+    fill = 0.0 if value is None else value.reshape(()).item()
+    dt = e.out_dtypes[0]
+    if e.out_dims[0] is None or dt is None or not isinstance(fill, (int, float, bool)) or not math.isfinite(fill):
+        return None
+    if e.bufs[0] is not None:
+        return [f"{e.outs[0]} = {e.bufs[0]}.fill_({fill!r})"]
+    where = "" if e.on_cpu else ", device=DEV"
+    return [f"{e.outs[0]} = torch.full({e.dims_src(e.out_dims[0])}, {fill!r}, dtype={dt}{where})"]
+
+
 def _range(e: Emit) -> list[str] | None:
     """Range of start, limit and delta the shape program knows (a decoder's positions: 0 .. seq):
     torch.arange over the output's own length, n = max(ceil((limit - start) / delta), 0), which
@@ -281,7 +297,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
     "Abs": _unary("torch.abs"), "Log": _unary("torch.log"), "Range": _range,
-    "Split": _split,
+    "Split": _split, "ConstantOfShape": _constant_of_shape,
 }
 
 
