@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..ir import Graph, Node
 from .fuse_qdq import _same, _scalar
-from .patterns import FUSED_DOMAIN
+from .patterns import FUSED_DOMAIN, remove, reroute
 
 _ONNX = ("", "ai.onnx")
 # ops whose first output's values are some of their first input's (moved, repeated or a max of them)
@@ -49,10 +49,7 @@ def drop_repeated_fake_quant(graph: Graph) -> Graph:
         src = _source(x)
         if src is None or id(src) in gone or not _same_grid(_grid(src), _grid(n)):
             continue
-        for u in list(y.users):
-            u.inputs = [x if i is y else i for i in u.inputs]
+        reroute(y, x)
         gone.add(id(n))
-    if gone:
-        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
-        graph.rebuild_users()
+    remove(graph, gone)
     return graph

@@ -40,19 +40,28 @@ def _channel_vector(c: Value, conv: Node, inputs: bool = False) -> torch.Tensor 
     return t.reshape(count)
 
 
-def fold_conv_add(graph: Graph) -> Graph:
-    for add in [n for n in graph.nodes if n.op_type == "Add" and n.domain in ("", "ai.onnx")]:
+def conv_operands(graph: Graph, op_type: str):
+    """The ``op_type`` nodes (Add, Mul) with a Conv's output, read by nothing else, on one side and a
+    constant per-output-channel vector on the other: (the node, the Conv, the vector, the constant).
+    The Conv's bias must be constant and the vector of its weight's dtype."""
+    for node in [n for n in graph.nodes if n.op_type == op_type and n.domain in ("", "ai.onnx")]:
         for i in (0, 1):
-            y, c = add.inputs[i], add.inputs[1 - i]
+            y, c = node.inputs[i], node.inputs[1 - i]
             conv = producer(y, "Conv")
-            if conv is None or c is None or not c.is_const or not only_feeds(y, [add], graph):
+            if conv is None or c is None or not c.is_const or not only_feeds(y, [node], graph):
                 continue
             b = conv.inputs[2] if len(conv.inputs) > 2 else None
             vec = _channel_vector(c, conv)
             if vec is None or (b is not None and not b.is_const) or vec.dtype != conv.inputs[1].const.dtype:
                 continue
-            bias = vec.clone() if b is None else (b.const.to(torch.float64) + vec.to(torch.float64)).to(vec.dtype)
-            fold_into(graph, conv, add, [conv.inputs[0], conv.inputs[1],
-                                         add_const(graph, f"{add.name}_folded_bias", c, bias)])
+            yield node, conv, vec, c
             break
+
+
+def fold_conv_add(graph: Graph) -> Graph:
+    for add, conv, vec, c in conv_operands(graph, "Add"):
+        b = conv.inputs[2] if len(conv.inputs) > 2 else None
+        bias = vec.clone() if b is None else (b.const.to(torch.float64) + vec.to(torch.float64)).to(vec.dtype)
+        fold_into(graph, conv, add, [conv.inputs[0], conv.inputs[1],
+                                     add_const(graph, f"{add.name}_folded_bias", c, bias)])
     return graph

@@ -13,27 +13,18 @@ from __future__ import annotations
 import torch
 
 from ..ir import Graph
-from .fold_conv_add import _channel_vector
-from .patterns import add_const, fold_into, only_feeds, producer
+from .fold_conv_add import conv_operands
+from .patterns import add_const, fold_into
 
 
 def fold_conv_scale(graph: Graph) -> Graph:
-    for mul in [n for n in graph.nodes if n.op_type == "Mul" and n.domain in ("", "ai.onnx")]:
-        for i in (0, 1):
-            y, c = mul.inputs[i], mul.inputs[1 - i]
-            conv = producer(y, "Conv")
-            if conv is None or c is None or not c.is_const or not only_feeds(y, [mul], graph):
-                continue
-            w, b = conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else None
-            vec = _channel_vector(c, conv)
-            if vec is None or (b is not None and not b.is_const) or vec.dtype != w.const.dtype:
-                continue
-            s = vec.to(torch.float64)
-            w2 = (w.const.to(torch.float64) * s.reshape(-1, *([1] * (w.const.dim() - 1)))).to(vec.dtype)
-            ins = [conv.inputs[0], add_const(graph, f"{mul.name}_folded_weight", w, w2)]
-            if b is not None:
-                b2 = (b.const.to(torch.float64) * s).to(vec.dtype)
-                ins.append(add_const(graph, f"{mul.name}_folded_bias", b, b2))
-            fold_into(graph, conv, mul, ins)
-            break
+    for mul, conv, vec, _ in conv_operands(graph, "Mul"):
+        w, b = conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else None
+        s = vec.to(torch.float64)
+        w2 = (w.const.to(torch.float64) * s.reshape(-1, *([1] * (w.const.dim() - 1)))).to(vec.dtype)
+        ins = [conv.inputs[0], add_const(graph, f"{mul.name}_folded_weight", w, w2)]
+        if b is not None:
+            b2 = (b.const.to(torch.float64) * s).to(vec.dtype)
+            ins.append(add_const(graph, f"{mul.name}_folded_bias", b, b2))
+        fold_into(graph, conv, mul, ins)
     return graph

@@ -73,6 +73,19 @@ def fold_into(graph: Graph, node: Node, folded: Node, inputs: list[Value | None]
     graph.rebuild_users()
 
 
+def reroute(out: Value, src: Value) -> None:
+    """The readers of ``out`` read ``src`` instead (the graph's users are rebuilt by ``remove``)."""
+    for u in list(out.users):
+        u.inputs = [src if v is out else v for v in u.inputs]
+
+
+def remove(graph: Graph, gone: set[int]) -> None:
+    """The nodes with these ids leave the graph."""
+    if gone:
+        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+        graph.rebuild_users()
+
+
 def same_shape(a: Value, b: Value) -> bool:
     """Both shapes known and equal dim by dim (symbols that are provably the same)."""
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):

@@ -12,6 +12,7 @@ that a subgraph reads from its enclosing scope, stays.
 from __future__ import annotations
 
 from ..ir import Graph
+from .patterns import remove, reroute
 
 
 def skip_identities(graph: Graph) -> Graph:
@@ -25,10 +26,7 @@ def skip_identities(graph: Graph) -> Graph:
             continue
         if any(out is v for u in out.users for sub in u.subgraphs.values() for v in sub.outer):
             continue
-        for u in out.users:
-            u.inputs = [src if v is out else v for v in u.inputs]
+        reroute(out, src)
         gone.add(id(node))
-    if gone:
-        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
-        graph.rebuild_users()
+    remove(graph, gone)
     return graph
