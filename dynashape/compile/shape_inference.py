@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from ..errors import InvalidModelError, ShapeError
 from ..ir import Node, Value
 from ..shape import Dimension, PartialShape
+from . import partial_values
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +26,9 @@ class _Unknown(Exception):
     pass
 
 
-def infer_node(node: Node) -> None:
-    """Set the output shapes of ``node`` from its inputs; keep ONNX's hint where we know less."""
+def infer_node(node: Node, known: dict | None = None) -> None:
+    """Set the output shapes of ``node`` from its inputs; keep ONNX's hint where we know less.
+    ``known``: shape tensors known in part (compile/partial_values.py), by value id."""
     od = node.opdef
     if od.infer is None:
         return
@@ -35,9 +39,12 @@ def infer_node(node: Node) -> None:
             if i < len(node.inputs) and node.inputs[i] is not None:
                 values[i] = node.inputs[i].const
                 if values[i] is None:
+                    values[i] = _from_partial(node, i, known)
+                if values[i] is None:
                     raise _Unknown
         outs = od.infer(shapes, values, **node.attrs)
     except _Unknown:
+        _partial_reshape(node, known)
         return
     except ShapeError as e:
         if all(v is None or (v.shape is not None and v.shape.is_static) for v in node.inputs):
@@ -51,6 +58,28 @@ def infer_node(node: Node) -> None:
             continue
         ours = PartialShape(s)
         v.shape = _merge_hint(ours, v.shape)
+
+
+def _from_partial(node: Node, i: int, known: dict | None):
+    """A shape input whose entries the walk knows to be numbers, as the tensor it will be."""
+    entries = partial_values.of(node.inputs[i], known or {})
+    if entries is None or not all(type(e) is int for e in entries):
+        return None
+    return torch.tensor(entries, dtype=torch.int64)
+
+
+def _partial_reshape(node: Node, known: dict | None) -> None:
+    """A Reshape whose target is known in part: its rank, and the dims the entries give."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.outputs[0] is None:
+        return
+    x = node.inputs[0]
+    entries = partial_values.of(node.inputs[1], known or {})
+    if x is None or x.shape is None or entries is None:
+        return
+    dims = partial_values.reshape_dims(tuple(d.min if d.is_static else d for d in x.shape), entries,
+                                       node.attrs.get("allowzero", 0))
+    if dims is not None:
+        node.outputs[0].shape = _merge_hint(PartialShape(dims), node.outputs[0].shape)
 
 
 def infer_if(node: Node) -> None:
