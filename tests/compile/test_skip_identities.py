@@ -55,3 +55,18 @@ def test_a_concat_of_one_input_goes_too():
     y = b.op("Concat", c, b.op("Neg", x), axis=1)
     ops = fused_ops(check_sequence(b.model([y]), _feeds(4)))
     assert ops["Concat"] == 1, dict(ops)
+
+
+def test_a_product_by_one_goes_unless_it_broadcasts():
+    """Paddle2ONNX's SiLU, x * sigmoid(1 * x), fuses; a 1 of higher rank, or a 2, keeps its Mul."""
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    y = b.op("Mul", x, b.op("Sigmoid", b.op("Mul", x, b.const([1.0]))))
+    z = b.op("Neg", b.op("Div", b.op("Neg", x), b.const(1.0)))  # (a returned Div would stay)
+    ops = fused_ops(check_sequence(b.model([y, z]), _feeds(5)))
+    assert ops[f"{FUSED}.Silu"] == 1 and ops["Mul"] == 0 and ops["Div"] == 0, dict(ops)
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    y = b.op("Add", b.op("Mul", x, b.const([[[1.0]]])), b.op("Mul", x, b.const(2.0)))
+    ops = fused_ops(check_sequence(b.model([y]), _feeds(6)))
+    assert ops["Mul"] == 2, dict(ops)
