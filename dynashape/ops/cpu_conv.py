@@ -144,7 +144,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     pooled = serves(torch.empty(1, w.shape[1] * groups, 1, 1), w, b, padding, groups)  # SE blocks' 1x1
     pointwise = pooled and all(v == 1 for v in stride)  # a 1x1 of stride 1: a product of the pixels' rows
     cin, cout = w.shape[1], w.shape[0]
-    rows_by_w = w.detach().reshape(cout, cin).t() if pointwise else None
+    rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used
     act = ACTIVATIONS[activation]
     fused = torch.ops.mkldnn._convolution_pointwise
 
@@ -155,7 +155,10 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
         if pointwise and x.numel() * cout < SMALL_PRODUCT and x.is_contiguous(memory_format=torch.channels_last):
             n, _, h, wd = x.shape
             rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # channels-last: a view
-            y = torch.addmm(b, rows, rows_by_w) if b is not None else torch.mm(rows, rows_by_w)
+            if rows_by_w[0] != w._version:
+                rows_by_w[:] = [w._version, w.detach().reshape(cout, cin).t()]
+            wt = rows_by_w[1]
+            y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return act(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
         wp = packed.for_input(x.shape)
         return fused(x, w if wp is None else wp, b, padding, stride, dilation, groups, activation, scalars,

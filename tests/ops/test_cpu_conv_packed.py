@@ -92,3 +92,13 @@ def test_a_small_pointwise_convolution_is_a_product_of_pixel_rows(monkeypatch, b
     big = torch.randn(1, 8, 200, 200).contiguous(memory_format=torch.channels_last)  # above: oneDNN's
     torch.testing.assert_close(kernel(big, w, b), _ref(big, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5, atol=1e-5)
     assert len(products) == 3
+
+
+def test_a_written_weight_is_read_again_by_the_small_product():
+    torch.manual_seed(4)
+    w, b = torch.randn(6, 4, 1, 1).contiguous(memory_format=torch.channels_last), torch.randn(6)
+    kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [0, 0], [1, 1], 1, "none", [], "")
+    x = torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+    kernel(x, w, b)
+    w.mul_(3)
+    torch.testing.assert_close(kernel(x, w, b), F.conv2d(x, w, b), rtol=1e-5, atol=1e-5)
