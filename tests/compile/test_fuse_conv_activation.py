@@ -46,14 +46,15 @@ def _act(b: Builder, kind: str, y: str, opset: int) -> str:
 
 
 def _model(kind="Relu", stride=1, group=1, pads=(1, 1, 1, 1), bias=True, opset=17, identity=False, also_out=False,
-           k=3):
+           k=3, dilation=1):
     b = Builder()
     x = b.input("x", ["n", C, "h", "w"])
     rng = np.random.default_rng(7)
     ins = [x, b.const(rng.standard_normal((6 if group == 1 else C, C // group, k, k)) * 0.4)]
     if bias:
         ins.append(b.const(rng.standard_normal(6 if group == 1 else C)))
-    y = b.op("Conv", *ins, kernel_shape=[k, k], pads=list(pads), strides=[stride, stride], group=group)
+    y = b.op("Conv", *ins, kernel_shape=[k, k], pads=list(pads), strides=[stride, stride], group=group,
+             dilations=[dilation, dilation])
     z = b.op("Identity", y) if identity else y
     out = _act(b, kind, z, opset)
     return b.model([out] + ([y] if also_out else []), opset=20 if kind == "GELU tanh" else opset)
@@ -76,6 +77,11 @@ def test_each_activation_fuses_and_agrees(kind):
                                                       (1, 1, (0, 0, 0, 0), True, 1), (2, C, (0, 1, 1, 0), True, 3)])
 def test_convolution_forms(stride, group, pads, bias, k):
     sess = check_sequence(_model("HardSwish", stride, group, pads, bias, k=k), _feeds(2))
+    assert fused_ops(sess)[f"{FUSED}.ConvAct"] == 1
+
+
+def test_a_dilated_convolution():
+    sess = check_sequence(_model("Relu", pads=(2, 2, 2, 2), dilation=2), _feeds(5))
     assert fused_ops(sess)[f"{FUSED}.ConvAct"] == 1
 
 
