@@ -13,6 +13,9 @@ classifier has 18 of them a call: 42 us each as convolutions). Everything else i
 
 from __future__ import annotations
 
+import os
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -83,6 +86,15 @@ def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, 
 
 # reordered copies kept per weight: the input shapes last seen (each copy is the weight's size)
 MAX_SHAPES = 4
+# ... and beyond a weight's first copy, the bytes all extra copies of the process may hold (a CNN of
+# 100 MB of weights over many image sizes would otherwise hold 400 MB more); DYNASHAPE_CONV_COPIES_MB
+COPY_BUDGET = int(float(os.environ.get("DYNASHAPE_CONV_COPIES_MB", "256")) * (1 << 20))
+_extra_bytes = [0]  # held now by copies beyond each weight's first
+
+
+def extra_copy_bytes() -> int:
+    """Bytes held by reordered convolution weights beyond one copy per weight."""
+    return _extra_bytes[0]
 # oneDNN's convolution costs ~28 us a call before any arithmetic (an 8 -> 8 1x1 of a 4x4 image, packed
 # weight, 1 or 2 threads); the product of a 1x1's pixel rows by the weight (MKL) ~3 us: below ~2M
 # multiply-adds the product and then the activation were faster (1 x 64 x 6 x 24 -> 64 with
@@ -100,15 +112,32 @@ class PackedWeight:
     weight reordered once; depthwise 5x5 of 256 channels at 14x14, 77 against 48; 4 x 256 x 14 x 14,
     611 against 519). The layout oneDNN picks depends on the input's shape, and a copy made for
     another shape can cost more than none (a detector at 640x640 with copies made for 320x480: 61
-    against 51 ms): a copy per input shape, the last ``MAX_SHAPES`` kept (OpenVINO's
-    reordered-weights cache keeps one per layout). A copy holds the values, not the tensor's object;
-    a write to the weight (its version) drops them."""
+    against 51 ms): a copy per input shape, the last ``MAX_SHAPES`` kept, the copies beyond each
+    weight's first within ``COPY_BUDGET`` bytes for the process (OpenVINO's reordered-weights cache
+    keeps one per layout). A copy holds the values, not the tensor's object; a write to the weight
+    (its version) drops them."""
 
     def __init__(self, w: torch.Tensor, padding, stride, dilation, groups: int) -> None:
         self.w, self.version = w.detach(), w._version
         self.args = (list(padding), list(stride), list(dilation), groups)
         self.copies: dict = {}
         self.seen: set = set()  # input shapes called with once
+        self.nbytes = w.numel() * w.element_size()
+        # the extra copies' bytes go back to the budget when this dies with its session
+        weakref.finalize(self, _release, self.copies, self.nbytes)
+
+    def _extra(self) -> int:
+        return max(0, len(self.copies) - 1) * self.nbytes
+
+    def _keep(self, shape, wp: torch.Tensor) -> None:
+        """Keep ``wp`` for ``shape``: the oldest copies go past MAX_SHAPES, or while an extra copy
+        would pass the process's budget (then the newest replaces the one kept)."""
+        before = self._extra()
+        while self.copies and (len(self.copies) >= MAX_SHAPES
+                               or _extra_bytes[0] - before + len(self.copies) * self.nbytes > COPY_BUDGET):
+            self.copies.pop(next(iter(self.copies)))
+        self.copies[shape] = wp
+        _extra_bytes[0] += self._extra() - before
 
     def for_input(self, shape) -> torch.Tensor | None:
         """The copy for inputs of ``shape``; None at the first call at a shape (the call then reorders
@@ -119,6 +148,7 @@ class PackedWeight:
         if wp is not None and self.w._version == self.version:
             return wp
         if self.w._version != self.version:
+            _extra_bytes[0] -= self._extra()
             self.copies.clear()
             self.seen.clear()
             self.version = self.w._version
@@ -127,11 +157,13 @@ class PackedWeight:
                 self.seen.clear()
             self.seen.add(shape)
             return None
-        if len(self.copies) >= MAX_SHAPES:
-            self.copies.pop(next(iter(self.copies)))
-        wp = self.copies[shape] = torch.ops.mkldnn._reorder_convolution_weight(self.w.contiguous(), *self.args,
-                                                                                 list(shape))
+        wp = torch.ops.mkldnn._reorder_convolution_weight(self.w.contiguous(), *self.args, list(shape))
+        self._keep(shape, wp)
         return wp
+
+
+def _release(copies: dict, nbytes: int) -> None:
+    _extra_bytes[0] -= max(0, len(copies) - 1) * nbytes
 
 
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm):

@@ -102,3 +102,22 @@ def test_a_written_weight_is_read_again_by_the_small_product():
     kernel(x, w, b)
     w.mul_(3)
     torch.testing.assert_close(kernel(x, w, b), F.conv2d(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_extra_copies_stay_within_the_budget_and_go_back_with_their_weight(monkeypatch):
+    import gc
+    w = torch.randn(8, 4, 3, 3)
+    nbytes = w.numel() * w.element_size()
+    start = cpu_conv.extra_copy_bytes()
+    monkeypatch.setattr(cpu_conv, "COPY_BUDGET", start + 2 * nbytes)  # room for two extra copies
+    packed = cpu_conv.PackedWeight(w, [1, 1], [1, 1], [1, 1], 1)
+    shapes = [torch.Size([1, 4, s, s]) for s in (5, 6, 7, 8)]
+    for shape in shapes:
+        packed.for_input(shape)
+        packed.for_input(shape)  # its second call: the copy is made
+        assert cpu_conv.extra_copy_bytes() - start <= 2 * nbytes
+    assert list(packed.copies) == shapes[1:]  # the first copy and two extra, the newest
+    assert cpu_conv.extra_copy_bytes() - start == 2 * nbytes
+    del packed
+    gc.collect()
+    assert cpu_conv.extra_copy_bytes() == start
