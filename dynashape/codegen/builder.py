@@ -110,16 +110,16 @@ class SpecCode:
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     bound_kernels: int = 0  # of them, kernels bound to their node's constants (registry.binder)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
+    input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
+    step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
+    step_refused: str = ""  # why there is no whole-step function (when there are KV appends)
+    accepted_guards: list = field(default_factory=list)  # the guards ``accepts`` checks (their keys)
 
     @functools.cached_property
     def arena_lifetimes(self) -> tuple[list[int], list[int], list[list[int]]]:
         """First and last steps of the arena buffers, and which overlap (compile/arena.py)."""
         first, last = [b.first for b in self.arena], [b.last for b in self.arena]
         return first, last, overlapping(first, last)
-    input_locals: list[str] = field(default_factory=list)  # run's parameters, in input order
-    step: StepCode | None = None  # the whole decode step over KV storages (step_graph.py)
-    step_refused: str = ""  # why there is no whole-step function (when there are KV appends)
-    accepted_guards: list = field(default_factory=list)  # the guards ``accepts`` checks (their keys)
 
 
 @dataclass
@@ -663,17 +663,18 @@ class _Builder:
             self._body(inline, None)
             pairs = ", ".join(f"{n!r}: {src}" for n, src in outer.items())
             sep = ", " if args else ""
-            self._body([f"{targets} = st.sub[{k}]({args}{sep}_outer={{{pairs}}})"], node)
+            call = f"st.sub[{k}]({args}{sep}_outer={{{pairs}}})"
         elif node.opdef.infer is not None and node.opdef.shape_deps and not _bounded_by_input(node):
             # sizes from data: st.sized runs the shape function on the values and refuses a
             # negative or absurd size before the kernel allocates anything (ops/limits.py)
             k = len(self.sized_nodes)
             self.sized_nodes.append((node, [self.t.of(v).dtype if v is not None else None for v in node.outputs]))
             call = f"st.sized({k}, {self.kernel(node, ni.host)}, ({args}{',' if args else ''}))"
-            self._body([f"{targets} = {f'first({call})' if ni.more_results else call}"], node)
         else:
             call = f"{self.kernel(node, ni.host)}({args})"
-            self._body([f"{targets} = {f'first({call})' if ni.more_results else call}"], node)
+        # a kernel of optional extra results (MaxPool's Indices) gives a tuple: the node's is the first
+        wrap = ni.more_results and not node.subgraphs
+        self._body([f"{targets} = {f'first({call})' if wrap else call}"], node)
         # the dims of the result are runtime symbols from here on
         binds = []
         for sym, (v, axis) in self.t.runtime_symbols.items():

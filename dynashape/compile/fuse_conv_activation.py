@@ -40,8 +40,8 @@ def _post_op(node: Node) -> tuple[str, list[float], str] | None:
         return op.lower(), [], ""
     if op == "HardSwish" and (std or fused):
         return "hardswish", [], ""
-    if fused and op == "HardSigmoid" or std and op == "HardSigmoid" and abs(a.get("alpha", 0.2) - SIXTH) < 1e-7 \
-            and a.get("beta", 0.5) == 0.5:
+    if op == "HardSigmoid" and (fused or (std and abs(a.get("alpha", 0.2) - SIXTH) < 1e-7
+                                          and a.get("beta", 0.5) == 0.5)):
         return "hardsigmoid", [], ""
     if fused and op == "Silu":
         return "swish", [], ""

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from ..ir import Node, Value
-from ..shape import Dimension
 
-Partial = list  # of int | Dimension
+Partial = list  # of int | shape.Dimension
 _MAX = 16  # entries followed: shape tensors are short
 
 
@@ -73,24 +72,3 @@ def _slice(node: Node, known: dict[int, Partial]) -> Partial | None:
             or len(starts) != 1 or len(ends) != 1 or axes not in ([0], [-1]) or steps[0] == 0:
         return None
     return data[slice(starts[0], ends[0], steps[0])]
-
-
-def reshape_dims(src: tuple, target: Partial, allowzero: int) -> list | None:
-    """A Reshape's output dims for a target known in part (a Dimension entry stands for itself)."""
-    out: list = []
-    neg = None
-    for i, t in enumerate(target):
-        if isinstance(t, Dimension):
-            out.append(t)
-        elif t == 0 and not allowzero:
-            if i >= len(src):
-                return None
-            out.append(src[i])
-        elif t == -1 and neg is None:
-            neg = i
-            out.append(Dimension.dynamic())
-        elif t > 0 or (t == 0 and allowzero):
-            out.append(t)
-        else:
-            return None
-    return out

@@ -8,6 +8,7 @@ import torch
 
 from ..errors import InvalidModelError, ShapeError
 from ..ir import Node, Value
+from ..ops.tensor import reshape_target
 from ..shape import Dimension, PartialShape
 from . import partial_values
 
@@ -76,10 +77,11 @@ def _partial_reshape(node: Node, known: dict | None) -> None:
     entries = partial_values.of(node.inputs[1], known or {})
     if x is None or x.shape is None or entries is None:
         return
-    dims = partial_values.reshape_dims(tuple(d.min if d.is_static else d for d in x.shape), entries,
-                                       node.attrs.get("allowzero", 0))
-    if dims is not None:
-        node.outputs[0].shape = _merge_hint(PartialShape(dims), node.outputs[0].shape)
+    try:
+        dims = reshape_target(as_dims(x), entries, node.attrs.get("allowzero", 0))
+    except ShapeError:
+        return  # the run names the node and says what the target asks
+    node.outputs[0].shape = _merge_hint(PartialShape(dims), node.outputs[0].shape)
 
 
 def infer_if(node: Node) -> None:

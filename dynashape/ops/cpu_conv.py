@@ -30,9 +30,14 @@ def conv2d(x, w, b, stride, padding, dilation, groups):
 
 def serves(x, w, b, padding, groups) -> bool:
     """A CPU float 1x1 convolution of a 1x1 image, one group, no padding."""
-    return (x.device.type == "cpu" and groups == 1 and x.dim() == 4 and w.dim() == 4 and x.shape[2] == x.shape[3] == 1
-            and w.shape[2] == w.shape[3] == 1 and not _padded(padding) and x.dtype == w.dtype
-            and (b is None or b.dtype == x.dtype) and x.dtype.is_floating_point)
+    return (x.device.type == "cpu" and x.dim() == 4 and x.shape[2] == x.shape[3] == 1 and x.dtype == w.dtype
+            and _one_by_one(w, b, padding, groups))
+
+
+def _one_by_one(w, b, padding, groups) -> bool:
+    """A float 1x1 weight of one group, no padding, the bias of its dtype."""
+    return (groups == 1 and w.dim() == 4 and w.shape[2] == w.shape[3] == 1 and not _padded(padding)
+            and (b is None or b.dtype == w.dtype) and w.dtype.is_floating_point)
 
 
 def pooled_1x1(x, w, b):
@@ -92,15 +97,17 @@ COPY_BUDGET = int(float(os.environ.get("DYNASHAPE_CONV_COPIES_MB", "256")) * (1 
 _extra_bytes = [0]  # held now by copies beyond each weight's first
 
 
-def extra_copy_bytes() -> int:
-    """Bytes held by reordered convolution weights beyond one copy per weight."""
-    return _extra_bytes[0]
 # oneDNN's convolution costs ~28 us a call before any arithmetic (an 8 -> 8 1x1 of a 4x4 image, packed
 # weight, 1 or 2 threads); the product of a 1x1's pixel rows by the weight (MKL) ~3 us: below ~2M
 # multiply-adds the product and then the activation were faster (1 x 64 x 6 x 24 -> 64 with
 # HardSwish 25 against 52 us, 1 x 96 x 3 x 12: 14 against 56), above ~4M oneDNN (12.8M: 150-190
 # against 175-230)
 SMALL_PRODUCT = 1 << 21
+
+
+def extra_copy_bytes() -> int:
+    """Bytes held by reordered convolution weights beyond one copy per weight."""
+    return _extra_bytes[0]
 
 
 class PackedWeight:
@@ -173,7 +180,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             and (b is None or b.dtype == w.dtype)):
         return None
     packed = PackedWeight(w, padding, stride, dilation, groups)
-    pooled = serves(torch.empty(1, w.shape[1] * groups, 1, 1), w, b, padding, groups)  # SE blocks' 1x1
+    pooled = _one_by_one(w, b, padding, groups)  # on a 1x1 image: squeeze-excitation blocks' (serves)
     pointwise = pooled and all(v == 1 for v in stride)  # a 1x1 of stride 1: a product of the pixels' rows
     cin, cout = w.shape[1], w.shape[0]
     rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used

@@ -32,11 +32,15 @@ def _opt_list(v):
 
 
 # ---- Reshape ----------------------------------------------------------------------------------
-def _reshape_target(src, target: list[int], allowzero: int) -> list:
+def reshape_target(src, target: list, allowzero: int) -> list:
+    """The output dims of a Reshape of ``src`` to ``target``; a Dimension entry in ``target`` (a
+    shape tensor known only in part at compile time, compile/partial_values.py) stands for itself."""
     out: list = []
     neg = None
     for i, t in enumerate(target):
-        if t == 0 and not allowzero:
+        if isinstance(t, Dimension):
+            out.append(t)
+        elif t == 0 and not allowzero:
             if i >= len(src):
                 raise ShapeError(f"Reshape: 0 at position {i} copies an input dim, but the input has rank "
                                  f"{len(src)}")
@@ -69,12 +73,12 @@ def _reshape_target(src, target: list[int], allowzero: int) -> list:
 def _reshape_infer(shapes, values, *, allowzero=0):
     if values[1] is None:
         raise ValueError("Reshape: shape unknown")
-    return [tuple(_reshape_target(shapes[0], int_list(values[1]), allowzero))]
+    return [tuple(reshape_target(shapes[0], int_list(values[1]), allowzero))]
 
 
 @op("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), infer=_reshape_infer, shape_deps=(1,), view=True, shape_op=True)
 def _reshape(x, shape, *, allowzero=0, out=None):
-    return x.reshape(_reshape_target(tuple(x.shape), int_list(shape), allowzero))
+    return x.reshape(reshape_target(tuple(x.shape), int_list(shape), allowzero))
 
 
 # ---- Flatten ----------------------------------------------------------------------------------
