@@ -10,6 +10,7 @@ from collections.abc import Callable
 from ..ir import Graph
 from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
+from .common_subexpressions import eliminate_common_subexpressions
 from .cpu_packed_linear import cpu_packed_linear
 from .dead_nodes import remove_dead_nodes
 from .drop_repeated_fake_quant import drop_repeated_fake_quant
@@ -68,6 +69,9 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fuse_rotary", fuse_rotary),
     ("fuse_linear", fuse_linear),
     ("fuse_parallel_matmul", fuse_parallel_matmul),
+    # last: the patterns above were written against the exporters' graphs as they are; what they
+    # leave repeated (per-layer masks and position ranges) is computed once
+    ("eliminate_common_subexpressions", eliminate_common_subexpressions),
     ("remove_dead_nodes", remove_dead_nodes),
 ]
 
