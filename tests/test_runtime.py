@@ -175,3 +175,20 @@ def test_partial_shapes_propagate():
     s = dynashape.InferenceSession(add_chain(3), dynamic_dims={"x": [Dimension(2, 9), 4]})
     out = s.program.graph.outputs[0]
     assert out.shape[0] == Dimension(2, 9) and out.shape[1] == Dimension(4, 4)
+
+
+def test_group_builds_are_kept_for_a_generation_of_lengths(monkeypatch):
+    """Twenty lengths, then the same twenty again (a second generation of a decoder without a KV
+    cache): the second pass finds every group build. Builds own tensors (the shape value made a
+    tensor here) within a byte budget; with none, only the last build is kept."""
+    from dynashape.runtime import compiled
+    rng = np.random.default_rng(4)
+    lengths = list(range(1, 21))
+    for budget, hits in ((compiled.GROUP_CACHE_BYTES, 20), (0, 0)):
+        monkeypatch.setattr(compiled, "GROUP_CACHE_BYTES", budget)
+        s = dynashape.InferenceSession(shape_subgraph_model())
+        for m in lengths + lengths:
+            x = rand(2, m, rng=rng)
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], x * m, rtol=1e-6)
+        st = s.stats()
+        assert st.get("group_hits", 0) == hits and st["group_builds"] == 40 - hits, dict(st)

@@ -44,6 +44,7 @@ from ..ops.conv import conv1d
 from ..ops.cpu_conv import conv2d as cpu_conv2d
 from ..ops.elementwise import tanh
 from ..ops.registry import COMPUTED, bound_kernel
+from ..ops.shapes import norm_axes
 from ..ops.tensor import _perm
 from ..ops.tuned_conv import conv2d_op
 from ..shape import expr as E
@@ -162,6 +163,7 @@ class _Builder:
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)
+        self.same_rhs: dict[tuple, str] = {}  # (id(group), a value member's expression) -> its first name
         self.groups: dict[frozenset, Group] = {}
         self.items: list[Item] = []  # the body of run: the lines of each node (regions.py)
         self._pending: list[str] = []  # setup lines of the node whose lines come next
@@ -238,7 +240,12 @@ class _Builder:
             return hit[1]
         g = self.group(syms)
         name = self.names.new(base)
-        for line in lines_fn(name):
+        lines = lines_fn(name)
+        same = self._computed_already(g, name, lines, buffer)
+        if same is not None:
+            self.member[key] = (g, same)
+            return same
+        for line in lines:
             g.lines.append((line, node))
         g.members.append(name)
         self.member[key] = (g, name)
@@ -246,6 +253,20 @@ class _Builder:
         if value is not None:
             self.member_value[name] = (value, on_device)
         return name
+
+    def _computed_already(self, g: Group, name: str, lines: list[str], buffer: bool) -> str | None:
+        """The member of ``g`` a value made from shapes repeats, by its line's text: exporters
+        rebuild a mask's ``arange`` per layer from the Shape of another tensor each time, which
+        only the shape program sees to be the same length (T5's decoder made six per call).
+        Buffers and lines that write into memory are never shared."""
+        head = f"{name} = "
+        if buffer or len(lines) != 1 or not lines[0].startswith(head):
+            return None
+        rhs = lines[0][len(head):]
+        if "out=" in rhs or "empty" in rhs or "_(" in rhs:
+            return None
+        first = self.same_rhs.setdefault((id(g), rhs), name)
+        return None if first == name else first
 
     def member_syms(self, key: tuple) -> frozenset[str] | None:
         hit = self.member.get(key)
@@ -474,6 +495,8 @@ class _Builder:
         node = ni.node
         if node.op_type in AS_VIEW and node.domain in ("", "ai.onnx"):
             return self._view(step, ni)
+        if node.op_type == "Split" and all(self.plan.cls.get(id(v)) == "view" for v in node.outputs):
+            return self._split_views(ni)
         inline: list[str] = []
         # inputs the kernel reads as numbers on the host (axes, pads, repeats: the op's shape
         # inputs) are given as host tensors: a device copy would be read back with a sync per call
@@ -531,6 +554,36 @@ class _Builder:
         self._body(emit(self._emit_ctx(node, ins, outs, bufs, kname, ni.more_results), as_view=False), node)
         if concat:
             self._body(self._count_copied(node, ()), node)
+
+    def _split_views(self, ni) -> None:
+        """The parts of a Split the memory plan made views (``_split_as_views``): narrowed from
+        the input's group member with it, else where the node runs."""
+        node = ni.node
+        src = node.inputs[0]
+        dims = [self.t.of(v).dims for v in node.outputs]
+        a = norm_axes([node.attrs.get("axis", 0)], len(self.t.of(src).dims))[0]
+        sizes = [self.src(d[a]) for d in dims]
+        starts = [" + ".join(sizes[:k]) or "0" for k in range(len(sizes))]
+        syms = self.dims_free([d[a] for d in dims])
+        hit = self.member.get(("value", id(src)))
+        old = self.strides.get(id(src))
+        if hit is not None and old is not None and self.is_input_only(syms | hit[0].symbols):
+            g, sname = hit
+            base = self.member_info[sname]
+            for v, start, size in zip(node.outputs, starts, sizes):
+                self.add_member(("value", id(v)), syms | g.symbols, v.name,
+                                lambda n, b=start, k=size: [f"{n} = {sname}.narrow({a}, {b}, {k})"], node,
+                                base.buffer, syms | base.shape_syms)
+                self.strides[id(v)] = old
+            return
+        inline: list[str] = []
+        x = self.use(src, ni.host, inline)
+        lines = []
+        for v, start, size in zip(node.outputs, starts, sizes):
+            name = self.local[id(v)] = self.names.new(v.name, "t_")
+            lines.append(f"{name} = {x}.narrow({a}, {start}, {size})")
+        self._body(inline, None)
+        self._body(lines, node)
 
     def _count_copied(self, node: Node, fed) -> list[str]:
         """The bytes a Concat copies this run (memory_stats' concat_bytes_copied)."""
@@ -845,7 +898,7 @@ class _Builder:
             if g.members:
                 put(f"{', '.join(g.members)}{',' if len(g.members) == 1 else ''} = cur[{g.index}]")
         if self.regions:
-            put("S = st.static_on")
+            put("S = st.static_now()")
         start = {r.items[0]: r for r in self.regions}
         inside = {i for r in self.regions for i in r.items}
         for i, it in enumerate(self.items):

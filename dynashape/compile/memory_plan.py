@@ -114,7 +114,8 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
             info = t.of(v)
             if ni.kind in ("sym", "memo"):
                 c, r = ni.kind, frozenset()
-            elif ni.kind == "view" or (ni.kind == "data" and node.op_type in AS_VIEW):
+            elif ni.kind == "view" or (ni.kind == "data" and node.op_type in AS_VIEW) or (
+                    ni.kind == "data" and _split_as_views(t, node, cls, graph_outputs)):
                 src = node.inputs[0]
                 c, r = "view", roots.get(id(src), frozenset())
             elif ni.kind == "dyn" or ni.host or not node.opdef.writes_out or info.dtype is None:
@@ -176,6 +177,18 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
                                 for r in roots[id(v)] if r != id(v)):
             plan.outputs_needing_check.add(id(v))
     return plan
+
+
+def _split_as_views(t: Trace, node: Node, cls: dict, graph_outputs: set) -> bool:
+    """A Split of an arena buffer into parts the graph reads but does not return: the parts are
+    views of it (``narrow``, made with the buffer's group, never per call), where the parts were
+    copied out one by one (a fused QKV product's three heads per layer)."""
+    if node.op_type != "Split" or node.domain not in ("", "ai.onnx") or not node.outputs:
+        return False
+    src = node.inputs[0]
+    if src is None or cls.get(id(src)) != "arena" or t.of(src).dims is None or t.of(src).layout is not None:
+        return False
+    return all(v is not None and id(v) not in graph_outputs and t.of(v).dims is not None for v in node.outputs)
 
 
 def _plan_slots(t: Trace, cls: dict, graph_outputs: set, inplace: bool) -> dict[int, tuple[Node, int]]:

@@ -125,12 +125,12 @@ def _dtype(v: Value) -> torch.dtype | None:
 
 
 def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list[Value] | None = None,
-          seed: ShapeEnv | None = None) -> Trace:
+          seed: ShapeEnv | None = None, memo_data: bool = False) -> Trace:
     """The shape program of ``graph`` specialised by the guards that ``input_shapes`` (one per
     input of ``inputs``, default the graph's inputs; None for an absent optional or a sequence)
     satisfy. Raises ShapeError naming the node when the shapes do not fit the model. ``seed``:
     the guards and equalities of an earlier trace (or of the code built from it), known from the
-    start."""
+    start. ``memo_data``: data computed from shapes and constants alone is memo too (``_memo_data``)."""
     inputs = list(graph.inputs) if inputs is None else inputs
     t = _trace_once(graph, input_shapes, inputs, seed)
     if t.env.replace and (seed is None or t.env.replace.keys() - seed.replace.keys()):
@@ -138,7 +138,41 @@ def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list
         # Range(0, seq) is then one known element, not data. A second pass knows it from the start.
         t = _trace_once(graph, input_shapes, inputs, t.env)
     _drop_dead(t)
+    if memo_data:
+        _memo_data(t)
     return t
+
+
+_IMPURE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                     "Bernoulli", "Dropout"})
+
+
+def _memo_data(t: Trace) -> None:
+    """Data and views computed only from values made from shapes (memo, sym) and constants
+    become memo: computed in the group of their symbols, once per signature the group meets, not
+    every call. T5's relative position bias (buckets from the Range of the lengths, logs,
+    divisions, a Gather of the bias table, a Transpose) was ~12 kernels a call of a decoder
+    without a KV cache, whose every call brings a new length; the groups' builds are kept for
+    when the length comes back. On the CPU, where host and device memory are the same (on a GPU
+    such a mask would be made on the host and copied each time its group is built)."""
+    made = set()
+    for ni in t.nodes:
+        node = ni.node
+        if ni.kind in ("sym", "memo"):
+            made.update(id(v) for v in node.outputs if v is not None)
+            continue
+        if ni.kind not in ("data", "view") or ni.drop_inputs or node.subgraphs or node.op_type in _IMPURE:
+            continue
+        ins = [v for v in node.inputs if v is not None]
+        if not ins or not all(v.is_const or id(v) in made for v in ins) or not any(id(v) in made for v in ins):
+            continue
+        if any(v is not None and t.of(v).dtype is None for v in node.outputs):
+            continue
+        ni.kind, ni.host = "memo", True
+        for v in node.outputs:
+            if v is not None:
+                t.of(v).host = True
+                made.add(id(v))
 
 
 def _drop_dead(t: Trace) -> None:

@@ -52,7 +52,12 @@ log = logging.getLogger(__name__)
 
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
 KEEP_SMALL_BYTES = 1 << 20  # an output buffer this small is kept for any smaller output (output_buffer)
-GROUP_CACHE = 8  # builds kept per group: a batch size or length that comes back finds its views
+# builds kept per group: a batch size or length that comes back finds its views (a decoder
+# without a KV cache, or the masks of one with it, meets every length of a generation again in the
+# next one); the tensors a build owns (masks, positions made from shapes; views of the arena own
+# nothing) are held within a byte budget, the last build always
+GROUP_CACHE = 64
+GROUP_CACHE_BYTES = 16 << 20
 # the counters of static impls, reported (as 0 too) whenever they are on
 # (static_trace_time_s: the part of CPU builds spent in the calling thread, the trace)
 STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_trace_time_s",
@@ -209,13 +214,14 @@ class CompiledModel:
             if len(self.specs) >= self.max_specs:
                 self.stats["specializations_refused"] += 1
                 return None
-            t = trace(self.graph, list(shapes), self.inputs)
+            memo = self.device.type == "cpu"  # (shape_program._memo_data says why only there)
+            t = trace(self.graph, list(shapes), self.inputs, memo_data=memo)
             learnt = set(t.env.replace)
             spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
             if t.env.replace.keys() - learnt:
                 # the code's views asked what the trace had not (say seq == 1): traced again with
                 # it known from the start, a Range(0, seq) is one known element, not data
-                t = trace(self.graph, list(shapes), self.inputs, seed=t.env)
+                t = trace(self.graph, list(shapes), self.inputs, seed=t.env, memo_data=memo)
                 spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
             self.stats["shape_program_traces"] += 1
             if t.inlined_ifs:  # Ifs whose condition this signature decides: their branch is inline code
@@ -299,18 +305,29 @@ class SpecState:
             if key == keys[g]:
                 continue
             cache = self.caches[g]
-            built = cache.get(key)
-            if built is None:
+            hit = cache.get(key)
+            if hit is None:
                 runner.stats["group_builds"] += 1
                 built = spec.refresh[g](self, sig)
-                if len(cache) >= GROUP_CACHE:
-                    cache.pop(next(iter(cache)))
-                cache[key] = built
+                self._keep(cache, key, built)
             else:
+                built = hit[0]
                 runner.stats["group_hits"] += 1
             self.keys[g] = key
             self.cur[g] = built
         self.sig = sig
+
+    def _keep(self, cache: dict, key, built: tuple) -> None:
+        """``built`` cached under ``key``, the oldest builds dropped beyond the count or the bytes."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in built if isinstance(t, torch.Tensor)}
+        if self.typed:
+            storages.pop(self.typed[0].untyped_storage().data_ptr(), None)
+        own = sum(storages.values())
+        cache[key] = (built, own)
+        total = sum(n for _, n in cache.values())
+        while len(cache) > 1 and (len(cache) > GROUP_CACHE or total > GROUP_CACHE_BYTES):
+            total -= cache.pop(next(iter(cache)))[1]
 
     def _plan(self, sig: tuple) -> None:
         """Arena offsets for the symbols at their capacity, which the ShapePredictor grows ahead
@@ -353,6 +370,15 @@ class SpecState:
             dropped = self.runner.model.impls.drop(old)
             if dropped:
                 self.stats["static_dropped_by_replan"] += dropped
+
+    def static_now(self) -> bool:
+        """Whether this run's regions ask for static impls: not before the model's first
+        ``static_after`` calls (a CPU decoder's), when none can be built yet and the lookups
+        (~8 us a region) would be all a short generation paid."""
+        if not self.static_on:
+            return False
+        model = self.runner.model
+        return model.calls > model.static_after or self.runner.prebuild
 
     # ---- update_impl for a region: its static impl, or None for the dynamic one ---------------
     def static(self, r: int, key: tuple, ins: tuple):

@@ -55,3 +55,43 @@ def test_split_emitted(opset, axis, split, n_out):
             np.testing.assert_array_equal(inter, want)
     src = "".join(sp.source for sp in sess.compiled.specs)
     assert ".narrow(" in src or "torch.split(" in src
+
+
+def _qkv_model(returned: bool):
+    """A product split into three parts, each reshaped and read (a fused QKV projection);
+    ``returned``: the graph also returns the first part."""
+    w = np.random.default_rng(0).standard_normal((8, 12)).astype(np.float32)
+    outs = ["q", "k", "v"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["qkv"]),
+             helper.make_node("Split", ["qkv", "split"], outs, axis=2)]
+    nodes += [helper.make_node("Reshape", [o, "heads"], [f"{o}h"]) for o in outs]
+    nodes += [helper.make_node("Add", ["qh", "kh"], ["qk"]), helper.make_node("Mul", ["qk", "vh"], ["z"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([4, 4, 4], np.int64), "split"),
+             numpy_helper.from_array(np.array([0, 0, 2, 2], np.int64), "heads")]
+    results = ["z"] + (["q"] if returned else [])
+    g = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("x", TP.FLOAT, ["b", "s", 8])],
+                          [helper.make_tensor_value_info(r, TP.FLOAT, None) for r in results], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_parts_of_a_planned_buffer_are_views_made_with_its_group(returned):
+    """The parts of a Split of an arena buffer are narrowed views made when the group of their
+    symbols is built (no copy per call: memory_plan's ``_split_as_views``); a part the graph
+    returns keeps its own buffer. Values as onnxruntime's over changing shapes."""
+    import onnxruntime as ort
+    m = _qkv_model(returned)
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    o = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for b, s in [(2, 3), (1, 5), (2, 3), (3, 1)]:
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        for got, want in zip(sess.run(None, feeds), o.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    src = sess.compiled.specs[0].source
+    run = src[src.index("def run("):]
+    if returned:
+        assert ".copy_(" in run or "torch.split(" in run or "k_" in run
+    else:
+        assert run.count(".narrow(") == 0 and ".copy_(" not in run
+        assert src.count(".narrow(") == 3  # in the group function, once per signature
