@@ -247,3 +247,30 @@ def test_device_memory_limit_sends_big_buffers_to_host():
     np.testing.assert_allclose(s.run(None, {"x": x})[0], _chain_ref(x), rtol=1e-6)
     st = s.memory_stats()
     assert st["fallbacks_to_host"] > 0 and st["host_peak_bytes"] > 0
+
+
+def test_a_numpy_callers_past_and_new_part_go_into_the_kept_storage_in_one_copy():
+    """A past that is a copy of the last present (a numpy caller's loop) is concatenated with the
+    new part into the storage kept for it (kv_append.py ``_into_own``) while it has room: the
+    same values as torch.cat, no new storage per step, and a past that lives in that storage
+    itself, or a new part of another dtype, takes the general path."""
+    from collections import Counter
+
+    from dynashape.memory.engine import Engine
+    from dynashape.runtime.kv_append import KVAppend
+    stats = Counter()
+    kv = KVAppend(2, 0, "geometric", Engine("cpu"), stats)
+    rng = np.random.default_rng(7)
+    past = torch.from_numpy(rand((1, H, 3, D), rng=rng))
+    for _ in range(12):
+        new = torch.from_numpy(rand((1, 1, H, D), rng=rng)).permute(0, 2, 1, 3)  # a view, as a Transpose's
+        out = kv(past, new)
+        torch.testing.assert_close(out, torch.cat([past, new], 2), rtol=0, atol=0)
+        past = out.clone()  # what a numpy caller hands back
+    assert stats["concat_storages"] <= 2  # grown once or twice, not per step
+    own = kv.owned
+    inside = own.narrow(2, 0, 4)  # a past in the kept storage itself: never overwritten by its own copy
+    want = torch.cat([inside, new], 2)
+    torch.testing.assert_close(kv(inside, new), want, rtol=0, atol=0)
+    assert kv._into_own(past, new.double(), 2) is None
+    torch.testing.assert_close(kv._into_own(past, new, 2), torch.cat([past, new], 2), rtol=0, atol=0)
