@@ -117,3 +117,56 @@ int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, 
     }
     return bad;
 }
+
+/* Layer normalization over the last axis with onnxruntime's Skip* inputs folded in
+ * (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and LayerNormalization itself with
+ * skip NULL): s = x + skip [+ bias] row by row (skip's row r % skip_rows: a skip without the batch
+ * dim), written to sum_out when it is not NULL, then y = (s - mean) * rstd * gamma [+ beta], or
+ * for ``simplified`` s * rstd * gamma with rstd from the mean square. One pass of C where torch
+ * took three to six calls (~15 us a call for a tiny GPT-2's rows); the statistics in 16 lanes as
+ * embed_ln_f32's (float32 rounding apart from torch's). */
+void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const float *bias, const float *gamma,
+                 const float *beta, int64_t rows, int64_t h, double eps_d, int64_t simplified, float *y,
+                 float *sum_out, int64_t threads) {
+    const float eps = (float)eps_d;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * h;
+        float *yr = y + r * h;
+        if (skip) {
+            const float *sr = skip + (r % skip_rows) * h;
+            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] + sr[k];
+        } else {
+            for (int64_t k = 0; k < h; k++) yr[k] = xr[k];
+        }
+        if (bias) for (int64_t k = 0; k < h; k++) yr[k] += bias[k];
+        if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = yr[k];
+        float rstd;
+        if (simplified) {
+            float acc[16] = {0};
+            int64_t j = 0;
+            for (; j + 16 <= h; j += 16)
+                for (int l = 0; l < 16; l++) acc[l] += yr[j + l] * yr[j + l];
+            float ss = 0.0f;
+            for (int l = 0; l < 16; l++) ss += acc[l];
+            for (; j < h; j++) ss += yr[j] * yr[j];
+            rstd = 1.0f / sqrtf(ss / (float)h + eps);
+            for (int64_t k = 0; k < h; k++) yr[k] = yr[k] * rstd * gamma[k];
+            continue;
+        }
+        const float mean = lane_sum(yr, h) / (float)h;
+        float dev[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= h; j += 16)
+            for (int l = 0; l < 16; l++) dev[l] += (yr[j + l] - mean) * (yr[j + l] - mean);
+        float var = 0.0f;
+        for (int l = 0; l < 16; l++) var += dev[l];
+        for (; j < h; j++) var += (yr[j] - mean) * (yr[j] - mean);
+        rstd = 1.0f / sqrtf(var / (float)h + eps);
+        if (beta) {
+            for (int64_t k = 0; k < h; k++) yr[k] = (yr[k] - mean) * rstd * gamma[k] + beta[k];
+        } else {
+            for (int64_t k = 0; k < h; k++) yr[k] = (yr[k] - mean) * rstd * gamma[k];
+        }
+    }
+}
