@@ -113,6 +113,33 @@ def _quantize(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dty
 
 op("QuantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28), infer=same_as_first)(_quantize)
 
+_SMALL_INTS = (torch.uint8, torch.int8, torch.int16, torch.uint16)
+
+
+@binder("QuantizeLinear")
+def _bind_quantize(consts, attrs):
+    """One constant float32 scale and zero point, to uint8 / int8 with a float32 division: the
+    numbers read once and the C pass called straight (the op read both back every call)."""
+    c = list(consts) + [None] * (3 - len(consts))
+    scale, zp = c[1], c[2]
+    if not _one_number(scale) or scale.dtype != torch.float32 or (zp is not None and not _one_number(zp)):
+        return None
+    to = attrs.get("output_dtype") or _out_type(attrs.get("_out_types"))
+    if not to:
+        to = TP.UINT8 if zp is None else onnx_elem_type(zp)
+    if to not in (TP.UINT8, TP.INT8) or _division_dtype(attrs.get("precision", 0), scale) != torch.float32:
+        return None
+    sc, z, dt = scale.item(), 0 if zp is None else int(zp.item()), torch_dtype(to)
+    full = partial(_quantize, **attrs)
+
+    def kernel(x, y_scale, y_zero_point=None, *, out=None):
+        r = byte_tables.quantize(x, sc, z, dt, out) if x.dtype == torch.float32 else None
+        if r is not None:
+            return r if out is None or r is out else out.copy_(r)
+        return full(x, y_scale, y_zero_point, out=out)
+
+    return kernel
+
 
 # DequantizeLinear ---------------------------------------------------------------------------
 def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0, _out_types=None,
@@ -153,6 +180,31 @@ def _dequantize(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_d
 
 
 op("DequantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28), infer=same_as_first)(_dequantize)
+
+
+def _one_number(t) -> bool:
+    return type(t) is torch.Tensor and t.numel() == 1 and t.device.type == "cpu"
+
+
+@binder("DequantizeLinear")
+def _bind_dequantize(consts, attrs):
+    """One constant float32 scale and zero point to float32: read once (each call read both back
+    with ``item()``, ~5 us of a tiny model's embedding lookup), the C pass called straight."""
+    c = list(consts) + [None] * (3 - len(consts))
+    scale, zp = c[1], c[2]
+    if not _one_number(scale) or scale.dtype != torch.float32 or (zp is not None and not _one_number(zp)) \
+            or (attrs.get("output_dtype") or _out_type(attrs.get("_out_types")) or TP.FLOAT) != TP.FLOAT:
+        return None
+    sc, z = scale.item(), 0 if zp is None else int(zp.item())
+    full = partial(_dequantize, **attrs)
+
+    def kernel(x, x_scale, x_zero_point=None, *, out=None):
+        r = byte_tables.dequantize(x, z, sc, out) if x.dtype in _SMALL_INTS else None
+        if r is not None:
+            return r if out is None or r is out else out.copy_(r)
+        return full(x, x_scale, x_zero_point, out=out)
+
+    return kernel
 
 
 # DynamicQuantizeLinear ----------------------------------------------------------------------

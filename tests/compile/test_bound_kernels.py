@@ -151,6 +151,41 @@ def test_fake_quant_bound_through_a_qdq_pair():
     assert torch.equal(kernel(t, s, z), fused_quant._fake_quant(t, s, z))
 
 
+@pytest.mark.parametrize("zp_dt", [np.uint8, np.int8, None])
+def test_quantize_and_dequantize_bound_to_one_scale(zp_dt):
+    """QuantizeLinear and DequantizeLinear apart (no pair to fuse: one quantizes an input, the
+    other dequantizes another) with one constant scale and zero point: their numbers read once at
+    the bind, the C passes as the ops', bit for bit; an int32 input to DequantizeLinear goes to the
+    op itself."""
+    rng = np.random.default_rng(8)
+    q_dt = np.int8 if zp_dt == np.int8 else np.uint8
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s")]
+    q_in, d_in = ["x", "s"], ["p", "s"]
+    if zp_dt is not None:
+        inits.append(numpy_helper.from_array(np.array(3, zp_dt), "z"))
+        q_in.append("z")
+        d_in.append("z")
+    nodes = [helper.make_node("QuantizeLinear", q_in, ["q"]), helper.make_node("DequantizeLinear", d_in, ["y"])]
+    qt = TP.INT8 if q_dt == np.int8 else TP.UINT8
+    g = helper.make_graph(nodes, "qd", [helper.make_tensor_value_info("x", TP.FLOAT, ["a", 2]),
+                                        helper.make_tensor_value_info("p", qt, ["b", 3])],
+                          [helper.make_tensor_value_info("q", qt, None),
+                           helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    info = np.iinfo(q_dt)
+    feeds = [{"x": rng.uniform(-6, 6, (n, 2)).astype(np.float32),
+              "p": rng.integers(info.min, info.max + 1, (n + 1, 3)).astype(q_dt)} for n in (3, 1, 8)]
+    comp = _same_as_interpreter(m, feeds)
+    assert comp.compiled.stats["bound_kernels"] == 2
+    from dynashape.ops import quant
+    s = torch.tensor(0.05)
+    z = None if zp_dt is None else torch.from_numpy(np.array(3, zp_dt))
+    x32 = torch.arange(-4, 5, dtype=torch.int32)
+    assert torch.equal(quant._bind_dequantize([COMPUTED, s, z], {})(x32, s, z), quant._dequantize(x32, s, z))
+    x = torch.randn(4, 6) * 3
+    assert torch.equal(quant._bind_quantize([COMPUTED, s, z], {})(x, s, z), quant._quantize(x, s, z))
+
+
 @pytest.mark.parametrize("kind", ["u8", "dynamic"])
 def test_qgemm_bind_is_product(kind):
     """qgemm.bind's function and qgemm.product give the same bits (its constant half and its call)."""
