@@ -214,7 +214,9 @@ class CompiledModel:
             if len(self.specs) >= self.max_specs:
                 self.stats["specializations_refused"] += 1
                 return None
-            memo = self.device.type == "cpu"  # (shape_program._memo_data says why only there)
+            # (shape_program._memo_data says why only on the CPU; where whole-step decode functions
+            # or static impls serve, their regions replay those lines, made for their keys: data)
+            memo = self.device.type == "cpu" and not self.decode_graphs and self.static is None
             t = trace(self.graph, list(shapes), self.inputs, memo_data=memo)
             learnt = set(t.env.replace)
             spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)

@@ -118,6 +118,8 @@ def test_nothing_is_imported_or_traced_before_the_first_calls(monkeypatch):
     ref = _decode(dynashape.InferenceSession(str(llama.model_path()), static_impls="off"), 16)
     got = _decode(sess, 7)
     assert not started and sess.stats()["static_trace_time_s"] == 0 and sess.compiled.calls == 7
+    # before the threshold the regions do not even look for a static impl (SpecState.static_now)
+    assert sess.stats()["static_misses"] == 0
     got += _decode(sess, 16)[7:]  # past the threshold: the prewarm starts, keys seen come back and are traced
     assert started and sess.compiled.context.wait(300)
     st = sess.stats()
