@@ -156,12 +156,14 @@ def _memo_data(t: Trace) -> None:
     when the length comes back. On the CPU, where host and device memory are the same (on a GPU
     such a mask would be made on the host and copied each time its group is built)."""
     made = set()
+    returned = {id(v) for v in t.graph.outputs}  # (the caller's memory: sized, and checked, by the plan)
     for ni in t.nodes:
         node = ni.node
         if ni.kind in ("sym", "memo"):
             made.update(id(v) for v in node.outputs if v is not None)
             continue
-        if ni.kind not in ("data", "view") or ni.drop_inputs or node.subgraphs or node.op_type in _IMPURE:
+        if ni.kind not in ("data", "view") or ni.drop_inputs or node.subgraphs or node.op_type in _IMPURE \
+                or any(id(v) in returned for v in node.outputs if v is not None):
             continue
         ins = [v for v in node.inputs if v is not None]
         if not ins or not all(v.is_const or id(v) in made for v in ins) or not any(id(v) in made for v in ins):

@@ -37,8 +37,7 @@ def _vector(t, h: int) -> bool:
 
 
 def _rows(t) -> bool:
-    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == _F32 and t.dim() > 0 \
-        and t.is_contiguous()
+    return type(t) is torch.Tensor and t.is_cpu and t.dtype is _F32 and t.dim() > 0 and t.is_contiguous()
 
 
 def _skip_rows(skip: torch.Tensor, x: torch.Tensor, h: int) -> int | None:
@@ -76,14 +75,14 @@ def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
             srows = x.numel() // h if skip.shape == x.shape else _skip_rows(skip, x, h)
             if not srows:
                 return None
-        if not (type(y) is torch.Tensor and y.dtype == _F32 and y.shape == x.shape and y.is_contiguous()):
+        if y is None or not (type(y) is torch.Tensor and y.dtype is _F32 and y.shape == x.shape and y.is_contiguous()):
             y = torch.empty_like(x)
         total = torch.empty_like(x) if with_sum else None
         n = x.numel()
         if n:
-            threads = torch.get_num_threads() if n >= _THREAD_MIN else 1
             fn(x.data_ptr(), None if skip is None else skip.data_ptr(), srows, *consts, n // h, h, eps, simple,
-               y.data_ptr(), None if total is None else total.data_ptr(), threads)
+               y.data_ptr(), None if total is None else total.data_ptr(),
+               torch.get_num_threads() if n >= _THREAD_MIN else 1)
         native.count("skip_ln_native_calls")
         return y, total
 

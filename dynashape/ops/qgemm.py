@@ -15,6 +15,7 @@ for AVX-512 VNNI's uint8 x int8 instruction, every other weight as int16 pairs o
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 
@@ -39,7 +40,8 @@ def byte_kind(a: torch.Tensor) -> int:
 
 
 def _kernel():
-    return native.function("qgemm", "qgemm", "iiiiipdiiipp" "ipipp", ctypes.c_int, fallbacks="qgemm")
+    """qgemm.c's ``qgemm_bound``: B's side as an array made once (_constant_half), the rest a call."""
+    return native.function("qgemm", "qgemm_bound", "piiipdip", ctypes.c_int, fallbacks="qgemm")
 
 
 def _batched_kernel():
@@ -141,7 +143,7 @@ def bind(prep, *, b_scale: torch.Tensor | None = None, bias: torch.Tensor | None
         return None
 
     def run(a, kind, a_scale=1.0, a_zp=0, out=None):
-        if a.device.type != "cpu" or not a.dim():
+        if not a.is_cpu or not a.dim():
             return None
         return _run(half, a, kind, a_scale, a_zp, out)
 
@@ -181,12 +183,14 @@ def _constant_half(prep, b_scale, bias, fused, requant):
         out_kind = _OUT_S8 if requant[1] == torch.int8 else _OUT_U8
     else:
         out_kind = _OUT_F32_FMA if fused and bias_v is not None else _OUT_F32
-    return (fn, k, n, grp, kg, blk, colsum, dtype, out_kind, None if scale is None else scale.data_ptr(), bs_step,
-            None if bias_v is None else bias_v.data_ptr(), (held, scale, bias_v))
+    consts = array.array("q", (k, n, grp, kg, blk or 0, colsum or 0, out_kind,
+                               0 if scale is None else scale.data_ptr(), bs_step,
+                               0 if bias_v is None else bias_v.data_ptr()))
+    return fn, k, n, dtype, consts, consts.buffer_info()[0], (held, scale, bias_v)
 
 
 def _run(half, a, kind, a_scale, a_zp, out):
-    fn, k, n, grp, kg, blk, colsum, dtype, out_kind, scale_p, bs_step, bias_p, _held = half
+    fn, k, n, dtype, _consts, consts_p, _held = half
     if a.shape[-1] != k:
         return None
     m = a.numel() // k
@@ -200,8 +204,7 @@ def _run(half, a, kind, a_scale, a_zp, out):
     if kind == A_DYNAMIC and a.dtype != torch.float32:
         a = a.to(torch.float32)
     threads = torch.get_num_threads() if m * k * n >= _THREAD_MIN_WORK else 1
-    rc = fn(m, k, n, threads, kind, a.data_ptr(), a_scale, a_zp, grp, kg, blk, colsum,
-            out_kind, scale_p, bs_step, bias_p, out.data_ptr())
+    rc = fn(consts_p, m, threads, kind, a.data_ptr(), a_scale, a_zp, out.data_ptr())
     if rc:
         return None  # a non-finite range (or no memory): the torch path gives what the formula gives
     native.count("qgemm_native_calls")

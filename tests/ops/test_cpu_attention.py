@@ -144,3 +144,29 @@ def test_core_with_lengths_where_the_kernel_does_not_serve(monkeypatch):
     assert torch.equal(contrib_attention._core(q, k, v, None, None, 0.3, torch.float32, (full, fill)),
                        contrib_attention._core(q, k, v, None, None, 0.3, torch.float32))
     assert native.counters().get("attention_native_calls", 0) == before  # torch's, all of them
+
+
+def test_layouts_each_get_their_own_plan():
+    """The C call's parameters are kept per layout (shapes, strides, dtypes, threads): the same
+    shapes with other strides (a transposed view), a 3-D call and another thread count each
+    give torch's numbers."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    bias = torch.randn(1, 1, 5, 5, generator=g)
+
+    def want(q, k, v, bias):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.4)
+    before = len(cpu_attention._PLANS)
+    for _ in range(2):
+        torch.testing.assert_close(cpu_attention.attention(q, k, v, bias, 0.4), want(q, k, v, bias))
+    assert len(cpu_attention._PLANS) == before + 1  # found the second time
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # the same shape, other strides
+    kt = k.transpose(2, 3).contiguous().transpose(2, 3)
+    torch.testing.assert_close(cpu_attention.attention(qt, kt, v, bias, 0.4), want(q, k, v, bias))
+    torch.testing.assert_close(cpu_attention.attention(q[0], k[0], v[0], None, 0.4), want(q[0], k[0], v[0], None))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.testing.assert_close(cpu_attention.attention(q, k, v, bias, 0.4), want(q, k, v, bias))
+    finally:
+        torch.set_num_threads(threads)

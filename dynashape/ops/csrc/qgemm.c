@@ -257,6 +257,17 @@ int qgemm(int64_t m, int64_t k, int64_t n, int64_t threads, int64_t a_kind, cons
     return 0;
 }
 
+/* qgemm with what depends on B, its scales and bias alone in c[0..9] (k, n, grp, kg, blocks,
+ * colsum, out_kind, b_scale, bs_step, bias: addresses as integers, 0 for none), worked out once
+ * per bound node: eight arguments a call through ctypes where seventeen cost ~1 us more. */
+int qgemm_bound(const int64_t *c, int64_t m, int64_t threads, int64_t a_kind, const void *a, double a_scale,
+                int64_t a_zp, void *out)
+{
+    return qgemm(m, c[0], c[1], threads, a_kind, a, a_scale, a_zp, c[2], c[3], (const void *)(intptr_t)c[4],
+                 (const int32_t *)(intptr_t)c[5], c[6], (const float *)(intptr_t)c[7], c[8],
+                 (const float *)(intptr_t)c[9], out);
+}
+
 /* DynamicQuantizeLinear of x[0:n] handed on centered, as float32 q - zp (fused_quant's DynQuantize,
  * whose values several products then read): scale_zp[0..1] its scale and zero point; 0, or 1 for
  * a non-finite range (the caller's torch path then). */
