@@ -11,6 +11,7 @@ from ..ir import Graph
 from ..ir.copy import copy_graph
 from .channels_last import channels_last_pass
 from .common_subexpressions import eliminate_common_subexpressions
+from .contrib_types import contrib_types
 from .cpu_packed_linear import cpu_packed_linear
 from .dead_nodes import remove_dead_nodes
 from .drop_repeated_fake_quant import drop_repeated_fake_quant
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("resolve_ops", resolve_ops),
+    ("contrib_types", contrib_types),  # before propagate, whose values then have their dtypes
     ("propagate", propagate),  # shape inference + constant folding in one forward walk
     ("inline_constant_if", inline_constant_if),
     ("remove_dead_nodes", remove_dead_nodes),

@@ -52,8 +52,9 @@ def _skip_rows(skip: torch.Tensor, x: torch.Tensor, h: int) -> int | None:
 
 
 def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
-    """``run(x, skip, with_sum, y)`` -> (y, x + skip + bias or None), or None for inputs the C
-    pass does not serve; None where the constants themselves are not served."""
+    """``run(x, skip, with_sum, y, total=None)`` -> (y, x + skip + bias or None), written into
+    ``y`` and ``total`` where they fit, or None for inputs the C pass does not serve; None where
+    the constants themselves are not served."""
     if type(gamma) is not torch.Tensor or gamma.dim() != 1 or not gamma.shape[0]:
         return None
     h = gamma.shape[0]
@@ -65,7 +66,7 @@ def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
     consts = (None if bias is None else bias.data_ptr(), gamma.data_ptr(), None if beta is None else beta.data_ptr())
     eps, simple = float(epsilon), int(simplified)
 
-    def run(x, skip, with_sum: bool, y):
+    def run(x, skip, with_sum: bool, y, total=None):
         if not _rows(x) or x.shape[-1] != h:
             return None
         srows = 1
@@ -77,7 +78,11 @@ def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
                 return None
         if y is None or not (type(y) is torch.Tensor and y.dtype is _F32 and y.shape == x.shape and y.is_contiguous()):
             y = torch.empty_like(x)
-        total = torch.empty_like(x) if with_sum else None
+        if not with_sum:
+            total = None
+        elif total is None or not (type(total) is torch.Tensor and total.dtype is _F32 and total.shape == x.shape
+                                   and total.is_contiguous()):
+            total = torch.empty_like(x)
         n = x.numel()
         if n:
             fn(x.data_ptr(), None if skip is None else skip.data_ptr(), srows, *consts, n // h, h, eps, simple,
@@ -88,6 +93,16 @@ def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
 
     run.consts = (gamma, beta, bias)  # the tensors whose addresses it holds stay alive with it
     return run
+
+
+def _put(results: list, out, n: int):
+    """The first ``n`` results as the runtime wants them (attention's ``_emit``), with no copy of a
+    result the pass wrote into its buffer already."""
+    if isinstance(out, tuple):
+        return tuple(r if r is None or o is None or r is o else o.copy_(r) for o, r in zip(out, results[:n]))
+    if out is None or results[0] is not out:
+        return _emit(results, out, n)
+    return out
 
 
 def _bind_skip(consts, attrs, op, simplified: bool):
@@ -103,10 +118,11 @@ def _bind_skip(consts, attrs, op, simplified: bool):
 
     def kernel(x, skip, *rest, out=None):
         if not (_wants(out, n, 1, present) or _wants(out, n, 2, present)):  # (mean and inv_std: training's)
-            got = run(x, skip, _wants(out, n, 3, present), out if isinstance(out, torch.Tensor) else
-                      out[0] if isinstance(out, tuple) and out else None)
+            bufs = out if isinstance(out, tuple) else (out,)
+            got = run(x, skip, _wants(out, n, 3, present), bufs[0] if bufs else None,
+                      bufs[3] if len(bufs) > 3 else None)
             if got is not None:
-                return _emit([got[0], None, None, got[1]], out, n)
+                return _put([got[0], None, None, got[1]], out, n)
         return full(x, skip, *rest, out=out)
 
     return kernel
