@@ -180,13 +180,15 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
 
 
 def _split_as_views(t: Trace, node: Node, cls: dict, graph_outputs: set) -> bool:
-    """A Split of an arena buffer into parts the graph reads but does not return: the parts are
-    views of it (``narrow``, made with the buffer's group, never per call), where the parts were
-    copied out one by one (a fused QKV product's three heads per layer)."""
+    """A Split of a planned buffer, or of a kernel's own result, into parts the graph reads but
+    does not return: the parts are views of it (``narrow``: made with the buffer's group, never
+    per call, or where the node runs), where the parts were copied out one by one (a fused QKV
+    product's three heads per layer: on a GPU three copy kernels)."""
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx") or not node.outputs:
         return False
     src = node.inputs[0]
-    if src is None or cls.get(id(src)) != "arena" or t.of(src).dims is None or t.of(src).layout is not None:
+    if src is None or cls.get(id(src)) not in ("arena", "adopt") or t.of(src).dims is None \
+            or t.of(src).layout is not None:
         return False
     return all(v is not None and id(v) not in graph_outputs and t.of(v).dims is not None for v in node.outputs)
 
