@@ -9,7 +9,10 @@ before the other's exists); both use --threads threads. Reported per batch: the 
 median of --repeat warm passes, the ratio, and the largest difference of the logits.
 
     python benchmarks/quantized_decode.py [--batches 1,4] [--prompt 8] [--steps 24] [--repeat 7]
-                                          [--threads 2] [--json out.json]
+                                          [--threads 2] [--rounds 1] [--json out.json]
+
+The first loop of each session (every length new to it, dynashape's specializations built) is
+reported beside the warm median.
 
 The model is scripts/make_zoo_models.py's ``gpt2-opt-qdyn`` (built into .cache/generated when missing).
 """
@@ -57,7 +60,9 @@ def measure(make, gen, batch: int, args) -> tuple[float, list]:
     def run(feeds):
         return holder[0].run(None, feeds)
 
+    t0 = time.perf_counter()
     first = decode_loop(run, gen, batch, args.prompt, args.steps)
+    cold = time.perf_counter() - t0  # the session's first loop: every length new (a first generation)
     decode_loop(run, gen, batch, args.prompt, args.steps)
     times = []
     for _ in range(args.repeat):
@@ -66,7 +71,7 @@ def measure(make, gen, batch: int, args) -> tuple[float, list]:
         times.append(time.perf_counter() - t0)
     holder.clear()  # the session and its thread pool gone before the other runtime's exists
     gc.collect()
-    return statistics.median(times), first
+    return statistics.median(times), first, cold
 
 
 def main() -> None:
@@ -76,6 +81,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="sessions of each runtime per batch, in the order A B B A ...: medians over them")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -94,17 +101,31 @@ def main() -> None:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
+    makers = {"onnxruntime": make_ort, "dynashape": lambda: dynashape.InferenceSession(str(path))}
     rows = []
     for b in (int(x) for x in args.batches.split(",")):
-        t_ort, ref = measure(make_ort, gen, b, args)
-        t_ds, got = measure(lambda: dynashape.InferenceSession(str(path)), gen, b, args)
-        err = max(float(np.abs(x - y).max()) for x, y in zip(got, ref))
+        got: dict = {name: [] for name in makers}
+        logits: dict = {}
+        for r in range(args.rounds):
+            order = list(makers) if r % 2 == 0 else list(makers)[::-1]  # A B, B A, ...: no runtime always first
+            for name in order:
+                t, out, cold = measure(makers[name], gen, b, args)
+                got[name].append((t, cold))
+                logits[name] = out
+        err = max(float(np.abs(x - y).max()) for x, y in zip(logits["dynashape"], logits["onnxruntime"]))
+        t_ort, t_ds = (statistics.median(t for t, _ in got[n]) for n in ("onnxruntime", "dynashape"))
+        c_ort, c_ds = (statistics.median(c for _, c in got[n]) for n in ("onnxruntime", "dynashape"))
+        per_round = [d[0] / o[0] for d, o in zip(got["dynashape"], got["onnxruntime"])]
         rows.append({"batch": b, "onnxruntime_ms": t_ort * 1e3, "dynashape_ms": t_ds * 1e3, "ratio": t_ds / t_ort,
-                     "max_abs_logits": err, "steps": args.steps, "prompt": args.prompt})
+                     "ratio_per_round": per_round, "first_loop_onnxruntime_ms": c_ort * 1e3,
+                     "first_loop_dynashape_ms": c_ds * 1e3, "max_abs_logits": err, "steps": args.steps,
+                     "prompt": args.prompt, "rounds": args.rounds})
         print(f"gpt2-opt-qdyn batch {b}: onnxruntime {t_ort * 1e3:.2f} ms, dynashape {t_ds * 1e3:.2f} ms, "
-              f"ratio {t_ds / t_ort:.2f}, max |logits diff| {err:.1e}")
+              f"ratio {t_ds / t_ort:.2f} (rounds: {', '.join(f'{x:.2f}' for x in per_round)}); first loop "
+              f"{c_ort * 1e3:.1f} / {c_ds * 1e3:.1f} ms; max |logits diff| {err:.1e}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"threads": args.threads, "rounds": args.rounds, "rows": rows},
+                                              indent=1))
 
 
 if __name__ == "__main__":

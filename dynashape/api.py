@@ -476,6 +476,7 @@ class InferRequest:
             self.runner = CompiledRunner(session.compiled, self.engine, self.predictor, self._stats, growth,
                                          make_body=self._body_kernel)
         self._input_names = [v.name for v in session.program.graph.inputs]
+        self._host_session = session.device.type == "cpu"
         self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
         self._busy = getattr(self, "_busy", None) or threading.Lock()  # kept when re-made after a re-parse
         self._tensors: dict = getattr(self, "_tensors", {})
@@ -506,7 +507,10 @@ class InferRequest:
 
     def _run(self, tensors: dict, hand_out: bool) -> list:
         if self.runner is not None:
-            inputs = [self.stage(n, tensors[n]) for n in self._input_names]
+            if self._host_session:  # the feeds are where the session runs: nothing to stage
+                inputs = [tensors[n] for n in self._input_names]
+            else:
+                inputs = [self.stage(n, tensors[n]) for n in self._input_names]
             outs = self.runner.run(inputs, hand_out)
             if outs is not None:
                 return outs

@@ -35,6 +35,7 @@ import os
 import sys
 import time
 import weakref
+from collections import deque
 
 import torch
 
@@ -103,6 +104,9 @@ def _limit(value, name: str = "device_memory_limit") -> int | None:
     return limit
 
 
+_SMALL_HANDED = 1 << 16  # outputs below this many bytes are tracked by weak reference (_handed_small)
+_SWEEP = 256
+
 class Engine:
     """Allocates, frees and counts the buffers of one device (one engine per infer request).
 
@@ -128,6 +132,8 @@ class Engine:
         self._live: dict[int, tuple[int, str, object]] = {}
         self._current = dict.fromkeys(ALLOC_TYPES, 0)
         self._caller = 0  # bytes handed to callers whose tensors are still alive
+        # small handed-out outputs, tracked by weak reference and swept (_handed_small says why)
+        self._small: deque = deque()
         self.reset_stats()
 
     # ---- allocation ---------------------------------------------------------------------------
@@ -165,7 +171,10 @@ class Engine:
         st["allocated_bytes_total"] += nbytes
         st["handed_out"] += 1
         self._caller += nbytes
-        weakref.finalize(buf, self._caller_dropped, nbytes)
+        if nbytes < _SMALL_HANDED:
+            self._handed_small(buf, nbytes)
+        else:
+            weakref.finalize(buf, self._caller_dropped, nbytes)
         total = self.current_bytes + self._caller
         if total > self._peak_with_caller:
             self._peak_with_caller = total
@@ -273,6 +282,19 @@ class Engine:
     def _caller_dropped(self, nbytes: int) -> None:
         self._caller -= nbytes
 
+    def _handed_small(self, buf: torch.Tensor, nbytes: int) -> None:
+        """A small output counted in caller_held_bytes until the caller drops it, by a weak
+        reference swept from the oldest (a finalizer per output cost ~2.5 us a call; a decode
+        step hands out five). Outputs dropped out of order are found by a whole sweep every
+        _SWEEP entries: until then they count, at most _SWEEP * _SMALL_HANDED bytes."""
+        q = self._small
+        while q and q[0][0]() is None:
+            self._caller -= q.popleft()[1]
+        if len(q) >= _SWEEP:
+            self._sweep_small()
+            q = self._small
+        q.append((weakref.ref(buf), nbytes))
+
     # ---- queries ------------------------------------------------------------------------------
     def alloc_type_of(self, buf: torch.Tensor) -> str:
         rec = self._live.get(buf.untyped_storage().data_ptr())
@@ -315,6 +337,7 @@ class Engine:
 
     # ---- counters -----------------------------------------------------------------------------
     def stats(self) -> dict:
+        self._sweep_small()  # (what the caller holds now, to the byte)
         out = {**self._stats, "alloc_time_s": self._time, "current_bytes": self.current_bytes,
                "peak_bytes": self._peak_total, "caller_held_bytes": self._caller,
                "peak_with_caller_bytes": self._peak_with_caller}
@@ -322,6 +345,12 @@ class Engine:
             out[f"{t}_current_bytes"] = self._current[t]
             out[f"{t}_peak_bytes"] = self._peak[t]
         return out
+
+    def _sweep_small(self) -> None:
+        q = self._small
+        alive = deque(e for e in q if e[0]() is not None)
+        self._caller -= sum(n for _, n in q) - sum(n for _, n in alive)
+        self._small = alive
 
     def reset_stats(self) -> None:
         """Counters to zero; peaks start again from what is allocated now."""

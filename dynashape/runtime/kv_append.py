@@ -39,6 +39,7 @@ class KVAppend:
         # the storage of the last call, checked first: a decode loop feeds it back every step
         self.last: tuple | None = None  # (root, storage view, filled, data_ptr, stride)
         self.pending: tuple | None = None  # (storage, slot data_ptr, slot stride) from prepare()
+        self._layout: tuple | None = None  # what _into_own checks of ``owned`` (_own_layout)
 
     def prepare(self, past: torch.Tensor, new_shape: tuple) -> torch.Tensor:
         """The slot the producer of the new part writes into (``past`` in place or copied first)."""
@@ -98,22 +99,35 @@ class KVAppend:
     def _into_own(self, past: torch.Tensor, new: torch.Tensor, a: int) -> torch.Tensor | None:
         """Past and new part in one ``cat`` into the storage kept here, where it has room: the
         numpy caller's loop, whose past is a copy of the last present (~5 us a call, where
-        finding the storage and copying the two parts took ~15)."""
+        finding the storage and copying the two parts took ~15). What the storage's checks need
+        of it is worked out once per storage (``_own_layout``)."""
         own = self.owned
-        if own is None or own.dtype != past.dtype or new.dtype != past.dtype or own.dim() != past.dim():
+        if own is None:
             return None
-        ps, cap = past.shape, own.shape
-        total = ps[a] + new.shape[a]
-        if cap[a] < total or cap[:a] != ps[:a] or cap[a + 1:] != ps[a + 1:] or new.shape[:a] != ps[:a] \
-                or new.shape[a + 1:] != ps[a + 1:]:
+        lay = self._layout
+        if lay is None or lay[0] is not own:
+            lay = self._layout = self._own_layout(own, a)
+        _, dtype, lead, tail, cap, stride, offset, ptr = lay
+        ps, ns = past.shape, new.shape
+        total = ps[a] + ns[a]
+        if total > cap or past.dtype is not dtype or new.dtype is not dtype or ps[:a] != lead or ps[a + 1:] != tail \
+                or ns[:a] != lead or ns[a + 1:] != tail:
             return None
-        if past.numel() and past.untyped_storage().data_ptr() == own.untyped_storage().data_ptr():
-            return None
-        out = own.as_strided(ps[:a] + (total,) + ps[a + 1:], own.stride(), own.storage_offset())
+        if past.numel() and past.untyped_storage().data_ptr() == ptr:
+            return None  # (a view of the storage itself, whatever its base says)
+        out = own.as_strided(lead + (total,) + tail, stride, offset)
         torch.cat((past, new), a, out=out)
-        self.stats["concat_bytes_copied"] += (past.numel() + new.numel()) * past.element_size()
-        self._mark(own, total, out)
+        self.stats["concat_bytes_copied"] += out.numel() * out.element_size()
+        # a numpy caller gets copies: no past of a later call is this storage's, so what _fast and
+        # _past_storage know of it (written up to where) is dropped rather than kept up to date
+        self.last = None
         return out
+
+    @staticmethod
+    def _own_layout(own: torch.Tensor, a: int) -> tuple:
+        cap = own.shape
+        return (own, own.dtype, tuple(cap[:a]), tuple(cap[a + 1:]), cap[a], own.stride(), own.storage_offset(),
+                own.untyped_storage().data_ptr())
 
     def _fast(self, past: torch.Tensor, total: int) -> torch.Tensor | None:
         """The last storage, when ``past`` is exactly what the last call returned (a decode loop

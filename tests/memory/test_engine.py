@@ -387,3 +387,23 @@ def test_cuda_buffer_frees_once_on_release_or_when_collected():
     del c  # never released: collecting it frees the memory
     gc.collect()
     assert freed == ["b", "c"]
+
+
+def test_outputs_handed_out_count_while_the_caller_holds_them():
+    """caller_held_bytes: small outputs (weakly referenced, swept) and large ones (a finalizer)
+    both count until the caller drops them, in any order; the sweep keeps the bookkeeping bounded."""
+    from dynashape.memory import engine as E
+    e = Engine()
+    small = [e.allocate_output((4, 4), F32) for _ in range(3)]
+    big = e.allocate_output((E._SMALL_HANDED // 4 + 1,), F32)
+    assert e.stats()["caller_held_bytes"] == 3 * 64 + big.numel() * 4
+    del small[1]  # out of order
+    assert e.stats()["caller_held_bytes"] == 2 * 64 + big.numel() * 4
+    del big
+    gc.collect()
+    assert e.stats()["caller_held_bytes"] == 2 * 64
+    small.clear()
+    for _ in range(3 * E._SWEEP):
+        e.allocate_output((2,), F32)  # dropped at once
+    assert len(e._small) <= E._SWEEP
+    assert e.stats()["caller_held_bytes"] == 0 and e.stats()["peak_with_caller_bytes"] >= 3 * 64
