@@ -146,6 +146,33 @@ def _matmul(e: Emit) -> list[str] | None:
     return [f"{e.outs[0]} = torch.matmul({e.ins[0]}, {e.ins[1]}, out={e.bufs[0]})"]
 
 
+def _einsum(e: Emit) -> list[str] | None:
+    """An Einsum that is a product of the trailing letters of its first operand with the leading
+    ones of its second, in order, the rest kept in order (``abcd,cde->abe``: tf2onnx's attention
+    output projection): one matmul over the operands reshaped to two dims, where torch.einsum
+    permuted and copied (~18 against ~9 us at 32 x 128 x 64)."""
+    eq = e.node.attrs.get("equation", "").replace(" ", "")
+    if len(e.ins) != 2 or "->" not in eq or "." in eq or e.in_dtypes[0] not in _FLOATS \
+            or e.in_dtypes[0] != e.in_dtypes[1] or e.in_dims[1] is None or e.out_dims[0] is None:
+        return None
+    lhs, out = eq.split("->")
+    a, b = lhs.split(",")
+    if len(set(a + b)) != len(set(a)) + len(set(b)) - len(set(a) & set(b)) or len(set(a)) != len(a) \
+            or len(set(b)) != len(b):
+        return None
+    k = next((j for j in range(min(len(a), len(b)), 0, -1) if a[-j:] == b[:j]), 0)
+    if not k or len(set(a) & set(b)) != k or out != a[:-k] + b[k:] or len(a) == k:
+        return None
+    bd = e.in_dims[1]
+    if not all(isinstance(d, int) for d in bd):
+        return None  # (a constant weight's dims: the sizes below are numbers)
+    kk, n = math.prod(bd[:k]), math.prod(bd[k:])
+    y = f"torch.matmul({e.ins[0]}.reshape(-1, {kk}), {e.ins[1]}.reshape({kk}, {n})"
+    if e.bufs[0] is None:
+        return [f"{e.outs[0]} = {y}).view({e.dims_src(e.out_dims[0])})"]
+    return [f"{y}, out={e.bufs[0]}.view(-1, {n}))", f"{e.outs[0]} = {e.bufs[0]}"]
+
+
 def _unary(fn: str) -> Callable[[Emit], list[str] | None]:
     def emit(e: Emit) -> list[str] | None:
         if e.in_dtypes[0] not in _FLOATS or e.out_dtypes[0] != e.in_dtypes[0]:
@@ -292,7 +319,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Add": _int_binary("torch.add"), "Sub": _int_binary("torch.sub"), "Mul": _binary("torch.mul"),
     "Gather": _gather, "Not": _not, "Conv": _conv, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
     "LessOrEqual": _compare("torch.le"), "Greater": _compare("torch.gt"), "GreaterOrEqual": _compare("torch.ge"),
-    "Div": _binary("torch.div"), "MatMul": _matmul, "Concat": _concat,
+    "Div": _binary("torch.div"), "MatMul": _matmul, "Einsum": _einsum, "Concat": _concat,
     "Sigmoid": _unary("torch.sigmoid"), "Tanh": _tanh, "Exp": _unary("torch.exp"),
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),

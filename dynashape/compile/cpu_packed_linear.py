@@ -56,12 +56,14 @@ def cpu_packed_linear(graph: Graph) -> Graph:
 
 
 def _plain_gemm(node) -> bool:
-    """A Gemm that is ``A @ B(.T) + C``: alpha and beta 1, A not transposed, C absent or a vector of
-    the output's columns (the product's bias)."""
+    """A Gemm that is ``A @ B(.T) + C``: alpha 1, A not transposed, C absent (beta then says
+    nothing: tf2onnx writes beta 0 there) or, with beta 1, a vector of the output's columns (the
+    product's bias)."""
     a = node.attrs
     b, c = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
     if b is None or not b.is_const or b.const.dim() != 2:
         return False
     cols = b.const.shape[0] if a.get("transB", 0) else b.const.shape[1]
-    return (a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0 and not a.get("transA", 0)
-            and (c is None or (c.is_const and c.const.dim() == 1 and c.const.shape[0] == cols)))
+    return (a.get("alpha", 1.0) == 1.0 and not a.get("transA", 0)
+            and (c is None or (a.get("beta", 1.0) == 1.0 and c.is_const and c.const.dim() == 1
+                               and c.const.shape[0] == cols)))

@@ -3,7 +3,8 @@
 Attention's query, key and value projections, and an MLP's gate and up projections, multiply the
 same activation by different weights: one product by the weights side by side
 (``[in, out_1 + out_2 + ...]``, concatenated once, at load) does the same work in one kernel,
-and each original result is a Slice (a view) of it. Linear nodes (a product with a bias, from
+and each original result is a Slice (a view) of it; a Gemm without C (tf2onnx's projections,
+weights [out, in]) is such a product too. Linear nodes (a product with a bias, from
 ``fuse_linear``) sharing an input merge the same way, their weights stacked along the output axis.
 So do 8-bit products of one quantized activation (fuse_dynamic_quant's QMatMulCentered after one
 DynQuantize, onnxruntime's MatMulIntegerToFloat): the weights side by side, their scales, zero
@@ -27,6 +28,10 @@ def _member(n: Node) -> tuple | None:
         if w.is_const and w.const.dim() == 2 and w.const.is_floating_point() and x.shape is not None \
                 and len(x.shape) >= 2:
             return (x,), "MatMul", w.const.dtype
+    if n.op_type == "Gemm" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2 and _plain(n):
+        w = n.inputs[1]  # A @ B(.T) without C (beta says nothing then): a MatMul of a 2-D A
+        if w.is_const and w.const.dim() == 2 and w.const.is_floating_point():
+            return (n.inputs[0],), "MatMul", w.const.dtype
     if n.op_type == "Linear" and n.domain == FUSED_DOMAIN:
         x, w = n.inputs[0], n.inputs[1]
         bias = n.inputs[2] if len(n.inputs) > 2 else None
@@ -43,6 +48,16 @@ _QUANT = {
     ("QMatMulCentered", FUSED_DOMAIN): ((0, 1, 2), 3, 4, 5, 6),  # fuse_dynamic_quant's, after one DynQuantize
     ("MatMulIntegerToFloat", "com.microsoft"): ((0, 2, 4), 1, 3, 5, 6),  # onnxruntime's quantizer
 }
+
+
+def _plain(n: Node) -> bool:
+    return n.attrs.get("alpha", 1.0) == 1.0 and not n.attrs.get("transA", 0)
+
+
+def _in_out(n: Node) -> torch.Tensor:
+    """A MatMul's or a Gemm's constant weight as [in, out]."""
+    w = n.inputs[1].const
+    return w.t() if n.op_type == "Gemm" and n.attrs.get("transB", 0) else w
 
 
 def _at(n: Node, i: int) -> Value | None:
@@ -110,15 +125,15 @@ def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
     x = nodes[0].inputs[0]
     first = nodes[0]
     out_axis = 1 if kind == "MatMul" else 0  # MatMul weights are [in, out]; Linear's [out, in]
-    ws = [n.inputs[1].const for n in nodes]
+    ws = [_in_out(n) if kind == "MatMul" else n.inputs[1].const for n in nodes]
     sizes = [w.shape[out_axis] for w in ws]
-    w = add_const(graph, f"{first.name}_merged_weight", first.inputs[1], torch.cat(ws, out_axis))
+    w = add_const(graph, f"{first.name}_merged_weight", first.inputs[1], torch.cat(ws, out_axis).contiguous())
     ins = [x, w]
     if kind == "Linearb":
         ins.append(add_const(graph, f"{first.name}_merged_bias", nodes[0].inputs[2],
                           torch.cat([n.inputs[2].const.reshape(-1) for n in nodes])))
     domain = "" if kind == "MatMul" else FUSED_DOMAIN
-    opset = first.opset if kind == "MatMul" else 1
+    opset = (first.opset if first.op_type == "MatMul" else 13) if kind == "MatMul" else 1
     merged = Node(kind[:6] if kind != "MatMul" else "MatMul", domain, f"{first.name}_merged", ins, [], {}, opset)
     _replace_by_slices(graph, nodes, merged, sizes)
 

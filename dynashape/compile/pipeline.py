@@ -37,6 +37,7 @@ from .propagate import propagate
 from .resolve_ops import resolve_ops
 from .shape_subgraphs import mark_shape_subgraphs
 from .skip_identities import skip_identities
+from .softmax_before_transpose import softmax_before_transpose
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_conv_add", fold_conv_add),  # before fold_conv_bn: a BatchNormalization after the Add folds too
     ("fold_conv_bn", fold_conv_bn),
     ("fuse_attention", fuse_attention),
+    ("softmax_before_transpose", softmax_before_transpose),  # after: only softmaxes left unfused
     ("fuse_layer_norm", fuse_layer_norm),  # first: its inner d / sqrt(mean(d^2) + eps) looks like an RMSNorm
     ("fuse_rms_norm", fuse_rms_norm),
     ("fuse_gelu", fuse_gelu),
