@@ -782,7 +782,7 @@ def _sample(spec: InputSpec, shape: tuple, device: torch.device) -> torch.Tensor
 def _to_numpy(x, elem_type: int = 0):
     """An output as numpy; ``elem_type`` (a sequence's element type for a list) picks the
     ml_dtypes type of a tensor that holds an INT4, FLOAT4E2M1 ... (see ir.dtypes)."""
-    if type(x) is torch.Tensor and x.dtype in _PLAIN_NUMPY and elem_type not in HELD and x.device.type == "cpu" \
+    if type(x) is torch.Tensor and x.is_cpu and x.dtype in _PLAIN_NUMPY and elem_type not in HELD \
             and not x.requires_grad:
         return x.numpy().copy()  # the common case of the branch below, without its general calls
     if isinstance(x, torch.Tensor):

@@ -24,6 +24,7 @@ from .fuse_attention import fuse_attention
 from .fuse_conv_activation import fuse_conv_activation
 from .fuse_conv_relu import fuse_conv_relu
 from .fuse_dynamic_quant import fuse_dynamic_quant
+from .fuse_gather_dequant import fuse_gather_dequant
 from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
@@ -57,6 +58,7 @@ FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("skip_identities", skip_identities),  # first: an Identity between two nodes hides their pattern
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fuse_qdq", fuse_qdq),
+    ("fuse_gather_dequant", fuse_gather_dequant),  # after fuse_qdq, which takes Q -> DQ pairs
     ("drop_repeated_fake_quant", drop_repeated_fake_quant),
     ("fold_conv_scale", fold_conv_scale),  # first: the Add after the Mul then folds as the bias
     ("fold_conv_add", fold_conv_add),  # before fold_conv_bn: a BatchNormalization after the Add folds too

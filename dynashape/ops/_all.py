@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     control_flow,
     conv,
     conv_act,
+    cpu_gelu,
     cpu_layer_norm,
     data_dependent,
     elementwise,

@@ -22,12 +22,15 @@ unfused MatMulInteger then does.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
 from . import native, qgemm
+from .indexing import _gather
 from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
-from .quant import _dql_tensor_path, host_qparams, quantize_u8
+from .quant import _dequantize, _dql_tensor_path, host_qparams, quantize_u8
 from .registry import COMPUTED, binder, op
 
 DOMAIN = "com.dynashape"
@@ -272,3 +275,52 @@ def _fake_quant_native(x: torch.Tensor, scale: torch.Tensor, lo: int, hi: int, o
        torch.get_num_threads() if n >= _FAKE_QUANT_THREAD_MIN else 1)
     native.count("fake_quant_native_calls")
     return out
+
+
+# A Gather of rows of a constant 8-bit table and the DequantizeLinear of one scale and zero point
+# after it (quantize_dynamic's embeddings): fuse_gather_dequant.py makes the pair one op.
+def _gather_dequant_infer(shapes, values):
+    return [tuple(shapes[1]) + tuple(shapes[0][1:])]
+
+
+@op("GatherDequant", 1, DOMAIN, infer=_gather_dequant_infer,
+    notes="Gather (axis 0) of a constant 8-bit table, then DequantizeLinear of one scale and zero point")
+def _gather_dequant(table, indices, scale, zero_point=None, *, out=None):
+    """What the two nodes compute: the rows (ONNX's Gather, its checks and negative indices), then
+    float32(q - z) * s."""
+    q = _gather(table, indices, axis=0)
+    return _dequantize(q, scale, zero_point, out=out)
+
+
+@binder("GatherDequant", DOMAIN)
+def _bind_gather_dequant(consts, attrs):
+    """The table, scale and zero point read once; one C pass a call (an embedding lookup of a
+    tiny quantized GPT-2: two calls, ~20 us in a decode step, where it was four)."""
+    c = list(consts) + [None] * (4 - len(consts))
+    table, scale, zp = c[0], c[2], c[3]
+    if any(t is COMPUTED for t in (table, scale, zp)) or type(table) is not torch.Tensor \
+            or table.dtype not in (torch.uint8, torch.int8) or table.dim() != 2 or not table.is_contiguous() \
+            or not table.is_cpu or scale is None or scale.numel() != 1 or scale.dtype != torch.float32 \
+            or (zp is not None and zp.numel() != 1):
+        return None
+    fn = native.function("lut", "gather_dequant_small", "piipiiiidp", ctypes.c_int, fallbacks="lut")
+    if fn is None:
+        return None
+    rows, h = table.shape
+    args = (table.data_ptr(), rows, h)
+    kind, z, s = int(table.dtype == torch.int8), 0 if zp is None else int(zp.item()), scale.item()
+
+    def kernel(tab, indices, sc, zero_point=None, *, out=None):
+        if type(indices) is torch.Tensor and indices.is_cpu and indices.dtype in (torch.int64, torch.int32) \
+                and indices.is_contiguous():
+            shape = (*indices.shape, h)
+            y = out if (type(out) is torch.Tensor and out.dtype is torch.float32 and out.shape == shape
+                        and out.is_contiguous()) else torch.empty(shape)
+            if not fn(*args, indices.data_ptr(), indices.numel(), int(indices.dtype is torch.int64), kind, z, s,
+                      y.data_ptr()):
+                native.count("lut_native_calls")
+                return y
+        return _gather_dequant(tab, indices, sc, zero_point, out=out)
+
+    kernel.table = table  # the tensor whose address it holds stays alive with it
+    return kernel

@@ -160,3 +160,28 @@ void quant_small(const float *x, int64_t n, int64_t s8, double scale_d, int64_t 
         else ((uint8_t *)y)[i] = (uint8_t)(int32_t)v;
     }
 }
+
+/* A Gather of rows of an 8-bit table (axis 0) and their DequantizeLinear of one scale and zero
+ * point, in one pass: out[i, :] = float32(table[id_i, :] - zp) * scale, ids int64 (ids64) or
+ * int32, a negative id counted from the end (ONNX's Gather). A quantized model's embedding lookup,
+ * where torch took an index_select and a dequantization. Returns 1 for an id outside the table
+ * (nothing promised of out then: the caller's op raises its error). kind: 0 uint8, 1 int8. */
+int gather_dequant_small(const void *table, int64_t rows, int64_t h, const void *ids, int64_t n, int64_t ids64,
+                         int64_t kind, int64_t zp, double scale_d, float *out) {
+    const float s = (float)scale_d;
+    const int32_t z = (int32_t)zp;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = ids64 ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
+        if (id < 0) id += rows;
+        if (id < 0 || id >= rows) return 1;
+        float *y = out + i * h;
+        if (kind == 0) {
+            const uint8_t *r = (const uint8_t *)table + id * h;
+            for (int64_t k = 0; k < h; k++) y[k] = (float)((int32_t)r[k] - z) * s;
+        } else {
+            const int8_t *r = (const int8_t *)table + id * h;
+            for (int64_t k = 0; k < h; k++) y[k] = (float)((int32_t)r[k] - z) * s;
+        }
+    }
+    return 0;
+}
