@@ -326,7 +326,7 @@ class _Builder:
         lives_on_host = self._on_host(v)
         if hit is not None:
             g, name = hit
-            if lives_on_host == host:
+            if lives_on_host == host or self.device.type == "cpu":  # (.to() of the same memory: itself)
                 return name
             base = f"{v.name}_{'h' if host else 'd'}"
             to = ".cpu()" if host else ".to(DEV, non_blocking=True)"
@@ -334,7 +334,7 @@ class _Builder:
             return self.add_member(("copy", id(v), host), g.symbols, base, lambda n: [f"{n} = {name}{to}"],
                                    buffer=False, shape_syms=info.shape_syms, value=v, on_device=not host)
         name = self.local[id(v)]
-        if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype):
+        if lives_on_host == host or not isinstance(self.t.of(v).dtype, torch.dtype) or self.device.type == "cpu":
             return name
         moved = self.names.new(f"{v.name}_{'h' if host else 'd'}")
         inline.append(f"{moved} = {name}.cpu()" if host else f"{moved} = {name}.to(DEV, non_blocking=True)")

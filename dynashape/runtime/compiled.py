@@ -272,6 +272,7 @@ class SpecState:
         self.cur: list = [()] * n
         self.keys: list = [None] * n
         self.caches: list[dict] = [{} for _ in range(n)]
+        self.cache_bytes = [0] * n  # per group: the bytes its cached builds own
         self.typed: list[torch.Tensor] = []
         self.off: list[int] = []
         self.epoch = -1
@@ -311,7 +312,7 @@ class SpecState:
             if hit is None:
                 runner.stats["group_builds"] += 1
                 built = spec.refresh[g](self, sig)
-                self._keep(cache, key, built)
+                self._keep(g, key, built)
             else:
                 built = hit[0]
                 runner.stats["group_hits"] += 1
@@ -319,17 +320,20 @@ class SpecState:
             self.cur[g] = built
         self.sig = sig
 
-    def _keep(self, cache: dict, key, built: tuple) -> None:
-        """``built`` cached under ``key``, the oldest builds dropped beyond the count or the bytes."""
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in built if isinstance(t, torch.Tensor)}
-        if self.typed:
-            storages.pop(self.typed[0].untyped_storage().data_ptr(), None)
-        own = sum(storages.values())
+    def _keep(self, g: int, key, built: tuple) -> None:
+        """``built`` cached under ``key``, the oldest builds dropped beyond the count or the bytes.
+        What a build owns: its tensors that are no view (the arena's views, and views of the
+        masks and positions it made, have a base; a build's own masks and positions do not)."""
+        own = 0
+        for t in built:
+            if type(t) is torch.Tensor and t._base is None:
+                own += t.untyped_storage().nbytes()
+        cache = self.caches[g]
         cache[key] = (built, own)
-        total = sum(n for _, n in cache.values())
+        total = self.cache_bytes[g] + own
         while len(cache) > 1 and (len(cache) > GROUP_CACHE or total > GROUP_CACHE_BYTES):
             total -= cache.pop(next(iter(cache)))[1]
+        self.cache_bytes[g] = total
 
     def _plan(self, sig: tuple) -> None:
         """Arena offsets for the symbols at their capacity, which the ShapePredictor grows ahead
@@ -360,6 +364,7 @@ class SpecState:
         self._new_token()
         for c in self.caches:
             c.clear()
+        self.cache_bytes = [0] * len(self.caches)
         self.keys = [None] * len(self.keys)
         runner.stats["arena_plans"] += 1
 
