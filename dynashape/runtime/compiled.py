@@ -342,7 +342,8 @@ class SpecState:
         caps = list(sig if self.caps is None else self.caps)
         for i, (v, c) in enumerate(zip(sig, caps)):
             if self.caps is None or v > c:
-                caps[i] = runner.capacity(spec.sig_symbols[i], v)
+                step = v - self.sig[i] if self.sig is not None else 0
+                caps[i] = runner.capacity(spec.sig_symbols[i], v, step)
                 if i in spec.aligned_positions and runner.model.align:  # room for the padded rows (aligned.py)
                     caps[i] = max(caps[i], aligned_value(v, runner.model.align) or v)
         env = dict(zip(spec.sig_symbols, caps))
@@ -554,14 +555,23 @@ class CompiledRunner:
             k = self._subs[node.name] = self.make_body(node)
         return k
 
-    def capacity(self, symbol: str, value: int) -> int:
+    def capacity(self, symbol: str, value: int, step: int = 0) -> int:
         """The value a symbol's buffers are planned for: at least ``value``, more when the
-        ShapePredictor sees the symbol grow by a steady step (the next few steps fit)."""
+        ShapePredictor sees the symbol grow (the next few steps fit). ``step``: how much it grew
+        since the last call. The predictor hears of a symbol only when it passes its capacity,
+        so it never sees the steady step of a decode loop (one a call) and took ratio mode's
+        10%: a re-plan, and every group's views rebuilt, each ~5 steps at a past of 50. A small
+        step is that loop's: room for the predictor's ``iters`` more steps, as its iterations
+        mode gives when it sees the step twice."""
         cap = value
         if self.predictor is not None:
             ok, pred = self.predictor.predict(f"symbol:{symbol}", (value,), 8, False)
             if ok and pred[0] > value:
                 cap = pred[0]
+                self.stats["predictions_used"] += 1
+            opts = self.predictor.options
+            if 0 < step <= opts.max_dim_diff and opts.iters and value + step * opts.iters > cap:
+                cap = value + step * opts.iters
                 self.stats["predictions_used"] += 1
         self._caps[symbol] = cap
         return cap

@@ -274,3 +274,27 @@ def test_a_numpy_callers_past_and_new_part_go_into_the_kept_storage_in_one_copy(
     torch.testing.assert_close(kv(inside, new), want, rtol=0, atol=0)
     assert kv._into_own(past, new.double(), 2) is None
     torch.testing.assert_close(kv._into_own(past, new, 2), torch.cat([past, new], 2), rtol=0, atol=0)
+
+
+def test_a_length_that_grows_by_one_re_plans_the_arena_every_few_steps_not_every_few_calls():
+    """A buffer sized by the past length: the arena is planned for the predictor's ``iters``
+    steps ahead of a length that grows by one a call (the predictor sees that length only when it
+    passes its capacity, and alone would take ratio mode's 10%: a re-plan every ~5 steps at 50)."""
+    nodes = [helper.make_node("Concat", ["past", "x"], ["present"], axis=2),
+             helper.make_node("Neg", ["present"], ["n"]),  # an arena buffer as long as the past
+             helper.make_node("ReduceSum", ["n", "axes"], ["y"], keepdims=0)]
+    g = helper.make_graph(nodes, "grow", [helper.make_tensor_value_info("past", TP.FLOAT, ["b", H, "p", D]),
+                                          helper.make_tensor_value_info("x", TP.FLOAT, ["b", H, 1, D])],
+                          [helper.make_tensor_value_info("present", TP.FLOAT, None),
+                           helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          initializer=[onnx.numpy_helper.from_array(np.array([2], np.int64), "axes")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    sess = dynashape.InferenceSession(m)
+    rng = np.random.default_rng(9)
+    past = rand((1, H, 40, D), rng=rng)
+    for _ in range(60):
+        x = rand((1, H, 1, D), rng=rng)
+        present, y = sess.run(None, {"past": past, "x": x})
+        np.testing.assert_allclose(y, -np.concatenate([past, x], 2).sum(2), rtol=1e-5, atol=1e-5)
+        past = present
+    assert sess.stats()["arena_plans"] <= 8  # 60 steps: ratio mode alone made 10 plans
