@@ -13,7 +13,7 @@ difference of dynashape's outputs from onnxruntime's at its default optimization
 optimizations disabled (and between those two levels of onnxruntime itself).
 
     python benchmarks/quantized.py [--models t5_tiny,t5_small,bert_base2] [--repeat 7] [--threads 2]
-                                   [--fuse] [--json out.json]
+                                   [--fuse] [--new-lengths N] [--json out.json]
 
 ``--fuse`` adds the dynamic-quantization fusion pass (dynashape/compile/fuse_dynamic_quant.py) to
 dynashape's fusion passes for this run, if the pass list does not hold it yet.
@@ -235,6 +235,18 @@ def measure(run, feeds_seq: list[dict], repeat: int) -> tuple[float, list]:
     return statistics.median(times), outs
 
 
+def new_lengths(run, feeds_seq: list[dict], more: list[dict]) -> float:
+    """Seconds of one pass over ``more`` after the sequence: every shape of it new to the session
+    (a decoder's second generation growing past the first), where the warm passes meet shapes
+    they have met."""
+    for f in feeds_seq:
+        run(None, f)
+    t0 = time.perf_counter()
+    for f in more:
+        run(None, f)
+    return time.perf_counter() - t0
+
+
 def max_diff(a: list, b: list) -> float:
     return max(float(np.abs(np.asarray(x[0], np.float64) - np.asarray(y[0], np.float64)).max()) for x, y in zip(a, b))
 
@@ -245,6 +257,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--fuse", action="store_true", help="add the fuse_dynamic_quant pass for this run")
+    p.add_argument("--new-lengths", type=int, default=0,
+                   help="a T5 decoder: also time N more lengths after the sequence's, each new to the session")
     p.add_argument("--json", default=None)
     opts = p.parse_args(argv)
 
@@ -267,7 +281,23 @@ def main(argv=None) -> None:
         t_ds, got = measure(ds.run, feeds, opts.repeat)
         del ds
         gc.collect()
-        r = {"onnxruntime_s": t_ort, "dynashape_s": t_ds, "ratio": t_ds / t_ort,
+        fresh = {}
+        if opts.new_lengths and name.endswith("_dec"):
+            cfg = {"t5_tiny": T5_TINY, "t5_small": T5_SMALL}[name[:-4]]
+            longer = decoder_feeds(cfg["vocab"], cfg["d_model"], steps=len(feeds) + opts.new_lengths)[len(feeds):]
+            sess = ort_session(path, opts.threads)
+            f_ort = new_lengths(sess.run, feeds, longer)
+            del sess
+            gc.collect()
+            ds = dynashape.InferenceSession(str(path))
+            f_ds = new_lengths(ds.run, feeds, longer)
+            del ds
+            gc.collect()
+            fresh = {"new_lengths": opts.new_lengths, "new_lengths_onnxruntime_s": f_ort,
+                     "new_lengths_dynashape_s": f_ds, "new_lengths_ratio": f_ds / f_ort}
+            print(f"{name}: {opts.new_lengths} lengths new to the session: onnxruntime {f_ort * 1e3:.1f} ms, "
+                  f"dynashape {f_ds * 1e3:.1f} ms, ratio {f_ds / f_ort:.2f}")
+        r = {"onnxruntime_s": t_ort, "dynashape_s": t_ds, "ratio": t_ds / t_ort, **fresh,
              "diff_vs_ort_default": max_diff(got, ref), "diff_vs_ort_noopt": max_diff(got, ref_noopt),
              "ort_default_vs_noopt": max_diff(ref, ref_noopt), "points": len(feeds)}
         results[name] = r

@@ -9,7 +9,8 @@ before the other's exists); both use --threads threads. Reported per batch: the 
 median of --repeat warm passes, the ratio, and the largest difference of the logits.
 
     python benchmarks/quantized_decode.py [--batches 1,4] [--prompt 8] [--steps 24] [--repeat 7]
-                                          [--threads 2] [--rounds 1] [--json out.json]
+                                          [--threads 2] [--rounds 1] [--new-prompts 40,72,104]
+                                          [--json out.json]
 
 The first loop of each session (every length new to it, dynashape's specializations built) is
 reported beside the warm median.
@@ -74,6 +75,25 @@ def measure(make, gen, batch: int, args) -> tuple[float, list]:
     return statistics.median(times), first, cold
 
 
+def fresh_lengths(make, gen, batch: int, args) -> float:
+    """Generations whose every length is new to the session: after a warm-up generation (prompt
+    --prompt), one of each prompt in --new-prompts, timed together (a chat whose lengths differ
+    from one turn to the next: the groups of each new length built, the arena re-planned)."""
+    holder = [make()]
+
+    def run(feeds):
+        return holder[0].run(None, feeds)
+
+    decode_loop(run, gen, batch, args.prompt, args.steps)
+    t0 = time.perf_counter()
+    for p in (int(x) for x in args.new_prompts.split(",")):
+        decode_loop(run, gen, batch, p, args.steps)
+    t = time.perf_counter() - t0
+    holder.clear()
+    gc.collect()
+    return t
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,4")
@@ -83,6 +103,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1,
                    help="sessions of each runtime per batch, in the order A B B A ...: medians over them")
+    p.add_argument("--new-prompts", default="",
+                   help="e.g. 40,72,104: also time generations of these prompts, every length new to the session")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -116,13 +138,25 @@ def main() -> None:
         t_ort, t_ds = (statistics.median(t for t, _ in got[n]) for n in ("onnxruntime", "dynashape"))
         c_ort, c_ds = (statistics.median(c for _, c in got[n]) for n in ("onnxruntime", "dynashape"))
         per_round = [d[0] / o[0] for d, o in zip(got["dynashape"], got["onnxruntime"])]
+        fresh = {}
+        if args.new_prompts:
+            runs: dict = {name: [] for name in makers}
+            for r in range(args.rounds):
+                for name in (list(makers) if r % 2 == 0 else list(makers)[::-1]):
+                    runs[name].append(fresh_lengths(makers[name], gen, b, args))
+            fresh = {f"new_lengths_{n}_ms": statistics.median(v) * 1e3 for n, v in runs.items()}
+            fresh["new_lengths_ratio"] = fresh["new_lengths_dynashape_ms"] / fresh["new_lengths_onnxruntime_ms"]
         rows.append({"batch": b, "onnxruntime_ms": t_ort * 1e3, "dynashape_ms": t_ds * 1e3, "ratio": t_ds / t_ort,
                      "ratio_per_round": per_round, "first_loop_onnxruntime_ms": c_ort * 1e3,
                      "first_loop_dynashape_ms": c_ds * 1e3, "max_abs_logits": err, "steps": args.steps,
-                     "prompt": args.prompt, "rounds": args.rounds})
+                     "prompt": args.prompt, "rounds": args.rounds, **fresh})
         print(f"gpt2-opt-qdyn batch {b}: onnxruntime {t_ort * 1e3:.2f} ms, dynashape {t_ds * 1e3:.2f} ms, "
               f"ratio {t_ds / t_ort:.2f} (rounds: {', '.join(f'{x:.2f}' for x in per_round)}); first loop "
               f"{c_ort * 1e3:.1f} / {c_ds * 1e3:.1f} ms; max |logits diff| {err:.1e}")
+        if fresh:
+            print(f"  generations of new lengths (prompts {args.new_prompts}): onnxruntime "
+                  f"{fresh['new_lengths_onnxruntime_ms']:.2f} ms, dynashape "
+                  f"{fresh['new_lengths_dynashape_ms']:.2f} ms, ratio {fresh['new_lengths_ratio']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "rounds": args.rounds, "rows": rows},
                                               indent=1))
