@@ -67,17 +67,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         _PLANS[key] = plan
     if plan is False:
         return None
-    fn, params, out_shape, q_contig, v_contig = plan
-    if q_contig:
-        q = q.contiguous()
-    if v_contig:
-        v = v.contiguous()
-    out = torch.empty(out_shape)
-    if fn(params.buffer_info()[0], q.data_ptr(), k.data_ptr(), v.data_ptr(), None if bias is None else bias.data_ptr(),
-          float(scale), out.data_ptr(), None, 0.0):
-        return None
-    native.count("attention_native_calls")
-    return out
+    return _call(plan, q, k, v, bias, scale, None, 0.0)
 
 
 def _plan(q, k, v, bias, merged: bool):
@@ -129,55 +119,30 @@ def _contiguous_strides(shape) -> tuple:
 
 
 def _attention(q, k, v, bias, scale, *, lens=None, fill: float = 0.0, merged: bool = False):
-    """The general path (3-D operands, ``lens``): the checks made every call."""
-    if q.device.type != "cpu" or not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+    """The general path (3-D operands, ``lens``): planned every call."""
+    if not q.is_cpu or not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
         return None
     if q.dim() == 3:
         if (bias is not None and bias.dim() > 3) or lens is not None or merged:
             return None
         r = _attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), bias, scale)
         return None if r is None else r.squeeze(0)
-    if not (q.dtype == k.dtype == v.dtype == torch.float32) or (bias is not None and bias.dtype != torch.float32):
+    plan = _plan(q, k, v, bias, merged)
+    if plan is False or (lens is not None and (bias is not None or lens.dtype != torch.int32
+                                                 or lens.shape != (q.shape[0],) or not lens.is_contiguous())):
         return None
-    b, n, s, d = q.shape
-    nk, t, dv = k.shape[1], k.shape[2], v.shape[3]
-    if (k.shape[0] != b or v.shape[0] != b or v.shape[1] != nk or v.shape[2] != t or k.shape[3] != d or nk == 0
-            or n % nk or not (b and n and s and t and d and dv)):
-        return None
-    work = 2 * b * n * s * t * d
-    if work > MAX_WORK or work < MIN_WORK or d * t > MAX_HEAD:
-        return None
-    if bias is not None:
-        if bias.dim() > 4:
-            return None
-        try:
-            bias = bias.expand(b, n, s, t)  # broadcast dims get stride 0
-        except RuntimeError:
-            return None
-    fn = _kernel()
-    if fn is None:
-        return None
-    if q.stride(3) != 1:
+    return _call(plan, q, k, v, bias, scale, lens, fill)
+
+
+def _call(plan, q, k, v, bias, scale: float, lens, fill: float):
+    fn, params, out_shape, q_contig, v_contig = plan
+    if q_contig:
         q = q.contiguous()
-    if v.stride(3) != 1:
+    if v_contig:
         v = v.contiguous()
-    if lens is not None and (bias is not None or lens.dtype != torch.int32 or lens.shape != (b,)
-                             or not lens.is_contiguous()):
-        return None
-    if merged:
-        out = torch.empty(b, s, n * dv)
-        ostrides = (s * n * dv, dv, n * dv)  # (B, N, S, Dv) as the kernel walks it
-    else:
-        out = torch.empty(b, n, s, dv)
-        ostrides = out.stride()[:3]
-    threads = torch.get_num_threads() if work >= _THREAD_MIN_WORK and b * n > 1 else 1
-    ms = (0, 0, 0, 0) if bias is None else bias.stride()
-    params = array.array("q", (b, n, s, t, d, dv, n // nk, *q.stride()[:3], *k.stride(), *v.stride()[:3], *ms,
-                                *ostrides, threads))
-    rc = fn(params.buffer_info()[0], q.data_ptr(), k.data_ptr(), v.data_ptr(),
-            None if bias is None else bias.data_ptr(), float(scale), out.data_ptr(),
-            None if lens is None else lens.data_ptr(), float(fill))
-    if rc:
-        return None
+    out = torch.empty(out_shape)
+    if fn(params.buffer_info()[0], q.data_ptr(), k.data_ptr(), v.data_ptr(), None if bias is None else bias.data_ptr(),
+          float(scale), out.data_ptr(), None if lens is None else lens.data_ptr(), float(fill)):
+        return None  # a row whose every score is masked: torch's kernel decides what it gives
     native.count("attention_native_calls")
     return out

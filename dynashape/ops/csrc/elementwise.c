@@ -16,6 +16,41 @@
 #include <omp.h>
 #endif
 
+/* Sums over a row of h floats in 16 lanes (another order than torch's: float32 rounding apart):
+ * of the values, of their squares, and of their squared deviations from ``mean``. */
+static float lane_sum(const float *v, int64_t h) {
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int l = 0; l < 16; l++) acc[l] += v[j + l];
+    float s = 0.0f;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    for (; j < h; j++) s += v[j];
+    return s;
+}
+
+static float lane_sum_sq(const float *v, int64_t h) {
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int l = 0; l < 16; l++) acc[l] += v[j + l] * v[j + l];
+    float ss = 0.0f;
+    for (int l = 0; l < 16; l++) ss += acc[l];
+    for (; j < h; j++) ss += v[j] * v[j];
+    return ss;
+}
+
+static float lane_dev_sq(const float *v, int64_t h, float mean) {
+    float dev[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int l = 0; l < 16; l++) dev[l] += (v[j + l] - mean) * (v[j + l] - mean);
+    float var = 0.0f;
+    for (int l = 0; l < 16; l++) var += dev[l];
+    for (; j < h; j++) var += (v[j] - mean) * (v[j] - mean);
+    return var;
+}
+
 void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t i = 0; i < n; i++) y[i] = tanh_approx(x[i]);
@@ -46,14 +81,7 @@ void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, doubl
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * h;
         float *yr = y + r * h;
-        float acc[16] = {0};
-        int64_t j = 0;
-        for (; j + 16 <= h; j += 16)
-            for (int l = 0; l < 16; l++) acc[l] += xr[j + l] * xr[j + l];
-        float ss = 0.0f;
-        for (int l = 0; l < 16; l++) ss += acc[l];
-        for (; j < h; j++) ss += xr[j] * xr[j];
-        const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+        const float inv = 1.0f / sqrtf(lane_sum_sq(xr, h) / (float)h + eps);
         if (w) {
             for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv * w[k];
         } else {
@@ -70,16 +98,6 @@ void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, doubl
  * int64 (ids64); seg NULL for no segment table. sum_out: NULL, or where the embedding sum goes.
  * Returns 0, or 1 for an id outside its table (nothing promised of the output then: the caller's
  * torch path says which). */
-static float lane_sum(const float *v, int64_t h) {
-    float acc[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= h; j += 16)
-        for (int l = 0; l < 16; l++) acc[l] += v[j + l];
-    float s = 0.0f;
-    for (int l = 0; l < 16; l++) s += acc[l];
-    for (; j < h; j++) s += v[j];
-    return s;
-}
 
 int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, int64_t s, int64_t h,
                  const float *word, int64_t vocab, const float *pos, int64_t npos, const float *segtab, int64_t nseg,
@@ -105,14 +123,7 @@ int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, 
         }
         if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = y[k];
         const float mean = lane_sum(y, h) / (float)h;
-        float dev[16] = {0};
-        int64_t j = 0;
-        for (; j + 16 <= h; j += 16)
-            for (int l = 0; l < 16; l++) dev[l] += (y[j + l] - mean) * (y[j + l] - mean);
-        float var = 0.0f;
-        for (int l = 0; l < 16; l++) var += dev[l];
-        for (; j < h; j++) var += (y[j] - mean) * (y[j] - mean);
-        const float rstd = 1.0f / sqrtf(var / (float)h + eps);
+        const float rstd = 1.0f / sqrtf(lane_dev_sq(y, h, mean) / (float)h + eps);
         for (int64_t k = 0; k < h; k++) y[k] = (y[k] - mean) * rstd * gamma[k] + beta[k];
     }
     return bad;
@@ -141,28 +152,13 @@ void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const flo
         }
         if (bias) for (int64_t k = 0; k < h; k++) yr[k] += bias[k];
         if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = yr[k];
-        float rstd;
         if (simplified) {
-            float acc[16] = {0};
-            int64_t j = 0;
-            for (; j + 16 <= h; j += 16)
-                for (int l = 0; l < 16; l++) acc[l] += yr[j + l] * yr[j + l];
-            float ss = 0.0f;
-            for (int l = 0; l < 16; l++) ss += acc[l];
-            for (; j < h; j++) ss += yr[j] * yr[j];
-            rstd = 1.0f / sqrtf(ss / (float)h + eps);
+            const float rstd = 1.0f / sqrtf(lane_sum_sq(yr, h) / (float)h + eps);
             for (int64_t k = 0; k < h; k++) yr[k] = yr[k] * rstd * gamma[k];
             continue;
         }
         const float mean = lane_sum(yr, h) / (float)h;
-        float dev[16] = {0};
-        int64_t j = 0;
-        for (; j + 16 <= h; j += 16)
-            for (int l = 0; l < 16; l++) dev[l] += (yr[j + l] - mean) * (yr[j + l] - mean);
-        float var = 0.0f;
-        for (int l = 0; l < 16; l++) var += dev[l];
-        for (; j < h; j++) var += (yr[j] - mean) * (yr[j] - mean);
-        rstd = 1.0f / sqrtf(var / (float)h + eps);
+        const float rstd = 1.0f / sqrtf(lane_dev_sq(yr, h, mean) / (float)h + eps);
         if (beta) {
             for (int64_t k = 0; k < h; k++) yr[k] = (yr[k] - mean) * rstd * gamma[k] + beta[k];
         } else {
