@@ -21,11 +21,9 @@ import numpy as np
 import torch
 
 from ..ir import Graph, Node, Value
-from .patterns import remove, reroute
+from .patterns import RANDOM_OPS, remove, reroute
 
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
-_RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                     "Bernoulli", "Dropout"})
 _SMALL = 64  # constants of at most this many elements compare by value, larger ones by identity
 
 
@@ -59,7 +57,7 @@ def _input_key(v: Value | None):
 
 
 def _key(node: Node):
-    if node.domain not in _DOMAINS or node.op_type in _RANDOM or node.subgraphs or not node.outputs:
+    if node.domain not in _DOMAINS or node.op_type in RANDOM_OPS or node.subgraphs or not node.outputs:
         return None
     attrs = []
     for name in sorted(node.attrs):
@@ -99,7 +97,6 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         for a, b in zip(kept.outputs, node.outputs):
             if b is not None:
                 reroute(b, a)  # later nodes' keys then name the kept outputs: chains merge in one walk
-                a.users.extend(b.users)
         gone.add(id(node))
     remove(graph, gone)
     return graph

@@ -11,14 +11,10 @@ import onnx
 import torch
 
 from ..ir import Graph
+from .fuse_qdq import _scalar
 from .patterns import fuse, only_feeds, producer
 
 _FLOAT = onnx.TensorProto.FLOAT
-
-
-def _scalar(v, dtypes) -> bool:
-    return v is not None and v.is_const and isinstance(v.const, torch.Tensor) and v.const.numel() == 1 \
-        and v.const.dtype in dtypes
 
 
 def fuse_gather_dequant(graph: Graph) -> Graph:
@@ -33,7 +29,8 @@ def fuse_gather_dequant(graph: Graph) -> Graph:
         if not (table.is_const and isinstance(table.const, torch.Tensor) and table.const.dim() == 2
                 and table.const.dtype in (torch.uint8, torch.int8)):
             continue
-        if not _scalar(scale, (torch.float32,)) or (zp is not None and not _scalar(zp, (table.const.dtype,))) \
+        s, z = _scalar(scale), _scalar(zp)
+        if s is None or s.dtype != torch.float32 or (zp is not None and (z is None or z.dtype != table.const.dtype)) \
                 or dq.attrs.get("output_dtype", 0) not in (0, _FLOAT):
             continue
         fuse(graph, [g, dq], "GatherDequant", [table, g.inputs[1], scale, zp] if zp is not None

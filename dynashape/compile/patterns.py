@@ -19,6 +19,12 @@ FUSED_DOMAIN = "com.dynashape"
 _ids = itertools.count()
 
 
+# ops whose results are random: two of them on the same inputs draw different numbers, and none is
+# computed once for many calls
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli", "Dropout"})
+
+
 def producer(v: Value | None, op_type: str | tuple[str, ...] | None = None) -> Node | None:
     """The node producing ``v`` (of ``op_type`` when given), if any."""
     if v is None or v.producer is None:

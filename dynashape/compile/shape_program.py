@@ -42,6 +42,7 @@ from ..shape.symint import NeedsConcrete, ShapeEnv, SymInt, expr_of
 from . import affine
 from .affine import Affine
 from .inline_if import branch_taken, output_identities
+from .patterns import RANDOM_OPS
 from .symbolic_values import SymValue
 from .symbolic_values import evaluate as evaluate_values
 
@@ -143,10 +144,6 @@ def trace(graph: Graph, input_shapes: list[tuple[int, ...] | None], inputs: list
     return t
 
 
-_IMPURE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                     "Bernoulli", "Dropout"})
-
-
 def _memo_data(t: Trace) -> None:
     """Data and views computed only from values made from shapes (memo, sym) and constants
     become memo: computed in the group of their symbols, once per signature the group meets, not
@@ -162,7 +159,7 @@ def _memo_data(t: Trace) -> None:
         if ni.kind in ("sym", "memo"):
             made.update(id(v) for v in node.outputs if v is not None)
             continue
-        if ni.kind not in ("data", "view") or ni.drop_inputs or node.subgraphs or node.op_type in _IMPURE \
+        if ni.kind not in ("data", "view") or ni.drop_inputs or node.subgraphs or node.op_type in RANDOM_OPS \
                 or any(id(v) in returned for v in node.outputs if v is not None):
             continue
         ins = [v for v in node.inputs if v is not None]

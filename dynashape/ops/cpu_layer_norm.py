@@ -76,13 +76,8 @@ def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
             srows = x.numel() // h if skip.shape == x.shape else _skip_rows(skip, x, h)
             if not srows:
                 return None
-        if y is None or not (type(y) is torch.Tensor and y.dtype is _F32 and y.shape == x.shape and y.is_contiguous()):
-            y = torch.empty_like(x)
-        if not with_sum:
-            total = None
-        elif total is None or not (type(total) is torch.Tensor and total.dtype is _F32 and total.shape == x.shape
-                                   and total.is_contiguous()):
-            total = torch.empty_like(x)
+        y = native.buffer(y, x.shape, _F32)
+        total = native.buffer(total, x.shape, _F32) if with_sum else None
         n = x.numel()
         if n:
             fn(x.data_ptr(), None if skip is None else skip.data_ptr(), srows, *consts, n // h, h, eps, simple,

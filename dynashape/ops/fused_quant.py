@@ -314,8 +314,7 @@ def _bind_gather_dequant(consts, attrs):
         if type(indices) is torch.Tensor and indices.is_cpu and indices.dtype in (torch.int64, torch.int32) \
                 and indices.is_contiguous():
             shape = (*indices.shape, h)
-            y = out if (type(out) is torch.Tensor and out.dtype is torch.float32 and out.shape == shape
-                        and out.is_contiguous()) else torch.empty(shape)
+            y = native.buffer(out, shape, torch.float32)
             if not fn(*args, indices.data_ptr(), indices.numel(), int(indices.dtype is torch.int64), kind, z, s,
                       y.data_ptr()):
                 native.count("lut_native_calls")

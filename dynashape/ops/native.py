@@ -144,6 +144,16 @@ def function(name: str, symbol: str, argtypes: str, restype=None, fallbacks: str
     return fn
 
 
+def buffer(out, shape, dtype):
+    """``out`` where it is a contiguous CPU-side tensor of ``shape`` and ``dtype`` (a C pass can
+    write its elements in order), else a new one: where the runtime's buffer fits, a kernel
+    writes into it instead of allocating."""
+    import torch
+    if type(out) is torch.Tensor and out.dtype is dtype and out.shape == shape and out.is_contiguous():
+        return out
+    return torch.empty(shape, dtype=dtype)
+
+
 def dense_pair(x, out, dtype):
     """(x, y) for a C pass over a tensor's elements in memory order: x as it lies when it is dense
     (contiguous, or channels-last: a CNN's activations, whose layout the next convolution wants
