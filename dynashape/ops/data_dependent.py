@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import IndexOutOfRangeError
+from . import host_sync
 from .registry import op
 from .shapes import first_item, norm_axis
 
@@ -17,11 +18,13 @@ from .shapes import first_item, norm_axis
 def _nonzero(x, *, out=None):
     if x.dim() == 0:  # a scalar is treated as a 1-element vector, like numpy's nonzero of atleast_1d
         x = x.reshape(1)
+    host_sync.count("NonZero", x)  # torch.nonzero reads the count back to size its result
     return torch.nonzero(x).t().contiguous()
 
 
 @op("Unique", (11, 28), infer=None)
 def _unique(x, *, axis=None, sorted=1, out=None):
+    host_sync.count("Unique", x)  # torch.unique reads its result's size back
     if axis is None:
         src, a = x.reshape(-1), 0
         y, inverse, counts = torch.unique(src, sorted=True, return_inverse=True, return_counts=True)
@@ -62,6 +65,7 @@ def _compress(x, condition, *, axis=None, out=None):
                 f"Compress: the condition selects index {n + int(past[0])} along axis {where}, which is out of "
                 f"range for size {n} (the condition has {cond.numel()} entries; those past {n} must be false)")
         cond = cond[:n]
+    host_sync.count("Compress", x)  # the selected count sizes the result
     idx = torch.nonzero(cond.to(device=x.device, dtype=torch.bool)).reshape(-1)
     return src.index_select(a, idx)
 
@@ -118,6 +122,7 @@ def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, sco
     score_thr = _scalar_or(score_threshold, None, float)
     n_batches, n_classes, _ = scores.shape
     corners = _box_corners(boxes, center_point_box)
+    host_sync.count("NonMaxSuppression", scores)  # the selection runs on the host (one read per class)
     rows: list[tuple[int, int, int]] = []
     for b in range(n_batches if limit > 0 else 0):
         for c in range(n_classes):

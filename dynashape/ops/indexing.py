@@ -17,11 +17,11 @@ index sits in ``indices``; it never selects another element. The checks:
   while the data is on CUDA are checked on the CPU before they are moved (no sync either).
 - GatherND and ScatterND linearise their indices themselves, so an index past one axis would land
   in the next row (``[[0, 5]]`` of a 3x4 tensor is element 5 = ``[1, 1]``) and nothing in torch
-  would notice: they are checked per axis on every device. On CUDA that costs one host sync per
-  call (a single ``.tolist()`` of the per-axis minima and maxima). While a CUDA graph is being
-  captured (a static impl) no sync is possible: the check is then ``torch._assert_async`` of the
-  combined condition, a device-side assert when the graph is replayed with a bad index, like
-  torch's own index kernels, instead of the typed error.
+  would notice: they are checked per axis. On the CPU as above. On CUDA without a host sync (a
+  sync per call was 43% of BERT-base's host time at random shapes): a row with any index out of
+  its axis's range gets a linear index past the end, so torch's index kernel asserts on the
+  device, as it does for Gather (no wrong element is ever read or written); while a CUDA graph
+  is captured the same holds.
 - OneHot needs no index check (ONNX: an index outside ``[-depth, depth - 1]`` gives a row of
   ``off`` values); its depth, read on the host anyway, must be a positive whole number.
 """
@@ -80,29 +80,21 @@ def _check_indices(op_name: str, indices: torch.Tensor, size: int, axis: int) ->
                where.numel())
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _check_nd(op_name: str, idx: torch.Tensor, dims: tuple, first_axis: int, shape) -> None:
+def _check_nd(op_name: str, idx: torch.Tensor, dims: tuple, first_axis: int, shape) -> torch.Tensor | None:
     """Per-axis bounds of the (k, m) int64 ``idx`` of GatherND / ScatterND: column j indexes axis
     ``first_axis + j`` of size ``dims[j]``. ``shape`` is the indices' own shape (for the message).
-    One aminmax over the columns and one transfer of its 2m results (one sync on CUDA; an async
-    device assert while a CUDA graph is captured, see the module docstring)."""
+    On the CPU: one aminmax over the columns, IndexOutOfRangeError naming the first bad index; None.
+    On CUDA nothing is read back: the (k,) mask of rows with an index out of range (the caller
+    sends those rows past the end, see the module docstring)."""
     if idx.numel() == 0:
-        return
+        return None
+    if idx.is_cuda:
+        return bad_rows(idx, dims)
     lo, hi = torch.aminmax(idx, dim=0)
-    if _capturing(idx):
-        ok = None
-        for j, d in enumerate(dims):
-            okj = (lo[j] >= -d) & (hi[j] < d)
-            ok = okj if ok is None else ok & okj
-        torch._assert_async(ok, f"{op_name}: an index is out of range for the data's shape")
-        return
     lows, highs = torch.stack((lo, hi)).tolist()
     if all(-d <= a and b < d for a, b, d in zip(lows, highs, dims)):
-        return
-    limits = torch.tensor(dims, dtype=torch.int64, device=idx.device)
+        return None
+    limits = torch.tensor(dims, dtype=torch.int64)
     bad = ((idx < -limits) | (idx >= limits)).reshape(-1)
     where = torch.nonzero(bad).reshape(-1)
     first = int(where[0])
@@ -110,6 +102,29 @@ def _check_nd(op_name: str, idx: torch.Tensor, dims: tuple, first_axis: int, sha
     j = first % m
     raise _oob(op_name, int(idx.reshape(-1)[first]), first_axis + j, dims[j], _position(first, shape),
                where.numel())
+
+
+def bad_rows(idx: torch.Tensor, dims: tuple) -> torch.Tensor:
+    """The (k,) mask of the rows of ``idx`` (k, m) with an index outside its axis's range, made
+    where ``idx`` is; compared with the sizes as numbers (no copy of them to the device)."""
+    bad = None
+    for j, d in enumerate(dims):
+        col = idx[:, j]
+        out = (col < -d) | (col >= d)
+        bad = out if bad is None else bad | out
+    return bad
+
+
+def _linear(idx: torch.Tensor, dims: tuple, bad: torch.Tensor | None) -> torch.Tensor:
+    """The linear index over ``dims`` of each row of ``idx`` [..., m]; rows marked ``bad`` (CUDA)
+    get ``prod(dims)``, one past the end, which torch's index kernels refuse on the device."""
+    lin = torch.zeros(idx.shape[:-1], dtype=torch.int64, device=idx.device)
+    for j, d in enumerate(dims):
+        ij = idx[..., j]
+        lin = lin * d + torch.where(ij < 0, ij + d, ij)
+    if bad is not None:
+        lin = torch.where(bad.reshape(lin.shape), prod(dims), lin)
+    return lin
 
 
 # ---- Gather -------------------------------------------------------------------------------------
@@ -167,12 +182,10 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
     # linear index over the m indexed dims, per batch entry: each checked against its own axis
     # first (a linear index cannot tell [0, 5] from [1, 1] of a 3x4 tensor)
     idx = indices.to(torch.int64).reshape(-1, m)
-    _check_nd("GatherND", idx, idx_dims, b, indices.shape)
-    idx = idx.to(x.device).reshape(nb, -1, m)
-    lin = torch.zeros(idx.shape[:2], dtype=torch.int64, device=x.device)
-    for j, d in enumerate(idx_dims):
-        ij = idx[..., j]
-        lin = lin * d + torch.where(ij < 0, ij + d, ij)
+    bad = _check_nd("GatherND", idx, idx_dims, b, indices.shape)
+    if bad is not None:
+        bad = bad.to(x.device)
+    lin = _linear(idx.to(x.device).reshape(nb, -1, m), idx_dims, bad)
     data = x.reshape(nb, prod(idx_dims), *rest)
     r = data[torch.arange(nb, device=x.device).unsqueeze(1), lin]  # (nb, k, *rest)
     shape = tuple(indices.shape[:-1]) + rest
@@ -217,12 +230,10 @@ def _scatter_nd(x, indices, updates, *, reduction="none", out=None):
     idx_dims = tuple(x.shape[:m])
     rest = tuple(x.shape[m:])
     idx = indices.to(torch.int64).reshape(-1, m)
-    _check_nd("ScatterND", idx, idx_dims, 0, indices.shape)
-    idx = idx.to(x.device)
-    lin = torch.zeros(idx.shape[0], dtype=torch.int64, device=x.device)
-    for j, d in enumerate(idx_dims):
-        ij = idx[:, j]
-        lin = lin * d + torch.where(ij < 0, ij + d, ij)
+    bad = _check_nd("ScatterND", idx, idx_dims, 0, indices.shape)
+    if bad is not None:
+        bad = bad.to(x.device)
+    lin = _linear(idx.to(x.device), idx_dims, bad)
     r = x.clone() if out is None else out.copy_(x)
     flat = r.view(prod(idx_dims), *rest)
     upd = updates.reshape(lin.numel(), *rest)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ..errors import ShapeError
 from ..shape import Dimension, broadcast_dims
 from ..shape.symint import SymInt, same_dim
+from . import host_sync
 
 Dim = "int | Dimension"
 
@@ -59,13 +60,19 @@ def is_static(dims) -> bool:
 def first_item(t):
     """The first element of a tensor (or of a symbolic value at compile time) as a Python number:
     a one-element tensor's ``item()`` directly (``t.reshape(-1)[0].item()`` costs ~3 us a call,
-    ten times as much, and scalar inputs are read on every call)."""
+    ten times as much, and scalar inputs are read on every call). A device tensor's read is a host
+    sync, counted (ops/host_sync.py)."""
+    if getattr(t, "is_cuda", False):
+        host_sync.count("scalar input read on the host", t)
     return t.item() if t.numel() == 1 else t.reshape(-1)[0].item()
 
 
 def int_list(value) -> list[int]:
     """A shape-input value (CPU tensor, or a symbolic one at compile time) as a list of ints.
-    Ints (SymInts included) are kept as they are: ``int()`` would pin a symbolic dim."""
+    Ints (SymInts included) are kept as they are: ``int()`` would pin a symbolic dim. A device
+    tensor's read is a host sync, counted (ops/host_sync.py)."""
+    if getattr(value, "is_cuda", False):
+        host_sync.count("shape input read on the host", value)
     return [v if type(v) is int or isinstance(v, SymInt) else int(v) for v in value.reshape(-1).tolist()]
 
 

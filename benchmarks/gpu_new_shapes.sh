@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|final]
+source "$(dirname "$0")/gpu_common.sh"
+M=/tmp/models; mkdir -p $M
+case "${1:-final}" in
+  baseline)  # today's default and the dynamic path alone, with the host syncs they make
+    T=280 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --sync-debug \
+      --models-dir $M --json "$OUT/base_default.json"
+    T=200 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --options static_impls=off \
+      --sync-debug --models-dir $M --json "$OUT/base_off.json" ;;
+  tests)
+    DYNASHAPE_TEST_DEVICE=cuda T=400 run python3 -m pytest -q -p no:warnings -x tests/impls tests/test_host_syncs.py \
+      tests/test_disk_cache.py tests/ops/test_indexing.py ;;
+  final)  # every workload, torch.compile side by side, then a second process over the disk cache
+    T=580 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_h100.json" ;;
+esac
