@@ -37,7 +37,7 @@ from .memory import Engine, host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
 from .memory.staging import InputStager
-from .ops import native
+from .ops import host_sync, native
 from .ops.limits import MAX_LOOP_ITERATIONS
 from .options import OPTION_NAMES
 from .profiler import Profiler
@@ -655,7 +655,7 @@ class InferRequest:
 
     def stats(self) -> dict:
         # native kernels (ops/native.py) and their torch fallbacks: counts of this process
-        out = {**self._counters(), **self.engine.stats(), **native.counters()}
+        out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters()}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
             out.update(self.session.compiled.impls.summary())

@@ -55,6 +55,7 @@ from typing import Protocol
 import torch
 
 from ..errors import OptionsError
+from ..ops import host_sync
 
 ALLOC_TYPES = ("device", "host", "shared")
 ALLOCATORS = ("direct", "torch")
@@ -285,6 +286,9 @@ def _wrap(owner: CudaBuffer, device: torch.device) -> torch.Tensor:
 
 
 def _sync(device: torch.device) -> None:
+    # the memory may still be read by queued kernels; counted as a host sync (ops/host_sync.py):
+    # it happens where an arena is given back (a re-plan), not on a call that reuses its plan
+    host_sync.count("free of device memory")
     torch.cuda.current_stream(device).synchronize()
 
 
