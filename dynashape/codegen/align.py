@@ -18,9 +18,16 @@ A region qualifies for a symbol ``S`` when every node in it treats the rows of `
 - each node is an op known to work row by row along its first axis: element-wise ops (inputs
   that carry ``S`` at the output's rank), products whose weight does not carry ``S``, views that
   keep the first axis, normalisations and softmax over other axes, an embedding lookup;
-- at least one product over a constant weight (what the alignment is for: convolutions and
-  element-wise regions are not aligned, their cost grows with the padded rows).
+- at least one product over a constant weight (what the alignment is for: element-wise regions
+  are not aligned, their cost grows with the padded rows).
 Nothing else is aligned: the region keeps one impl per value of its symbols.
+
+Convolutional regions (``kind == "conv"``) are the other case: a CNN's images are independent
+(convolutions over constant weights, pooling, LRN and inference normalisations over one image,
+element-wise ops), so a region whose values all have the batch as their leading dim and fixed
+sizes behind it serves any batch up to a bucket from one CUDA graph. Padding costs compute there
+(a padded image is convolved like a real one), so their buckets are finer than a decoder's
+(``runtime/aligned.py``): what is bought is a replayed, tuned graph at once for a batch never seen.
 """
 
 from __future__ import annotations
@@ -37,19 +44,24 @@ ELEMENTWISE = frozenset({
     "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Erf", "Gelu", "Silu", "Softplus", "Clip", "Cast",
     "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Identity",
     "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "HardSwish", "Elu", "Selu", "Mish", "SiluMul", "RotaryHalf",
-    "Expand", "Dropout",
+    "Expand", "Dropout", "Sum", "Mean",
 })
 VIEWS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Concat", "Split"})
 LAST_AXIS = frozenset({"RMSNorm", "LayerNorm"})  # our fused norms: over the last axis
 AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})  # over axis (and after): not the first
 PRODUCTS = frozenset({"MatMul", "Gemm", "Linear", "MatMulAdd", "RMSNormLinear"})
+# convolutions over a constant weight: image by image along the batch (our fused forms included)
+CONVS = frozenset({"Conv", "ConvAct", "ConvRelu", "ConvAddRelu", "ConvTranspose"})
+# over one image's channels and pixels, never across images
+PER_IMAGE = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool",
+                       "LRN", "InstanceNormalization", "BatchNormalization"})
 
 
 def aligned_symbol(nodes: list[Node], dims_of, canon, candidates) -> str | None:
     """The symbol (of ``candidates``, in order) along which every node of a region works row by
     row, with a product over a constant weight among them; None when there is none.
     ``dims_of(v)``: a value's dims (ints and SymInts) or None; ``canon(d)``: a SymInt's expression."""
-    if not any(n.op_type in PRODUCTS and _has_const_weight(n) for n in nodes):
+    if not any(n.op_type in PRODUCTS | CONVS and _has_const_weight(n) for n in nodes):
         return None
     for s in candidates:
         if all(_rowwise(n, s, dims_of, canon) for n in nodes):
@@ -113,6 +125,11 @@ def _rowwise(n: Node, s: str, dims_of, canon) -> bool:
         if a is not None and carries(a, s, canon) and any(x != 1 for x in a[1:-1]):
             return False  # several product rows per value of s: padding would multiply the work
         return all(len(dims[id(v)]) == rank for v in ins)
+    if op in CONVS:  # the images of x, one by one, over a weight that does not carry s
+        w = n.inputs[1] if len(n.inputs) > 1 else None
+        return w is not None and not carries(dims.get(id(w)) or dims_of(w), s, canon)
+    if op in PER_IMAGE:
+        return not n.attrs.get("training_mode", 0)
     if op == "Gather":  # an embedding: a constant table read at indices that carry s
         return (n.inputs[0] is not None and not carries(dims[id(n.inputs[0])], s, canon)
                 and n.attrs.get("axis", 0) == 0)
@@ -124,6 +141,7 @@ class Alignment:
     """How a region's static impls are aligned along ``symbol`` (``runtime/aligned.py``)."""
 
     symbol: str
+    kind: str  # "conv" (a convolutional region: batch buckets by default on CUDA) or "fc" (opt-in)
     key_pos: int  # its position in the region's key
     sig_pos: int  # its position in the specialization's signature
     members: list[tuple[int, int] | None]  # per live-in: (group, position) of an arena member, or None
@@ -152,5 +170,6 @@ def plan(region, nodes: list[Node], body: list[str], where: dict[str, tuple[int,
     cout = [carried(n) for n in region.live_out]
     if None in cin or None in cout or not any(cin):
         return None  # a name whose shape is not known here, or no rows come in: not aligned
-    return Alignment(s, key_syms.index(s), sig_symbols.index(s), [where.get(n) for n in region.live_in], cin,
+    kind = "conv" if any(n.op_type in CONVS for n in nodes) else "fc"
+    return Alignment(s, kind, key_syms.index(s), sig_symbols.index(s), [where.get(n) for n in region.live_in], cin,
                      [n in written for n in region.live_in], cout)

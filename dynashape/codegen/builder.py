@@ -107,7 +107,7 @@ class SpecCode:
     size_symbols: tuple[int, ...] = ()  # positions in the signature of the symbols arena sizes read
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
-    aligned_positions: frozenset = frozenset()  # signature positions of the regions' aligned symbols
+    aligned_positions: dict = field(default_factory=dict)  # signature position of an aligned symbol -> kinds
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     bound_kernels: int = 0  # of them, kernels bound to their node's constants (registry.binder)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)
@@ -1067,7 +1067,10 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
                              lambda v: trace.info[id(v)].dims if id(v) in trace.info else None,
                              lambda d: trace.env.canon(d.expr), b.input_symbols, b.sig_symbols)
         spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body, aligned))
-    spec.aligned_positions = frozenset(rc.align.sig_pos for rc in spec.regions if rc.align is not None)
+    spec.aligned_positions = {}
+    for rc in spec.regions:
+        if rc.align is not None:
+            spec.aligned_positions.setdefault(rc.align.sig_pos, set()).add(rc.align.kind)
     return spec
 
 

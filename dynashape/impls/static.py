@@ -241,11 +241,14 @@ class CudaGraphImpl:
     kind = "cuda_graph"
 
     def __init__(self, fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                 device: torch.device, warm: bool = True, tune: bool = True) -> None:
+                 device: torch.device, warm: bool = True, tune: bool = True, prepared: bool = False) -> None:
         """``warm=False``: no real run before the capture (the caller knows every kernel of the
         region has run before, at other shapes); the call that built it then replays it.
         ``tune``: the region's products and convolutions take the forms timed fastest for their
         shapes (``ops/specialise.py``; only with the real run, which times them before the capture).
+        ``prepared`` (with ``warm=False``): the region ran in this thread just before on scratch
+        live-ins (``detached``): the capture takes the forms and fused epilogues that run chose,
+        and cuDNN's benchmark switch, process-wide, stays as the application set it.
         The capture holds the process's device-wide synchronisations meanwhile (CUDA forbids
         them; capture_guard.py), and begins once those in flight are done."""
         self.ins = ins  # the arena views and constants the graph reads stay alive with it
@@ -270,12 +273,13 @@ class CudaGraphImpl:
         # a static impl is for one shape: cuDNN may time its algorithms for it (the real run
         # does, the capture then finds them in cuDNN's cache: same shapes, strides, buffers)
         benchmark, limit = torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit()
+        if not prepared:
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit()
         try:
             # cuDNN's fused convolution epilogues too, where the real run builds their plans first
-            timed = warm and tune and timed_forms()
-            with torch.cuda.stream(side), (fused_epilogues() if warm else contextlib.nullcontext()), \
+            timed = (warm or prepared) and tune and timed_forms()
+            with torch.cuda.stream(side), (fused_epilogues() if warm or prepared else contextlib.nullcontext()), \
                     (specialise.specialised(tuning.fastest) if timed else contextlib.nullcontext()):
                 for i, s in zip(self.refresh_idx, self.static):
                     s.copy_(ins[i])
@@ -297,7 +301,8 @@ class CudaGraphImpl:
                         caller.wait_stream(side)
                         raise CannotCapture(f"{type(e).__name__}: {e}", _handed(first, caller)) from e
         finally:
-            torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = benchmark, limit
+            if not prepared:
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = benchmark, limit
         caller.wait_stream(side)
         first = _handed(first, caller)
         if not all(isinstance(o, torch.Tensor) for o in outs):
@@ -320,6 +325,41 @@ class CudaGraphImpl:
         if not any(self.results):
             return self.outs
         return tuple(o.clone() if h else o for o, h in zip(self.outs, self.results))
+
+
+def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
+             device: torch.device) -> CudaGraphImpl:
+    """A CUDA static impl built off the calling thread while the dynamic impl serves (async
+    builds; ``CompiledRunner.static``): no call waits for it. Nothing the caller owns is read
+    or written before the graph's first replay: the region first runs on scratch live-ins of the
+    same sizes, strides and dtypes (random floats, zero integers: indices that are always valid),
+    which makes this thread's cuBLAS and cuDNN handles, compiles the Triton kernels, transforms
+    the Winograd weights and times the forms of the products and convolutions (on this thread's
+    side stream, while the caller's kernels run: the timings are noisier than a build in the
+    call); then the region is captured over the real live-ins, which executes nothing. An arena
+    given back meanwhile (a re-plan) is never touched: the impl's key names that plan, which no
+    later call asks for."""
+    with torch.cuda.device(device):
+        side = _capture_stream(device)
+        with torch.cuda.stream(side):
+            scratch = tuple(_scratch(x) if isinstance(x, torch.Tensor) else x for x in ins)
+            with fused_epilogues(), (specialise.specialised(tuning.fastest) if timed_forms()
+                                     else contextlib.nullcontext()):
+                fn(*symvals, *scratch)
+            side.synchronize()  # this stream only: legal while another thread captures
+            del scratch
+        return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)
+
+
+def _scratch(x: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``x``'s size, strides and dtype over memory of its own, never read from ``x``."""
+    n = 1 + sum((d - 1) * st for d, st in zip(x.size(), x.stride())) if x.numel() else 0
+    base = torch.empty(n, dtype=x.dtype, device=x.device)  # flat: an expanded view's strides may be 0
+    if base.is_floating_point():
+        base.uniform_(-1.0, 1.0)
+    else:
+        base.zero_()
+    return base.as_strided(x.size(), x.stride())
 
 
 _streams = threading.local()
@@ -404,14 +444,17 @@ def _rng_restore(device: torch.device, rng) -> None:
 
 def static_builder(device: torch.device, fn, body: list[str], params: list[str], live_out: list[str],
                    symvars: list[str], symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-                   ns: dict, filename: str):
+                   ns: dict, filename: str, detach: bool = False):
     """What builds the static impl of a region for the key ``symvals`` (values of ``symvars``)
     from the live-ins ``ins`` of the call that asked: a function of no arguments. The part of a
     build that must run in the calling thread is done before this returns (an inductor build's
     trace); the rest (its compilation, a specialised source) may run on the compilation
     context's worker. A CUDA capture is all in the returned function, which the caller runs
-    inline (impls/context.py says why)."""
+    inline (impls/context.py says why), unless ``detach``: then it is ``detached``, built on the
+    worker."""
     if device.type == "cuda":
+        if detach:
+            return lambda: detached(fn, symvals, ins, refresh, results, device)
         return lambda: CudaGraphImpl(fn, symvals, ins, refresh, results, device)
 
     def specialized(why: str | None = None):

@@ -1,4 +1,15 @@
-"""Static impls aligned along a symbol (FC fake alignment; which regions: ``codegen/align.py``).
+"""Static impls aligned along a symbol (batch buckets and FC fake alignment; which regions:
+``codegen/align.py``).
+
+Convolutional regions (``Alignment.kind == "conv"``) on CUDA key their static impls by the batch
+rounded up to a bucket (``conv_bucket``: 1, 2, 4, 8, then every multiple of 8 up to
+``MAX_ALIGNED``), on by default with static impls (``DYNASHAPE_CONV_BUCKETS=0`` turns it off):
+a vision service's batches of any size then replay a handful of graphs, built in the background
+(``impls/static.py`` ``detached``), instead of one build per batch value, which stalled callers
+for seconds each (ResNet-50 at a random batch per call: 0.02-0.1x PyTorch eager). The buckets are
+fine where a padded image costs a real one's compute: at most 8 images are padded past 8.
+
+FC fake alignment (decoders' regions, ``kind == "fc"``), opt-in:
 
 A region aligned along ``S`` keys its static impls by ``S`` rounded up to a multiple of ``m``
 (``DYNASHAPE_FC_ALIGN=m``) for values up to ``MAX_ALIGNED``: one impl serves every value of the
@@ -48,6 +59,25 @@ def align_multiple() -> int:
     return m
 
 
+def conv_buckets() -> bool:
+    """DYNASHAPE_CONV_BUCKETS: '1' (default) buckets the batch of convolutional regions, '0' keeps
+    one static impl per batch value."""
+    text = os.environ.get("DYNASHAPE_CONV_BUCKETS", "1")
+    if text not in ("0", "1"):
+        raise OptionsError(f"DYNASHAPE_CONV_BUCKETS={text!r}: expected '1' or '0'")
+    return text == "1"
+
+
+def conv_bucket(value: int) -> int | None:
+    """The bucket of a batch ``value``: the next power of two up to 8, then the next multiple of
+    8; None above ``MAX_ALIGNED`` (not bucketed)."""
+    if not 0 < value <= MAX_ALIGNED:
+        return None
+    if value <= 8:
+        return 1 << (value - 1).bit_length()
+    return -(-value // 8) * 8
+
+
 def aligned_value(value: int, multiple: int) -> int | None:
     """``value`` rounded up to ``multiple``, or None when it is not aligned."""
     if multiple <= 1 or not 0 < value <= MAX_ALIGNED:
@@ -82,7 +112,9 @@ class AlignedImpl:
 
     aligned = True
 
-    def __init__(self, build_inner, al, views: PaddedViews, ins: tuple, padded: int) -> None:
+    def __init__(self, build_inner, al, views: PaddedViews, ins: tuple, padded: int, detached: bool = False) -> None:
+        """``detached``: built off the calling thread (``impls/static.py`` ``detached``): this
+        call's live-ins are not read (the first replay copies its own in)."""
         self.al, self.padded = al, padded
         self.padded_ins: list = []
         self.copies: list[int] = []  # live-ins outside the arena: copied into a padded buffer per call
@@ -101,7 +133,8 @@ class AlignedImpl:
         self.carried = [i for i, c in enumerate(al.carries_in) if c]  # at least one (align.plan)
         self.rows_after = {i: ins[i].shape[1:] for i in self.carried}
         real = ins[self.carried[0]].shape[0]
-        self._copy_in(ins, real)
+        if not detached:
+            self._copy_in(ins, real)
         try:
             self.inner = build_inner(tuple(self.padded_ins))
         except CannotCapture as e:  # the region ran once on the padded views: the call takes its real rows

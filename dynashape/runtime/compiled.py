@@ -34,7 +34,6 @@ from ..impls import (
     CannotCapture,
     CompilationContext,
     ImplCache,
-    build_static,
     capture_guard,
     compile_process,
     static_builder,
@@ -44,7 +43,7 @@ from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
-from .aligned import AlignedImpl, PaddedViews, align_multiple, aligned_value
+from .aligned import AlignedImpl, PaddedViews, align_multiple, aligned_value, conv_bucket, conv_buckets
 from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule, nonnegative
 from .kv_append import KVAppend
 
@@ -61,6 +60,7 @@ GROUP_CACHE_BYTES = 16 << 20
 # the counters of static impls, reported (as 0 too) whenever they are on
 # (static_trace_time_s: the part of CPU builds spent in the calling thread, the trace)
 STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_trace_time_s",
+                   "build_wait_s",
                    "static_bytes", "static_refused", "static_refused_runs", "static_guard_fails", "static_errors_rerun",
                    "static_dropped_by_replan")
 SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
@@ -142,6 +142,8 @@ class CompiledModel:
             cudnn_benchmark_limit()
         self.context = CompilationContext(static) if static else None
         self.align = align_multiple() if static else 0  # FC fake alignment (aligned.py)
+        # convolutional regions keyed by batch buckets (aligned.py): CUDA graphs only
+        self.conv_buckets = bool(static) and device.type == "cuda" and conv_buckets()
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -165,6 +167,13 @@ class CompiledModel:
     def _prewarm(self) -> None:
         self._prewarmed = True
         compile_process.prewarm()
+
+    def padded(self, kind: str, value: int) -> int | None:
+        """The value an aligned region of ``kind`` pads ``value`` to (aligned.py), None where it
+        is not aligned: convolutional regions by batch buckets, FC regions by DYNASHAPE_FC_ALIGN."""
+        if kind == "conv":
+            return conv_bucket(value) if self.conv_buckets else None
+        return aligned_value(value, self.align) if self.align else None
 
     def trace_ready(self) -> bool:
         """Whether a build may trace now: after ``static_after`` calls, and on CPU with inductor
@@ -344,8 +353,8 @@ class SpecState:
             if self.caps is None or v > c:
                 step = v - self.sig[i] if self.sig is not None else 0
                 caps[i] = runner.capacity(spec.sig_symbols[i], v, step)
-                if i in spec.aligned_positions and runner.model.align:  # room for the padded rows (aligned.py)
-                    caps[i] = max(caps[i], aligned_value(v, runner.model.align) or v)
+                for kind in spec.aligned_positions.get(i, ()):  # room for the padded rows (aligned.py)
+                    caps[i] = max(caps[i], runner.model.padded(kind, v) or v)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         for b, n in zip(spec.arena, sizes):
@@ -395,8 +404,8 @@ class SpecState:
         the key comes back (or at once while prebuilding)."""
         model = self.runner.model
         rc = self.spec.regions[r]
-        al = rc.align if model.align else None
-        padded = None if al is None else aligned_value(key[al.key_pos], model.align)
+        al = rc.align
+        padded = None if al is None else model.padded(al.kind, key[al.key_pos])
         if padded is not None and (self.caps is None or self.caps[al.sig_pos] < padded):
             padded = None  # no room planned for the padded rows (a plan made before alignment was on)
         if padded is not None:  # one impl for the bucket of values up to ``padded`` (aligned.py)
@@ -424,26 +433,31 @@ class SpecState:
             return None
         reg = rc.region
         name = f"<static:{self.spec.filename}:r{r}>"
+        # CUDA builds in the background (async): no call waits for a capture or the forms' timing
+        detach = model.device.type == "cuda" and model.static == "async" and not self.runner.prebuild
+        t0 = time.perf_counter()
         if padded is None:
-            t0 = time.perf_counter()
             # the part bound to this thread (a trace) runs now; the rest on the worker when async
             build = static_builder(model.device, rc.fn, rc.body, reg.live_in, reg.live_out, rc.symvars, key, ins,
-                                   reg.refresh, reg.results, self.spec.namespace, name)
+                                   reg.refresh, reg.results, self.spec.namespace, name, detach=detach)
             self.stats["static_trace_time_s"] += time.perf_counter() - t0
             self.runner.traced = model.device.type == "cpu" and cpu_kind() == "inductor"
-            # inline: CUDA captures (see impls/context.py)
-            model.context.submit(k, build, self._built, inline=model.device.type == "cuda")
+            # inline: CUDA captures in the call (sync, prebuilding; see impls/context.py)
+            model.context.submit(k, build, self._built, inline=model.device.type == "cuda" and not detach)
         else:
+            # the padded views are stable for the impl: refreshed only what passes through
+            refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
+            views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
+
             def build():  # one impl for the bucket of values up to ``padded`` (aligned.py)
-                # the padded views are stable for the impl: refreshed only what passes through
-                refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
-                views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
-                return AlignedImpl(lambda sins: build_static(model.device, rc.fn, rc.body, reg.live_in,
-                                                             reg.live_out, rc.symvars, key[:-1], sins, refresh,
-                                                             reg.results, self.spec.namespace, name),
-                                   al, views, ins, padded)
-            # inline: CUDA captures, and a CPU trace, which needs the padded views made in the build
-            model.context.submit(k, build, self._built, inline=True)
+                return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
+                                                               reg.live_out, rc.symvars, key[:-1], sins, refresh,
+                                                               reg.results, self.spec.namespace, name,
+                                                               detach=detach)(),
+                                   al, views, ins, padded, detached=detach)
+            # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
+            model.context.submit(k, build, self._built, inline=not detach)
+        self.stats["build_wait_s"] += time.perf_counter() - t0  # what this call spent on the build
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)

@@ -204,7 +204,8 @@ def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(d
     takes those results; running the region again could read what that run overwrote."""
     runs = []
 
-    def run_then_refuse(dev, fn, body, params, live_out, symvars, symvals, ins, refresh, results, ns, filename):
+    def run_then_refuse(dev, fn, body, params, live_out, symvars, symvals, ins, refresh, results, ns, filename,
+                        detach=False):
         def build():
             first = fn(*symvals, *ins)
             runs.append(1)
