@@ -1,0 +1,122 @@
+"""Batch buckets for convolutional regions (codegen/align.py kind "conv", runtime/aligned.py), and
+the CUDA builds made off the calling thread (impls/static.py ``detached``).
+
+A CNN's regions work image by image along the batch (proven from the ops, not guessed): one
+static impl per bucket of batches (1, 2, 4, 8, then multiples of 8) serves every batch of it,
+over padded views of the arena; the padded rows never reach an output. On CUDA this is on by
+default with static impls; on the CPU (CI) the same path runs with the specialised region
+source, turned on for the session here; on the device these tests run CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape import Dimension
+from dynashape.impls.static import _scratch
+from dynashape.runtime.aligned import MAX_ALIGNED, conv_bucket
+
+
+def cnn(mix_rows: bool = False) -> onnx.ModelProto:
+    """Conv-Relu-MaxPool, a residual Conv-Add-Relu, GlobalAveragePool, Flatten, Gemm over x [N, 3, 12, 12];
+    ``mix_rows``: the logits minus their mean over the batch (rows of N meet)."""
+    rng = np.random.default_rng(0)
+
+    def init(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    inits = [init("W1", 8, 3, 3, 3), init("B1", 8), init("W2", 8, 8, 3, 3), init("B2", 8), init("WF", 5, 8),
+             init("BF", 5)]
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "p1"], ["a2"]), helper.make_node("Relu", ["a2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "WF", "BF"], ["z"], transB=1)]
+    out = "z"
+    if mix_rows:
+        nodes += [helper.make_node("ReduceMean", ["z"], ["m"], axes=[0], keepdims=1),
+                  helper.make_node("Sub", ["z", "m"], ["y"])]
+        out = "y"
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 12, 12])],
+                          [helper.make_tensor_value_info(out, TP.FLOAT, ["N", 5])], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture(autouse=True)
+def _specialized(monkeypatch):
+    monkeypatch.setenv("DYNASHAPE_CPU_STATIC", "specialized")  # builds in ms on the CPU
+
+
+def _regions(sess):
+    return [rc for st in sess._default.runner.states.values() for rc in st.spec.regions]
+
+
+def _session(model, device):
+    sess = dynashape.InferenceSession(model, device=device, static_impls="sync",
+                                      dynamic_dims={"x": [Dimension(1, 32), 3, 12, 12]})
+    sess.compiled.conv_buckets = True  # the CUDA default, on the CPU too for this test
+    return sess
+
+
+def test_buckets_are_powers_of_two_then_multiples_of_eight():
+    assert [conv_bucket(v) for v in (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 64)] == \
+        [1, 2, 4, 4, 8, 8, 16, 16, 24, 24, 32, 64]
+    assert conv_bucket(MAX_ALIGNED + 1) is None and conv_bucket(0) is None
+    for v in range(1, MAX_ALIGNED + 1):  # never more than 8 images of padding, never less than the value
+        assert v <= conv_bucket(v) <= v + max(8, v) - 1 and conv_bucket(v) - v < 8
+
+
+def test_one_impl_per_bucket_serves_every_batch_and_padding_never_leaks(device):
+    model = cnn()
+    sess = _session(model, device)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    batches = [32, 3, 4, 7, 5, 3, 6, 2, 2, 12, 9, 15, 1, 1, 8, 30, 26, 4]
+    for i, n in enumerate(batches):
+        x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32)
+        if i == 1:  # garbage in every padded row the arena may hold: NaN must stay out of real rows
+            sess._default.runner.arena.view(torch.uint8).fill_(0xFF)
+        (y,) = sess.run(None, {"x": x})
+        assert y.shape == (n, 5)
+        np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    aligned = [rc for rc in _regions(sess) if rc.align is not None]
+    assert aligned and all(rc.align.kind == "conv" and rc.align.symbol == "N" for rc in aligned)
+    st = sess.stats()
+    buckets = {conv_bucket(n) for n in batches[1:]}
+    assert 1 <= st["static_builds_aligned"] <= len(buckets) * len(aligned), st
+    assert st["static_hits"] >= len(batches) // 2 and st["static_guard_fails"] == 0, st
+
+
+def test_a_region_that_mixes_images_is_not_bucketed(device):
+    model = cnn(mix_rows=True)
+    sess = _session(model, device)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for n in (3, 5, 3, 5, 6):
+        x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    mixed = [rc for rc in _regions(sess) if any("ReduceMean" in line for line in rc.body)]
+    assert mixed and all(rc.align is None for rc in mixed)
+    assert sess.stats().get("static_builds_aligned", 0) == 0
+    assert "build_wait_s" in sess.stats()
+
+
+def test_scratch_live_ins_keep_sizes_and_strides_and_never_share_memory():
+    x = torch.randn(4, 6)
+    views = [x, x.t(), x[:, 1:4], torch.randn(5).expand(3, 5), torch.arange(10).reshape(2, 5)[:, ::2]]
+    for v in views:
+        s = _scratch(v)
+        assert s.shape == v.shape and s.stride() == v.stride() and s.dtype == v.dtype
+        assert s.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()
+        if not v.is_floating_point():
+            assert int(s.abs().max()) == 0  # zeros: indices that are always valid
+        else:
+            assert bool(torch.isfinite(s).all())
