@@ -30,6 +30,7 @@ from .errors import (
 from .frontend.expose import expose
 from .frontend.options import ParseOptions
 from .frontend.parse import load_model_proto, parse_model, prepare_proto
+from .impls.disk_cache import DiskCache
 from .interpreter.network import Network
 from .ir import elem_type_name
 from .ir.dtypes import _PLAIN_NUMPY, HELD, to_numpy
@@ -282,6 +283,10 @@ class InferenceSession:
                                        decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket,
                                        decode_ahead=self._decode_ahead, static_after=static_after)
                          if self.executor == "compiled" else None)
+        cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
+        if self.compiled is not None and cache_dir:
+            self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)
+            self.compiled.disk_cache.load()
         # (a CPU decoder's static impls come after its first calls: nothing is traced at load)
         if self.compiled is not None and _precompile(self._options.get("precompile", "auto"),
                                                      None if static_after else self._static):
@@ -660,6 +665,8 @@ class InferRequest:
             out.update(self.session.compiled.stats)
             out.update(self.session.compiled.impls.summary())
             out["static_impls"] = self.session.compiled.static or "off"
+            if self.session.compiled.disk_cache is not None:
+                out.update(self.session.compiled.disk_cache.stats())
             if self.session.compiled.static:
                 for k in STATIC_COUNTERS:
                     out.setdefault(k, 0)

@@ -39,6 +39,10 @@ class Options:
                                      "KV cache, DYNASHAPE_CPU_DECODE_STATIC=0 turns that off, else off), 'async', "
                                      "'sync' (on CPU: regions compiled by inductor, DYNASHAPE_CPU_STATIC) or 'off'.",
                              "DYNASHAPE_STATIC_IMPLS")
+    cache_dir: Any = _opt(None, "folder of the disk cache (OpenVINO's CACHE_DIR): the forms CUDA static impl "
+                                "builds timed fastest, kept per model, device and torch version, so that a "
+                                "second process's builds skip the timing; a bad file is ignored with a warning.",
+                          "DYNASHAPE_CACHE_DIR")
     impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
     decode_graphs: Any = _opt("auto", "whole decode steps (KV appends + attention over KV storages of a "
                                       "bucketed capacity) as one static impl, replayed every step: 'auto' (with "

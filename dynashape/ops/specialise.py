@@ -50,6 +50,12 @@ def choices() -> dict:
         return dict(_CHOICES)
 
 
+def remember(entries: dict) -> None:
+    """Take forms chosen before (the disk cache, impls/disk_cache.py): key -> form."""
+    with _LOCK:
+        _CHOICES.update(entries)
+
+
 def forget() -> None:
     with _LOCK:
         _CHOICES.clear()

@@ -141,6 +141,7 @@ class CompiledModel:
             timed_forms()
             cudnn_benchmark_limit()
         self.context = CompilationContext(static) if static else None
+        self.disk_cache = None  # impls/disk_cache.py (cache_dir=): set by the session
         self.align = align_multiple() if static else 0  # FC fake alignment (aligned.py)
         # convolutional regions keyed by batch buckets (aligned.py): CUDA graphs only
         self.conv_buckets = bool(static) and device.type == "cuda" and conv_buckets()
@@ -503,6 +504,11 @@ class SpecState:
         stats["static_bytes"] += result.nbytes
         if token == self.token:  # else the plan moved while it was built: its addresses are gone
             self.runner.model.impls.put(k, result)
+        if self.runner.model.disk_cache is not None:  # the forms this build timed, for the next process
+            try:
+                self.runner.model.disk_cache.save()
+            except OSError as e:  # a full or read-only disk costs the cache, not the call
+                log.warning("dynashape: cannot write the disk cache: %s", e)
         if self.runner.engine.verbose >= 2:
             print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
 
