@@ -11,7 +11,12 @@ case "${1:-final}" in
       --sync-debug --models-dir $M --json "$OUT/base_off.json" ;;
   tests)
     DYNASHAPE_TEST_DEVICE=cuda T=400 run python3 -m pytest -q -p no:warnings -x tests/impls tests/test_host_syncs.py \
-      tests/test_disk_cache.py tests/ops/test_indexing.py ;;
+      tests/test_disk_cache.py tests/reliability/test_indices.py ;;
+  check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
+      tests/test_disk_cache.py tests/reliability/test_indices.py
+    T=330 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_check.json" ;;
   final)  # every workload, torch.compile side by side, then a second process over the disk cache
     T=580 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_h100.json" ;;

@@ -346,8 +346,7 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
             with fused_epilogues(), (specialise.specialised(tuning.fastest) if timed_forms()
                                      else contextlib.nullcontext()):
                 fn(*symvals, *scratch)
-            side.synchronize()  # this stream only: legal while another thread captures
-            del scratch
+            del scratch  # stream-ordered: its memory is reused on this stream after that run
         return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)
 
 
