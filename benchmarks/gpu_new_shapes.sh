@@ -17,7 +17,9 @@ case "${1:-final}" in
       tests/test_disk_cache.py tests/reliability/test_indices.py
     T=330 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_check.json" ;;
-  final)  # every workload, torch.compile side by side, then a second process over the disk cache
-    T=580 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+  final)  # the CUDA tests of this work; every workload, torch.compile side by side, then a second process
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -x tests/impls/test_conv_buckets.py \
+      tests/test_host_syncs.py tests/test_disk_cache.py tests/reliability/test_indices.py tests/impls/test_aligned.py
+    T=430 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_h100.json" ;;
 esac

@@ -139,6 +139,7 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
     st = sess.stats()
     res["stats"] = {k: v for k, v in st.items() if any(w in k for w in ("static", "host_sync", "build", "bucket",
                                                                           "impl", "tuned", "cache"))}
+    res["refusals"] = list(sess.compiled.refusals)[-3:] if sess.compiled is not None else []
     del sess
     gone()
     return res
@@ -223,6 +224,8 @@ def main() -> None:
                          s["first_call_s"], s["slowest_after_first_vs_eager_slowest"], v.get("max_rel_err", 0.0)])
             if "stats" in v:
                 print(w, k, json.dumps(v["stats"]))
+                for why in v.get("refusals", []):
+                    print(w, k, "refused:", why[:300])
             if "sync_sites" in v:
                 print(w, k, "host syncs after the first calls:", json.dumps(v["sync_sites"]))
     if args.second_process and args.cache_dir:

@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from ..memory import allocators
+
 _cond = threading.Condition()
 _capturing = 0  # captures in flight (threads between capture_begin and capture_end)
 _queued = 0  # captures waiting to begin: new synchronisations wait behind them (no starving)
@@ -75,26 +77,37 @@ def capturing():
             _cond.notify_all()
 
 
+@contextlib.contextmanager
+def device_wide():
+    """Around a device-wide synchronisation: waits for a capture in flight on another thread, and
+    holds new captures until it is done. Also what the direct allocator's cuMemFree runs in (an
+    implicit device synchronisation: a re-plan that gave an arena back while the background
+    thread captured invalidated the capture, measured on an H100)."""
+    global _syncing
+    if getattr(_local, "capturing", False):  # the capturing thread itself: CUDA's own error stands
+        yield
+        return
+    with _cond:
+        if _capturing or _queued:
+            t0 = time.perf_counter()
+            while _capturing or _queued:
+                _cond.wait()
+            _counts["waits"] += 1
+            _counts["wait_s"] += time.perf_counter() - t0
+        _syncing += 1
+    try:
+        yield
+    finally:
+        with _cond:
+            _syncing -= 1
+            _cond.notify_all()
+
+
 def _held(fn):
     @functools.wraps(fn)
     def held(*args, **kwargs):
-        global _syncing
-        if getattr(_local, "capturing", False):  # the capturing thread itself: CUDA's own error stands
+        with device_wide():
             return fn(*args, **kwargs)
-        with _cond:
-            if _capturing or _queued:
-                t0 = time.perf_counter()
-                while _capturing or _queued:
-                    _cond.wait()
-                _counts["waits"] += 1
-                _counts["wait_s"] += time.perf_counter() - t0
-            _syncing += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            with _cond:
-                _syncing -= 1
-                _cond.notify_all()
     held.dynashape_capture_guard = True
     return held
 
@@ -140,3 +153,7 @@ def waits() -> dict:
     """Synchronisations that waited for a capture, and for how long in all (process-wide)."""
     with _cond:
         return dict(_counts)
+
+
+# the direct allocator's frees of device memory wait for a capture in flight, as synchronize() does
+allocators.FREE_GUARD[0] = device_wide

@@ -343,8 +343,8 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
         side = _capture_stream(device)
         with torch.cuda.stream(side):
             scratch = tuple(_scratch(x) if isinstance(x, torch.Tensor) else x for x in ins)
-            with fused_epilogues(), (specialise.specialised(tuning.fastest) if timed_forms()
-                                     else contextlib.nullcontext()):
+            with fused_epilogues(), tuning.light(), (specialise.specialised(tuning.fastest) if timed_forms()
+                                                     else contextlib.nullcontext()):
                 fn(*symvals, *scratch)
             del scratch  # stream-ordered: its memory is reused on this stream after that run
         return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)

@@ -17,6 +17,7 @@ first form (its own call) and its key stays untuned.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -27,6 +28,21 @@ log = logging.getLogger(__name__)
 
 REPS = 8
 ROUNDS = 3
+# a build off the calling thread (static.detached) times each form once over 4 runs: a sixth of
+# the work, so that a bucket's graph is ready within a second or two of traffic; its timings are
+# noisier anyway (the caller's kernels share the GPU), and the forms it picks between differ by
+# tens of percent where they differ at all
+LIGHT = (4, 1)
+_local = threading.local()
+
+
+def light():
+    """Inside (this thread): forms timed with ``LIGHT`` repetitions."""
+    return specialise.thread_setting(_local, "light", True)
+
+
+def _reps() -> tuple[int, int]:
+    return LIGHT if getattr(_local, "light", False) else (REPS, ROUNDS)
 
 
 MAX_HOLD_US = 50_000.0
@@ -57,7 +73,7 @@ def _events_us(fn, host_us: float) -> float:
     """Microseconds of ``REPS`` calls of ``fn`` (the best of ``ROUNDS``), on the current stream,
     the GPU held while the host queues them (``host_us``: the host's time for one call)."""
     best = float("inf")
-    for _ in range(ROUNDS):
+    for _ in range(_reps()[1]):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         hold_gpu(2.0 * host_us + 100.0)
         a.record()
@@ -95,9 +111,11 @@ def timings(runs: list) -> list[float]:
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20)
     flush = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
 
+    n = _reps()[0]
+
     def reps(fn=None):
         def body():
-            for _ in range(REPS):
+            for _ in range(n):
                 flush.fill_(1.0)
                 if fn is not None:
                     fn()
@@ -108,7 +126,7 @@ def timings(runs: list) -> list[float]:
         try:
             run()  # cuBLAS / cuDNN set up handles, workspaces and algorithms first
             body = reps(run)
-            times.append(max((_events_us(body, _host_us(body)) - base) / REPS, 0.0))
+            times.append(max((_events_us(body, _host_us(body)) - base) / n, 0.0))
         except Exception as e:  # noqa: BLE001  a form that cannot run here is not a candidate
             log.debug("candidate %d failed: %s", i, e)
             times.append(float("inf"))

@@ -45,6 +45,7 @@ device as well). A buffer used on another stream must be synchronised by whoever
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -285,6 +286,11 @@ def _wrap(owner: CudaBuffer, device: torch.device) -> torch.Tensor:
     return t
 
 
+# what a free of device memory runs in: capture_guard.install() puts its ``device_wide`` here (a
+# free is an implicit device synchronisation, which a CUDA graph captured on another thread forbids)
+FREE_GUARD: list = [contextlib.nullcontext]
+
+
 def _sync(device: torch.device) -> None:
     # the memory may still be read by queued kernels; counted as a host sync (ops/host_sync.py):
     # it happens where an arena is given back (a re-plan), not on a call that reuses its plan
@@ -327,9 +333,10 @@ class CudaDriverAllocator:
         handle.free()
 
     def _free(self, call: str, ptr: int) -> None:
-        _sync(self.device)
-        with self._drv.on(self._ctx):
-            self._drv.call(call, ptr)
+        with FREE_GUARD[0]():  # no capture on another thread meanwhile (impls/capture_guard.py)
+            _sync(self.device)
+            with self._drv.on(self._ctx):
+                self._drv.call(call, ptr)
 
 
 class TorchCachingAllocator:

@@ -43,7 +43,7 @@ from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
-from .aligned import AlignedImpl, PaddedViews, align_multiple, aligned_value, conv_bucket, conv_buckets
+from .aligned import MAX_ALIGNED, AlignedImpl, PaddedViews, align_multiple, aligned_value, conv_bucket, conv_buckets
 from .decode_graph import DecodeGraphs, ahead_rule, bucket_rule, nonnegative
 from .kv_append import KVAppend
 
@@ -356,6 +356,12 @@ class SpecState:
                 caps[i] = runner.capacity(spec.sig_symbols[i], v, step)
                 for kind in spec.aligned_positions.get(i, ()):  # room for the padded rows (aligned.py)
                     caps[i] = max(caps[i], runner.model.padded(kind, v) or v)
+                    if kind == "conv" and runner.model.conv_buckets:
+                        # planned at once for the range's top bucket: a batch that grows later
+                        # re-plans nothing, and the graphs built for this plan keep serving
+                        top = conv_bucket(int(min(spec.trace.env.ranges.get(spec.sig_symbols[i], (0, 0))[1],
+                                                  MAX_ALIGNED)))
+                        caps[i] = max(caps[i], top or 0)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         for b, n in zip(spec.arena, sizes):
@@ -444,25 +450,45 @@ class SpecState:
             self.stats["static_trace_time_s"] += time.perf_counter() - t0
             self.runner.traced = model.device.type == "cpu" and cpu_kind() == "inductor"
             # inline: CUDA captures in the call (sync, prebuilding; see impls/context.py)
-            model.context.submit(k, build, self._built, inline=model.device.type == "cuda" and not detach)
+            model.context.submit(k, *self._weak(build, detach), inline=model.device.type == "cuda" and not detach)
         else:
             # the padded views are stable for the impl: refreshed only what passes through
             refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
             views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
 
+            ns = self.spec.namespace  # (not ``self``: a background job holds this state weakly)
+
             def build():  # one impl for the bucket of values up to ``padded`` (aligned.py)
                 return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
                                                                reg.live_out, rc.symvars, key[:-1], sins, refresh,
-                                                               reg.results, self.spec.namespace, name,
-                                                               detach=detach)(),
+                                                               reg.results, ns, name, detach=detach)(),
                                    al, views, ins, padded, detached=detach)
             # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
-            model.context.submit(k, build, self._built, inline=not detach)
+            model.context.submit(k, *self._weak(build, detach), inline=not detach)
         self.stats["build_wait_s"] += time.perf_counter() - t0  # what this call spent on the build
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)
         return self.orphans.pop(k, None)  # a capture that failed after the region ran for real
+
+    def _weak(self, build, detach: bool) -> tuple:
+        """``build`` and ``_built`` for the context's queue. A background build (``detach``)
+        holds this state weakly: a session deleted while its builds wait is collected, and its
+        builds that have not started are dropped (counted where the session still exists)."""
+        if not detach:
+            return build, self._built
+        me = weakref.ref(self)
+
+        def job():
+            if me() is None:
+                raise Abandoned("the session that asked for it is gone")
+            return build()
+
+        def done(k, result, seconds):
+            st = me()
+            if st is not None:
+                st._built(k, result, seconds)
+        return job, done
 
     def _replay(self, impl, ins: tuple):
         try:
@@ -532,6 +558,10 @@ class SpecState:
     def out(self, k: int, shape: tuple) -> torch.Tensor:
         name, dtype = self.out_meta[k]
         return self.runner.output_buffer(name, dtype, shape)
+
+
+class Abandoned(RuntimeError):
+    """A background build whose session was deleted before it started."""
 
 
 class CompiledRunner:
