@@ -9,16 +9,17 @@ case "${1:-final}" in
       --models-dir $M --json "$OUT/base_default.json"
     T=200 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --options static_impls=off \
       --sync-debug --models-dir $M --json "$OUT/base_off.json" ;;
-  tests)
-    DYNASHAPE_TEST_DEVICE=cuda T=400 run python3 -m pytest -q -p no:warnings -x tests/impls tests/test_host_syncs.py \
-      tests/test_disk_cache.py tests/reliability/test_indices.py ;;
+  tests)  # this work's CUDA tests, then the static-impl tests they touch
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_host_syncs.py \
+      tests/test_disk_cache.py tests/impls/test_conv_buckets.py tests/reliability/test_indices.py
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls ;;
   check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
       tests/test_disk_cache.py tests/reliability/test_indices.py
     T=330 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_check.json" ;;
   final)  # the CUDA tests of this work; every workload, torch.compile side by side, then a second process
-    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -x tests/impls/test_conv_buckets.py \
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings tests/impls/test_conv_buckets.py \
       tests/test_host_syncs.py tests/test_disk_cache.py tests/reliability/test_indices.py tests/impls/test_aligned.py
     T=430 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_h100.json" ;;
