@@ -66,12 +66,13 @@ def _dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _seed(model: onnx.ModelProto) -> float | None:
-    """The seed attribute of the model's random node (the expanded cases' RandomUniformLike)."""
+def _seed(model: onnx.ModelProto) -> float | int | None:
+    """The seed attribute of the model's random node (the expanded cases' RandomUniformLike; a
+    float for the random ops, an int for Dropout)."""
     for node in model.graph.node:
         for a in node.attribute:
             if a.name == "seed":
-                return a.f
+                return onnx.helper.get_attribute_value(a)
     return None
 
 
