@@ -137,8 +137,14 @@ def timed(run: Runner, feeds: dict[str, np.ndarray]) -> tuple[float, list[np.nda
     return time.perf_counter() - t0, out
 
 
+def _nonfinite_kind(x: np.ndarray) -> np.ndarray:
+    """0 where finite, 1 where NaN, 2 where +inf, 3 where -inf."""
+    return np.select([np.isnan(x), x == np.inf, x == -np.inf], [1, 2, 3], 0)
+
+
 def compare(outs: list[np.ndarray], ref: list[np.ndarray]) -> list[dict]:
-    """Per output: shapes, max abs diff and max relative diff; integer and bool outputs must be equal."""
+    """Per output: shapes, max abs diff and max relative diff over the finite pairs, and the places
+    whose non-finite values differ in kind (none allowed); integer and bool outputs must be equal."""
     res = []
     for i, (a, b) in enumerate(zip(outs, ref)):
         a, b = np.asarray(a), np.asarray(b)
@@ -150,12 +156,12 @@ def compare(outs: list[np.ndarray], ref: list[np.ndarray]) -> list[dict]:
             res.append({"output": i, "ok": eq, "exact": True, "mismatches": int(np.count_nonzero(a != b))})
             continue
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
-            same = bool(np.array_equal(np.isfinite(a64), np.isfinite(b64)))
-            fin = np.isfinite(a64) & np.isfinite(b64)
-            a64, b64 = np.where(fin, a64, 0.0), np.where(fin, b64, 0.0)
-        else:
-            same = True
+        # a non-finite value must be the same kind at the same place (NaN where NaN, an inf of the
+        # same sign); only then are both left out of the distances, which finite pairs measure
+        kind_a, kind_b = _nonfinite_kind(a64), _nonfinite_kind(b64)
+        mismatched = int(np.count_nonzero(kind_a != kind_b))
+        fin = (kind_a == 0) & (kind_b == 0)
+        a64, b64 = np.where(fin, a64, 0.0), np.where(fin, b64, 0.0)
         diff = np.abs(a64 - b64)
         scale = float(np.max(np.abs(b64))) if b64.size else 0.0
         # elements far below the output's own scale (probabilities of 1e-9) make an elementwise ratio meaningless:
@@ -163,8 +169,9 @@ def compare(outs: list[np.ndarray], ref: list[np.ndarray]) -> list[dict]:
         floor = max(1e-3 * scale, 1e-12)
         max_abs = float(diff.max()) if diff.size else 0.0
         max_rel = float((diff / np.maximum(np.abs(b64), floor)).max()) if diff.size else 0.0
-        ok = same and max_abs <= 1e-4 + 1e-3 * scale
-        res.append({"output": i, "ok": ok, "max_abs": max_abs, "max_rel": max_rel, "scale": scale})
+        ok = mismatched == 0 and max_abs <= 1e-4 + 1e-3 * scale
+        res.append({"output": i, "ok": ok, "max_abs": max_abs, "max_rel": max_rel, "scale": scale,
+                    "nonfinite_mismatches": mismatched})
     if len(outs) != len(ref):
         res.append({"output": -1, "ok": False, "why": f"{len(outs)} outputs vs {len(ref)}"})
     return res

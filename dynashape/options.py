@@ -32,7 +32,8 @@ class Options:
     allow_tf32: bool = _opt(False, "CUDA: let matrix products and convolutions use TF32 (faster, ~1e-3 relative).")
     threads: int | None = _opt(None, "torch CPU threads during a run (restored afterwards; process-wide).")
     malloc_tuning: bool = _opt(True, "CPU: tune glibc malloc thresholds so large buffers are not returned to "
-                                     "the OS between runs.")
+                                     "the OS between runs (process-wide; DYNASHAPE_MALLOC_TUNING=0 keeps every "
+                                     "session from tuning them).", "DYNASHAPE_MALLOC_TUNING")
     extra_outputs: Any = _opt(None, "value names (or 'all') made outputs too, after the model's own (debugging).")
     static_impls: str = _opt("auto", "'auto' (CUDA graphs of regions on CUDA, their products and convolutions "
                                      "in the forms timed fastest; on CPU async for a decoder that appends to a "
@@ -90,11 +91,58 @@ class Options:
 
 OPTION_NAMES = frozenset(f.name for f in fields(Options))
 
+# The environment variables the package reads that no option above names: switches for
+# measurements and debugging, and where to find things. tests/test_options_table.py checks that
+# these and the options' variables are exactly the ones the code reads.
+ENVIRONMENT: dict[str, str] = {
+    # ---- debugging ----
+    "DYNASHAPE_TRACEBACK": "'1': the CLI raises an unexpected error with its traceback instead of one line.",
+    "DYNASHAPE_DUMP_CODE": "a directory where each specialization's generated code is written, or '1' "
+                           "(also '-', 'stderr') to log it.",
+    # ---- execution ----
+    "DYNASHAPE_MAX_SPECIALIZATIONS": "specializations a compiled session generates code for (default 16); "
+                                     "calls beyond run the interpreter.",
+    "DYNASHAPE_CPU_DECODE_STATIC": "calls a CPU decoder session makes before static_impls='auto' builds its "
+                                   "static impls (default 256; 0: never).",
+    "DYNASHAPE_CPU_STATIC": "what a CPU static impl is: 'inductor' (default: the region compiled to C++) or "
+                            "'specialized' (its source with the key as literals).",
+    "DYNASHAPE_STATIC_FORMS": "'1' (default): static builds time the forms of products and convolutions and "
+                              "keep the fastest; '0': the ops' own calls only (A/B measurements).",
+    "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": "cuDNN algorithms a static build times per convolution (default 10; "
+                                       "0: all).",
+    "DYNASHAPE_FC_ALIGN": "a multiple (0-64, default 0: off) that a region working row by row along the batch "
+                          "rounds its batch up to, so one static impl serves several batch sizes.",
+    "DYNASHAPE_STEP_FUSIONS": "'0' turns off the fusions inside a whole decode step (A/B measurements).",
+    "DYNASHAPE_FUSE_CONV_RELU": "'1' / '0' forces the Conv+Relu fusion on / off (default: on on CUDA, where "
+                                "it was measured faster, off elsewhere).",
+    "DYNASHAPE_FUSE_CONV_ACT": "'0' turns off oneDNN convolutions with their activation as a post-op (CPU).",
+    "DYNASHAPE_CHANNELS_LAST": "'1' / '0' forces the channels-last layout pass on / off (default: by device "
+                               "and dtype).",
+    "DYNASHAPE_CPU_PACKED_WEIGHTS": "'1' / '0' / 'auto' (default: on except on Intel CPUs): products by large "
+                                    "constant fp32 weights through oneDNN with the weight packed once.",
+    "DYNASHAPE_CONV_COPIES_MB": "megabytes (default 256) the process may hold in reordered convolution weight "
+                                "copies beyond each weight's first.",
+    "DYNASHAPE_U8S8_SATURATE": "'1': 8-bit products saturate pair sums to int16 as onnxruntime does on x86 "
+                               "CPUs without VNNI (default '0': the exact product the spec defines; read at "
+                               "import).",
+    # ---- native kernels (ops/native.py) ----
+    "DYNASHAPE_NATIVE": "'0' (also 'off', 'false', 'no'): torch's kernels instead of the C ones.",
+    "DYNASHAPE_CACHE": "directory of built C kernels' cache (default $XDG_CACHE_HOME/dynashape).",
+    "XDG_CACHE_HOME": "the standard cache root, under which dynashape/native holds built C kernels "
+                      "(default ~/.cache).",
+    "CC": "the C compiler that builds the native kernels (default: cc, gcc or clang on PATH).",
+    # ---- the CLI ----
+    "COLUMNS": "the width of the CLI's tables written to a file or pipe (rich reads it; unset: 200 columns).",
+}
+
 
 def describe() -> str:
-    """One line per option: name, default, environment variable, what it does."""
+    """One line per option: name, default, environment variable, what it does; then one per
+    environment variable that no option names."""
     lines = []
     for f in fields(Options):
         env = f" [{f.metadata['env']}]" if f.metadata.get("env") else ""
         lines.append(f"{f.name} = {f.default!r}{env}: {f.metadata['doc']}")
+    lines.append("environment variables of no option:")
+    lines += [f"{name}: {doc}" for name, doc in ENVIRONMENT.items()]
     return "\n".join(lines)

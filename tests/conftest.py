@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# skips of the native-kernel tests: summed up at the end of the run, errors where CI is set
+from tests.native_report import pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def device() -> str:

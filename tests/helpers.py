@@ -42,3 +42,28 @@ def shape_subgraph_model() -> onnx.ModelProto:
 def rand(*shape, rng=None) -> np.ndarray:
     rng = rng or np.random.default_rng()
     return rng.uniform(-2, 2, size=shape).astype(np.float32)
+
+
+# Statistical checks of random outputs. A correct generator lands outside SIGMAS standard
+# deviations of the expectation with probability ~2e-9 per check (the normal tail; the sample sizes
+# the tests use make the normal approximation good), so a failure means a wrong distribution, not
+# bad luck, and the bounds stay tight enough to catch a wrong rate, scale or range.
+SIGMAS = 6.0
+
+
+def assert_binomial(k: int, n: int, p: float, what: str) -> None:
+    """k successes in n independent draws of probability p (0 < p < 1)."""
+    sd = (n * p * (1 - p)) ** 0.5
+    assert abs(k - n * p) <= SIGMAS * sd, (f"{what}: {k} of {n} ({k / n:.5f}), expected p = {p} "
+                                           f"(n p = {n * p:.1f} +- {SIGMAS:g} x {sd:.1f})")
+
+
+def assert_moments(x: np.ndarray, mean: float, var: float, mu4: float, what: str) -> None:
+    """The sample mean and variance of x against a distribution's mean, variance and fourth central
+    moment mu4 (which sets the spread of the sample variance: (mu4 - var^2) / n)."""
+    x = np.asarray(x, np.float64).ravel()
+    n = x.size
+    m, v = x.mean(), x.var(ddof=1)
+    sd_mean, sd_var = (var / n) ** 0.5, ((mu4 - var * var) / n) ** 0.5
+    assert abs(m - mean) <= SIGMAS * sd_mean, f"{what}: mean {m:.5g}, expected {mean} +- {SIGMAS * sd_mean:.3g}"
+    assert abs(v - var) <= SIGMAS * sd_var, f"{what}: variance {v:.5g}, expected {var} +- {SIGMAS * sd_var:.3g}"

@@ -1,9 +1,10 @@
 """dynashape/options.py lists every keyword option: each has a doc, its default is accepted by
-InferenceSession, each environment variable it names is read by the code, and the session
-accepts exactly these names."""
+InferenceSession, and the session accepts exactly these names. The environment variables the
+package reads (found in its syntax trees) are exactly those the options and ENVIRONMENT document."""
 
 from __future__ import annotations
 
+import ast
 import pathlib
 from dataclasses import fields
 
@@ -12,21 +13,149 @@ import pytest
 
 import dynashape
 from dynashape.errors import OptionsError
-from dynashape.options import OPTION_NAMES, Options, describe
+from dynashape.options import ENVIRONMENT, OPTION_NAMES, Options, describe
 from tests.helpers import add_chain
 
-SOURCE = "\n".join(p.read_text() for p in pathlib.Path(dynashape.__file__).parent.rglob("*.py"))
+PACKAGE = pathlib.Path(dynashape.__file__).parent
 
 
 @pytest.mark.parametrize("f", fields(Options), ids=[f.name for f in fields(Options)])
 def test_each_option_is_documented_and_its_default_accepted(f):
     assert len(f.metadata["doc"]) > 20
-    env = f.metadata.get("env")
-    if env:
-        assert f'"{env}"' in SOURCE, f"{f.name}: {env} is read nowhere"
     sess = dynashape.InferenceSession(add_chain(2), **{f.name: f.default})
     x, b = np.ones((3, 4), np.float32), np.full((1, 4), 0.5, np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x, "b": b})[0], x + 1.0)
+
+
+# environment variables ------------------------------------------------------------------------
+# Uses of os.environ that read no single variable: (module, what the line does), with why.
+WHOLE_ENVIRONMENT = {
+    # the compile worker inherits the environment, with one thread (impls/compile_process.py)
+    ("impls/compile_process.py", "dict(os.environ, OMP_NUM_THREADS='1')"),
+    # the raw mapping behind os.environ, read with the encoded key of DYNASHAPE_NATIVE, which the
+    # same module also reads through os.environ.get (ops/native.py: a faster read per call)
+    ("ops/native.py", "getattr(os.environ, '_data', None)"),
+    ("ops/native.py", "hasattr(os.environ, 'encodekey')"),
+}
+
+
+def _is_environ(node) -> bool:
+    """os.environ, or environ imported from os."""
+    return ((isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+             and node.value.id == "os") or (isinstance(node, ast.Name) and node.id == "environ"))
+
+
+def _is_getenv(node) -> bool:
+    return ((isinstance(node, ast.Attribute) and node.attr == "getenv" and isinstance(node.value, ast.Name)
+             and node.value.id == "os") or (isinstance(node, ast.Name) and node.id == "getenv"))
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """The module's top-level NAME = "literal" assignments (a variable's name kept in a constant)."""
+    out = {}
+    for st in tree.body:
+        targets = st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(st, ast.AnnAssign) else []
+        value = getattr(st, "value", None)
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            out.update({t.id: value.value for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+def environment_reads(source: str, module: str) -> tuple[set[str], list[str]]:
+    """The variables a module's source reads: os.environ.get(K), os.environ[K], K in os.environ,
+    os.getenv(K), os.environ.encodekey(K), K a literal or a module constant; and the uses of the
+    environment it cannot name (neither a read of a known variable nor in WHOLE_ENVIRONMENT)."""
+    tree = ast.parse(source)
+    consts = _constants(tree)
+    names, unknown, seen = set(), [], set()
+
+    def name_of(arg):
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+        if isinstance(arg, ast.Name):
+            return consts.get(arg.id)
+        return None
+
+    def read(key_node, use):
+        name = name_of(key_node)
+        if name is None:
+            unknown.append(f"{module}: {ast.unparse(use)}")
+        else:
+            names.add(name)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_environ(node.func.value) \
+                and node.func.attr in ("get", "encodekey", "__getitem__", "__contains__") and node.args:
+            read(node.args[0], node)
+            seen.add(id(node.func.value))
+        elif isinstance(node, ast.Call) and _is_getenv(node.func) and node.args:
+            read(node.args[0], node)
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            read(node.slice, node)
+            seen.add(id(node.value))
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators) \
+                and all(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
+            read(node.left, node)
+            seen.update(id(c) for c in node.comparators)
+    for node in ast.walk(tree):  # any other use of os.environ: only the listed whole-environment ones
+        if isinstance(node, ast.Call) and any(_is_environ(a) and id(a) not in seen for a in node.args):
+            seen.update(id(a) for a in node.args)
+            if (module, ast.unparse(node)) not in WHOLE_ENVIRONMENT:
+                unknown.append(f"{module}: {ast.unparse(node)}")
+    for node in ast.walk(tree):
+        if _is_environ(node) and id(node) not in seen:
+            unknown.append(f"{module}: os.environ used at line {node.lineno}")
+    return names, unknown
+
+
+def package_environment_reads() -> tuple[set[str], list[str]]:
+    names, unknown = set(), []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        n, u = environment_reads(path.read_text(), path.relative_to(PACKAGE).as_posix())
+        names |= n
+        unknown += u
+    return names, unknown
+
+
+def documented_environment() -> set[str]:
+    from_options = {f.metadata["env"] for f in fields(Options) if f.metadata.get("env")}
+    assert not from_options & set(ENVIRONMENT), "documented twice: as an option's and in ENVIRONMENT"
+    return from_options | set(ENVIRONMENT)
+
+
+def test_every_environment_variable_read_is_documented_and_every_documented_one_read():
+    read, unknown = package_environment_reads()
+    assert not unknown, f"environment uses whose variable the test cannot name: {unknown}"
+    documented = documented_environment()
+    assert not read - documented, f"read but documented nowhere in dynashape/options.py: {sorted(read - documented)}"
+    assert not documented - read, f"documented but read nowhere: {sorted(documented - read)}"
+    assert all(len(doc) > 20 for doc in ENVIRONMENT.values())
+    assert all(name in describe() for name in documented)
+
+
+def test_the_environment_scan_finds_every_form_of_read():
+    # the scan itself, on a module that reads in each form: each is found, and what it cannot name
+    # (a computed key, the environment handed on whole) is reported
+    source = """
+import os
+from os import environ, getenv
+KEY = "V_CONST"
+a = os.environ.get("V_GET", "1")
+b = os.environ["V_ITEM"]
+c = "V_IN" in os.environ
+d = os.getenv("V_GETENV")
+e = os.environ.get(KEY)
+f = environ.get("V_BARE")
+g = getenv("V_BARE_GETENV")
+h = os.environ.encodekey("V_ENCODED")
+i = os.environ.get("V_" + str(a))
+j = dict(os.environ, X="1")
+k = os.environ
+"""
+    names, unknown = environment_reads(source, "m.py")
+    assert names == {"V_GET", "V_ITEM", "V_IN", "V_GETENV", "V_CONST", "V_BARE", "V_BARE_GETENV", "V_ENCODED"}
+    assert unknown == ["m.py: os.environ.get('V_' + str(a))", "m.py: dict(os.environ, X='1')",
+                       "m.py: os.environ used at line 15"]
 
 
 def test_the_session_accepts_exactly_these_names():

@@ -186,7 +186,7 @@ def _dropout_infer(shapes, values, **_attrs):
     return [tuple(shapes[0])] * (1 + SECONDARY)
 
 
-def _dropout_apply(x, ratio: float, training: bool, out, seed=None):
+def _dropout_apply(x, ratio: float, training: bool, out, seed=None, keep: float | None = None):
     if not training or ratio == 0.0:
         if isinstance(out, torch.Tensor):
             return out.copy_(x)  # the buffer must hold its own copy: x may be reused by its producer
@@ -195,9 +195,9 @@ def _dropout_apply(x, ratio: float, training: bool, out, seed=None):
             return x.clone(), mask
         return _put(out, [x, mask])
     gen = None if seed is None else torch.Generator(device=x.device).manual_seed(int(seed))
-    keep = torch.rand(x.shape, device=x.device, generator=gen) >= ratio
-    y = x * keep.to(x.dtype) / (1.0 - ratio)
-    return _put(out, [y, keep])
+    mask = torch.rand(x.shape, device=x.device, generator=gen) >= ratio
+    kept = x * mask.to(x.dtype) / (1.0 - ratio if keep is None else keep)
+    return _put(out, [kept, mask])
 
 
 @op("Dropout", (1, 6, 7, 10), infer=_dropout_infer)
@@ -211,7 +211,11 @@ def _dropout_attr(x, *, ratio=0.5, is_test=0, consumed_inputs=None, out=None):
 def _dropout(x, ratio=None, training_mode=None, *, seed=None, out=None):
     r = 0.5 if ratio is None else float(ratio.reshape(()).item())
     training = training_mode is not None and bool(training_mode.reshape(()).item())
-    return _dropout_apply(x, r, training, out, seed)
+    # 1 - ratio in the ratio's own type, as onnxruntime and the spec's arithmetic do: a float32
+    # ratio of 0.1 gives 1 - 0.1f = 0.9f, not 1 - 0.1f in double, and a float64 x divided by the
+    # two differs in its last bits
+    keep = None if ratio is None or not training else float((1 - ratio.reshape(())).item())
+    return _dropout_apply(x, r, training, out, seed, keep)
 
 
 # LpNormalization ----------------------------------------------------------------------------

@@ -18,14 +18,14 @@ from onnx import helper, numpy_helper
 
 import dynashape
 from dynashape.errors import ShapeError
-from dynashape.ops import byte_tables, contrib_quant, fused_quant, native, qgemm
+from dynashape.ops import byte_tables, contrib_quant, fused_quant, qgemm
 from dynashape.ops.linalg import prepared_b
 from dynashape.ops.registry import COMPUTED
+from tests.native_report import needs_native
 from tests.ops.harness import make_model
 
 MS = "com.microsoft"
-pytestmark = pytest.mark.skipif(native.library("qgemm") is None or native.library("lut") is None,
-                                reason="no native build")
+pytestmark = needs_native("qgemm", "lut")
 
 
 def _q(rng, shape, dt=np.uint8):

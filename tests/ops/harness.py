@@ -104,6 +104,10 @@ def run_sequence(model: onnx.ModelProto, feeds_seq: Sequence[dict], references=(
             if engine is None:
                 continue
             want = engine.run(None, feeds)
+            # zip stops at the shorter list: a missing or extra output would go unchecked
+            assert len(got) == len(want) == len(names), (
+                f"step {step} {label}: {len(got)} outputs, {len(want)} from the reference, "
+                f"the model declares {len(names)}")
             for name, g, w in zip(names, got, want):
                 compare(g, w, f"step {step} {label} output {name} (input shapes "
                               f"{[_shape(v) for v in feeds.values()]})", rtol, atol)
@@ -168,7 +172,8 @@ def other_build(name: str, symbol: str, like, arch: str, cache):
     try:
         lib = native.build(name, arch=arch, cache=cache)
     except OSError as e:
-        pytest.skip(str(e))
+        from tests.native_report import NATIVE_SKIP
+        pytest.skip(f"{NATIVE_SKIP}: {e}")  # counted at the end of the run; an error where CI is set
     fn = getattr(lib, symbol)
     fn.argtypes, fn.restype = like.argtypes, like.restype
     return fn

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from dynashape.ops import byte_tables, native
+from tests.native_report import needs_native
 
-pytestmark = pytest.mark.skipif(native.library("lut") is None, reason=f"no native build: {native.why('lut')}")
+pytestmark = needs_native("lut")
 
 SHAPES = [((5,), (5,)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (3, 7)), ((), (2, 2)),
           ((2, 3, 1, 5), (1, 3, 4, 1)), ((0, 3), (3,))]

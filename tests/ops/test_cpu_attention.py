@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dynashape.ops import contrib_attention, cpu_attention, native
+from tests.native_report import needs_native
 
 from .harness import other_build
 
@@ -20,8 +21,7 @@ def every_size(monkeypatch):
     """The size limits (measured choices) off: the kernel's numbers at every size."""
     monkeypatch.setattr(cpu_attention, "MIN_WORK", 0)
 
-pytestmark = pytest.mark.skipif(native.library("attention") is None,
-                                reason=f"no native build: {native.why('attention')}")
+pytestmark = needs_native("attention")
 
 CASES = [  # b, nk, group, s, t, d, dv
     (1, 1, 1, 1, 1, 1, 1), (2, 2, 1, 5, 7, 16, 16), (3, 1, 4, 17, 33, 20, 9), (1, 4, 2, 64, 64, 64, 64),

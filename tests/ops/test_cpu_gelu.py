@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from dynashape.ops import cpu_gelu, native
 from dynashape.ops.contrib_transformer import _fast_gelu
 from dynashape.ops.registry import COMPUTED
+from tests.native_report import needs_native
 
-pytestmark = pytest.mark.skipif(native.library("elementwise") is None, reason="no native build")
+pytestmark = needs_native("elementwise")
 
 
 @pytest.mark.parametrize("with_bias", [True, False])

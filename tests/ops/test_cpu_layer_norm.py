@@ -19,9 +19,10 @@ from dynashape.ops import native
 from dynashape.ops.contrib_transformer import _skip_layer_norm
 from dynashape.ops.norm import _layernorm
 from dynashape.ops.registry import COMPUTED
+from tests.native_report import needs_native
 from tests.ops.harness import make_model
 
-pytestmark = pytest.mark.skipif(native.library("elementwise") is None, reason="no native build")
+pytestmark = needs_native("elementwise")
 TOL = {"rtol": 1e-5, "atol": 2e-5}
 
 

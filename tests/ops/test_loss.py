@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import dynashape
+from tests.helpers import assert_binomial, assert_moments
 
 from .harness import DEVICE, make_model, rand, run_sequence
 
@@ -167,10 +168,13 @@ def test_random_uniform_and_normal():
     y = _session(_generator_model("RandomUniform", {"shape": shape, "low": -3.0, "high": 5.0,
                                                      "dtype": TensorProto.DOUBLE})).run(None, {})[0]
     assert y.shape == tuple(shape) and y.dtype == np.float64
-    assert y.min() >= -3.0 and y.max() < 5.0 and abs(y.mean() - 1.0) < 0.3
+    # uniform on [-3, 5): mean 1, variance 8^2 / 12, fourth central moment 8^4 / 80
+    assert y.min() >= -3.0 and y.max() < 5.0
+    assert_moments(y, 1.0, 64 / 12, 8 ** 4 / 80, "RandomUniform [-3, 5)")
     sess = _session(_generator_model("RandomNormal", {"shape": shape, "mean": 2.0, "scale": 0.5}))
     a, b = sess.run(None, {})[0], sess.run(None, {})[0]
-    assert a.dtype == np.float32 and abs(a.mean() - 2.0) < 0.05 and abs(a.std() - 0.5) < 0.05
+    assert a.shape == tuple(shape) and a.dtype == np.float32
+    assert_moments(a, 2.0, 0.25, 3 * 0.25 ** 2, "RandomNormal(2, 0.5)")  # normal: mu4 = 3 sigma^4
     assert not np.array_equal(a, b)  # no seed: a new draw on every run
 
 
@@ -190,6 +194,12 @@ def test_random_like_follows_input(op_type):
     for shape in [(30, 20), (50, 40), (3, 1), (30, 20)]:
         y = sess.run(None, {"in0": rand(shape, np.float16, RNG)})[0]
         assert y.shape == shape and y.dtype == np.float16  # dtype: the input's
+    # the defaults: uniform on [0, 1) (float16 rounds the draws near 1 up to 1), normal(0, 1)
+    if op_type == "RandomUniformLike":
+        assert y.min() >= 0 and y.max() <= 1
+        assert_moments(y, 0.5, 1 / 12, 1 / 80, op_type)
+    else:
+        assert_moments(y, 0.0, 1.0, 3.0, op_type)
     model = make_model(op_type, 1, [TensorProto.INT32], {"dtype": TensorProto.DOUBLE}, opset=17, ranks=[3])
     sess = _session(model)
     for shape in [(2, 3, 4), (5, 1, 2), (2, 3, 4)]:
@@ -206,7 +216,8 @@ def test_bernoulli():
         assert y.dtype == np.float32
         np.testing.assert_array_equal(y, p)
     y = sess.run(None, {"in0": np.full((200, 100), 0.3, np.float32)})[0]
-    assert abs(y.mean() - 0.3) < 0.02
+    assert np.isin(y, (0, 1)).all()
+    assert_binomial(int(y.sum()), y.size, 0.3, "Bernoulli(0.3)")
     model = make_model("Bernoulli", 1, [TensorProto.DOUBLE], {"dtype": TensorProto.BOOL, "seed": 5.0}, opset=15,
                        ranks=[1])
     sess = _session(model)

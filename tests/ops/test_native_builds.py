@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from dynashape.ops import native
+from tests.native_report import NATIVE_SKIP, OFF_ON_PURPOSE
 
 SOURCES = sorted(p.stem for p in (Path(native.__file__).parent / "csrc").glob("*.c"))
 COMPILER = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-pytestmark = pytest.mark.skipif(COMPILER is None or not native.enabled(), reason="no C compiler, or native off")
+pytestmark = pytest.mark.skipif(COMPILER is None or not native.enabled(), reason=f"{NATIVE_SKIP}: " + (
+    OFF_ON_PURPOSE if not native.enabled() else "no C compiler (cc, gcc or clang) on PATH"))
 
 
 def test_the_sources_are_there():

@@ -14,11 +14,11 @@ from onnx import helper
 
 import dynashape
 from dynashape.ops import elementwise, fused, native
+from tests.native_report import needs_native
 
 from .harness import other_build
 
-pytestmark = pytest.mark.skipif(native.library("elementwise") is None,
-                                reason=f"no native build: {native.why('elementwise')}")
+pytestmark = needs_native("elementwise")
 
 
 @pytest.mark.parametrize("scale", [1e-30, 1e-6, 1e-2, 0.3, 0.55, 1.0, 4.0, 40.0])

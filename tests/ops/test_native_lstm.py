@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from dynashape.ops import native, rnn
+from tests.native_report import needs_native
 
 from .harness import other_build, recurrent_step_inputs
 
-pytestmark = pytest.mark.skipif(native.library("lstm") is None, reason=f"no native build: {native.why('lstm')}")
+pytestmark = needs_native("lstm")
 
 SHAPES = [(5, 2), (9, 1), (1, 3), (14, 5), (3, 8), (5, 2)]
 

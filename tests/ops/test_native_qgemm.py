@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from dynashape.ops import contrib_qattention, contrib_quant, fused_quant, linalg, native, qgemm
+from tests.native_report import needs_native
 
 from .harness import other_build
 
-pytestmark = pytest.mark.skipif(native.library("qgemm") is None, reason=f"no native build: {native.why('qgemm')}")
+pytestmark = needs_native("qgemm")
 
 SIZES = [(1, 1, 1), (3, 5, 7), (4, 64, 64), (9, 33, 130), (17, 256, 64), (64, 100, 192), (2, 300, 65)]
 

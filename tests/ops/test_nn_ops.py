@@ -324,6 +324,25 @@ def test_dropout_inference():
     check_op("Dropout", seq, {"ratio": 0.3}, opset=10, n_outputs=2, references=("ref",))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_dropout_training_keeps_onnxruntimes_bits(dtype):
+    """The masks are random, but a value both runtimes keep must be the same bits: x / (1 - ratio)
+    with 1 - ratio in the ratio's type (float32 here), as onnxruntime computes it; 1 - ratio in
+    double moved float64 values by an ulp at ratio 0.1."""
+    ort = pytest.importorskip("onnxruntime")
+    model = make_model("Dropout", 3, [onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), onnx.TensorProto.FLOAT,
+                                      onnx.TensorProto.BOOL], opset=13, n_outputs=2, ranks=[2, 0, 0])
+    sess = dynashape.InferenceSession(model)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape, ratio in [((64, 256), 0.1), ((3, 1000), 0.123), ((64, 256), 0.7), ((1, 5000), 0.3)]:
+        feeds = {"in0": rand(shape, dtype, RNG, 0.5, 2.0), "in1": np.array(ratio, np.float32), "in2": np.array(True)}
+        (y, mask), (want, want_mask) = sess.run(None, feeds), ref.run(None, feeds)
+        both = mask & want_mask
+        assert y.dtype == want.dtype and both.sum() > shape[0] * shape[1] * (1 - ratio) ** 2 / 2
+        np.testing.assert_array_equal(y[both], want[both], err_msg=f"{dtype.__name__} ratio {ratio}")
+        np.testing.assert_array_equal(y[~mask], 0)
+
+
 # softmax -------------------------------------------------------------------------------------
 SM_SEQ = [[(2, 3, 4)], [(1, 5, 2)], [(3, 1, 6)], [(2, 3, 4)], [(4, 2, 1)]]
 
