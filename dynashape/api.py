@@ -658,6 +658,9 @@ class InferRequest:
         out = {**self._counters(), **self.engine.stats(), **native.counters()}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
+            for body in list(self.session._bodies.values()):  # what control-flow bodies' traces counted
+                for k, n in body.stats.items():
+                    out[k] = out.get(k, 0) + n
             out.update(self.session.compiled.impls.summary())
             out["static_impls"] = self.session.compiled.static or "off"
             if self.session.compiled.static:
