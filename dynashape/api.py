@@ -268,7 +268,7 @@ class InferenceSession:
         self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
-        self._check_feeds = FeedChecker(self._specs, self.device)
+        self._check_feeds = FeedChecker(self._specs, self.device, self.max_buffer_bytes)
         # CUDA: indices fed from the host are checked before the copy (a device assert would
         # poison the process's CUDA context)
         self._check_index_feeds = IndexFeedChecks(g) if self.device.type == "cuda" else None
