@@ -82,9 +82,12 @@ def compare_values(g, w, rtol: float, atol: float):
         return err, err > 0, f"{int((diff > 0).sum())} of {w.size} integers differ" if err else ""
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        diff = np.abs(g64 - w64)
-        both_nan = np.isnan(g64) & np.isnan(w64)
-        diff[both_nan] = 0
-        bad = diff > atol + rtol * np.abs(w64)
+        # equal infinities (a mask's -inf) and NaN against NaN agree; np.where, not item
+        # assignment: a 0-d difference is a numpy scalar, which takes none
+        same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+        diff = np.where(same, 0.0, np.abs(g64 - w64))
+        # an infinity or NaN that the other side does not have differs, whatever the tolerance
+        # (rtol times an infinite reference would excuse anything)
+        bad = ~same & ((diff > atol + rtol * np.abs(w64)) | ~np.isfinite(g64) | ~np.isfinite(w64))
     err = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
     return err, bool(bad.any() or np.isnan(diff).any()), ""
