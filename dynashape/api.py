@@ -269,7 +269,7 @@ class InferenceSession:
         self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
-        self._check_feeds = FeedChecker(self._specs, self.device)
+        self._check_feeds = FeedChecker(self._specs, self.device, self.max_buffer_bytes)
         # CUDA: indices fed from the host are checked before the copy (a device assert would
         # poison the process's CUDA context)
         self._check_index_feeds = IndexFeedChecks(g) if self.device.type == "cuda" else None
@@ -663,6 +663,9 @@ class InferRequest:
         out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters()}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
+            for body in list(self.session._bodies.values()):  # what control-flow bodies' traces counted
+                for k, n in body.stats.items():
+                    out[k] = out.get(k, 0) + n
             out.update(self.session.compiled.impls.summary())
             out["static_impls"] = self.session.compiled.static or "off"
             if self.session.compiled.disk_cache is not None:

@@ -28,19 +28,22 @@ class Divergence:
 
 
 def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5, all_rows: bool = False,
-                     **session_options) -> list[Divergence]:
+                     reference=None, **session_options) -> list[Divergence]:
     """Run ``model`` on ``feeds`` in dynashape and in onnxruntime (graph optimizations off, so
     every value exists there too) with every intermediate exposed, and compare node by node in
     graph order. Returns the rows that differ beyond ``rtol``/``atol`` (the first is where the
-    two part: later ones may only inherit it), or every compared row with ``all_rows``."""
+    two part: later ones may only inherit it), or every compared row with ``all_rows``.
+    ``reference``: the model onnxruntime runs instead of ``model`` (an original beside an edited
+    copy: the values of the same names are compared)."""
     import onnxruntime as ort
 
     from .api import InferenceSession
     from .frontend.parse import load_model_proto
 
     proto = expose(load_model_proto(model), "all")
+    ref_proto = proto if reference is None else expose(load_model_proto(reference), "all")
     typed = onnx.ModelProto()
-    typed.CopyFrom(proto)  # onnxruntime cannot output a value of unknown type: leave those out
+    typed.CopyFrom(ref_proto)  # onnxruntime cannot output a value of unknown type: leave those out
     keep = [o for o in typed.graph.output if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type]
     del typed.graph.output[:]
     typed.graph.output.extend(keep)
@@ -56,7 +59,9 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     order = {o: i for i, n in enumerate(proto.graph.node) for o in n.output}
     rows = []
     for name in sorted(names, key=lambda o: order.get(o, -1)):  # graph order: the first row is the first to part
-        g, w = got.get(name), want[name]
+        if name not in got:  # (a reference's value the model does not have)
+            continue
+        g, w = got[name], want[name]
         n = producer.get(name)
         row = compare_values(g, w, rtol, atol)
         if row is None:
@@ -82,9 +87,12 @@ def compare_values(g, w, rtol: float, atol: float):
         return err, err > 0, f"{int((diff > 0).sum())} of {w.size} integers differ" if err else ""
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        diff = np.abs(g64 - w64)
-        both_nan = np.isnan(g64) & np.isnan(w64)
-        diff[both_nan] = 0
-        bad = diff > atol + rtol * np.abs(w64)
+        # equal infinities (a mask's -inf) and NaN against NaN agree; np.where, not item
+        # assignment: a 0-d difference is a numpy scalar, which takes none
+        same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+        diff = np.where(same, 0.0, np.abs(g64 - w64))
+        # an infinity or NaN that the other side does not have differs, whatever the tolerance
+        # (rtol times an infinite reference would excuse anything)
+        bad = ~same & ((diff > atol + rtol * np.abs(w64)) | ~np.isfinite(g64) | ~np.isfinite(w64))
     err = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
     return err, bool(bad.any() or np.isnan(diff).any()), ""

@@ -80,8 +80,8 @@ class Options:
     verbose: int | None = _opt(None, "log level of the memory engine and static impls (0, 1, 2).",
                                "DYNASHAPE_VERBOSE")
     # ---- limits (docs/reliability.md) ----
-    max_buffer_bytes: int | None = _opt(None, "refuse (MemoryLimitError) any buffer larger than this; default: "
-                                              "what the machine holds.")
+    max_buffer_bytes: int | None = _opt(None, "refuse (MemoryLimitError) any buffer larger than this, and any "
+                                              "feed whose copy would be; default: what the machine holds.")
     max_loop_iterations: int | None = _opt(None, "stop a Loop after this many iterations (LimitExceededError).")
     # ---- onnxruntime's SessionOptions, as keywords (dynashape.compat) ----
     enable_profiling: bool = _opt(False, "record a chrome trace per node (runs use the per-node flow); "

@@ -44,6 +44,9 @@ What protects what:
   (`ShapeError`) or a buffer beyond `max_buffer_bytes` or the machine (`MemoryLimitError`) is
   refused before any allocation (`ops/limits.py`, `memory/engine.py`); `max_loop_iterations`
   stops a Loop whose trip count comes from data (`LimitExceededError`);
+- feeds the session copies (read-only arrays such as a `np.broadcast_to` view, another byte
+  order, strings): their dense size is checked against the same limit before the copy
+  (`MemoryLimitError` naming the input; `runtime/feeds.py` `CopyLimit`);
 - anything else a kernel raises leaves `run` as an `ExecutionError` naming the node.
 
 Totals: {total} cases x 2 executors; {summary}.

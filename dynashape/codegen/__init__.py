@@ -1,5 +1,5 @@
 """Code generation: a specialization's shape program and memory plan as Python source."""
 
-from .builder import SpecCode, build_spec
+from .builder import MemoRefused, SpecCode, build_spec
 
-__all__ = ["SpecCode", "build_spec"]
+__all__ = ["MemoRefused", "SpecCode", "build_spec"]

@@ -62,6 +62,11 @@ def first_result(r):
     return r[0] if isinstance(r, (tuple, list)) else r
 
 
+class MemoRefused(Exception):
+    """A memo node whose inputs are not all group members (a value of symbols bound during the
+    run): the specialization is traced again without memo data (``runtime/compiled.py``)."""
+
+
 @dataclass
 class Group:
     symbols: frozenset[str]
@@ -397,7 +402,8 @@ class _Builder:
             if ms is None:
                 ms = self.dims_free(self.t.of(v).sval.flat() if self.t.of(v).sval is not None else ())
             syms |= ms
-        assert not inline, "memo inputs are group members"
+        if inline:  # an input made per call, not in a group: this node cannot be made once per group
+            raise MemoRefused(f"memo node {node.name!r} ({node.op_type}) reads values made per call")
         kname = self.kernel(node, host=True)
         outs = [v for v in node.outputs]
         args = ", ".join(a or "None" for a in ins)

@@ -101,6 +101,7 @@ class Trace:
     runtime_symbols: dict[str, tuple[Value, int]] = field(default_factory=dict)  # symbol -> (value, axis)
     unfused: int = 0  # fused nodes traced as the nodes they replaced
     inlined_ifs: int = 0  # If nodes traced as the branch their condition takes here
+    memo_data_refused: int = 0  # nodes memo data would take but whose values read runtime symbols
 
     def of(self, v: Value) -> ValueInfo:
         return self.info[id(v)]
@@ -167,11 +168,28 @@ def _memo_data(t: Trace) -> None:
             continue
         if any(v is not None and t.of(v).dtype is None for v in node.outputs):
             continue
+        if _reads_runtime(t, ins) or any(v is not None and t.of(v).runtime for v in node.outputs):
+            # a group is keyed by input symbols: a value of symbols a break point binds during the
+            # run (a Slice whose ends are data, then Shape -> ConstantOfShape) has no group to be
+            # made in. It stays data, computed every call.
+            t.memo_data_refused += 1
+            continue
         ni.kind, ni.host = "memo", True
         for v in node.outputs:
             if v is not None:
                 t.of(v).host = True
                 made.add(id(v))
+
+
+def _reads_runtime(t: Trace, ins: list[Value]) -> bool:
+    """Whether any of ``ins`` has dims or elements that read runtime symbols."""
+    for v in ins:
+        if v.is_const:
+            continue
+        info = t.of(v)
+        if info.runtime or _sval_runtime(t.env, info):
+            return True
+    return False
 
 
 def _drop_dead(t: Trace) -> None:

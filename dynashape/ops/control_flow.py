@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ShapeError
+from ..ir.dtypes import torch_dtype
 from .limits import check_loop
 from .registry import op
 from .shapes import first_item, norm_axis
@@ -79,6 +80,24 @@ class _Scans:
         return r.movedim(0, norm_axis(axis, r.dim()))
 
 
+def _no_scans(body, index: int, device) -> torch.Tensor:
+    """A scan output of a Loop that ran no iteration: no element, but the rank and dtype the
+    body's output has (onnxruntime: (0, *its dims), a dim not fixed by the graph 0), which the
+    code after the Loop was traced for; (0,) of float32 where the body does not say."""
+    graph = getattr(body, "graph", None)
+    v = graph.outputs[index] if graph is not None and index < len(graph.outputs) else None
+    dtype = torch.float32
+    if v is not None and v.kind == "tensor":
+        try:
+            dtype = torch_dtype(v.elem_type)
+        except KeyError:
+            pass  # (a type torch does not hold: the float32 of a loop that made nothing)
+    if v is None or v.shape is None:
+        return torch.empty((0,), dtype=dtype, device=device)
+    dims = [d.min if d.is_static else 0 for d in v.shape]
+    return torch.empty((0, *dims), dtype=dtype, device=device)
+
+
 def _owned(t):
     return t.clone() if isinstance(t, torch.Tensor) else t
 
@@ -105,7 +124,10 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
         i += 1
     if i == 0 or reuses:  # the initial values, or the body's buffers: the caller gets its own copy
         carried = [_owned(c) for c in carried]
-    stacked = [scans.stacked(k, device=_device) for k in range(n_scan)]
+    if i == 0:
+        stacked = [_no_scans(body, 1 + len(carried) + k, _device) for k in range(n_scan)]
+    else:
+        stacked = [scans.stacked(k, device=_device) for k in range(n_scan)]
     return _result(carried + stacked)
 
 

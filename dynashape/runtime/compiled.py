@@ -25,7 +25,7 @@ from collections import Counter, deque
 
 import torch
 
-from ..codegen import SpecCode, build_spec
+from ..codegen import MemoRefused, SpecCode, build_spec
 from ..compile.arena import plan_offsets
 from ..compile.memory_plan import kv_appends
 from ..compile.shape_program import trace
@@ -227,17 +227,21 @@ class CompiledModel:
             # (shape_program._memo_data says why only on the CPU; where whole-step decode functions
             # or static impls serve, their regions replay those lines, made for their keys: data)
             memo = self.device.type == "cpu" and not self.decode_graphs and self.static is None
-            t = trace(self.graph, list(shapes), self.inputs, memo_data=memo)
-            learnt = set(t.env.replace)
-            spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
-            if t.env.replace.keys() - learnt:
-                # the code's views asked what the trace had not (say seq == 1): traced again with
-                # it known from the start, a Range(0, seq) is one known element, not data
-                t = trace(self.graph, list(shapes), self.inputs, seed=t.env, memo_data=memo)
-                spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
+            try:
+                t, spec = self._traced(shapes, memo)
+            except MemoRefused as e:
+                if not memo:
+                    raise
+                # memo data's preconditions did not hold where the trace thought they did: this
+                # specialization computes that data every call (counted), never fails for it
+                log.info("memo data steps aside for %s: %s", self.graph.name, e)
+                self.stats["memo_data_refused"] += 1
+                t, spec = self._traced(shapes, False)
             self.stats["shape_program_traces"] += 1
             if t.inlined_ifs:  # Ifs whose condition this signature decides: their branch is inline code
                 self.stats["ifs_decided_by_shapes"] += t.inlined_ifs
+            if t.memo_data_refused:  # shape-only data of run-time dims: computed every call, not memo
+                self.stats["memo_data_refused"] += t.memo_data_refused
             if spec.bound_kernels:  # kernels that read their node's constant parameters once
                 self.stats["bound_kernels"] += spec.bound_kernels
             if self.specs:
@@ -245,6 +249,17 @@ class CompiledModel:
             self.specs.append(spec)
             _dump(spec)
             return spec
+
+    def _traced(self, shapes: tuple, memo: bool):
+        t = trace(self.graph, list(shapes), self.inputs, memo_data=memo)
+        learnt = set(t.env.replace)
+        spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
+        if t.env.replace.keys() - learnt:
+            # the code's views asked what the trace had not (say seq == 1): traced again with
+            # it known from the start, a Range(0, seq) is one known element, not data
+            t = trace(self.graph, list(shapes), self.inputs, seed=t.env, memo_data=memo)
+            spec = build_spec(t, self.device, self.const_device, self.const_host, self.inplace_concat)
+        return t, spec
 
 
 def _accepts(spec: SpecCode, shapes: tuple) -> bool:

@@ -12,6 +12,7 @@ from ..errors import (
     InputRankError,
     InputShapeError,
     InputTypeError,
+    MemoryLimitError,
     MissingInputError,
     SymbolDisagreementError,
     UnknownInputError,
@@ -40,8 +41,9 @@ class InputSpec:
 class FeedChecker:
     """prepare_feeds for one model, with what does not change between calls worked out once."""
 
-    def __init__(self, specs: list[InputSpec], device: torch.device) -> None:
+    def __init__(self, specs: list[InputSpec], device: torch.device, max_buffer_bytes: int | None = None) -> None:
         self.specs, self.device = specs, device
+        self.copy_limit = CopyLimit(max_buffer_bytes)
         self.by_name = {s.name: s for s in specs}
         # a feed that is a tensor of this dtype needs no element-type lookup
         self.dtypes = {s.name: _torch_dtype(s.elem_type) for s in specs}
@@ -51,7 +53,7 @@ class FeedChecker:
 
     def __call__(self, feeds) -> tuple[dict, bool]:
         if not isinstance(feeds, dict) or not feeds or len(feeds) != len(self.specs):
-            return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+            return prepare_feeds(feeds, self.specs, self.device, self.by_name, self.copy_limit)
         first = next(iter(feeds.values()))
         if type(first) is np.ndarray:
             return self._arrays(feeds)
@@ -63,7 +65,7 @@ class FeedChecker:
             # the common case: a tensor of the right dtype where the session runs; else the full path
             if s is None or type(x) is not torch.Tensor or x.dtype != dtypes[name] or s.kind != "tensor" \
                     or x.device != device:
-                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name, self.copy_limit)
             _check_shape(s, x.shape, symbols)
             out[name] = x
         return out, False
@@ -77,10 +79,10 @@ class FeedChecker:
         for name, x in feeds.items():
             s = by_name.get(name)
             if s is None or type(x) is not np.ndarray or x.dtype != np_dtypes.get(name):
-                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name, self.copy_limit)
             flags = x.flags
             if not flags.writeable or (not flags.c_contiguous and any(st < 0 for st in x.strides)):
-                return prepare_feeds(feeds, self.specs, self.device, self.by_name)
+                return prepare_feeds(feeds, self.specs, self.device, self.by_name, self.copy_limit)
             _check_shape(s, x.shape, symbols)
             out[name] = torch.from_numpy(x)  # a host tensor: a device session stages it (_to_tensor)
         return out, True
@@ -100,8 +102,9 @@ def _torch_dtype(elem_type: int):
 
 
 def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
-                  by_name: dict | None = None) -> tuple[dict, bool]:
+                  by_name: dict | None = None, copy_limit: CopyLimit | None = None) -> tuple[dict, bool]:
     """Validate feeds against the declared inputs; returns (tensors by name, numpy_mode)."""
+    copy_limit = copy_limit or CopyLimit(None)
     if not isinstance(feeds, Mapping):
         raise InputTypeError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
     by_name = by_name or {s.name: s for s in specs}
@@ -121,14 +124,16 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
             continue
         if s.kind != "tensor" and isinstance(x, list):
             # a sequence (or an optional holding one): each element is checked and converted
-            items = [_element(s, i, t, device) for i, t in enumerate(x)]
+            items = [_element(s, i, t, device, copy_limit) for i, t in enumerate(x)]
             numpy_mode = numpy_mode and not any(isinstance(t, torch.Tensor) for t in x)
             out[s.name] = items
             continue
         if isinstance(x, torch.Tensor):
             numpy_mode = False
         elif isinstance(x, (np.ndarray, np.generic)):
-            x = _native(np.asarray(x))
+            x = np.asarray(x)
+            copy_limit.check(x, f"input {s.name!r}")
+            x = _native(x)
         else:
             raise InputTypeError(f"input {s.name!r}: expected a numpy array or torch tensor of "
                                  f"{elem_type_name(s.elem_type)}, got {type(x).__name__}")
@@ -138,14 +143,57 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
     return out, numpy_mode
 
 
-def _element(s: InputSpec, i: int, x, device: torch.device):
+def _element(s: InputSpec, i: int, x, device: torch.device, copy_limit: CopyLimit):
     """Element i of a sequence input: an array of the sequence's element type (any shape)."""
     if not isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
         raise InputTypeError(f"input {s.name!r} element {i}: expected a numpy array or torch tensor, "
                              f"got {type(x).__name__}")
-    x = x if isinstance(x, torch.Tensor) else _native(np.asarray(x))
+    if not isinstance(x, torch.Tensor):
+        x = np.asarray(x)
+        copy_limit.check(x, f"input {s.name!r} element {i}")
+        x = _native(x)
     _check_dtype(s, x, f"input {s.name!r} element {i}")
     return _to_tensor(x, device)
+
+
+class CopyLimit:
+    """The size check of a feed the session copies (read-only, a broadcast view, another byte
+    order, strings, ml_dtypes): a ``np.broadcast_to`` view of 2^40 elements holds no memory until
+    it is copied, and the copy itself would fail with numpy's MemoryError, naming nothing. Its
+    dense size is refused beyond ``max_buffer_bytes`` (else what the machine holds) before any
+    copy. A feed shared as it is (``torch.from_numpy``) allocates nothing and is not checked."""
+
+    def __init__(self, max_buffer_bytes: int | None) -> None:
+        self.max_buffer_bytes = max_buffer_bytes
+        self._host: int | None = None
+
+    def limit(self) -> tuple[int, str]:
+        if self.max_buffer_bytes is not None:
+            return self.max_buffer_bytes, "max_buffer_bytes"
+        if self._host is None:
+            from ..memory.engine import host_total
+            self._host = host_total()
+        return self._host, "what this machine holds"
+
+    def check(self, x: np.ndarray, what: str) -> None:
+        if _shared(x):
+            return
+        n = x.dtype.itemsize
+        for d in x.shape:
+            n *= int(d)  # Python ints: no overflow
+        limit, src = self.limit()
+        if n <= limit:
+            return
+        raise MemoryLimitError(f"{what} of shape {list(x.shape)} ({x.dtype}) needs {n} bytes once copied, more "
+                               f"than {src} ({limit} bytes); nothing was copied")
+
+
+def _shared(x: np.ndarray) -> bool:
+    """Whether ``_to_tensor`` takes ``x`` as it is, without a copy (ml_dtypes' types are of kind
+    "V": they are converted)."""
+    if not x.dtype.isnative or x.dtype.kind in "OUSV" or not x.flags.writeable:
+        return False
+    return not any(st < 0 for st in x.strides)
 
 
 def _native(x: np.ndarray) -> np.ndarray:

@@ -813,6 +813,16 @@ def _data_cases() -> list[Case]:
             good=onehot_good,
             absurd=True,
         ),
+        Case(  # a read-only view of 2^40 elements holds no memory: refused before the feed's copy
+            "feed-broadcast-huge",
+            "sizes",
+            add_model,
+            lambda: {"x": np.broadcast_to(np.float32(1), (2**40, 3))},
+            E.MemoryLimitError,
+            ("input 'x'", "bytes"),
+            good=add_good,
+            absurd=True,
+        ),
         Case(
             "max-buffer-bytes-output",
             "sizes",

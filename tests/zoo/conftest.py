@@ -18,6 +18,20 @@ def load_generator():
 
 
 @pytest.fixture(scope="session")
+def zoo_model(request):
+    """(name, path) of the generated model, made now when not cached. Skips only when a tool the
+    chain needs is not installed; a tool that runs and fails is a failure."""
+    g = load_generator()
+    name = request.param
+    try:
+        return name, g.generate(name)
+    except g.ToolUnavailable as e:
+        pytest.skip(f"generation tool unavailable: {e}")
+    except g.GenerationError as e:
+        pytest.fail(f"generation failed: {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def zoo_stats() -> dict[str, dict]:
     return STATS
 

@@ -113,19 +113,6 @@ def params(names: list[str]) -> list:
     return [pytest.param(n, id=n, marks=[pytest.mark.heavy] if G.MODELS[n].slow else []) for n in names]
 
 
-@pytest.fixture(scope="session")
-def zoo_model(request):
-    """(name, path) of the generated model, made now when not cached. Skips only when a tool the
-    chain needs is not installed; a tool that runs and fails is a failure."""
-    name = request.param
-    try:
-        return name, G.generate(name)
-    except G.ToolUnavailable as e:
-        pytest.skip(f"generation tool unavailable: {e}")
-    except G.GenerationError as e:
-        pytest.fail(f"generation failed: {e}", pytrace=False)
-
-
 def ort_session(path, disable_all: bool = False) -> ort.InferenceSession:
     so = ort.SessionOptions()
     if disable_all:
