@@ -7,10 +7,16 @@
  *               error < 1e-8 for 2|x| <= 1.1): no cancellation near 0;
  *   |x| >= 0.55: tanh = 1 - 2 / (exp(2|x|) + 1), exp by range reduction and a degree-7 polynomial
  *               (|tanh| >= 0.5 there, so the absolute error of ~1e-7 is ~2 ulp);
- * the sign copied from x (tanh(-0) = -0); NaN stays NaN, +-inf gives +-1.
+ * the sign copied from x (tanh(-0) = -0); NaN stays NaN, +-inf gives +-1. The FastGelu pass
+ * (bias_gelu_tanh_f32) still uses it.
+ *
+ * The Tanh and Sigmoid ops (tanh_f32, logistic_f32, silu_f32) compute onnxruntime's own functions
+ * (ort_math.h: MLAS's rational approximations, bit for bit): a value a quantized model rounds next
+ * must have onnxruntime's bits, and these are as fast (one division, no exp).
  */
 #include <math.h>
 #include "fastmath.h"
+#include "ort_math.h"
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -53,7 +59,18 @@ static float lane_dev_sq(const float *v, int64_t h, float mean) {
 
 void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t i = 0; i < n; i++) y[i] = tanh_approx(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ort_tanh(x[i]);
+}
+
+void logistic_f32(const float *x, float *y, int64_t n, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = ort_logistic(x[i]);
+}
+
+/* x * Sigmoid(x), the product rounded after the logistic, as onnxruntime's two nodes compute it */
+void silu_f32(const float *x, float *y, int64_t n, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * ort_logistic(x[i]);
 }
 
 /* A QuantizeLinear-DequantizeLinear pair of one scale and zero point (fused_quant.py FakeQuant):
