@@ -106,3 +106,16 @@ def test_conv_epilogue_is_the_unfused_activation(activation):
         assert torch.equal(cpu_conv.conv2d_act(x, w, b, [1, 1], [1, 1], [1, 1], 1, activation, [], ""), want)
         if kernel is not None:
             assert torch.equal(kernel(x, w, b), want)
+
+
+@pytest.mark.parametrize("alpha", [1.702, 1.0, -0.7])
+def test_quick_gelu_equals_onnxruntime(alpha):
+    # com.microsoft QuickGelu: onnxruntime takes MLAS's logistic of alpha * x, then the product
+    g = helper.make_graph([helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=alpha)], "g",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "C", "T"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8).SerializeToString()
+    sess, ref = dynashape.InferenceSession(model), _ort(model)
+    for f in _feeds(np.random.default_rng(4)):
+        np.testing.assert_array_equal(sess.run(None, f)[0], ref.run(None, f)[0], err_msg=f"at {f['x'].shape}")
