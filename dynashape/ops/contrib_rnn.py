@@ -21,9 +21,10 @@ Pre-activations are (X-part + h-part) + (Wb + Rb), clipped, then onnxruntime's g
 (i, o, f, c order; c = f * c + i * g; h = o * h(c)). A reverse direction reverses each sequence
 within its own length (onnxruntime's ReverseSequence), so its steps past an entry's length come
 last, as forward. The integer products are exact (linalg's engine); with
-linalg.set_u8s8_saturation(True) they saturate as onnxruntime's AVX2 kernels do. The float
-parts (sigmoid, tanh) are torch's, within a few ulps of MLAS's: outputs match onnxruntime to
-about 1e-6.
+linalg.set_u8s8_saturation(True) they saturate as onnxruntime's AVX2 kernels do. On the CPU the
+sigmoid and tanh are MLAS's own (ort_math.py), bit for bit: h is quantized for the next step, so
+one ulp of a gate could move a scale and with it every later step (torch's functions, a few ulps
+off, left outputs 1e-4 to 1e-3 away after tens of steps).
 
 On the CPU, the default gates run as one C call per layer (csrc/dq_lstm.c through native.py:
 the same integers and float order, the torch loop below was ~25 calls a step); the torch loop
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import ShapeError
-from . import native
+from . import native, ort_math
 from .linalg import PreparedB, _use_int_mm, int8_product, int_product, saturation_correction, u8s8_saturation
 from .norm import _put
 from .quant import dynamic_qparams
@@ -327,10 +328,10 @@ def _torch_steps(proj, bias, rq, lens, h, c, t, plain, acts, clip, peep, input_f
             g += bias
         if plain:
             g_iof, g_c = g.split((3 * n, n), -1)
-            i, o, f = torch.sigmoid(g_iof).split(n, -1)
+            i, o, f = ort_math.sigmoid(g_iof).split(n, -1)
             c_new = f * c
-            c_new += i * torch.tanh(g_c)
-            h_new = torch.mul(o, torch.tanh(c_new), out=ys) if mask is None else o * torch.tanh(c_new)
+            c_new += i * ort_math.tanh(g_c)
+            h_new = torch.mul(o, ort_math.tanh(c_new), out=ys) if mask is None else o * ort_math.tanh(c_new)
         else:
             h_new, c_new = lstm_cell(g, c, n, acts, clip, peep, input_forget)
             if mask is None:

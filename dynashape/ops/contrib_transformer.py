@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from . import native
+from . import native, ort_math
 from .attention import _emit  # the first n results into out's buffers: one helper for both families
 from .linalg import _known_differ, _matmul, _matmul_shape
 from .norm import _layernorm, _ln_infer
@@ -373,7 +373,8 @@ def _bias_gelu(a, b, *, out=None):
 
 @op("QuickGelu", 1, MS, infer=same_as_first, notes="x * sigmoid(alpha * x)")
 def _quick_gelu(x, *, alpha=1.702, out=None):
-    return torch.mul(x, torch.sigmoid(x * alpha), out=out)
+    # onnxruntime: MlasComputeLogistic(alpha * x), then the product (ort_math: its bits on the CPU)
+    return torch.mul(x, ort_math.sigmoid(x * alpha), out=out)
 
 
 # BiasAdd, BiasSplitGelu (CUDA only in onnxruntime) ------------------------------------------

@@ -19,6 +19,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from . import ort_math
+
 
 def conv2d(x, w, b, stride, padding, dilation, groups):
     """torch.conv2d(x, w, b, stride, padding, dilation, groups); a 1x1 convolution of a 1x1 image
@@ -60,15 +62,18 @@ def _padded(padding) -> bool:
 ACTIVATIONS = {
     "none": lambda y, s, a: y,
     "relu": lambda y, s, a: torch.relu(y),
-    "sigmoid": lambda y, s, a: torch.sigmoid(y),
-    "tanh": lambda y, s, a: torch.tanh(y),
+    "sigmoid": lambda y, s, a: ort_math.sigmoid(y),
+    "tanh": lambda y, s, a: ort_math.tanh(y),
     "hardswish": lambda y, s, a: F.hardswish(y),
     "hardsigmoid": lambda y, s, a: F.hardsigmoid(y),
-    "swish": lambda y, s, a: F.silu(y),
+    "swish": lambda y, s, a: ort_math.silu(y),
     "gelu": lambda y, s, a: F.gelu(y, approximate="tanh" if a == "tanh" else "none"),
     "leaky_relu": lambda y, s, a: F.leaky_relu(y, s[0]),
     "hardtanh": lambda y, s, a: torch.clamp(y, s[0], s[1]),
 }
+
+# computed after the convolution by ort_math (onnxruntime's functions, bit for bit), not inside it
+ORT_ACTIVATIONS = frozenset({"sigmoid", "tanh", "swish"})
 
 
 def onednn_fuses() -> bool:
@@ -84,6 +89,9 @@ def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, 
         return ACTIVATIONS[activation](pooled_1x1(x, w, b), scalars, algorithm)
     if (type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 4
             and w.dtype == x.dtype and (b is None or b.dtype == x.dtype)):
+        if activation in ORT_ACTIVATIONS:  # oneDNN's own sigmoid / tanh would not give onnxruntime's bits
+            y = torch.ops.mkldnn._convolution_pointwise(x, w, b, padding, stride, dilation, groups, "none", [], "")
+            return ACTIVATIONS[activation](y, scalars, algorithm)
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, padding, stride, dilation, groups, activation,
                                                        scalars, algorithm)
     return ACTIVATIONS[activation](torch.conv2d(x, w, b, stride, padding, dilation, groups), scalars, algorithm)
@@ -200,6 +208,9 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return act(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
         wp = packed.for_input(x.shape)
+        if activation in ORT_ACTIVATIONS:
+            return act(fused(x, w if wp is None else wp, b, padding, stride, dilation, groups, "none", [], ""),
+                       scalars, algorithm)
         return fused(x, w if wp is None else wp, b, padding, stride, dilation, groups, activation, scalars,
                      algorithm)
     return kernel

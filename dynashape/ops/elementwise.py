@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import ort_math
 from .registry import op
 from .shapes import broadcast, same_as_first
 
@@ -263,40 +263,15 @@ for _name, _tfn, _since, _sop in (
     ("Asin", torch.asin, (7,), False), ("Acos", torch.acos, (7,), False), ("Atan", torch.atan, (7,), False),
     ("Sinh", torch.sinh, (9,), False), ("Cosh", torch.cosh, (9,), False), ("Asinh", torch.asinh, (9,), False),
     ("Acosh", torch.acosh, (9,), False), ("Atanh", torch.atanh, (9,), False), ("Erf", torch.erf, (9, 13), False),
-    ("Sigmoid", torch.sigmoid, (6, 13), False),
     ("Not", torch.logical_not, (1,), True),
 ):
     _unary(_name, _with_out(_tfn), _since, shape_op=_sop)
 
 
-# elements below which the ctypes call costs more than torch's slower kernel saves (2 threads, AMD
-# EPYC: at 1024 elements torch 7.1 us against 5.7 for the call, at 4096 12.8 against 6.7, at 256
-# 4.6 against 5.3)
-_NATIVE_TANH_MIN = 1 << 10
-
-
-def tanh(x, *, out=None):
-    """torch's CPU tanh ran ~3 ns an element a thread (~8x onnxruntime's): large float32 tensors on
-    the CPU go to ops/csrc/elementwise.c's (within ~2 ulp; counted in native.counters()). A trace (fake
-    or functional tensors: a static impl's build) gets torch's."""
-    if (type(x) is not torch.Tensor or x.device.type != "cpu" or x.dtype != torch.float32
-            or x.numel() < _NATIVE_TANH_MIN or not x.is_contiguous()
-            or (out is not None and not (out.is_contiguous() and out.dtype == torch.float32
-                                         and out.shape == x.shape))):  # C writes x.numel() values
-        return torch.tanh(x, out=out)
-    fn = _native_tanh()
-    if fn is None:
-        return torch.tanh(x, out=out)
-    y = torch.empty_like(x) if out is None else out
-    fn(x.data_ptr(), y.data_ptr(), x.numel(), torch.get_num_threads())
-    native.count("tanh_native_calls")
-    return y
-
-
-def _native_tanh():
-    return native.function("elementwise", "tanh_f32", "ppii", fallbacks="tanh")
-
-
+# Sigmoid and Tanh: onnxruntime's own functions on the CPU (ort_math.py: a quantized model rounds
+# what they give, and one ulp there moves a scale), torch's elsewhere
+tanh = ort_math.tanh
+_unary("Sigmoid", ort_math.sigmoid, (6, 13))
 _unary("Tanh", tanh, (6, 13))
 
 

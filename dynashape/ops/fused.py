@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import cpu_attention, native, tuned_gemm
+from . import cpu_attention, native, ort_math, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -87,9 +87,7 @@ def _gelu(x, *, approximate="none", out=None):
 
 @op("Silu", 1, DOMAIN, infer=same_as_first, notes="x * sigmoid(x) (fuse_activations)")
 def _silu(x, *, out=None):
-    if out is None:
-        return F.silu(x)
-    return torch._C._nn.silu(x, out=out)
+    return ort_math.silu(x, out=out)  # the unfused Sigmoid's bits on the CPU, then the product
 
 
 op("HardSwish", 1, DOMAIN, infer=same_as_first,

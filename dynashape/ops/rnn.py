@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from . import native
+from . import native, ort_math
 from .norm import _put
 from .registry import op
 from .weight_cache import WeightCache
@@ -37,8 +37,10 @@ from .weight_cache import WeightCache
 # Defaults are those of the ONNX ops of the same name (Affine and ScaledTanh: the identity scale).
 _ACTS = {
     "relu": (lambda x, a, b: torch.relu(x), False, False, 0.0, 0.0),
-    "tanh": (lambda x, a, b: torch.tanh(x), False, False, 0.0, 0.0),
-    "sigmoid": (lambda x, a, b: torch.sigmoid(x), False, False, 0.0, 0.0),
+    # onnxruntime's own sigmoid and tanh on the CPU (ort_math.py; its LSTMs call them; its GRU
+    # writes its own gates, which no function here matches to the bit)
+    "tanh": (lambda x, a, b: ort_math.tanh(x), False, False, 0.0, 0.0),
+    "sigmoid": (lambda x, a, b: ort_math.sigmoid(x), False, False, 0.0, 0.0),
     "affine": (lambda x, a, b: x * a + b, True, True, 1.0, 0.0),
     "leakyrelu": (lambda x, a, b: F.leaky_relu(x, a), True, False, 0.01, 0.0),
     "thresholdedrelu": (lambda x, a, b: torch.where(x > a, x, torch.zeros((), dtype=x.dtype, device=x.device)),

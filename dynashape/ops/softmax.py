@@ -3,15 +3,19 @@
 Before opset 13 the input is coerced to 2-D at ``axis`` (default 1): (prod(shape[:axis]),
 prod(shape[axis:])) and the op runs over the second dim; from 13 it runs over the one
 dimension ``axis`` (default -1). Softmax and LogSoftmax write into the buffer with aten's
-out= kernels.
+out= kernels; on the CPU, float32 Softmax is onnxruntime's own where this CPU runs MLAS's AVX-512F
+kernels (csrc/elementwise.c softmax_f32, bit for bit: an attention's probabilities are quantized
+next in dynamically quantized models, and one ulp can move a quantized value by a step).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
 
+from . import native
 from .registry import op
 from .shapes import norm_axis, same_as_first
 
@@ -44,8 +48,29 @@ def _plain(fn):
     return kernel
 
 
+def _ort_softmax(x, dim, out):
+    """onnxruntime's bits (rows along ``dim``, as it transposes a non-last axis to the end), or None
+    where the C does not serve: not float32 on the CPU, a traced tensor, no AVX-512F build."""
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or x.dtype != torch.float32 or not x.numel():
+        return None
+    fn = native.function("elementwise", "softmax_f32", "ppiii", ctypes.c_int64, fallbacks="ort_softmax")
+    if fn is None:
+        return None
+    last = dim == x.dim() - 1
+    xr = (x if last else x.movedim(dim, -1)).contiguous()
+    y = torch.empty_like(xr)
+    d = xr.shape[-1]
+    if fn(xr.data_ptr(), y.data_ptr(), xr.numel() // d, d, torch.get_num_threads()):
+        return None
+    native.count("ort_softmax_native_calls")
+    if not last:
+        y = y.movedim(-1, dim)
+    return y if out is None else out.copy_(y)
+
+
 def _softmax(x, dim, out):
-    return _softmax_into(torch.ops.aten._softmax, x, dim, out)
+    r = _ort_softmax(x, dim, out)
+    return r if r is not None else _softmax_into(torch.ops.aten._softmax, x, dim, out)
 
 
 def _log_softmax(x, dim, out):

@@ -10,8 +10,9 @@
  * integer product with R - R_zero_point, times float32(h_scale * R_scale), plus the step's input
  * projection, plus Wb + Rb, then the default gates (sigmoid, tanh, tanh). It is compiled with
  * -ffp-contract=off: a fused multiply-add would round differently from torch's separate kernels.
- * sigmoid and tanh come from fastmath.h, written so that the compiler vectorizes them (the C
- * library's are scalar calls, which made them most of a step), within ~2 ulp.
+ * sigmoid and tanh are onnxruntime's own (ort_math.h through lstm_cell.h), bit for bit: h is
+ * quantized for the next step, and one ulp of a gate can move that scale; they vectorize (the C
+ * library's are scalar calls, which made them most of a step).
  *
  * R's layout (made once by contrib_rnn.py): blocks of 16 hidden units, each block the 64 columns
  * of those units' four gates (i, o, f, c: 16 each), so that a thread owns whole units: it computes

@@ -7,10 +7,16 @@
  *               error < 1e-8 for 2|x| <= 1.1): no cancellation near 0;
  *   |x| >= 0.55: tanh = 1 - 2 / (exp(2|x|) + 1), exp by range reduction and a degree-7 polynomial
  *               (|tanh| >= 0.5 there, so the absolute error of ~1e-7 is ~2 ulp);
- * the sign copied from x (tanh(-0) = -0); NaN stays NaN, +-inf gives +-1.
+ * the sign copied from x (tanh(-0) = -0); NaN stays NaN, +-inf gives +-1. The FastGelu pass
+ * (bias_gelu_tanh_f32) still uses it.
+ *
+ * The Tanh and Sigmoid ops (tanh_f32, logistic_f32, silu_f32) compute onnxruntime's own functions
+ * (ort_math.h: MLAS's rational approximations, bit for bit): a value a quantized model rounds next
+ * must have onnxruntime's bits, and these are as fast (one division, no exp).
  */
 #include <math.h>
 #include "fastmath.h"
+#include "ort_math.h"
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -53,7 +59,18 @@ static float lane_dev_sq(const float *v, int64_t h, float mean) {
 
 void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t i = 0; i < n; i++) y[i] = tanh_approx(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = ort_tanh(x[i]);
+}
+
+void logistic_f32(const float *x, float *y, int64_t n, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = ort_logistic(x[i]);
+}
+
+/* x * Sigmoid(x), the product rounded after the logistic, as onnxruntime's two nodes compute it */
+void silu_f32(const float *x, float *y, int64_t n, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * ort_logistic(x[i]);
 }
 
 /* A QuantizeLinear-DequantizeLinear pair of one scale and zero point (fused_quant.py FakeQuant):
@@ -180,4 +197,91 @@ void bias_gelu_tanh_f32(const float *x, const float *bias, int64_t rows, int64_t
             yr[k] = 0.5f * v * (1.0f + tanh_approx(0.7978845608028654f * (v + 0.044715f * v * v * v)));
         }
     }
+}
+
+/* onnxruntime's Softmax of rows of d floats, bit for bit, where it runs MLAS's AVX-512F kernels (a
+ * CPU with AVX-512F: -march=native defines __AVX512F__ exactly where MLAS picks them). Per row:
+ * the maximum; e = exp(x - max) by MLAS's exp (x clamped below at -150 ln 2, m = round(x / ln 2)
+ * through the 1.5 * 2^23 bias, x - m ln 2 in two fused steps, a degree-6 polynomial in fused
+ * multiply-adds, times 2^m rounded once: vscalefps); the sum in 16 lanes, element j into lane
+ * j % 16 in order, the lanes folded as its reduction does ((t0 + t1) + (t2 + t3)) + ((t4 + t5) +
+ * (t6 + t7)), t_l = lane l + lane l + 8; then each e times 1 / sum. A softmax read by a
+ * quantization (an attention's probabilities before DynamicQuantizeLinear) needs those bits: one
+ * ulp can move a quantized value by a step. A row with a NaN or +inf, or of only -inf, is all NaN
+ * (in MLAS that element's exp is NaN, so its sum, so every output). Returns 2 where this build has
+ * no AVX-512F (other CPUs run other MLAS kernels, which sum in another order: torch's softmax
+ * serves there), else 0. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 lanes of MLAS's exp of (x + neg), in its instructions' order (vscalefps: p * 2^m rounded once) */
+static inline __m512 ort_exp16(__m512 x, __m512 neg) {
+    const __m512 bias = _mm512_set1_ps(12582912.0f);
+    __m512 v = _mm512_max_ps(_mm512_set1_ps(-103.9720840454f), _mm512_add_ps(neg, x));
+    const __m512 m = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), bias), bias);
+    v = _mm512_fmadd_ps(m, _mm512_set1_ps(-6.93145752e-1f), v);
+    v = _mm512_fmadd_ps(m, _mm512_set1_ps(-1.42860677e-6f), v);
+    __m512 p = _mm512_set1_ps(0x1.694000p-10f);
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(0x1.125edcp-7f));
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(0x1.555b5ap-5f));
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(0x1.555450p-3f));
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(0x1.fffff6p-2f));
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, m);
+}
+#endif
+
+int64_t softmax_f32(const float *x, float *y, int64_t rows, int64_t d, int64_t threads) {
+#if defined(__AVX512F__)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        /* the maximum (exact in any order) and whether the row has a NaN or +inf (a -inf, a
+         * mask's, is clamped below as MLAS clamps it) */
+        __m512 m16 = _mm512_set1_ps(-INFINITY);
+        __mmask16 badk = 0;
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) {
+            const __m512 v = _mm512_loadu_ps(xr + i);
+            badk |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ); /* NaN or +inf */
+            m16 = _mm512_max_ps(m16, v);
+        }
+        float mx = _mm512_reduce_max_ps(m16);
+        int ok = badk == 0;
+        for (; i < d; i++) {
+            ok &= (xr[i] == xr[i]) & (xr[i] != INFINITY);
+            mx = xr[i] > mx ? xr[i] : mx;
+        }
+        if (!ok || mx == -INFINITY) { /* MLAS: that element's exp, the sum, the row all NaN */
+            for (int64_t j = 0; j < d; j++) yr[j] = NAN;
+            continue;
+        }
+        const __m512 neg = _mm512_set1_ps(-mx);
+        __m512 acc = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 16 <= d; j += 16) { /* lane l sums elements l, l + 16, ... in order */
+            const __m512 e = ort_exp16(_mm512_loadu_ps(xr + j), neg);
+            _mm512_storeu_ps(yr + j, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        if (j < d) {
+            const __mmask16 k = (__mmask16)((1u << (d - j)) - 1);
+            const __m512 e = ort_exp16(_mm512_maskz_loadu_ps(k, xr + j), neg);
+            _mm512_mask_storeu_ps(yr + j, k, e);
+            acc = _mm512_mask_add_ps(acc, k, acc, e);
+        }
+        float a[16], t[8];
+        _mm512_storeu_ps(a, acc);
+        for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
+        const float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+        const __m512 scale = _mm512_set1_ps(1.0f / s);
+        for (j = 0; j + 16 <= d; j += 16) _mm512_storeu_ps(yr + j, _mm512_mul_ps(scale, _mm512_loadu_ps(yr + j)));
+        for (; j < d; j++) yr[j] = (1.0f / s) * yr[j];
+    }
+    return 0;
+#else
+    (void)x; (void)y; (void)rows; (void)d; (void)threads;
+    return 2;
+#endif
 }

@@ -4,7 +4,7 @@
 #define DYNASHAPE_LSTM_CELL_H
 #include <stdint.h>
 #include <string.h>
-#include "fastmath.h"
+#include "ort_math.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -14,14 +14,16 @@
 
 /* g: a block's pre-activations (i, o, f, c; UNITS each) -> the gates (sigmoid, tanh), then
  * c = f c + i g~ and h = o tanh(c) of its first `units` units, h also into hout (what the next
- * step reads) and y. Products and sums rounded one by one, as torch's separate kernels do. */
+ * step reads) and y. Products and sums rounded one by one, as onnxruntime's LSTM does; its
+ * sigmoid and tanh (ort_math.h) bit for bit: DynamicQuantizeLSTM quantizes h for the next step,
+ * and one ulp there can move its scale and every quantized value of the step. */
 static inline void cell_update(float *g, int64_t units, float *c, float *h, float *hout, float *y) {
-    for (int j = 0; j < 3 * UNITS; j++) g[j] = sigmoid_approx(g[j]);
-    for (int j = 3 * UNITS; j < COLS; j++) g[j] = tanh_approx(g[j]);
+    for (int j = 0; j < 3 * UNITS; j++) g[j] = ort_logistic(g[j]);
+    for (int j = 3 * UNITS; j < COLS; j++) g[j] = ort_tanh(g[j]);
     for (int64_t u = 0; u < units; u++) {
         float fc = g[2 * UNITS + u] * c[u], ig = g[u] * g[3 * UNITS + u];
         float cn = fc + ig;
-        float hn = g[UNITS + u] * tanh_approx(cn);
+        float hn = g[UNITS + u] * ort_tanh(cn);
         c[u] = cn;
         h[u] = hn;
         hout[u] = hn;
