@@ -945,7 +945,8 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
     notes="bits 2, 4, 8; weights dequantized once and cached by tensor identity, one float matmul; "
-          "accuracy_level 4 quantizes A per block to int8 as onnxruntime; no weight_prepacked")
+          "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
+          "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
 def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
                   accuracy_level=0, weight_prepacked=0, out=None):
     what = "MatMulNBits"
