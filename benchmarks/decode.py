@@ -13,7 +13,7 @@ settled; the first warm-up round's slowest step and total are reported beside th
 
     python benchmarks/decode.py [--batch 1 4] [--steps 128] [--rounds 5] [--device cpu|cuda]
                                 [--threads 2] [--config tiny|small] [--compile] [--static off]
-                                [--json out.json]
+                                [--deterministic] [--json out.json]
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def _loop(step, past0, ids, steps: int, dev: torch.device) -> list[float]:
     return times
 
 
-def dynashape_step(path: str, cfg: dict, dev: torch.device, static: str | None = None):
-    sess = dynashape.InferenceSession(path, device=str(dev), **({"static_impls": static} if static else {}))
+def dynashape_step(path: str, cfg: dict, dev: torch.device, static: str | None = None, deterministic=False):
+    sess = dynashape.InferenceSession(path, device=str(dev), deterministic=deterministic,
+                                      **({"static_impls": static} if static else {}))
     names = llama.input_names(cfg)
 
     def step(ids, past):
@@ -159,6 +160,8 @@ def main() -> None:
     ap.add_argument("--static", nargs="*", default=[],
                     help="also dynashape with these static_impls modes (on CPU: regions compiled by inductor), "
                          "timed after the warm-up round's background builds are done")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="dynashape sessions with deterministic=True (static impls built in the call that asks)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -168,9 +171,11 @@ def main() -> None:
     rows, data = [], {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                       "torch": torch.__version__, "threads": args.threads, "config": args.config, "results": {}}
     for batch in args.batch:
-        steps_by_name = {"dynashape": dynashape_step(path, cfg, dev), "PyTorch eager": eager_step(cfg, dev)}
+        det = args.deterministic
+        steps_by_name = {"dynashape": dynashape_step(path, cfg, dev, deterministic=det),
+                         "PyTorch eager": eager_step(cfg, dev)}
         for mode in args.static:
-            steps_by_name[f"dynashape static_impls={mode}"] = dynashape_step(path, cfg, dev, mode)
+            steps_by_name[f"dynashape static_impls={mode}"] = dynashape_step(path, cfg, dev, mode, det)
         if args.compile:
             steps_by_name["torch.compile"] = eager_step(cfg, dev, compiled=True)
         times, warm, n_warm = torch_rounds(steps_by_name, cfg, batch, args.steps, args.rounds, dev)

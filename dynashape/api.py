@@ -43,7 +43,7 @@ from .ops.limits import MAX_LOOP_ITERATIONS
 from .options import OPTION_NAMES
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
-from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, for_graph, static_mode
+from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, deterministic_mode, for_graph, static_mode
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .runtime.index_feeds import IndexFeedChecks
@@ -88,6 +88,12 @@ def _precompile(value, static: str | None) -> bool:
     if isinstance(value, bool):
         return value
     raise OptionsError(f"precompile={value!r}: expected 'auto', True or False")
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise OptionsError(f"{name}={value!r}: expected True or False")
+    return value
 
 
 class _Threads:
@@ -247,12 +253,16 @@ class InferenceSession:
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
         self._static_mode = static_mode(options.get("static_impls"), self.device)
+        # deterministic: no choice may depend on when a background build finishes, or on a timing
+        self._deterministic = _flag(options.get("deterministic", False), "deterministic")
+        if self._deterministic:
+            self._static_mode = deterministic_mode(self._static_mode, self.device)
         self._static: str | None = None  # the mode for the graph loaded (for_graph)
         _precompile(options.get("precompile", "auto"), None)  # a bad value fails now, not at load
         self._impl_cache_size = options.get("impl_cache_size")
         self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static_mode, self.device)
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
-        self._decode_ahead = ahead_rule(options.get("decode_ahead"), self.device)
+        self._decode_ahead = 0 if self._deterministic else ahead_rule(options.get("decode_ahead"), self.device)
         self._load(prepare_proto(self._read()))
         self._prebuild()
 
@@ -278,6 +288,8 @@ class InferenceSession:
         # the specializations of the generated code, shared by the requests (and one per body)
         run_graph = self.program.fused if self.program.fused is not None else g
         self._static, static_after = for_graph(self._static_mode, run_graph)
+        if self._deterministic:  # a CPU decoder's "decoders" became async: built in the call that asks
+            self._static = deterministic_mode(self._static, self.device)
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size,
                                        decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket,

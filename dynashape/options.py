@@ -44,6 +44,12 @@ class Options:
                                 "builds timed fastest, kept per model, device and torch version, so that a "
                                 "second process's builds skip the timing; a bad file is ignored with a warning.",
                           "DYNASHAPE_CACHE_DIR")
+    deterministic: bool = _opt(False, "bit-reproducible runs (the same feeds give the same bits every run): on "
+                                      "CPU static impls are built in the call that asks for them ('async' "
+                                      "becomes 'sync'), so the call at which one replaces the dynamic path is "
+                                      "fixed, not timing; on CUDA static impls are off (their builds keep the "
+                                      "kernels timed fastest), and so decode graphs unless decode_graphs='on'; "
+                                      "decode_ahead is off.")
     impl_cache_size: int = _opt(300, "static impls kept (LRU); 0 keeps all.", "DYNASHAPE_IMPL_CACHE")
     decode_graphs: Any = _opt("auto", "whole decode steps (KV appends + attention over KV storages of a "
                                       "bucketed capacity) as one static impl, replayed every step: 'auto' (with "

@@ -20,9 +20,10 @@ the result differs from the formula at and near ties, so these kernels redo its 
 * QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul: exact integer products, then the float32
   scale (and bias) onnxruntime's output processors apply.
 * MatMulNBits: the weights are unpacked and dequantized once, cached by tensor identity, and one
-  float matmul runs per call; accuracy_level 4 quantizes A to int8 per block first, as
-  onnxruntime's CompInt8 path does (its integer dot products then differ from ours only by the
-  float rounding of the sum).
+  float matmul runs per call. accuracy_level 4 with 4-bit weights in blocks of 32 and float32 A
+  on the CPU (what onnxruntime-genai's builder makes) is onnxruntime's int8-activation kernel to
+  the bit (nbits_int8.py: its quantization of A, lanes, fused multiply-adds and order); other
+  level-4 cases quantize A to int8 per block the same way, then run the float matmul.
 * GatherBlockQuantized: gather first, then (q - zero point) * scale per block of the gathered rows.
 
 Where onnxruntime converts a float to int32 before clamping (SSE's cvtps2dq), a NaN or a value
@@ -39,7 +40,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import TP
-from . import byte_tables, qgemm
+from . import byte_tables, nbits_int8, qgemm
 from .conv import window_pads
 from .linalg import _matmul_shape, prepared_b, qmatmul, u8s8_saturation
 from .pool import _plan
@@ -886,11 +887,24 @@ def _cached_weight(key, sources, build) -> torch.Tensor:
         return hit[1]
     w = build()
     _DEQUANT[key] = (sources, w)
-    _DEQUANT_BYTES[0] += w.numel() * w.element_size()
+    _DEQUANT_BYTES[0] += _nbytes(w)
     while _DEQUANT_BYTES[0] > _DEQUANT_BUDGET and len(_DEQUANT) > 1:
         _, (_, old) = _DEQUANT.popitem(last=False)
-        _DEQUANT_BYTES[0] -= old.numel() * old.element_size()
+        _DEQUANT_BYTES[0] -= _nbytes(old)
     return w
+
+
+def _nbytes(w) -> int:
+    """A cached weight's size: a tensor, or nbits_int8.PackedB (several, counted by itself)."""
+    return w.nbytes if isinstance(w, nbits_int8.PackedB) else w.numel() * w.element_size()
+
+
+def _nbits_packed(b, scales, zero_points, k, n, bits, block_size) -> nbits_int8.PackedB:
+    """The weight as onnxruntime's int8-activation kernel reads it (nbits_int8.py)."""
+    nb = -(-k // block_size)
+    raw = _unpack_bits(b.reshape(n, nb, -1), bits, block_size)
+    zp = None if zero_points is None else _unpack_bits(zero_points.reshape(n, -1), bits, nb)
+    return nbits_int8.PackedB(raw, scales, zp)
 
 
 def _nbits_weight(b, scales, zero_points, g_idx, k, n, bits, block_size, dtype) -> torch.Tensor:
@@ -931,7 +945,8 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
     notes="bits 2, 4, 8; weights dequantized once and cached by tensor identity, one float matmul; "
-          "accuracy_level 4 quantizes A per block to int8 as onnxruntime; no weight_prepacked")
+          "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
+          "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
 def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
                   accuracy_level=0, weight_prepacked=0, out=None):
     what = "MatMulNBits"
@@ -954,6 +969,15 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
                          f"{block_size * bits // 8} bytes (K={K}, block_size={block_size}, bits={bits})")
     if scales.numel() != N * nb:
         raise ShapeError(f"{what}: scales of shape {tuple(scales.shape)} must hold N x k_blocks = {N} x {nb}")
+    if (accuracy_level == 4 and bits == 4 and block_size == nbits_int8.BLOCK and g_idx is None
+            and a.device.type == "cpu" and a.dtype == torch.float32
+            and (zero_points is None or zero_points.dtype == torch.uint8)):
+        # onnxruntime's int8-activation kernel, its roundings in its order (a one-ulp difference
+        # here flips an int8 activation of the next product and drifts a decode loop)
+        key = ("int8", _ident(b), _ident(scales), _ident(zero_points), K, N)
+        w = _cached_weight(key, (b, scales, zero_points),
+                           lambda: _nbits_packed(b, scales, zero_points, K, N, bits, block_size))
+        return _put(out, nbits_int8.matmul(a, w, bias))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
     dtype = torch.float32 if a.device.type == "cpu" else a.dtype
     key = (_ident(b), _ident(scales), _ident(zero_points), _ident(g_idx), K, N, bits, block_size, dtype)

@@ -94,6 +94,17 @@ def static_mode(option, device: torch.device) -> str | None:
     raise OptionsError(f"static_impls={value!r}: expected 'auto', 'async', 'sync' or 'off'")
 
 
+def deterministic_mode(mode: str | None, device: torch.device) -> str | None:
+    """``static_mode``'s choice under ``deterministic=True``. On CPU a build waited for in the call
+    that asks ("sync") takes over at a call fixed by the calls made, where "async" (and "decoders",
+    made async by ``for_graph``; the session turns that into "sync") let a build's finishing time
+    choose it. On CUDA static impls are off: a build keeps the product and convolution forms
+    (and cuDNN algorithms) timed fastest, and which one wins, with its own rounding, is timing."""
+    if device.type == "cuda":
+        return None
+    return "sync" if mode == "async" else mode
+
+
 def cpu_decode_after() -> int:
     """DYNASHAPE_CPU_DECODE_STATIC: the calls a CPU decoder session makes before "auto" builds its
     static impls (default 256: a short generation pays nothing; a long loop, seconds of imports,
@@ -158,7 +169,9 @@ class CompiledModel:
         builds are queued or run on CPU, a run leaves the compile process one core: on a 2-core
         machine a decode loop's 2-thread kernels, one thread descheduled by the compiler, ran at
         300-600 steps/s through the builds, at 1 thread 1800-2700 (and 2000 without builds)."""
-        if self.context is None or self.device.type != "cpu":
+        if self.context is None or self.device.type != "cpu" or self.context.mode == "sync":
+            # sync (and so deterministic=True): nothing builds beside the run, and the thread count,
+            # which can move a kernel's rounding, must not follow how far the compile process got
             return n
         if not self.context.pending() and (not self._prewarmed or compile_process.warmed()):
             return n  # (the prewarm, too, starts the compile process, which imports torch and inductor)

@@ -1,0 +1,174 @@
+"""MatMulNBits at accuracy_level 4 (4-bit weights in blocks of 32, float32 A) as onnxruntime's
+CPU kernel computes it on x86-64 with AVX-512 VNNI (MLAS's CompInt8 "BlkSum" kernels), to the bit.
+
+Why not dequantize and run one float matmul: onnxruntime's sum is made of float roundings in its
+own order, and a model feeds one product into the next one's int8 quantization: an output one ulp
+away can quantize to the next integer there, which moves the K/V projections, which stay in the
+cache (a genai-built Llama drifted from onnxruntime by 0.003-0.010 on logits after 55 decode steps
+and chose other tokens from step 64). So this redoes its arithmetic, checked against onnxruntime
+1.32 on such a CPU (tests/contrib/test_nbits_int8.py):
+
+* A, per row and block of 32 (zeros past K): amax = max |a|; scale = amax / 127 and
+  inv = 127 / amax (two float32 divisions, inv = 0 where amax is 0); q = round_half_even(a * inv)
+  (a float32 product); blksum = scale * sum(q) (float32).
+* B is read raw (0..15); its zero point (8 when none is given) comes in through the block sums:
+  bsum[n, blk] = -(zp * scale_b).
+* Per output, the integer products of a block are summed in lanes, each lane's integer sum
+  converted to float and accumulated with a fused multiply-add by s = scale_a * scale_b (float32):
+  blocks in groups of 4 feed 16 lanes of 8 products each (lane j = 4c + p takes block
+  2 * (p // 2) + c // 2, products 4r..4r+3 for r in (4 (c % 2) + p % 2, that + 2)); those fold
+  to 8 lanes (lane i + lane i + 8); the blocks left over (fewer than 4) feed the 8 lanes with 4
+  products each (lane l: products 4l..4l+3).
+* The 8 lanes are summed as ((x0 + x1) + x2) + x3 + (((x4 + x5) + x6) + x7) for the columns in
+  groups of 4, as ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)) for the N % 4 columns
+  left; then the bias is added.
+* Last, MLAS's float GEMM adds sum_blk blksum * bsum: a fused multiply-add chain from 0 in block
+  order, added to the output in one rounding.
+
+The kernel is C (csrc/nbits_int8.c: fmaf, built with -ffp-contract=off, rows parallel over N),
+about as fast as the float matmul it replaces; where it cannot be built, the torch path below
+computes the same bits (counted as ``nbits_int8_torch_fallbacks``). In that path, the integer lane
+sums are exact in float32 (at most 8 products of 127 x 15), so they run as float
+matmuls. A fused multiply-add of float32 values is computed in float64 and rounded to odd before
+the float32 rounding, which makes it a single correct rounding (a plain float64 sum rounded twice
+could land one ulp off at a tie).
+
+Other CPUs: onnxruntime's AVX2 and AVX-512 (no VNNI) kernels sum in other orders; nothing here
+detects them (this is the order of the CPU these were measured on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import native
+
+BLOCK = 32
+GROUP = 4  # blocks per 16-lane step
+_ROWS_ELEMS = 1 << 24  # partial sums held at once (float32): rows are done in chunks beyond it
+
+
+def _group_order() -> torch.Tensor:
+    """For the 16 lanes of a group of 4 blocks, the 8 positions (in the group's 128) each sums."""
+    idx = []
+    for j in range(16):
+        c, p = divmod(j, 4)
+        blk = 2 * (p // 2) + c // 2
+        for r in (4 * (c % 2) + p % 2, 4 * (c % 2) + p % 2 + 2):
+            idx += [blk * BLOCK + 4 * r + t for t in range(4)]
+    return torch.tensor(idx)
+
+
+_ORDER = _group_order()
+_LANE_BLOCK = torch.tensor([2 * ((j % 4) // 2) + (j // 4) // 2 for j in range(16)])  # block of lane j
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 a * b + c with one rounding: the product is exact in float64, the sum is rounded to
+    odd there (its error, from TwoSum, pushes an even last bit outward), then to float32."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    away = torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, float("-inf")))
+    s = torch.where((err != 0) & even, torch.nextafter(s, away), s)
+    return s.float()
+
+
+def quantize_a(a: torch.Tensor, k_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) float32 -> q (M, blocks, 32) as float32 integers, scale (M, blocks), blksum (M, blocks)."""
+    m, k = a.shape
+    blocks = torch.nn.functional.pad(a, (0, k_blocks * BLOCK - k)).reshape(m, k_blocks, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    scale = amax / 127.0
+    inv = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inv.unsqueeze(-1))
+    return q, scale, scale * q.sum(dim=-1)
+
+
+class PackedB:
+    """The weight as the kernel reads it, built once per weight: raw 4-bit values in the lanes'
+    orders, the scales, and the block sums' factor -(zero point * scale)."""
+
+    def __init__(self, raw: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> None:
+        n, nb, _ = raw.shape  # raw: (N, blocks, 32) values 0..15
+        self.n, self.nb, self.groups = n, nb, nb // GROUP
+        q = raw.to(torch.float32)
+        g = self.groups
+        # (groups, 16, 8, N) and (rest, 8, 4, N): right operands of the lane matmuls
+        self.grouped = q[:, :g * GROUP].reshape(n, g, GROUP * BLOCK)[:, :, _ORDER].reshape(n, g, 16, 8) \
+            .permute(1, 2, 3, 0).contiguous()
+        self.rest = q[:, g * GROUP:].reshape(n, nb - g * GROUP, 8, 4).permute(1, 2, 3, 0).contiguous()
+        self.scale = scales.to(torch.float32).reshape(n, nb).contiguous()
+        zp = torch.full_like(self.scale, 8.0) if zero_points is None else zero_points.to(torch.float32)
+        self.bsum = -(zp * self.scale)  # (N, blocks)
+        self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
+        self.nbytes = sum(t.numel() * t.element_size()
+                          for t in (self.grouped, self.rest, self.scale, self.bsum, self.raw))
+
+
+def _fold(x: torch.Tensor, n_full: int) -> torch.Tensor:
+    """(8, M, N) lanes -> (M, N): columns below ``n_full`` as MLAS folds 4 columns at once, the
+    rest as its one-column horizontal sum."""
+    lo = ((x[0] + x[1]) + x[2]) + x[3]
+    hi = ((x[4] + x[5]) + x[6]) + x[7]
+    out = lo + hi
+    if n_full < x.shape[-1]:
+        t = x[..., n_full:]
+        out[:, n_full:] = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]))
+    return out
+
+
+def _rows(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None) -> torch.Tensor:
+    q, sa, asum = quantize_a(a, w.nb)
+    m, g = a.shape[0], w.groups
+    comb = sa.t().unsqueeze(-1) * w.scale.t().unsqueeze(1)  # (blocks, M, N) = scale_a * scale_b
+    acc = torch.zeros(16, m, w.n)
+    if g:
+        qa = q[:, :g * GROUP].reshape(m, g, GROUP * BLOCK)[:, :, _ORDER].reshape(m, g, 16, 8).permute(1, 2, 0, 3)
+        part = torch.matmul(qa, w.grouped)  # (groups, 16, M, N), exact integers
+        for i in range(g):
+            acc = fma32(part[i], comb[GROUP * i + _LANE_BLOCK], acc)
+    acc = acc[:8] + acc[8:]
+    if w.nb > g * GROUP:
+        qa = q[:, g * GROUP:].reshape(m, w.nb - g * GROUP, 8, 4).permute(1, 2, 0, 3)
+        part = torch.matmul(qa, w.rest)  # (rest, 8, M, N)
+        for i in range(part.shape[0]):
+            acc = fma32(part[i], comb[g * GROUP + i].unsqueeze(0), acc)
+    out = _fold(acc, w.n - w.n % 4)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    extra = torch.zeros(m, w.n)
+    for i in range(w.nb):
+        extra = fma32(asum[:, i:i + 1].expand(m, w.n), w.bsum[:, i].expand(m, w.n), extra)
+    return extra + out
+
+
+def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., K) float32 times the packed weight: (..., N) float32, onnxruntime's bits."""
+    lead = a.shape[:-1]
+    flat = a.reshape(-1, a.shape[-1]).to(torch.float32)
+    if flat.shape[0] == 0:
+        return torch.zeros(*lead, w.n)
+    fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
+    if fn is not None:
+        flat = flat.contiguous()
+        b = None if bias is None else bias.to(torch.float32).contiguous()
+        y = torch.empty(flat.shape[0], w.n)
+        if fn(flat.shape[0], w.n, flat.shape[1], w.nb, flat.data_ptr(), w.raw.data_ptr(), w.scale.data_ptr(),
+              w.bsum.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr()) == 0:
+            native.count("nbits_int8_native_calls")
+            return y.reshape(*lead, w.n)
+        native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy
+    return torch_matmul(flat, w, bias).reshape(*lead, w.n)
+
+
+def torch_matmul(flat: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, K) float32 -> (M, N): the same bits as the C kernel, in torch ops."""
+    step = max(1, _ROWS_ELEMS // max(1, w.nb * 8 * w.n))
+    outs = [_rows(flat[r:r + step], w, bias) for r in range(0, flat.shape[0], step)]
+    return torch.cat(outs) if len(outs) != 1 else outs[0]
