@@ -110,6 +110,9 @@ ENVIRONMENT: dict[str, str] = {
                                      "calls beyond run the interpreter.",
     "DYNASHAPE_CPU_DECODE_STATIC": "calls a CPU decoder session makes before static_impls='auto' builds its "
                                    "static impls (default 256; 0: never).",
+    "DYNASHAPE_CONV_BUCKETS": "'1' (default) CUDA static impls of convolutional regions keyed by batch "
+                              "buckets (1, 2, 4, 8, then multiples of 8: one graph serves every batch of its "
+                              "bucket); '0': one per batch value.",
     "DYNASHAPE_CPU_STATIC": "what a CPU static impl is: 'inductor' (default: the region compiled to C++) or "
                             "'specialized' (its source with the key as literals).",
     "DYNASHAPE_STATIC_FORMS": "'1' (default): static builds time the forms of products and convolutions and "
