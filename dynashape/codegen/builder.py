@@ -294,7 +294,9 @@ class _Builder:
         syms = frozenset().union(*(self.free(x) for x in elems)) if elems else frozenset()
         dt = repr(sv.dtype).replace("torch.", "torch.")
         shape = tuple(sv.shape)
-        dev = "" if host else ", device=DEV"
+        # made on the host, then queued to the device: torch.tensor(..., device=) copies and waits
+        # for the copy, a host sync per new signature (a decode step's every step, on an H100)
+        dev = "" if host else ").to(DEV, non_blocking=True"
 
         def lines(name: str) -> list[str]:
             items = [self.src(x) if not isinstance(x, bool) else repr(x) for x in elems]
