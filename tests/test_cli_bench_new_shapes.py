@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
@@ -41,11 +42,14 @@ def _record(monkeypatch):
     return calls
 
 
-def test_every_call_is_a_new_shape_and_counted(conv_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_every_call_is_a_new_shape_and_counted(conv_model, tmp_path, monkeypatch, device):
     calls = _record(monkeypatch)
     out = tmp_path / "r.json"
     r = CliRunner().invoke(cli, ["bench", conv_model, "--random-shapes", "x=1..3x3x8..40x8..40", "--step", "4",
-                                 "--calls", "10", "--seed", "5", "--json", str(out), "--no-progress"],
+                                 "--calls", "10", "--seed", "5", "--device", device, "--json", str(out),
+                                 "--no-progress"],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert len(calls) == 10  # no first-call or warm-up calls beside the counted ones
@@ -56,7 +60,7 @@ def test_every_call_is_a_new_shape_and_counted(conv_model, tmp_path, monkeypatch
     assert all(total > 0 for _, total in calls)  # fresh random data, not zeros
     doc = json.loads(out.read_text())
     d = doc["runtimes"]["dynashape"]
-    assert doc["mode"] == "random-shapes" and d["calls"] == 10 and len(d["per_call"]) == 10
+    assert doc["mode"] == "random-shapes" and doc["device"] == device and d["calls"] == 10 and len(d["per_call"]) == 10
     assert doc["shape_sequence"] == [f"x={'x'.join(map(str, s))}" for s in shapes]
     assert [c["shape"] for c in d["per_call"]] == doc["shape_sequence"]
     ms = [c["ms"] for c in d["per_call"]]
