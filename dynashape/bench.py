@@ -4,6 +4,10 @@ or a cycled sequence of shapes, optionally side by side with onnxruntime and ope
 Each runtime is timed alone: the others' sessions are deleted and collected first. Per distinct shape,
 the first call is timed and reported on its own, then ``warmup`` more calls are made; the timed loop
 cycles the shape sequence. Ctrl-C stops the loop and reports (and saves) what was measured.
+
+``--random-shapes`` instead draws a new shape set for every call within ranges (random_shapes.py) and
+counts every call from the first, with no warm-up: the total, percentiles and the worst call of a
+stream of sizes never seen before, which the cycled mode leaves out of its statistics.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import random_shapes
 from .cli_common import (
     UsageExit,
     _console,
@@ -54,6 +59,9 @@ class Result:
                                  "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)),
                                  "max": float(ms.max()), "mean": float(ms.mean())}
             out["throughput_per_s"] = float(len(ms) / (ms.sum() / 1e3))
+            out["total_ms"] = float(ms.sum())
+            worst = int(ms.argmax())
+            out["worst_call"] = {"index": worst, "shape": self.calls[worst][0], "ms": float(ms[worst])}
             per: dict[str, list] = {}
             for key, v, _ in self.calls:
                 per.setdefault(key, []).append(v)
@@ -245,6 +253,147 @@ def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
     return res
 
 
+def _bench_new_shapes(name: str, args, dd, feeds_for, keys, progress) -> Result:
+    """Every call at a new shape set, each timed and counted from the first (no warm-up); the feeds
+    of call i are made before it, outside its time, the same for every runtime."""
+    res = Result(name)
+    t0 = time.perf_counter()
+    try:
+        run, sess = _make_runtime(name, args, dd)
+    except _Skip as e:
+        res.status, res.note = "skipped", str(e)
+        return res
+    res.load_ms = (time.perf_counter() - t0) * 1e3
+    cuda = str(args.device).startswith("cuda") and name == "dynashape"
+    if cuda:
+        import torch
+        torch.cuda.reset_peak_memory_stats()
+    mem = (lambda s=sess: s.memory_stats().get("current_bytes")) if name == "dynashape" else None
+    task = progress.add_task(name, total=len(keys)) if progress is not None else None
+    start = time.perf_counter()
+    try:
+        for i, key in enumerate(keys):
+            feeds = feeds_for(i)
+            try:
+                dt = _timed_call(run, feeds)
+            except Exception as e:
+                if name == "dynashape":
+                    raise
+                res.status, res.note = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                return res
+            res.calls.append((key, dt * 1e3, mem() if mem is not None else None))
+            if task is not None:
+                progress.update(task, completed=i + 1)
+    except KeyboardInterrupt:
+        res.interrupted = True
+        res.note = "interrupted"
+    finally:
+        res.wall_s = time.perf_counter() - start
+        if name == "dynashape":
+            res.peak_bytes = sess.memory_stats().get("peak_bytes")
+        if cuda:
+            import torch
+            res.cuda_max_memory_allocated = int(torch.cuda.max_memory_allocated())
+        if task is not None:
+            progress.remove_task(task)
+        mem = None
+        del run, sess
+        gc.collect()
+    return res
+
+
+def report_new_shapes(results: list[Result], con) -> None:
+    """Every call counted: total, percentiles, the worst call and its shape, each runtime's total
+    against the fastest one's."""
+    nums = ("calls", "total", "p50", "p90", "p99", "worst", "mean", "x fastest", "load ms", "peak MB")
+    t = _table("every call at a new shape, counted from the first (ms)", ("runtime", *nums, "worst shape"),
+               numeric=nums)
+    done = [r.summary() for r in results]
+    totals = [s["total_ms"] for r, s in zip(results, done) if r.status == "ok" and "total_ms" in s]
+    best = min(totals) if totals else None
+    notes = []
+    for r, s in zip(results, done):
+        lat = s.get("latency_ms", {})
+        peak = r.cuda_max_memory_allocated if r.cuda_max_memory_allocated is not None else r.peak_bytes
+        total = s.get("total_ms")
+        t.add_row(r.runtime, str(s["calls"]), _ms(total), *(_ms(lat.get(k)) for k in ("p50", "p90", "p99", "max")),
+                  _ms(lat.get("mean")), f"{total / best:.2f}" if total is not None and best else "-",
+                  f"{r.load_ms:.0f}" if r.status != "skipped" else "-",
+                  f"{peak / 2**20:.1f}" if peak is not None else "-", s.get("worst_call", {}).get("shape", "-"))
+        if r.note or r.status != "ok":
+            notes.append(f"{r.runtime}: {r.status}{': ' + r.note if r.note else ''}")
+    con.print(t)
+    for n in notes:
+        con.print(n, highlight=False, soft_wrap=True)
+
+
+class InputsOf:
+    """What random_feeds reads of a session (its inputs and their specs), without the session."""
+
+    def __init__(self, sess) -> None:
+        self._inputs, self._specs = list(sess.get_inputs()), list(sess._specs)
+
+    def get_inputs(self) -> list:
+        return self._inputs
+
+
+def main_new_shapes(args, dd, probe, given, compare, con) -> int:
+    """--random-shapes: ``args.calls`` calls, each at a shape set drawn new within the ranges."""
+    if args.shapes_file:
+        raise UsageExit("dynashape: --random-shapes draws the shapes; leave out --shapes-file")
+    if args.runs is not None or args.time_s is not None:
+        raise UsageExit("dynashape: with --random-shapes, --calls gives the number of calls (no --runs or --time)")
+    if args.calls < 1:
+        raise UsageExit("dynashape: --calls must be at least 1")
+    spec = random_shapes.parse(args.random_shapes, args.step)
+    known = [a.name for a in probe.get_inputs()]
+    check_names(spec.dims, known, "--random-shapes")
+    both = sorted(set(spec.dims) & set(given))
+    if both:
+        raise UsageExit(f"dynashape: {both} given both by --shape and by --random-shapes")
+    sets = random_shapes.draw(spec, args.calls, args.seed)
+    keys = [shape_key({**given, **s}) for s in sets]
+
+    def feeds_for(i: int) -> dict:  # fresh random data per call, the same for every runtime
+        return random_feeds(probe, {**given, **sets[i]}, np.random.default_rng([args.seed, i]), args.int_high)
+    con.print(f"{args.model} on {args.device}: {len(sets)} calls, each at a new shape set drawn from "
+              f"{' '.join(args.random_shapes)} (step {args.step}, seed {args.seed}); every call counted",
+              highlight=False)
+    results: list[Result] = []
+    progress = None
+    if not getattr(args, "no_progress", False):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), transient=True, console=con)
+    interrupted = False
+    try:
+        if progress is not None:
+            progress.start()
+        for name in ["dynashape", *compare]:
+            r = _bench_new_shapes(name, args, dd, feeds_for, keys, progress)
+            results.append(r)
+            if r.interrupted:
+                interrupted = True
+                break
+    finally:
+        if progress is not None:
+            progress.stop()
+    if interrupted:
+        con.print("[yellow]interrupted: the numbers below are what was measured so far[/yellow]")
+    report_new_shapes(results, con)
+    if args.json_path:
+        doc = {"model": str(args.model), "device": args.device, "threads": args.threads, "mode": "random-shapes",
+               "random_shapes": list(args.random_shapes), "step": args.step, "seed": args.seed,
+               "calls": args.calls, "interrupted": interrupted, "shape_sequence": keys,
+               "runtimes": {r.runtime: r.summary() for r in results}}
+        with open(args.json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        con.print(f"results written to {args.json_path}")
+    if args.plot:
+        plot(results, args.plot, con)
+    return 130 if interrupted else 0
+
+
 def _ms(v) -> str:
     return f"{v:.3f}" if v is not None else "-"
 
@@ -325,6 +474,11 @@ def main(args) -> int:
     known = [a.name for a in probe.get_inputs()]
     given = _parse_shapes(args.shape)
     check_names(given, known, "--shape")
+    if getattr(args, "random_shapes", None):
+        inputs = InputsOf(probe)
+        del probe  # no session but the one timed lives during a runtime's calls
+        gc.collect()
+        return main_new_shapes(args, dd, inputs, given, compare, con)
     shape_sets = parse_shapes_file(args.shapes_file) if args.shapes_file else [{}]
     for i, s in enumerate(shape_sets):
         check_names(s, known, f"--shapes-file entry {i}")

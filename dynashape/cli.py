@@ -288,6 +288,13 @@ def _ops(**kw) -> int:
 @click.option("--shapes-file", metavar="FILE", default=None,
               help="JSON list of {name: dims} (or text, one 'name=DIMS name=DIMS' line per call): a sequence of "
                    "shape sets, one call each, cycled")
+@click.option("--random-shapes", "random_shapes", multiple=True, metavar="NAME=DIMS",
+              help="draw a new shape set for every call within ranges and count every call from the first, no "
+                   "warm-up: e.g. x=1x3x96..640x96..640 (LO..HI/STEP for a range's own step; b:1..8 names a dim "
+                   "that another input reuses as b) (repeatable)")
+@click.option("--calls", type=int, default=24, show_default=True, help="with --random-shapes: the number of calls")
+@click.option("--step", type=int, default=1, show_default=True,
+              help="with --random-shapes: the step of the ranges' values (LO, LO+STEP, ... up to HI)")
 @click.option("-n", "--runs", type=int, default=None, help="timed calls [default: 100, or unlimited with -t]")
 @click.option("-t", "--time", "time_s", type=float, default=None, help="stop timing after this many seconds")
 @click.option("--warmup", type=int, default=3, show_default=True,

@@ -13,13 +13,10 @@ classifier has 18 of them a call: 42 us each as convolutions). Everything else i
 
 from __future__ import annotations
 
-import os
-import weakref
-
 import torch
 import torch.nn.functional as F
 
-from . import ort_math
+from . import native, ort_math
 
 
 def conv2d(x, w, b, stride, padding, dilation, groups):
@@ -97,14 +94,6 @@ def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, 
     return ACTIVATIONS[activation](torch.conv2d(x, w, b, stride, padding, dilation, groups), scalars, algorithm)
 
 
-# reordered copies kept per weight: the input shapes last seen (each copy is the weight's size)
-MAX_SHAPES = 4
-# ... and beyond a weight's first copy, the bytes all extra copies of the process may hold (a CNN of
-# 100 MB of weights over many image sizes would otherwise hold 400 MB more); DYNASHAPE_CONV_COPIES_MB
-COPY_BUDGET = int(float(os.environ.get("DYNASHAPE_CONV_COPIES_MB", "256")) * (1 << 20))
-_extra_bytes = [0]  # held now by copies beyond each weight's first
-
-
 # oneDNN's convolution costs ~28 us a call before any arithmetic (an 8 -> 8 1x1 of a 4x4 image, packed
 # weight, 1 or 2 threads); the product of a 1x1's pixel rows by the weight (MKL) ~3 us: below ~2M
 # multiply-adds the product and then the activation were faster (1 x 64 x 6 x 24 -> 64 with
@@ -112,77 +101,57 @@ _extra_bytes = [0]  # held now by copies beyond each weight's first
 # against 175-230)
 SMALL_PRODUCT = 1 << 21
 
-
-def extra_copy_bytes() -> int:
-    """Bytes held by reordered convolution weights beyond one copy per weight."""
-    return _extra_bytes[0]
+# the image side the weight is reordered for (``PackedWeight.representative``)
+REPRESENTATIVE_SIDE = 32
 
 
 class PackedWeight:
-    """oneDNN's reordered (blocked) copies of one convolution's constant weight, one per input shape.
+    """One convolution's constant weight reordered once into oneDNN's blocked layout, for every input
+    size.
 
     A convolution given the weight as the model has it reorders it into oneDNN's blocked layout at
     every call: at small images that is most of the call (measured on this project's CPU, 2
     threads, with a HardSwish post-op: a 512 -> 512 1x1 at 7x7, 465 us against 162 with the
-    weight reordered once; depthwise 5x5 of 256 channels at 14x14, 77 against 48; 4 x 256 x 14 x 14,
-    611 against 519). The layout oneDNN picks depends on the input's shape, and a copy made for
-    another shape can cost more than none (a detector at 640x640 with copies made for 320x480: 61
-    against 51 ms): a copy per input shape, the last ``MAX_SHAPES`` kept, the copies beyond each
-    weight's first within ``COPY_BUDGET`` bytes for the process (OpenVINO's reordered-weights cache
-    keeps one per layout). A copy holds the values, not the tensor's object; a write to the weight
-    (its version) drops them."""
+    weight reordered once; depthwise 5x5 of 256 channels at 14x14, 77 against 48). oneDNN's weight
+    layouts do not depend on the image's size, but which one a convolution picks does, a little:
+    its blocking of the output channels (Acdb16a/32a/48a/64a for the brgemm kernels of an AVX-512
+    CPU) follows the number of pixels. Over the sizes measured (oneDNN verbose, 2 threads, channels-
+    last inputs of 2x7 to 640x640 pixels, batches 1-5) each convolution picked one layout everywhere
+    but at feature maps of a few hundred pixels or less, where some took a smaller block; a weight
+    reordered for a 32x32 image of batch 1 served every convolution call of PP-OCRv4 det, rec, the PP
+    mobile classifier and YOLOv8n over 11 calls at new sizes (96-640, batches 1-47) but 5 of 429, 8
+    of 366, 0 of 297 and 30 of 643 (``benchmarks/conv_weight_reorders.py``, Xeon with AVX-512, 2
+    threads), which oneDNN then reorders itself; with a copy per input shape it reordered all of
+    them (every size was new). So: one copy per weight, made at its first call
+    (an explicit reorder, counted as ``conv_weight_reorders`` in native.counters()), none per input
+    shape, and no copies budget to keep. A write to the weight (its version) makes it again. (The
+    pick depends on the thread count too: under another torch.get_num_threads() oneDNN reorders
+    where it differs, as for a size.)"""
 
     def __init__(self, w: torch.Tensor, padding, stride, dilation, groups: int) -> None:
         self.w, self.version = w.detach(), w._version
         self.args = (list(padding), list(stride), list(dilation), groups)
-        self.copies: dict = {}
-        self.seen: set = set()  # input shapes called with once
-        self.nbytes = w.numel() * w.element_size()
-        # the extra copies' bytes go back to the budget when this dies with its session
-        weakref.finalize(self, _release, self.copies, self.nbytes)
+        self.packed: torch.Tensor | None = None
 
-    def _extra(self) -> int:
-        return max(0, len(self.copies) - 1) * self.nbytes
+    def representative(self) -> list[int]:
+        """The input size the layout is picked for: batch 1, the weight's input channels, a
+        REPRESENTATIVE_SIDE square, or the kernel's dilated extent where that is larger."""
+        cin = self.w.shape[1] * self.args[3]
+        sides = [max(REPRESENTATIVE_SIDE, (k - 1) * d + 1) for k, d in zip(self.w.shape[2:], self.args[2])]
+        return [1, cin, *sides]
 
-    def _keep(self, shape, wp: torch.Tensor) -> None:
-        """Keep ``wp`` for ``shape``: the oldest copies go past MAX_SHAPES, or while an extra copy
-        would pass the process's budget (then the newest replaces the one kept)."""
-        before = self._extra()
-        while self.copies and (len(self.copies) >= MAX_SHAPES
-                               or _extra_bytes[0] - before + len(self.copies) * self.nbytes > COPY_BUDGET):
-            self.copies.pop(next(iter(self.copies)))
-        self.copies[shape] = wp
-        _extra_bytes[0] += self._extra() - before
-
-    def for_input(self, shape) -> torch.Tensor | None:
-        """The copy for inputs of ``shape``; None at the first call at a shape (the call then reorders
-        the weight itself): oneDNN compiles a reorder for a new layout, and a shape seen once, as in
-        a sequence of ever new image sizes, would pay it for nothing (the first call at a new shape
-        rose from 1.2-1.4x its steady time to 1.5-1.7x when every shape made its copy at once)."""
-        wp = self.copies.get(shape)
-        if wp is not None and self.w._version == self.version:
-            return wp
-        if self.w._version != self.version:
-            _extra_bytes[0] -= self._extra()
-            self.copies.clear()
-            self.seen.clear()
+    def get(self) -> torch.Tensor:
+        """The reordered weight, made at the first call and again after a write to the weight."""
+        if self.packed is None or self.w._version != self.version:
             self.version = self.w._version
-        if shape not in self.seen:
-            if len(self.seen) >= 4 * MAX_SHAPES:
-                self.seen.clear()
-            self.seen.add(shape)
-            return None
-        wp = torch.ops.mkldnn._reorder_convolution_weight(self.w.contiguous(), *self.args, list(shape))
-        self._keep(shape, wp)
-        return wp
-
-
-def _release(copies: dict, nbytes: int) -> None:
-    _extra_bytes[0] -= max(0, len(copies) - 1) * nbytes
+            self.packed = torch.ops.mkldnn._reorder_convolution_weight(self.w.contiguous(), *self.args,
+                                                                       self.representative())
+            native.count("conv_weight_reorders")
+        return self.packed
 
 
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
-    """conv2d_act for one convolution's constant weight and bias: the weight reordered once per
+    """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
     input shape (``PackedWeight``)."""
     if not (onednn_fuses() and w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 4
             and (b is None or b.dtype == w.dtype)):
@@ -207,10 +176,9 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return act(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
-        wp = packed.for_input(x.shape)
+        wp = packed.get()
         if activation in ORT_ACTIVATIONS:
-            return act(fused(x, w if wp is None else wp, b, padding, stride, dilation, groups, "none", [], ""),
-                       scalars, algorithm)
-        return fused(x, w if wp is None else wp, b, padding, stride, dilation, groups, activation, scalars,
+            return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)
+        return fused(x, wp, b, padding, stride, dilation, groups, activation, scalars,
                      algorithm)
     return kernel
