@@ -129,8 +129,6 @@ ENVIRONMENT: dict[str, str] = {
                                "and dtype).",
     "DYNASHAPE_CPU_PACKED_WEIGHTS": "'1' / '0' / 'auto' (default: on except on Intel CPUs): products by large "
                                     "constant fp32 weights through oneDNN with the weight packed once.",
-    "DYNASHAPE_CONV_COPIES_MB": "megabytes (default 256) the process may hold in reordered convolution weight "
-                                "copies beyond each weight's first.",
     "DYNASHAPE_U8S8_SATURATE": "'1': 8-bit products saturate pair sums to int16 as onnxruntime does on x86 "
                                "CPUs without VNNI (default '0': the exact product the spec defines; read at "
                                "import).",
