@@ -6,14 +6,13 @@ Mode ``"sync"`` builds in the caller's thread at once (benchmarks and tests that
 static impl on the call that asks), ``"async"`` on the worker. The worker is a daemon thread
 started on the first job; ``wait()`` blocks until the queue is empty (tests, prebuilding).
 
-CUDA graph captures are built inline, in the calling thread, whatever the mode: while a stream
-of the process is being captured, a ``torch.cuda.synchronize()`` anywhere in the application
-fails (cudaErrorStreamCaptureUnsupported; measured on an H100 with the capture on a worker
-thread in thread-local mode), and an application may synchronise at any time. What the worker
-builds in the background is the work that is pure Python (the specialised impls). (Since then
-``capture_guard.py`` holds torch's device-wide synchronisations during any capture of a CUDA
-session, which covers the application's other threads while a call captures inline; the
-whole-step decode graphs use that to capture on a thread of their own: runtime/decode_graph.py.)
+CUDA graph captures were first built inline, in the calling thread, whatever the mode: while a
+stream of the process is being captured, a ``torch.cuda.synchronize()`` anywhere in the
+application fails (cudaErrorStreamCaptureUnsupported; measured on an H100 with the capture on a
+worker thread in thread-local mode). ``capture_guard.py`` now holds torch's device-wide
+synchronisations (and the direct allocator's frees) during any capture of a CUDA session, so an
+async CUDA build runs on this worker (``impls/static.py`` ``detached``); ``inline=True`` remains
+for ``"sync"`` builds and prebuilding at load.
 """
 
 from __future__ import annotations
