@@ -194,6 +194,30 @@ class _Skip(Exception):
     pass
 
 
+def _each_runtime(names: list[str], args, con, bench) -> list:
+    """``bench(name, progress)`` for each runtime in turn, under one progress bar; stops after a
+    run interrupted by the user (what was measured so far is kept)."""
+    results: list[Result] = []
+    progress = None
+    if not getattr(args, "no_progress", False):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), transient=True, console=con)
+    try:
+        if progress is not None:
+            progress.start()
+        for name in names:
+            r = bench(name, progress)
+            results.append(r)
+            if r.interrupted:
+                con.print("[yellow]interrupted: the numbers below are what was measured so far[/yellow]")
+                break
+    finally:
+        if progress is not None:
+            progress.stop()
+    return results
+
+
 def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
     res = Result(name)
     t0 = time.perf_counter()
@@ -359,27 +383,9 @@ def main_new_shapes(args, dd, probe, given, compare, con) -> int:
     con.print(f"{args.model} on {args.device}: {len(sets)} calls, each at a new shape set drawn from "
               f"{' '.join(args.random_shapes)} (step {args.step}, seed {args.seed}); every call counted",
               highlight=False)
-    results: list[Result] = []
-    progress = None
-    if not getattr(args, "no_progress", False):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), transient=True, console=con)
-    interrupted = False
-    try:
-        if progress is not None:
-            progress.start()
-        for name in ["dynashape", *compare]:
-            r = _bench_new_shapes(name, args, dd, feeds_for, keys, progress)
-            results.append(r)
-            if r.interrupted:
-                interrupted = True
-                break
-    finally:
-        if progress is not None:
-            progress.stop()
-    if interrupted:
-        con.print("[yellow]interrupted: the numbers below are what was measured so far[/yellow]")
+    results = _each_runtime(["dynashape", *compare], args, con,
+                            lambda name, progress: _bench_new_shapes(name, args, dd, feeds_for, keys, progress))
+    interrupted = any(r.interrupted for r in results)
     report_new_shapes(results, con)
     if args.json_path:
         doc = {"model": str(args.model), "device": args.device, "threads": args.threads, "mode": "random-shapes",
@@ -495,27 +501,9 @@ def main(args) -> int:
               f"warm-up {args.warmup} call(s) per shape; "
               + (f"{args.runs} calls" if args.runs else f"{args.time_s} s" if args.time_s else "100 calls"),
               highlight=False)
-    results: list[Result] = []
-    progress = None
-    if not getattr(args, "no_progress", False):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), transient=True, console=con)
-    interrupted = False
-    try:
-        if progress is not None:
-            progress.start()
-        for name in ["dynashape", *compare]:
-            r = _bench_one(name, args, dd, sequence, keys, progress)
-            results.append(r)
-            if r.interrupted:
-                interrupted = True
-                break
-    finally:
-        if progress is not None:
-            progress.stop()
-    if interrupted:
-        con.print("[yellow]interrupted: the numbers below are what was measured so far[/yellow]")
+    results = _each_runtime(["dynashape", *compare], args, con,
+                            lambda name, progress: _bench_one(name, args, dd, sequence, keys, progress))
+    interrupted = any(r.interrupted for r in results)
     report(results, order, con)
     if args.json_path:
         doc = {"model": str(args.model), "device": args.device, "threads": args.threads, "warmup": args.warmup,
