@@ -454,7 +454,10 @@ class SpecState:
         if rk in self.refused:
             self.stats["static_refused_runs"] += 1
             return None
-        if rk not in self.seen and not self.runner.prebuild:
+        # a batch bucket is built at its first sight: buckets are few and come back by design
+        # (a random batch's exact key may never), and a short burst of traffic then finds its graphs
+        eager = padded is not None and al.kind == "conv"
+        if rk not in self.seen and not self.runner.prebuild and not eager:
             if len(self.seen) >= SEEN_KEYS:
                 self.seen.pop(next(iter(self.seen)))
             self.seen[rk] = True
