@@ -8,8 +8,9 @@ QDQ); a tiny Whisper encoder, and Whisper and BART decoders with self- and cross
 optimum's merged layout (If on use_cache_branch); and a tiny Llama built by onnxruntime-genai's model
 builder (fp32 and int4). Every call gets fresh random inputs (ids in the vocab, masks of 1s with
 0-padding at the end of some rows); decoders run a prompt then decode steps feeding the presents back
-as pasts, with the batch changing between sequences. Each step also runs onnxruntime at ORT_DISABLE_ALL, so the summary at the end shows how
-far onnxruntime's own two levels are apart next to dynashape's distance.
+as pasts, with the batch changing between sequences. Each step also runs onnxruntime at
+ORT_DISABLE_ALL, so the summary at the end shows how far onnxruntime's own two levels are apart next
+to dynashape's distance.
 
 The Llama models (generation 6-30 s each, in a subprocess, and they need onnxruntime-genai) are
 marked ``heavy``, which the default run (pyproject's addopts) leaves out:
@@ -417,3 +418,39 @@ def test_whisper_decode(zoo_model, device, zoo_stats):
 @pytest.mark.parametrize("zoo_model", params(["bart-dec"]), indirect=True)
 def test_bart_decode(zoo_model, device, zoo_stats):
     run_model(zoo_model, device, zoo_stats, drive_seq2seq_dec, G.BART, True, seed=9)
+
+
+@pytest.mark.parametrize("zoo_model", params(["whisper-dec", "bart-dec"]), indirect=True)
+def test_merged_decoder_is_the_transformers_model(zoo_model):
+    """The merged decoder (onnxruntime: a prompt on the no-past branch, then steps on the with-past branch
+    over the cross-attention pasts it gave) computes what the transformers model computes over the whole
+    sequence at once: the export kept the cache logic (a with-past graph that ignored its pasts, or
+    recomputed the cross-attention from encoder_hidden_states, would still agree with dynashape)."""
+    torch = pytest.importorskip("torch")
+    name, path = zoo_model
+    c, make, enc_mask = {"whisper-dec": (G.WHISPER, G.whisper_model, False),
+                         "bart-dec": (G.BART, G.bart_model, True)}[name]
+    model = make()
+    rng = np.random.default_rng(10)
+    b, enc_len = 2, (9 if enc_mask else c["frames"] // 2)
+    ids = rng.integers(0, c["vocab"], (b, 7)).astype(np.int64)
+    enc = rng.standard_normal((b, enc_len, c["d_model"])).astype(np.float32)
+    mask = G.right_padded_mask(rng, b, enc_len, pad_rows=1.0)
+    kw = {"attention_mask": torch.from_numpy(mask)} if enc_mask else {}
+    with torch.no_grad():
+        want = model(decoder_input_ids=torch.from_numpy(ids), encoder_outputs=(torch.from_numpy(enc),),
+                     use_cache=False, **kw).logits.numpy()
+    sess = ort_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    past_names, _ = G.seq2seq_past_io(c["layers"])
+    past = {n: np.zeros((b, c["heads"], 0, c["d_model"] // c["heads"]), np.float32) for n in past_names}
+    got = []
+    for k, (lo, hi) in enumerate([(0, 3), (3, 4), (4, 6), (6, 7)]):
+        feeds = {"input_ids": ids[:, lo:hi], "encoder_hidden_states": enc, **past,
+                 "use_cache_branch": np.array([k > 0])}
+        if enc_mask:
+            feeds["encoder_attention_mask"] = mask
+        out = dict(zip(names, sess.run(names, feeds)))
+        got.append(out["logits"])
+        past = {n: out[n.replace("past_key_values.", "present.")] for n in past_names}
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=1e-4, atol=1e-5)
