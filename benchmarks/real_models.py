@@ -128,6 +128,7 @@ def label(feeds: dict[str, np.ndarray]) -> str:
     arrays = list(feeds.items())
     parts = ["x".join(map(str, arrays[0][1].shape))]
     parts += [f"{k}={v.item()}" for k, v in arrays if v.ndim == 0]
+    parts += [f"past={v.shape[2]}" for k, v in arrays if k.startswith("past_key_values.0.decoder.key")]
     return " ".join(parts)
 
 

@@ -451,10 +451,40 @@ def _cnn(rng: np.random.Generator, p: Point) -> Feeds:
     return generator().cnn_feeds(rng, *p)
 
 
+def _whisper_enc(rng: np.random.Generator, p: Point) -> Feeds:
+    c = generator().WHISPER
+    return {"input_features": rng.standard_normal((p[0], c["mels"], c["frames"])).astype(np.float32)}
+
+
+def _seq2seq_dec(cfg: str, enc_len: int, enc_mask: bool):
+    """A call of an optimum-layout merged decoder at (batch, new tokens, past): past 0 is a prompt
+    (use_cache_branch False, empty pasts), else a step over random pasts of that length and the
+    encoder's (random encoder_hidden_states; BART's encoder_attention_mask right-padded)."""
+    def make(rng: np.random.Generator, p: Point) -> Feeds:
+        g = generator()
+        c = getattr(g, cfg)
+        b, s, past = p
+        heads, hd = c["heads"], c["d_model"] // c["heads"]
+        feeds = {"input_ids": rng.integers(0, c["vocab"], (b, s)).astype(np.int64)}
+        if enc_mask:
+            feeds["encoder_attention_mask"] = g.right_padded_mask(rng, b, enc_len)
+        feeds["encoder_hidden_states"] = rng.standard_normal((b, enc_len, c["d_model"])).astype(np.float32)
+        for n in g.seq2seq_past_io(c["layers"])[0]:
+            n_pos = (past if ".decoder." in n else enc_len) if past else 0
+            feeds[n] = rng.standard_normal((b, heads, n_pos, hd)).astype(np.float32)
+        feeds["use_cache_branch"] = np.array([past > 0])
+        return feeds
+    return make
+
+
 _GEN = "scripts/make_zoo_models.py"
 _ENC_SEQ = ((1, 16), (4, 16), (1, 64), (8, 32), (1, 16), (4, 64))
 _CNN_SEQ = ((1, 64, 64), (4, 64, 64), (1, 96, 128), (8, 64, 64), (1, 64, 64), (2, 96, 128))
 _BERT_IN = "input_ids/attention_mask/token_type_ids: int64 [batch, seq], both dynamic"
+# (batch, new tokens, past): prompts (past 0) and single-token steps over pasts of 8 and 24
+_DEC_SEQ = ((1, 8, 0), (1, 1, 8), (4, 8, 0), (4, 1, 8), (1, 1, 24), (4, 1, 24))
+_DEC_IN = ("input_ids [batch, seq], encoder_hidden_states [batch, enc, 64], "
+           "past_key_values.<i>.decoder|encoder.key|value [batch, 4, past|enc, 16], use_cache_branch [1]")
 
 
 def _gen(name: str, kind: str, make, seq, inputs: str) -> ModelSpec:
@@ -481,5 +511,11 @@ GENERATED: tuple[ModelSpec, ...] = (
          "images: float32 [batch, 3, H, W], all dynamic"),
     _gen("cnn-qdq", "small ResNet, quantize_static QDQ per channel", _cnn, _CNN_SEQ,
          "images: float32 [batch, 3, H, W], all dynamic"),
+    _gen("whisper-enc", "tiny Whisper encoder (fixed 40 frames)", _whisper_enc,
+         ((1,), (4,), (2,), (8,), (1,), (4,)), "input_features: float32 [batch, 16, 40], batch dynamic"),
+    _gen("whisper-dec", "tiny Whisper decoder with self- and cross-attention past (optimum's merged If layout)",
+         _seq2seq_dec("WHISPER", 20, False), _DEC_SEQ, _DEC_IN + "; enc = 20"),
+    _gen("bart-dec", "tiny BART decoder with self- and cross-attention past (optimum's merged If layout)",
+         _seq2seq_dec("BART", 16, True), _DEC_SEQ, "encoder_attention_mask [batch, enc], " + _DEC_IN + "; enc = 16"),
 )
 

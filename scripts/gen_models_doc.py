@@ -2,6 +2,7 @@
 
     python benchmarks/real_models.py --json benchmarks/results/real_models_cpu.json
     python scripts/gen_models_doc.py [--results benchmarks/results/real_models_cpu.json]
+    python scripts/gen_models_doc.py --add new_models.json   # merge a run of some models in, then write
 
 The table is data: every row comes from the results file (times, the check against onnxruntime)
 and from the model file itself (its ops of note); nothing is typed by hand.
@@ -70,6 +71,7 @@ def render(results: dict) -> str:
     from benchmarks.real_models_specs import GENERATED, MODELS, SPECS, generator
     gen_dir = generator().CACHE_DIR
     sections = {"wheel": [], "generated": []}
+    other_runs: dict[str, list[str]] = {}  # models merged in from another run (--add): their run's env
     matched, quant_ratios = [], []
     for spec in SPECS + GENERATED:
         res = results["models"].get(spec.name)
@@ -77,6 +79,10 @@ def render(results: dict) -> str:
             continue
         path = str(gen_dir / f"{spec.member}.onnx") if spec.origin == "generated" else str(MODELS / f"{spec.name}.onnx")
         line, match, ratio, quant = _row(spec.name, res, path)
+        if res.get("env") and res["env"] != results.get("env"):
+            e = res["env"]
+            other_runs.setdefault(f"{e.get('date', '?')}, {e.get('device', '?')}, {e.get('threads', '?')} threads",
+                                  []).append(spec.name)
         sections[spec.origin].append(line)
         matched.append(bool(match))
         if quant and ratio is not None:
@@ -129,15 +135,30 @@ def render(results: dict) -> str:
     out += ("\n\n## Models made by the shipping tool chains (scripts/make_zoo_models.py)\n\n"
             "Tiny configurations (hidden size 64), so per-node costs weigh more than in full-size models.\n\n"
             + cols + "\n" + "\n".join(sections["generated"]))
+    if other_runs:
+        out += ("\n\nMeasured in another run than the header's (merged in with `--add`; their times compare with "
+                "each other, not with the other rows): " + "; ".join(f"{', '.join(names)} ({env})"
+                                                                    for env, names in other_runs.items()) + ".")
     return out + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--add", action="append", default=[],
+                    help="a real_models.py --json file of some models: merged into --results (each model keeps its "
+                         "run's env), which is written back, then the doc")
     args = ap.parse_args()
     with open(args.results) as f:
         results = json.load(f)
+    for extra in args.add:
+        with open(extra) as f:
+            run = json.load(f)
+        for name, res in run["models"].items():
+            results["models"][name] = dict(res, env=run.get("env"), versions=run.get("versions"))
+    if args.add:
+        with open(args.results, "w") as f:
+            json.dump(results, f, indent=2)  # as real_models.py writes it
     text = render(results)
     with open(DOC, "w") as f:
         f.write(text)

@@ -6,6 +6,8 @@ real tool chain:
   torch.onnx.export (TorchScript exporter: the graph shape the onnxruntime fusions know)
     -> onnxruntime.transformers.optimizer.optimize_model      (com.microsoft fused ops)
     -> onnxruntime.quantization.quantize_dynamic / _static    (MatMulInteger, QLinear*, QDQ)
+  torch.onnx.export of an encoder-decoder's decoder without and with past, merged under one If on
+    use_cache_branch (optimum's merged-decoder layout, rebuilt here: optimum-onnx pins transformers < 4.58)
   transformers checkpoint (save_pretrained, local tokenizer)
     -> python -m onnxruntime_genai.models.builder -p fp32|int4 -e cpu   (GQA, MatMulNBits)
 
@@ -65,6 +67,8 @@ GPT2 = dict(vocab=1000, hidden=64, layers=2, heads=4, max_positions=128)
 VIT = dict(image=32, patch=8, channels=3, hidden=64, layers=2, heads=4, intermediate=128)
 T5 = dict(vocab=1000, d_model=64, d_kv=16, heads=4, d_ff=128, layers=2)
 CNN = dict(widths=(16, 32, 64), classes=10)
+WHISPER = dict(vocab=256, mels=16, frames=40, d_model=64, layers=2, heads=4, ffn=128, max_target=64)
+BART = dict(vocab=256, d_model=64, layers=2, heads=4, ffn=128, max_positions=128)
 LLAMA = dict(vocab=256, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, max_positions=256)
 SEED = 0
 
@@ -606,6 +610,210 @@ def make_cnn_qop(path: Path, cache: Path) -> None:
         needs=["onnxruntime"], deps=["cnn"])
 def make_cnn_qdq(path: Path, cache: Path) -> None:
     _quantize_static(dep_path("cnn", cache), path, _cnn_calibration(), "qdq", per_channel=True)
+
+
+# Encoder-decoders with past: Whisper and BART, in optimum's merged-decoder layout --------------------------
+# optimum-onnx's exporter pins transformers < 4.58 (this project runs 5.x), so its layout is rebuilt here from
+# two torch.onnx exports of the same module: the decoder without past (prompt; cross-attention keys/values
+# computed from encoder_hidden_states) and with past (self- and cross-attention keys/values as inputs), put as
+# the two branches of one If on ``use_cache_branch``, as optimum's merge_decoders does.
+def seq2seq_past_io(layers: int) -> tuple[list[str], list[str]]:
+    """optimum's names: past_key_values.<i>.decoder|encoder.key|value in, present.<i>.... out."""
+    past = [f"past_key_values.{i}.{w}.{kv}" for i in range(layers) for w in ("decoder", "encoder")
+            for kv in ("key", "value")]
+    return past, [n.replace("past_key_values.", "present.") for n in past]
+
+
+def whisper_model():
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    _seed()
+    c = WHISPER
+    cfg = WhisperConfig(vocab_size=c["vocab"], num_mel_bins=c["mels"], d_model=c["d_model"],
+                        encoder_layers=c["layers"], decoder_layers=c["layers"], encoder_attention_heads=c["heads"],
+                        decoder_attention_heads=c["heads"], encoder_ffn_dim=c["ffn"], decoder_ffn_dim=c["ffn"],
+                        max_source_positions=c["frames"] // 2, max_target_positions=c["max_target"],
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    cfg._attn_implementation = "eager"
+    return WhisperForConditionalGeneration(cfg).eval()
+
+
+def bart_model():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    _seed()
+    c = BART
+    cfg = BartConfig(vocab_size=c["vocab"], d_model=c["d_model"], encoder_layers=c["layers"],
+                     decoder_layers=c["layers"], encoder_attention_heads=c["heads"],
+                     decoder_attention_heads=c["heads"], encoder_ffn_dim=c["ffn"], decoder_ffn_dim=c["ffn"],
+                     max_position_embeddings=c["max_positions"], pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    cfg._attn_implementation = "eager"
+    return BartForConditionalGeneration(cfg).eval()
+
+
+def _seq2seq_decoder_module(model, layers: int, with_past: bool, enc_mask: bool):
+    """forward(input_ids, [encoder_attention_mask,] encoder_hidden_states, *past) -> logits, presents.
+    Without past: the presents of both attentions; with past: the self-attention's (the cross-attention's
+    do not change; the merged model passes them through)."""
+    import torch
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, *args):
+            mask, (enc, *past) = (args[0], args[1:]) if enc_mask else (None, args)
+            cfg = self.model.config
+            self_cache, cross_cache = DynamicCache(config=cfg), DynamicCache(config=cfg)
+            if with_past:
+                for i in range(layers):
+                    self_cache.update(past[4 * i], past[4 * i + 1], i)
+                    cross_cache.update(past[4 * i + 2], past[4 * i + 3], i)
+            kw = {"attention_mask": mask} if enc_mask else {}
+            out = self.model(decoder_input_ids=input_ids, encoder_outputs=(enc,), past_key_values=EncoderDecoderCache(
+                self_cache, cross_cache), use_cache=True, return_dict=True, **kw)
+            cache, present = out.past_key_values, []
+            for i in range(layers):
+                s = cache.self_attention_cache.layers[i]
+                present += [s.keys, s.values]
+                if not with_past:
+                    x = cache.cross_attention_cache.layers[i]
+                    present += [x.keys, x.values]
+            return (out.logits, *present)
+
+    return Decoder().eval()
+
+
+def merge_decoders(no_past: Path, with_past: Path, path: Path) -> None:
+    """One model with optimum's merged layout: If(use_cache_branch) with the with-past graph as then-branch
+    and the no-past graph as else-branch, both reading the weights of the outer graph; the with-past branch
+    gives the encoder presents as its encoder pasts (Identity). Weights are not deduplicated (tiny models)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m0, m1 = onnx.load(str(no_past)), onnx.load(str(with_past))
+    out_names = [o.name for o in m0.graph.output]
+    rank = {o.name: len(o.type.tensor_type.shape.dim) for o in m0.graph.output}
+
+    def branch(m, tag: str):
+        g = m.graph
+        outer = {i.name for i in g.input}
+
+        def ren(n: str) -> str:
+            return n if not n or n in outer else f"{tag}/{n}"
+
+        inits = []
+        for t in g.initializer:
+            t2 = onnx.TensorProto()
+            t2.CopyFrom(t)
+            t2.name = ren(t.name)
+            inits.append(t2)
+        nodes = []
+        for nd in g.node:
+            n2 = onnx.NodeProto()
+            n2.CopyFrom(nd)
+            n2.name = f"{tag}/{nd.name}"
+            n2.input[:] = [ren(x) for x in nd.input]
+            n2.output[:] = [ren(x) for x in nd.output]
+            nodes.append(n2)
+        produced = {o.name for o in g.output}
+        outs = []
+        for name in out_names:
+            src = ren(name) if name in produced else name.replace("present.", "past_key_values.")
+            nodes.append(helper.make_node("Identity", [src], [f"{tag}/out/{name}"], name=f"{tag}/out/{name}"))
+            outs.append(helper.make_tensor_value_info(f"{tag}/out/{name}", TensorProto.FLOAT, [None] * rank[name]))
+        return helper.make_graph(nodes, tag, [], outs), inits
+
+    g0, i0 = branch(m0, "no_past")
+    g1, i1 = branch(m1, "with_past")
+    names0 = {i.name for i in m0.graph.input}
+    inputs = list(m0.graph.input) + [i for i in m1.graph.input if i.name not in names0]
+    inputs.append(helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]))
+    node = helper.make_node("If", ["use_cache_branch"], out_names, name="optimum::if", then_branch=g1, else_branch=g0)
+    outputs = [helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, [None] * rank[o.name])
+               for o in m0.graph.output]
+    graph = helper.make_graph([node], "merged_decoder", inputs, outputs, initializer=i0 + i1)
+    merged = helper.make_model(graph, opset_imports=m0.opset_import, ir_version=m0.ir_version)
+    onnx.checker.check_model(merged)
+    onnx.save(merged, str(path))
+
+
+def _export_seq2seq_decoder(model, path: Path, layers: int, heads: int, head_dim: int, d_model: int, vocab: int,
+                            enc_len: int, enc_mask: bool, enc_axis: bool) -> None:
+    """Both exports (in a temporary folder next to ``path``), then merge_decoders."""
+    import torch
+
+    past_names, present_names = seq2seq_past_io(layers)
+    b, s, p = 2, 3, 5  # a non-empty past, so the with-past export keeps the concatenation general
+    lead = ["input_ids", *(["encoder_attention_mask"] if enc_mask else []), "encoder_hidden_states"]
+    enc = torch.randn(b, enc_len, d_model)
+    mask_arg = (torch.ones(b, enc_len, dtype=torch.int64),) if enc_mask else ()
+    enc_dims = {0: "batch", 1: "encoder_sequence_length"} if enc_axis else {0: "batch"}
+    axes = {"input_ids": {0: "batch", 1: "decoder_sequence_length"}, "encoder_hidden_states": enc_dims,
+            "logits": {0: "batch", 1: "decoder_sequence_length"}}
+    if enc_mask:
+        axes["encoder_attention_mask"] = {0: "batch", 1: "encoder_sequence_length"}
+    # the encoder pasts' length is its own dimension (optimum's name), dynamic even where the encoder's is
+    # fixed (Whisper): the prompt feeds them empty, the decode steps at the encoder's length
+    enc_len_axis = "encoder_sequence_length_out"
+    with tempfile.TemporaryDirectory(prefix=".seq2seq-", dir=path.parent) as tmp:
+        a, w = Path(tmp) / "decoder_model.onnx", Path(tmp) / "decoder_with_past_model.onnx"
+        ax0 = dict(axes)
+        for n in present_names:
+            ax0[n] = {0: "batch", 2: "decoder_sequence_length" if ".decoder." in n else enc_len_axis}
+        _ts_export(_seq2seq_decoder_module(model, layers, False, enc_mask), (torch.randint(0, vocab, (b, s)),
+                   *mask_arg, enc), a, lead, ["logits", *present_names], ax0)
+        ax1 = dict(axes)
+        for n in past_names:
+            ax1[n] = {0: "batch", 2: "past_decoder_sequence_length" if ".decoder." in n else enc_len_axis}
+        self_present = [n for n in present_names if ".decoder." in n]
+        ax1.update({n: {0: "batch", 2: "past_decoder_sequence_length + 1"} for n in self_present})
+        pasts = [torch.randn(b, heads, p if ".decoder." in n else enc_len, head_dim) for n in past_names]
+        _ts_export(_seq2seq_decoder_module(model, layers, True, enc_mask), (torch.randint(0, vocab, (b, 1)),
+                   *mask_arg, enc, *pasts), w, lead + past_names, ["logits", *self_present], ax1)
+        merge_decoders(a, w, path)
+
+
+@_model("whisper-enc", "transformers WhisperForConditionalGeneration's encoder -> torch.onnx.export (TorchScript), "
+        "dynamic batch", needs=["transformers"])
+def make_whisper_enc(path: Path, cache: Path) -> None:
+    import torch
+
+    c = WHISPER
+    enc = whisper_model().model.encoder
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = enc
+
+        def forward(self, input_features):
+            return self.encoder(input_features, return_dict=False)[0]
+
+    x = torch.randn(2, c["mels"], c["frames"])
+    axes = {"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}}
+    _ts_export(Encoder(), (x,), path, ["input_features"], ["last_hidden_state"], axes)
+
+
+@_model("whisper-dec", "transformers WhisperForConditionalGeneration's decoder with self- and cross-attention "
+        "past -> two torch.onnx.export (TorchScript) -> If on use_cache_branch (optimum's merged layout)",
+        needs=["transformers"])
+def make_whisper_dec(path: Path, cache: Path) -> None:
+    c = WHISPER
+    _export_seq2seq_decoder(whisper_model(), path, c["layers"], c["heads"], c["d_model"] // c["heads"], c["d_model"],
+                            c["vocab"], c["frames"] // 2, enc_mask=False, enc_axis=False)
+
+
+@_model("bart-dec", "transformers BartForConditionalGeneration's decoder with self- and cross-attention past "
+        "-> two torch.onnx.export (TorchScript) -> If on use_cache_branch (optimum's merged layout)",
+        needs=["transformers"])
+def make_bart_dec(path: Path, cache: Path) -> None:
+    c = BART
+    _export_seq2seq_decoder(bart_model(), path, c["layers"], c["heads"], c["d_model"] // c["heads"], c["d_model"],
+                            c["vocab"], 16, enc_mask=True, enc_axis=True)
 
 
 # Llama through onnxruntime-genai's model builder ------------------------------------------------------------

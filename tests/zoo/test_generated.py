@@ -4,11 +4,13 @@ sequence of changing shapes, every output compared with onnxruntime (CPU EP, def
 The models come from scripts/make_zoo_models.py (cached in .cache/generated/): tiny BERT, GPT-2 (with
 past), ViT, T5 encoder and a small ResNet exported with torch.onnx, then put through onnxruntime's
 transformer optimizer (com.microsoft fused ops) and its quantizers (dynamic, static QOperator and
-QDQ); and a tiny Llama built by onnxruntime-genai's model builder (fp32 and int4). Every call gets
-fresh random inputs (ids in the vocab, masks of 1s with 0-padding at the end of some rows); decoders
-run a prompt then decode steps feeding the presents back as pasts, with the batch changing between
-sequences. Each step also runs onnxruntime at ORT_DISABLE_ALL, so the summary at the end shows how
-far onnxruntime's own two levels are apart next to dynashape's distance.
+QDQ); a tiny Whisper encoder, and Whisper and BART decoders with self- and cross-attention past in
+optimum's merged layout (If on use_cache_branch); and a tiny Llama built by onnxruntime-genai's model
+builder (fp32 and int4). Every call gets fresh random inputs (ids in the vocab, masks of 1s with
+0-padding at the end of some rows); decoders run a prompt then decode steps feeding the presents back
+as pasts, with the batch changing between sequences. Each step also runs onnxruntime at
+ORT_DISABLE_ALL, so the summary at the end shows how far onnxruntime's own two levels are apart next
+to dynashape's distance.
 
 The Llama models (generation 6-30 s each, in a subprocess, and they need onnxruntime-genai) are
 marked ``heavy``, which the default run (pyproject's addopts) leaves out:
@@ -103,6 +105,9 @@ EXPECTED_OPS: dict[str, set[str]] = {
     "llama-fp32": {"GroupQueryAttention", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"},
     "llama-int4": {"GroupQueryAttention", "MatMulNBits"},
     "llama-int4-acc1": {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized"},
+    # optimum's merged decoder layout: the no-past and with-past graphs as branches of one If
+    "whisper-dec": {"If"},
+    "bart-dec": {"If"},
 }
 
 
@@ -296,6 +301,47 @@ def drive_llama(run, rng) -> None:
     run(feeds, f"padded prompts (batch {b}, seq {s}, lengths {lens})", select=valid)
 
 
+WHISPER_BATCHES = [1, 3, 2, 3, 1, 4]  # input_features [batch, mels, frames]: frames fixed by the positions
+# encoder-decoder decode sequences: (batch, prompt length, tokens per later step, encoder length)
+SEQ2SEQ_SEQS = [(1, 4, [1] * 6, 11), (3, 1, [1] * 5, 16), (2, 6, [2] + [1] * 4, 7)]
+
+
+def drive_whisper_enc(run, rng) -> None:
+    c = G.WHISPER
+    for i, b in enumerate(WHISPER_BATCHES):
+        x = rng.standard_normal((b, c["mels"], c["frames"])).astype(np.float32)
+        out = run({"input_features": x}, f"step {i} (batch {b})")
+        assert out["last_hidden_state"].shape == (b, c["frames"] // 2, c["d_model"])
+
+
+def drive_seq2seq_dec(run, rng, c: dict, enc_mask: bool) -> None:
+    """optimum's merged decoder: a prompt with use_cache_branch False and empty pasts (the no-past branch
+    computes the cross-attention keys/values from encoder_hidden_states), then decode steps with
+    use_cache_branch True feeding every present back as its past (the self-attention's growing, the
+    cross-attention's passed through); the batch, and for BART the encoder length and its padding
+    (encoder_attention_mask), change between sequences. Whisper's encoder length is fixed (frames / 2)."""
+    heads, hd = c["heads"], c["d_model"] // c["heads"]
+    past_names, _ = G.seq2seq_past_io(c["layers"])
+    for si, (b, prompt, steps, enc_len) in enumerate(SEQ2SEQ_SEQS):
+        if not enc_mask:
+            enc_len = c["frames"] // 2
+        enc = rng.standard_normal((b, enc_len, c["d_model"])).astype(np.float32)
+        fixed = {"encoder_hidden_states": enc}
+        if enc_mask:
+            fixed["encoder_attention_mask"] = G.right_padded_mask(rng, b, enc_len)
+        past = {n: np.zeros((b, heads, 0, hd), np.float32) for n in past_names}
+        total = 0
+        for k, s in enumerate([prompt, *steps]):
+            feeds = {"input_ids": rng.integers(0, c["vocab"], (b, s)).astype(np.int64), **fixed, **past,
+                     "use_cache_branch": np.array([k > 0])}
+            out = run(feeds, f"sequence {si} (batch {b}, encoder {enc_len}) step {k} (seq {s}, past {total})")
+            total += s
+            assert out["logits"].shape == (b, s, c["vocab"])
+            past = {n: out[n.replace("past_key_values.", "present.")] for n in past_names}
+            assert past["past_key_values.0.decoder.key"].shape == (b, heads, total, hd)
+            assert past["past_key_values.0.encoder.key"].shape == (b, heads, enc_len, hd)
+
+
 def run_model(zoo_model, device, zoo_stats, drive, *args, seed: int = 0) -> None:
     name, path = zoo_model
     cmp = Compare(name, path, device, zoo_stats)
@@ -311,7 +357,8 @@ VIT_MODELS = ["vit", "vit-opt"]
 T5_MODELS = ["t5enc", "t5enc-opt"]
 CNN_MODELS = ["cnn", "cnn-qop", "cnn-qdq"]
 LLAMA_MODELS = ["llama-fp32", "llama-int4", "llama-int4-acc1"]
-ALL_MODELS = BERT_MODELS + GPT2_MODELS + VIT_MODELS + T5_MODELS + CNN_MODELS + LLAMA_MODELS
+SEQ2SEQ_MODELS = ["whisper-enc", "whisper-dec", "bart-dec"]
+ALL_MODELS = BERT_MODELS + GPT2_MODELS + VIT_MODELS + T5_MODELS + CNN_MODELS + LLAMA_MODELS + SEQ2SEQ_MODELS
 
 
 def test_every_model_is_tested():
@@ -323,7 +370,7 @@ def test_tool_chain_ops(zoo_model):
     """The chain produced the ops it is there for (the list is printed by
     ``python scripts/make_zoo_models.py --ops``)."""
     name, path = zoo_model
-    ops = {op for (_, op) in G.ops_of_note(path)}
+    ops = {op for (_, op) in G.all_ops(path)}
     missing = EXPECTED_OPS.get(name, set()) - ops
     assert not missing, f"{name}: the tool chain no longer produces {sorted(missing)}; it has {sorted(ops)}"
 
@@ -356,3 +403,54 @@ def test_gpt2_decode(zoo_model, device, zoo_stats):
 @pytest.mark.parametrize("zoo_model", params(LLAMA_MODELS), indirect=True)
 def test_llama_decode(zoo_model, device, zoo_stats):
     run_model(zoo_model, device, zoo_stats, drive_llama, seed=6)
+
+
+@pytest.mark.parametrize("zoo_model", params(["whisper-enc"]), indirect=True)
+def test_whisper_encoder(zoo_model, device, zoo_stats):
+    run_model(zoo_model, device, zoo_stats, drive_whisper_enc, seed=7)
+
+
+@pytest.mark.parametrize("zoo_model", params(["whisper-dec"]), indirect=True)
+def test_whisper_decode(zoo_model, device, zoo_stats):
+    run_model(zoo_model, device, zoo_stats, drive_seq2seq_dec, G.WHISPER, False, seed=8)
+
+
+@pytest.mark.parametrize("zoo_model", params(["bart-dec"]), indirect=True)
+def test_bart_decode(zoo_model, device, zoo_stats):
+    run_model(zoo_model, device, zoo_stats, drive_seq2seq_dec, G.BART, True, seed=9)
+
+
+@pytest.mark.parametrize("zoo_model", params(["whisper-dec", "bart-dec"]), indirect=True)
+def test_merged_decoder_is_the_transformers_model(zoo_model):
+    """The merged decoder (onnxruntime: a prompt on the no-past branch, then steps on the with-past branch
+    over the cross-attention pasts it gave) computes what the transformers model computes over the whole
+    sequence at once: the export kept the cache logic (a with-past graph that ignored its pasts, or
+    recomputed the cross-attention from encoder_hidden_states, would still agree with dynashape)."""
+    torch = pytest.importorskip("torch")
+    name, path = zoo_model
+    c, make, enc_mask = {"whisper-dec": (G.WHISPER, G.whisper_model, False),
+                         "bart-dec": (G.BART, G.bart_model, True)}[name]
+    model = make()
+    rng = np.random.default_rng(10)
+    b, enc_len = 2, (9 if enc_mask else c["frames"] // 2)
+    ids = rng.integers(0, c["vocab"], (b, 7)).astype(np.int64)
+    enc = rng.standard_normal((b, enc_len, c["d_model"])).astype(np.float32)
+    mask = G.right_padded_mask(rng, b, enc_len, pad_rows=1.0)
+    kw = {"attention_mask": torch.from_numpy(mask)} if enc_mask else {}
+    with torch.no_grad():
+        want = model(decoder_input_ids=torch.from_numpy(ids), encoder_outputs=(torch.from_numpy(enc),),
+                     use_cache=False, **kw).logits.numpy()
+    sess = ort_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    past_names, _ = G.seq2seq_past_io(c["layers"])
+    past = {n: np.zeros((b, c["heads"], 0, c["d_model"] // c["heads"]), np.float32) for n in past_names}
+    got = []
+    for k, (lo, hi) in enumerate([(0, 3), (3, 4), (4, 6), (6, 7)]):
+        feeds = {"input_ids": ids[:, lo:hi], "encoder_hidden_states": enc, **past,
+                 "use_cache_branch": np.array([k > 0])}
+        if enc_mask:
+            feeds["encoder_attention_mask"] = mask
+        out = dict(zip(names, sess.run(names, feeds)))
+        got.append(out["logits"])
+        past = {n: out[n.replace("past_key_values.", "present.")] for n in past_names}
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=1e-4, atol=1e-5)
