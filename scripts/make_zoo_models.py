@@ -8,6 +8,10 @@ real tool chain:
     -> onnxruntime.quantization.quantize_dynamic / _static    (MatMulInteger, QLinear*, QDQ)
   torch.onnx.export of an encoder-decoder's decoder without and with past, merged under one If on
     use_cache_branch (optimum's merged-decoder layout, rebuilt here: optimum-onnx pins transformers < 4.58)
+  torch modules written here -> torch.onnx.export: a sentence-transformers model (BERT + mean pooling +
+    L2 norm, optimum's feature-extraction layout; optimum itself is not installed), a YOLOv8-style
+    detector with NonMaxSuppression appended by onnx.helper (what ultralytics' export(nms=True) gives;
+    ultralytics is not installed: it needs torchvision and opencv), a Segment-Anything-style decoder
   transformers checkpoint (save_pretrained, local tokenizer)
     -> python -m onnxruntime_genai.models.builder -p fp32|int4 -e cpu   (GQA, MatMulNBits)
 
