@@ -456,6 +456,14 @@ def _whisper_enc(rng: np.random.Generator, p: Point) -> Feeds:
     return {"input_features": rng.standard_normal((p[0], c["mels"], c["frames"])).astype(np.float32)}
 
 
+def _yolo(rng: np.random.Generator, p: Point) -> Feeds:
+    return generator().yolo_feeds(rng, *p)
+
+
+def _sam(rng: np.random.Generator, p: Point) -> Feeds:
+    return generator().sam_feeds(rng, *p)
+
+
 def _seq2seq_dec(cfg: str, enc_len: int, enc_mask: bool):
     """A call of an optimum-layout merged decoder at (batch, new tokens, past): past 0 is a prompt
     (use_cache_branch False, empty pasts), else a step over random pasts of that length and the
@@ -517,5 +525,13 @@ GENERATED: tuple[ModelSpec, ...] = (
          _seq2seq_dec("WHISPER", 20, False), _DEC_SEQ, _DEC_IN + "; enc = 20"),
     _gen("bart-dec", "tiny BART decoder with self- and cross-attention past (optimum's merged If layout)",
          _seq2seq_dec("BART", 16, True), _DEC_SEQ, "encoder_attention_mask [batch, enc], " + _DEC_IN + "; enc = 16"),
+    _gen("sbert", "tiny sentence-transformers model: BERT, mean pooling over the mask, L2 normalisation", _bert,
+         _ENC_SEQ, _BERT_IN),
+    _gen("yolo-nms", "YOLOv8-style detector ending in NonMaxSuppression (detections: data-dependent count)", _yolo,
+         ((1, 64, 64), (4, 64, 64), (1, 96, 128), (8, 64, 64), (1, 64, 64), (2, 128, 160)),
+         "images: float32 [batch, 3, H, W], all dynamic"),
+    _gen("sam-decoder", "Segment-Anything-style prompt decoder (two-way transformer, ConvTranspose, IoU head)", _sam,
+         ((1, 1), (4, 3), (1, 8), (8, 2), (1, 1), (2, 16)),
+         "image_embeddings [batch, 32, 8, 8], point_coords [batch, points, 2], point_labels [batch, points]"),
 )
 

@@ -23,7 +23,8 @@ DOC = os.path.join(ROOT, "docs", "models.md")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "real_models_cpu.json")
 NOTABLE = {"If", "Loop", "Scan", "LSTM", "GRU", "RNN", "NonZero", "Unique", "TopK", "Attention",
            "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
-           "QLinearConv", "QLinearMatMul", "STFT", "Einsum", "ScatterND", "ScatterElements", "OneHot"}
+           "QLinearConv", "QLinearMatMul", "STFT", "Einsum", "ScatterND", "ScatterElements", "OneHot",
+           "NonMaxSuppression", "ConvTranspose"}
 
 
 def ops_of_note(path: str) -> str:

@@ -8,6 +8,10 @@ real tool chain:
     -> onnxruntime.quantization.quantize_dynamic / _static    (MatMulInteger, QLinear*, QDQ)
   torch.onnx.export of an encoder-decoder's decoder without and with past, merged under one If on
     use_cache_branch (optimum's merged-decoder layout, rebuilt here: optimum-onnx pins transformers < 4.58)
+  torch modules written here -> torch.onnx.export: a sentence-transformers model (BERT + mean pooling +
+    L2 norm, optimum's feature-extraction layout; optimum itself is not installed), a YOLOv8-style
+    detector with NonMaxSuppression appended by onnx.helper (what ultralytics' export(nms=True) gives;
+    ultralytics is not installed: it needs torchvision and opencv), a Segment-Anything-style decoder
   transformers checkpoint (save_pretrained, local tokenizer)
     -> python -m onnxruntime_genai.models.builder -p fp32|int4 -e cpu   (GQA, MatMulNBits)
 
@@ -891,6 +895,251 @@ def make_llama_int4_acc1(path: Path, cache: Path) -> None:
               for a in n.attribute if a.name == "accuracy_level"}
     if levels != {1}:
         raise GenerationError(f"llama-int4-acc1: MatMulNBits accuracy_level {sorted(levels)}, asked for 1")
+
+
+# sentence-transformers, YOLO with NMS, SAM-style prompt decoder ---------------------------------------------
+def sbert_module():
+    """A sentence-transformers model as optimum exports it (feature-extraction with pooling): BertModel,
+    mean pooling over the attention mask, L2 normalisation (all-MiniLM's Pooling + Normalize)."""
+    import torch
+
+    bert = bert_module().model
+
+    class SBert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            h = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          return_dict=False)[0]
+            m = attention_mask.unsqueeze(-1).to(h.dtype)
+            emb = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            return h, torch.nn.functional.normalize(emb, p=2.0, dim=1)
+
+    return SBert().eval()
+
+
+@_model("sbert", "BertModel + mean pooling + L2 normalisation (sentence-transformers' Pooling/Normalize, "
+        "optimum's feature-extraction layout) -> torch.onnx.export (TorchScript)", needs=["transformers"])
+def make_sbert(path: Path, cache: Path) -> None:
+    import torch
+
+    b, s = 2, 7
+    args = (torch.randint(0, BERT["vocab"], (b, s)), torch.ones(b, s, dtype=torch.int64),
+            torch.zeros(b, s, dtype=torch.int64))
+    axes = {n: {0: "batch", 1: "seq"} for n in BERT_INPUTS + ["token_embeddings"]}
+    axes["sentence_embedding"] = {0: "batch"}
+    _ts_export(sbert_module(), args, path, BERT_INPUTS, ["token_embeddings", "sentence_embedding"], axes)
+
+
+YOLO = dict(classes=8, widths=(8, 16, 32), strides=(8, 16, 32), max_out=30, iou=0.45, score=0.55)
+
+
+def yolo_module():
+    """A YOLOv8-style detector (anchor-free, decoupled box/class heads over three strides, grid decoding
+    in the graph): boxes [batch, anchors, 4] as y1,x1,y2,x2 and scores [batch, classes, anchors]."""
+    import torch
+    from torch import nn
+
+    _seed()
+    c = YOLO
+
+    def cbs(i, o, s):
+        return nn.Sequential(nn.Conv2d(i, o, 3, s, 1), nn.BatchNorm2d(o), nn.SiLU())
+
+    class Yolo(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            w = c["widths"]
+            self.stem = nn.Sequential(cbs(3, w[0], 2), cbs(w[0], w[0], 2), cbs(w[0], w[0], 2))  # /8
+            self.down = nn.ModuleList([cbs(w[0], w[1], 2), cbs(w[1], w[2], 2)])  # /16, /32
+            self.box = nn.ModuleList([nn.Sequential(cbs(x, 16, 1), nn.Conv2d(16, 4, 1)) for x in w])
+            self.cls = nn.ModuleList([nn.Sequential(cbs(x, 16, 1), nn.Conv2d(16, c["classes"], 1)) for x in w])
+
+        def forward(self, images):
+            f = [self.stem(images)]
+            for d in self.down:
+                f.append(d(f[-1]))
+            boxes, scores = [], []
+            for i, (x, s) in enumerate(zip(f, c["strides"])):
+                b, _, h, w = x.shape
+                ys = (torch.arange(h, dtype=x.dtype) + 0.5).view(1, h, 1).expand(1, h, w)
+                xs = (torch.arange(w, dtype=x.dtype) + 0.5).view(1, 1, w).expand(1, h, w)
+                d = torch.nn.functional.softplus(self.box[i](x)) * 2.0  # l, t, r, b distances in cells
+                y1, x1 = (ys - d[:, 1]) * s, (xs - d[:, 0]) * s
+                y2, x2 = (ys + d[:, 3]) * s, (xs + d[:, 2]) * s
+                boxes.append(torch.stack([y1, x1, y2, x2], -1).reshape(b, -1, 4))
+                scores.append(torch.sigmoid(self.cls[i](x)).reshape(b, c["classes"], -1))
+            return torch.cat(boxes, 1), torch.cat(scores, 2)
+
+    net = Yolo()
+    for mod in net.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.2, 0.2)
+            mod.running_var.uniform_(0.5, 2.0)
+    return net.eval()
+
+
+@_model("yolo-nms", "YOLOv8-style anchor-free detector (torch) -> torch.onnx.export (TorchScript), then "
+        "onnx.helper appends NonMaxSuppression and the Gather of the selected boxes and scores "
+        "(ultralytics' export with nms=True, rebuilt: ultralytics is not installed)")
+def make_yolo_nms(path: Path, cache: Path) -> None:
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = YOLO
+    x = torch.randn(1, 3, 64, 64)
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "boxes": {0: "batch", 1: "anchors"},
+            "scores": {0: "batch", 2: "anchors"}}
+    raw = path.with_suffix(".raw.onnx")
+    _ts_export(yolo_module(), (x,), raw, ["images"], ["boxes", "scores"], axes)
+    m = onnx.load(str(raw))
+    raw.unlink()
+    g = m.graph
+    consts = {"max_out": np.array([c["max_out"]], np.int64), "iou_thr": np.array([c["iou"]], np.float32),
+              "score_thr": np.array([c["score"]], np.float32), "i0": np.array([0], np.int64),
+              "i2": np.array([2], np.int64), "ax1": np.array([1], np.int64)}
+    for k, v in consts.items():
+        g.initializer.append(numpy_helper.from_array(v, k))
+    nodes = [
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou_thr", "score_thr"], ["selected"],
+                         center_point_box=0),
+        # selected [n, 3] = (batch, class, box): the boxes and the scores they were selected with
+        helper.make_node("Gather", ["selected", "i0"], ["sel_b"], axis=1),
+        helper.make_node("Gather", ["selected", "ax1"], ["sel_c"], axis=1),
+        helper.make_node("Gather", ["selected", "i2"], ["sel_i"], axis=1),
+        helper.make_node("Concat", ["sel_b", "sel_i"], ["bi"], axis=1),
+        helper.make_node("GatherND", ["boxes", "bi"], ["det_boxes"]),
+        helper.make_node("GatherND", ["scores", "selected"], ["det_scores"]),
+        helper.make_node("Squeeze", ["sel_c", "ax1"], ["det_classes"]),
+    ]
+    g.node.extend(nodes)
+    del g.output[:]
+    g.output.extend([helper.make_tensor_value_info("selected_indices", TensorProto.INT64, ["n", 3]),
+                     helper.make_tensor_value_info("det_boxes", TensorProto.FLOAT, ["n", 4]),
+                     helper.make_tensor_value_info("det_scores", TensorProto.FLOAT, ["n"]),
+                     helper.make_tensor_value_info("det_classes", TensorProto.INT64, ["n"])])
+    g.node.append(helper.make_node("Identity", ["selected"], ["selected_indices"]))
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+
+
+def yolo_feeds(rng: np.random.Generator, batch: int, h: int, w: int) -> dict:
+    return {"images": rng.standard_normal((batch, 3, h, w)).astype(np.float32)}
+
+
+SAM = dict(dim=32, heads=2, mlp=64, layers=2, embed=8, image=64, masks=4)
+
+
+def sam_decoder_module():
+    """A Segment-Anything-style prompt decoder (the layout of SAM's exported decoder): points (with
+    labels: -1 padding, 0 negative, 1 positive, 2/3 box corners) embedded by random-Fourier sin/cos
+    positional encoding plus a learned per-label embedding; output tokens (IoU + masks) and the prompt
+    tokens attend to a fixed-size image embedding in a two-way transformer; masks from the image
+    embedding upsampled by two ConvTranspose and products with hypernetwork MLPs; an IoU head."""
+    import torch
+    from torch import nn
+
+    _seed()
+    c = SAM
+    dim, e = c["dim"], c["embed"]
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+        def forward(self, q, k, v):
+            b, nq, _ = q.shape
+            h = c["heads"]
+            q = self.q(q).view(b, nq, h, -1).transpose(1, 2)
+            k = self.k(k).view(b, k.shape[1], h, -1).transpose(1, 2)
+            v = self.v(v).view(b, v.shape[1], h, -1).transpose(1, 2)
+            a = torch.softmax(q @ k.transpose(-1, -2) / (dim // h) ** 0.5, -1)
+            return self.o((a @ v).transpose(1, 2).reshape(b, nq, dim))
+
+    class TwoWay(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.self_attn, self.t2i, self.i2t = Attn(), Attn(), Attn()
+            self.mlp = nn.Sequential(nn.Linear(dim, c["mlp"]), nn.ReLU(), nn.Linear(c["mlp"], dim))
+            self.n = nn.ModuleList([nn.LayerNorm(dim) for _ in range(4)])
+
+        def forward(self, tok, img, pe_tok, pe_img):
+            tok = self.n[0](tok + self.self_attn(tok + pe_tok, tok + pe_tok, tok))
+            tok = self.n[1](tok + self.t2i(tok + pe_tok, img + pe_img, img))
+            tok = self.n[2](tok + self.mlp(tok))
+            img = self.n[3](img + self.i2t(img + pe_img, tok + pe_tok, tok))
+            return tok, img
+
+    class Decoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("gauss", torch.randn(2, dim // 2))
+            self.label_embed = nn.Embedding(5, dim)  # label + 1: padding, negative, positive, box corners
+            self.out_tokens = nn.Parameter(torch.randn(1 + c["masks"], dim))
+            self.layers = nn.ModuleList([TwoWay() for _ in range(c["layers"])])
+            self.final = Attn()
+            self.up = nn.Sequential(nn.ConvTranspose2d(dim, dim // 4, 2, 2), nn.GroupNorm(1, dim // 4), nn.GELU(),
+                                    nn.ConvTranspose2d(dim // 4, dim // 8, 2, 2), nn.GELU())
+            self.hyper = nn.ModuleList([nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim // 8))
+                                        for _ in range(c["masks"])])
+            self.iou = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, c["masks"]))
+
+        def pe(self, xy):  # xy in [0, 1]
+            p = (2 * xy - 1) @ self.gauss * (2 * torch.pi)
+            return torch.cat([torch.sin(p), torch.cos(p)], -1)
+
+        def forward(self, image_embeddings, point_coords, point_labels):
+            b = point_coords.shape[0]
+            pts = self.pe((point_coords + 0.5) / c["image"])
+            lab = point_labels.to(torch.int64)
+            pts = pts * (lab != -1).unsqueeze(-1).to(pts.dtype) + self.label_embed(lab + 1)
+            tok = torch.cat([self.out_tokens.unsqueeze(0).expand(b, -1, -1), pts], 1)
+            img = image_embeddings.flatten(2).transpose(1, 2)
+            ys = (torch.arange(e, dtype=torch.float32) + 0.5) / e
+            grid = torch.stack([ys.view(1, e).expand(e, e), ys.view(e, 1).expand(e, e)], -1)
+            pe_img = self.pe(grid).reshape(1, e * e, dim)
+            q = tok
+            for layer in self.layers:
+                q, img = layer(q, img, tok, pe_img)
+            q = q + self.final(q + tok, img + pe_img, img)
+            up = self.up(img.transpose(1, 2).reshape(b, dim, e, e))
+            hyp = torch.stack([self.hyper[i](q[:, 1 + i]) for i in range(c["masks"])], 1)
+            masks = (hyp @ up.flatten(2)).view(b, c["masks"], up.shape[2], up.shape[3])
+            return masks, self.iou(q[:, 0])
+
+    return Decoder().eval()
+
+
+@_model("sam-decoder", "Segment-Anything-style prompt decoder (torch: sin/cos point encoding, two-way transformer, "
+        "ConvTranspose upsampling, IoU head) -> torch.onnx.export (TorchScript), dynamic batch and points")
+def make_sam_decoder(path: Path, cache: Path) -> None:
+    import torch
+
+    c = SAM
+    args = (torch.randn(2, c["dim"], c["embed"], c["embed"]), torch.rand(2, 3, 2) * c["image"],
+            torch.ones(2, 3))
+    axes = {"image_embeddings": {0: "batch"}, "point_coords": {0: "batch", 1: "points"},
+            "point_labels": {0: "batch", 1: "points"}, "masks": {0: "batch"}, "iou_predictions": {0: "batch"}}
+    _ts_export(sam_decoder_module(), args, path, ["image_embeddings", "point_coords", "point_labels"],
+               ["masks", "iou_predictions"], axes)
+
+
+def sam_feeds(rng: np.random.Generator, batch: int, points: int) -> dict:
+    """Random points with labels 0/1, some rows padded at the end (-1), a box (labels 2, 3) in some rows."""
+    c = SAM
+    coords = (rng.random((batch, points, 2)) * c["image"]).astype(np.float32)
+    labels = rng.integers(0, 2, (batch, points)).astype(np.float32)
+    for b in range(batch):
+        if points >= 3 and rng.random() < 0.5:
+            labels[b, -2:] = [2, 3]
+        elif points > 1 and rng.random() < 0.5:
+            labels[b, rng.integers(1, points):] = -1
+    return {"image_embeddings": rng.standard_normal((batch, c["dim"], c["embed"], c["embed"])).astype(np.float32),
+            "point_coords": coords, "point_labels": labels}
 
 
 # Ops of note ---------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ the shapes of what they return, which therefore must be exact, never padded.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import IndexOutOfRangeError
@@ -114,6 +115,44 @@ def _greedy(over, limit: int) -> list[int]:
         i += 1 + int(rest[0, 0])
 
 
+def _nms_host(corners: np.ndarray, scores: np.ndarray, limit: int, iou_thr: float, score_thr) -> torch.Tensor:
+    """The CPU path of NonMaxSuppression in numpy: the same selection as the torch loop below (the same
+    float32 IoU arithmetic, stable descending order), without a torch dispatch per small step (a
+    YOLO-style head with 8 classes at batch 8 took 7.7 ms in torch ops)."""
+    rows: list[tuple[int, int, int]] = []
+    n_batches, n_classes, _ = scores.shape
+    for b in range(n_batches):
+        for c in range(n_classes):
+            s = scores[b, c]
+            cand = np.flatnonzero(s > np.float32(score_thr)) if score_thr is not None else np.arange(s.shape[0])
+            if cand.size == 0:
+                continue
+            # best score first; equal scores keep the lower box index first (a stable sort of -score)
+            order = cand[np.argsort(-s[cand], kind="stable")]
+            k = corners[b, order]
+            area = (k[:, 2] - k[:, 0]) * (k[:, 3] - k[:, 1])
+            lo = np.maximum(k[:, None, :2], k[None, :, :2])
+            hi = np.minimum(k[:, None, 2:], k[None, :, 2:])
+            wh = np.maximum(hi - lo, np.float32(0))
+            inter = wh[..., 0] * wh[..., 1]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                over = inter / (area[:, None] + area[None, :] - inter) > np.float32(iou_thr)
+            alive = np.ones(order.shape[0], dtype=bool)
+            i, n = 0, 0
+            while True:
+                rows.append((b, c, int(order[i])))
+                n += 1
+                if n >= limit:
+                    break
+                alive &= ~over[i]
+                rest = alive[i + 1:]
+                j = int(rest.argmax()) if rest.size else 0
+                if not rest.size or not rest[j]:
+                    break
+                i += 1 + j
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+
 @op("NonMaxSuppression", (10, 11), infer=None)
 def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *,
          center_point_box=0, out=None):
@@ -124,6 +163,8 @@ def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, sco
     corners = _box_corners(boxes, center_point_box)
     host_sync.count("NonMaxSuppression", scores)  # the selection runs on the host (one read per class)
     rows: list[tuple[int, int, int]] = []
+    if scores.device.type == "cpu" and scores.dtype == torch.float32 and limit > 0:
+        return _nms_host(corners.numpy(), scores.numpy(), limit, iou_thr, score_thr)
     for b in range(n_batches if limit > 0 else 0):
         for c in range(n_classes):
             s = scores[b, c]

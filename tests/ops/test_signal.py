@@ -133,3 +133,22 @@ def test_nms_optional_inputs_absent_and_no_output():
     run_sequence(m, feeds, references=("ort",))
     m = make_model("NonMaxSuppression", 2, [F32, F32], opset=10, ranks=[3, 3])
     run_sequence(m, feeds, references=("ort",))
+
+
+def test_nms_ties_and_duplicates():
+    """The CPU path (numpy): equal scores keep the lower box index first, duplicated boxes (IoU 1) and
+    empty boxes (IoU 0/0) as onnxruntime treats them, many classes and boxes."""
+    rng = np.random.default_rng(5)
+
+    def mk(shapes):
+        boxes = _nms_inputs(0, shapes[0], rng)
+        boxes[:, 1::7] = boxes[:, 0:1]  # duplicates of box 0
+        boxes[:, 2::11, 2:] = boxes[:, 2::11, :2]  # empty boxes
+        scores = np.round(rng.uniform(0, 1, shapes[1]) * 8).astype(np.float32) / 8  # many equal scores
+        return {"in0": boxes, "in1": scores}
+
+    seq = [[(2, 60, 4), (2, 5, 60)], [(1, 200, 4), (1, 8, 200)], [(3, 9, 4), (3, 2, 9)]]
+    m = make_model("NonMaxSuppression", 5, [F32, F32, I64, F32, F32], opset=11, ranks=[3, 3],
+                   const_inputs={2: np.array([25], np.int64), 3: np.array([0.4], np.float32),
+                                 4: np.array([0.25], np.float32)})
+    run_sequence(m, [mk(s) for s in seq], references=("ort",))

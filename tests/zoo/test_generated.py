@@ -5,9 +5,12 @@ The models come from scripts/make_zoo_models.py (cached in .cache/generated/): t
 past), ViT, T5 encoder and a small ResNet exported with torch.onnx, then put through onnxruntime's
 transformer optimizer (com.microsoft fused ops) and its quantizers (dynamic, static QOperator and
 QDQ); a tiny Whisper encoder, and Whisper and BART decoders with self- and cross-attention past in
-optimum's merged layout (If on use_cache_branch); and a tiny Llama built by onnxruntime-genai's model
-builder (fp32 and int4). Every call gets fresh random inputs (ids in the vocab, masks of 1s with
-0-padding at the end of some rows); decoders run a prompt then decode steps feeding the presents back
+optimum's merged layout (If on use_cache_branch); a tiny Llama built by onnxruntime-genai's model
+builder (fp32 and int4); a sentence-transformers model (BERT, mean pooling, L2 norm), a YOLOv8-style
+detector ending in NonMaxSuppression (data-dependent output size: the same selected boxes, exactly)
+and a Segment-Anything-style prompt decoder (dynamic batch and number of points).
+Every call gets fresh random inputs (ids in the vocab, masks of 1s with 0-padding at the end of some
+rows); decoders run a prompt then decode steps feeding the presents back
 as pasts, with the batch changing between sequences. Each step also runs onnxruntime at
 ORT_DISABLE_ALL, so the summary at the end shows how far onnxruntime's own two levels are apart next
 to dynashape's distance.
@@ -108,6 +111,8 @@ EXPECTED_OPS: dict[str, set[str]] = {
     # optimum's merged decoder layout: the no-past and with-past graphs as branches of one If
     "whisper-dec": {"If"},
     "bart-dec": {"If"},
+    "yolo-nms": {"NonMaxSuppression", "GatherND"},
+    "sam-decoder": {"ConvTranspose", "Softmax", "Sin", "Cos"},
 }
 
 
@@ -210,6 +215,31 @@ DECODE_SEQS = [(1, 7, [1] * 8, False), (3, 5, [1] * 6, True), (2, 16, [3] + [1] 
 # GroupQueryAttention takes several new tokens over a non-empty past only at batch 1 (onnxruntime:
 # "batch_size must be 1 when sequence_length > 1 and past context is given")
 LLAMA_SEQS = [(1, 7, [1] * 8), (3, 5, [1] * 6), (1, 4, [3, 2] + [1] * 6), (2, 6, [1] * 6)]
+
+
+YOLO_SHAPES = [(1, 64, 64), (2, 96, 64), (1, 128, 160), (3, 64, 96), (1, 64, 64), (2, 160, 128)]  # (batch, h, w)
+SAM_SHAPES = [(1, 1), (2, 5), (3, 2), (1, 9), (2, 5), (4, 3), (1, 1)]  # (batch, points)
+
+
+def drive_yolo(run, rng) -> None:
+    """NonMaxSuppression's output size depends on the data: ONNX defines which boxes it selects (and
+    onnxruntime's order: batch, class, then score), so the selected (batch, class, box) triples must be
+    the same ones, exactly, and the gathered boxes and scores equal within FP32."""
+    counts = set()
+    for i, (b, h, w) in enumerate(YOLO_SHAPES):
+        out = run(G.yolo_feeds(rng, b, h, w), f"step {i} (batch {b}, {h}x{w})")
+        sel = out["selected_indices"]
+        assert sel.shape[1] == 3 and len(sel) == len(out["det_scores"])
+        assert (out["det_scores"] > G.YOLO["score"]).all()
+        counts.add(len(sel))
+    assert len(counts) > 2, f"the number of detections should change with the data: {counts}"
+
+
+def drive_sam(run, rng) -> None:
+    for i, (b, n) in enumerate(SAM_SHAPES):
+        out = run(G.sam_feeds(rng, b, n), f"step {i} (batch {b}, points {n})")
+        e = 4 * G.SAM["embed"]
+        assert out["masks"].shape == (b, G.SAM["masks"], e, e)
 
 
 def t5_feeds(rng, b: int, s: int) -> dict:
@@ -358,7 +388,9 @@ T5_MODELS = ["t5enc", "t5enc-opt"]
 CNN_MODELS = ["cnn", "cnn-qop", "cnn-qdq"]
 LLAMA_MODELS = ["llama-fp32", "llama-int4", "llama-int4-acc1"]
 SEQ2SEQ_MODELS = ["whisper-enc", "whisper-dec", "bart-dec"]
-ALL_MODELS = BERT_MODELS + GPT2_MODELS + VIT_MODELS + T5_MODELS + CNN_MODELS + LLAMA_MODELS + SEQ2SEQ_MODELS
+VISION_MODELS = ["yolo-nms", "sam-decoder"]
+ALL_MODELS = (BERT_MODELS + ["sbert"] + GPT2_MODELS + VIT_MODELS + T5_MODELS + CNN_MODELS + LLAMA_MODELS
+              + SEQ2SEQ_MODELS + VISION_MODELS)
 
 
 def test_every_model_is_tested():
@@ -378,6 +410,28 @@ def test_tool_chain_ops(zoo_model):
 @pytest.mark.parametrize("zoo_model", params(BERT_MODELS), indirect=True)
 def test_bert(zoo_model, device, zoo_stats):
     run_model(zoo_model, device, zoo_stats, drive_encoder, G.bert_feeds, seed=1)
+
+
+@pytest.mark.parametrize("zoo_model", params(["sbert"]), indirect=True)
+def test_sentence_transformer(zoo_model, device, zoo_stats):
+    """Mean pooling over the padded mask and L2 normalisation: the embeddings have norm 1."""
+
+    def drive(run, rng):
+        for i, (b, s) in enumerate(ENC_SHAPES):
+            out = run(G.bert_feeds(rng, b, s), f"step {i} (batch {b}, seq {s})")
+            np.testing.assert_allclose(np.linalg.norm(out["sentence_embedding"], axis=1), 1.0, rtol=1e-5)
+
+    run_model(zoo_model, device, zoo_stats, drive, seed=9)
+
+
+@pytest.mark.parametrize("zoo_model", params(["yolo-nms"]), indirect=True)
+def test_yolo_nms(zoo_model, device, zoo_stats):
+    run_model(zoo_model, device, zoo_stats, drive_yolo, seed=10)
+
+
+@pytest.mark.parametrize("zoo_model", params(["sam-decoder"]), indirect=True)
+def test_sam_decoder(zoo_model, device, zoo_stats):
+    run_model(zoo_model, device, zoo_stats, drive_sam, seed=11)
 
 
 @pytest.mark.parametrize("zoo_model", params(T5_MODELS), indirect=True)
