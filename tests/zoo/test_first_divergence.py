@@ -66,6 +66,12 @@ def feeds_of(name: str, rng) -> list[dict]:
         c = G.WHISPER
         return [{"input_features": rng.standard_normal((b, c["mels"], c["frames"])).astype(np.float32)}
                 for b in (2, 1)]
+    if name == "sbert":
+        return [G.bert_feeds(rng, 2, 9), G.bert_feeds(rng, 3, 5)]
+    if name == "yolo-nms":
+        return [G.yolo_feeds(rng, 2, 96, 64), G.yolo_feeds(rng, 1, 64, 96)]
+    if name == "sam-decoder":
+        return [G.sam_feeds(rng, 2, 5), G.sam_feeds(rng, 1, 2)]
     raise KeyError(name)
 
 
