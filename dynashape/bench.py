@@ -218,20 +218,29 @@ def _each_runtime(names: list[str], args, con, bench) -> list:
     return results
 
 
-def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
+def _start(name: str, args, dd):
+    """A runtime made and timed: (its Result, run, session, whether CUDA memory is tracked, a
+    memory probe or None); run is None where the runtime is skipped (the Result says why)."""
     res = Result(name)
     t0 = time.perf_counter()
     try:
         run, sess = _make_runtime(name, args, dd)
     except _Skip as e:
         res.status, res.note = "skipped", str(e)
-        return res
+        return res, None, None, False, None
     res.load_ms = (time.perf_counter() - t0) * 1e3
     cuda = str(args.device).startswith("cuda") and name == "dynashape"
     if cuda:
         import torch
         torch.cuda.reset_peak_memory_stats()
     mem = (lambda s=sess: s.memory_stats().get("current_bytes")) if name == "dynashape" else None
+    return res, run, sess, cuda, mem
+
+
+def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
+    res, run, sess, cuda, mem = _start(name, args, dd)
+    if run is None:
+        return res
     task = None
     try:
         for i, key in enumerate(keys):  # first call and warm-up of each distinct shape
@@ -280,19 +289,9 @@ def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
 def _bench_new_shapes(name: str, args, dd, feeds_for, keys, progress) -> Result:
     """Every call at a new shape set, each timed and counted from the first (no warm-up); the feeds
     of call i are made before it, outside its time, the same for every runtime."""
-    res = Result(name)
-    t0 = time.perf_counter()
-    try:
-        run, sess = _make_runtime(name, args, dd)
-    except _Skip as e:
-        res.status, res.note = "skipped", str(e)
+    res, run, sess, cuda, mem = _start(name, args, dd)
+    if run is None:
         return res
-    res.load_ms = (time.perf_counter() - t0) * 1e3
-    cuda = str(args.device).startswith("cuda") and name == "dynashape"
-    if cuda:
-        import torch
-        torch.cuda.reset_peak_memory_stats()
-    mem = (lambda s=sess: s.memory_stats().get("current_bytes")) if name == "dynashape" else None
     task = progress.add_task(name, total=len(keys)) if progress is not None else None
     start = time.perf_counter()
     try:
