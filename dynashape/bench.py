@@ -237,6 +237,18 @@ def _start(name: str, args, dd):
     return res, run, sess, cuda, mem
 
 
+def _finish(res: Result, sess, cuda: bool, progress, task) -> None:
+    """A runtime's memory figures into ``res`` (``sess``: dynashape's session, else None), its
+    progress bar line removed."""
+    if sess is not None:
+        res.peak_bytes = sess.memory_stats().get("peak_bytes")
+    if cuda:
+        import torch
+        res.cuda_max_memory_allocated = int(torch.cuda.max_memory_allocated())
+    if task is not None:
+        progress.remove_task(task)
+
+
 def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
     res, run, sess, cuda, mem = _start(name, args, dd)
     if run is None:
@@ -273,13 +285,7 @@ def _bench_one(name: str, args, dd, sequence, keys, progress) -> Result:
         res.interrupted = True
         res.note = "interrupted"
     finally:
-        if name == "dynashape":
-            res.peak_bytes = sess.memory_stats().get("peak_bytes")
-        if cuda:
-            import torch
-            res.cuda_max_memory_allocated = int(torch.cuda.max_memory_allocated())
-        if task is not None:
-            progress.remove_task(task)
+        _finish(res, sess if name == "dynashape" else None, cuda, progress, task)
         mem = None
         del run, sess
         gc.collect()
@@ -312,13 +318,7 @@ def _bench_new_shapes(name: str, args, dd, feeds_for, keys, progress) -> Result:
         res.note = "interrupted"
     finally:
         res.wall_s = time.perf_counter() - start
-        if name == "dynashape":
-            res.peak_bytes = sess.memory_stats().get("peak_bytes")
-        if cuda:
-            import torch
-            res.cuda_max_memory_allocated = int(torch.cuda.max_memory_allocated())
-        if task is not None:
-            progress.remove_task(task)
+        _finish(res, sess if name == "dynashape" else None, cuda, progress, task)
         mem = None
         del run, sess
         gc.collect()
