@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from .frontend.expose import expose
 
@@ -27,6 +26,25 @@ class Divergence:
     note: str = ""
 
 
+def onnxruntime_values(model, feeds: dict) -> dict:
+    """Every typed value of ``model`` by name, as onnxruntime computes it with its graph
+    optimizations off (so that every value of the graph exists there)."""
+    import onnxruntime as ort
+
+    from .frontend.parse import load_model_proto
+
+    typed = expose(load_model_proto(model), "all")
+    # onnxruntime cannot output a value of unknown type: leave those out
+    keep = [o for o in typed.graph.output if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type]
+    del typed.graph.output[:]
+    typed.graph.output.extend(keep)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(typed.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in keep]
+    return dict(zip(names, ref.run(names, feeds)))
+
+
 def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5, all_rows: bool = False,
                      reference=None, **session_options) -> list[Divergence]:
     """Run ``model`` on ``feeds`` in dynashape and in onnxruntime (graph optimizations off, so
@@ -35,30 +53,18 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     two part: later ones may only inherit it), or every compared row with ``all_rows``.
     ``reference``: the model onnxruntime runs instead of ``model`` (an original beside an edited
     copy: the values of the same names are compared)."""
-    import onnxruntime as ort
 
     from .api import InferenceSession
     from .frontend.parse import load_model_proto
 
     proto = expose(load_model_proto(model), "all")
-    ref_proto = proto if reference is None else expose(load_model_proto(reference), "all")
-    typed = onnx.ModelProto()
-    typed.CopyFrom(ref_proto)  # onnxruntime cannot output a value of unknown type: leave those out
-    keep = [o for o in typed.graph.output if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type]
-    del typed.graph.output[:]
-    typed.graph.output.extend(keep)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = ort.InferenceSession(typed.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in keep]
-    want = dict(zip(names, ref.run(names, feeds)))
-    del ref
+    want = onnxruntime_values(proto if reference is None else reference, feeds)
     sess = InferenceSession(proto, **session_options)
     got = dict(zip([a.name for a in sess.get_outputs()], sess.run(None, feeds)))
     producer = {o: n for n in proto.graph.node for o in n.output}
     order = {o: i for i, n in enumerate(proto.graph.node) for o in n.output}
     rows = []
-    for name in sorted(names, key=lambda o: order.get(o, -1)):  # graph order: the first row is the first to part
+    for name in sorted(want, key=lambda o: order.get(o, -1)):  # graph order: the first row is the first to part
         if name not in got:  # (a reference's value the model does not have)
             continue
         g, w = got[name], want[name]

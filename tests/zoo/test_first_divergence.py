@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from dynashape.debug import compare_values, first_divergence
+from dynashape.debug import compare_values, first_divergence, onnxruntime_values
 from dynashape.frontend.expose import expose
 
 from .test_generated import ALL_MODELS, G, params, t5_feeds
@@ -114,16 +114,9 @@ def planted(model: onnx.ModelProto, init: str) -> onnx.ModelProto:
 def _ort_values(model: onnx.ModelProto, feeds: dict) -> tuple[dict, list[str]]:
     """Every typed value of ``model`` by name, from onnxruntime at ORT_DISABLE_ALL, and the names in
     graph order."""
-    proto = expose(model, "all")
-    keep = [o for o in proto.graph.output if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type]
-    del proto.graph.output[:]
-    proto.graph.output.extend(keep)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in keep]
+    values = onnxruntime_values(model, feeds)
     order = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
-    return dict(zip(names, sess.run(names, feeds))), sorted(names, key=lambda o: order.get(o, -1))
+    return values, sorted(values, key=lambda o: order.get(o, -1))
 
 
 def first_changed(original: onnx.ModelProto, edited: onnx.ModelProto, feeds: dict) -> str | None:
