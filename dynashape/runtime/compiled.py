@@ -383,13 +383,13 @@ class SpecState:
                 step = v - self.sig[i] if self.sig is not None else 0
                 caps[i] = runner.capacity(spec.sig_symbols[i], v, step)
                 for kind in spec.aligned_positions.get(i, ()):  # room for the padded rows (aligned.py)
-                    caps[i] = max(caps[i], runner.model.padded(kind, v) or v)
-                    if kind == "conv" and runner.model.conv_buckets:
-                        # planned at once for the range's top bucket: a batch that grows later
-                        # re-plans nothing, and the graphs built for this plan keep serving
-                        top = conv_bucket(int(min(spec.trace.env.ranges.get(spec.sig_symbols[i], (0, 0))[1],
-                                                  MAX_ALIGNED)))
-                        caps[i] = max(caps[i], top or 0)
+                    want = v
+                    if kind == "conv":
+                        # a batch bucket's plan holds the range's top bucket at once: a batch that
+                        # grows later re-plans nothing, and the graphs built for this plan keep serving
+                        hi = spec.trace.env.ranges.get(spec.sig_symbols[i], (0, 0))[1]
+                        want = max(v, int(min(hi, MAX_ALIGNED)))
+                    caps[i] = max(caps[i], runner.model.padded(kind, want) or v)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         for b, n in zip(spec.arena, sizes):
@@ -505,7 +505,7 @@ class SpecState:
     def _weak(self, build, detach: bool) -> tuple:
         """``build`` and ``_built`` for the context's queue. A background build (``detach``)
         holds this state weakly: a session deleted while its builds wait is collected, and its
-        builds that have not started are dropped (counted where the session still exists)."""
+        builds that have not started yet are dropped."""
         if not detach:
             return build, self._built
         me = weakref.ref(self)
