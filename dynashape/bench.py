@@ -386,11 +386,17 @@ def main_new_shapes(args, dd, probe, given, compare, con) -> int:
                             lambda name, progress: _bench_new_shapes(name, args, dd, feeds_for, keys, progress))
     interrupted = any(r.interrupted for r in results)
     report_new_shapes(results, con)
+    return _conclude(args, con, results, interrupted,
+                     {"mode": "random-shapes", "random_shapes": list(args.random_shapes), "step": args.step,
+                      "seed": args.seed, "calls": args.calls, "shape_sequence": keys})
+
+
+def _conclude(args, con, results: list, interrupted: bool, fields: dict) -> int:
+    """The JSON (``--json``: the model, device, threads, ``fields``, each runtime's summary) and the
+    plot (``--plot``) of a bench run; its exit status (130 when interrupted)."""
     if args.json_path:
-        doc = {"model": str(args.model), "device": args.device, "threads": args.threads, "mode": "random-shapes",
-               "random_shapes": list(args.random_shapes), "step": args.step, "seed": args.seed,
-               "calls": args.calls, "interrupted": interrupted, "shape_sequence": keys,
-               "runtimes": {r.runtime: r.summary() for r in results}}
+        doc = {"model": str(args.model), "device": args.device, "threads": args.threads, **fields,
+               "interrupted": interrupted, "runtimes": {r.runtime: r.summary() for r in results}}
         with open(args.json_path, "w") as f:
             json.dump(doc, f, indent=1)
         con.print(f"results written to {args.json_path}")
@@ -504,14 +510,6 @@ def main(args) -> int:
                             lambda name, progress: _bench_one(name, args, dd, sequence, keys, progress))
     interrupted = any(r.interrupted for r in results)
     report(results, order, con)
-    if args.json_path:
-        doc = {"model": str(args.model), "device": args.device, "threads": args.threads, "warmup": args.warmup,
-               "runs": args.runs, "time_s": args.time_s, "interrupted": interrupted,
-               "shape_sequence": keys, "distinct_shapes": order,
-               "runtimes": {r.runtime: r.summary() for r in results}}
-        with open(args.json_path, "w") as f:
-            json.dump(doc, f, indent=1)
-        con.print(f"results written to {args.json_path}")
-    if args.plot:
-        plot(results, args.plot, con)
-    return 130 if interrupted else 0
+    return _conclude(args, con, results, interrupted,
+                     {"warmup": args.warmup, "runs": args.runs, "time_s": args.time_s, "shape_sequence": keys,
+                      "distinct_shapes": order})
