@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -13,6 +13,11 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_host_syncs.py \
       tests/test_disk_cache.py tests/impls/test_conv_buckets.py tests/reliability/test_indices.py
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls ;;
+  probe)  # this work's CUDA tests; where the calls' time goes (wall vs kernels); faster-than-SIMT fp32 products
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_host_syncs.py \
+      tests/test_disk_cache.py tests/impls/test_conv_buckets.py tests/reliability/test_indices.py
+    T=120 run python3 benchmarks/tf32x3_gemm.py --json "$OUT/tf32x3_gemm.json"
+    T=200 run python3 benchmarks/gpu_bound.py --json "$OUT/gpu_bound.json" ;;
   check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
       tests/test_disk_cache.py tests/reliability/test_indices.py
