@@ -61,8 +61,8 @@ def measure(name: str, call, feed_list) -> list:
         for _ in range(3):
             call(feeds)
         rows.append({"shape": list(shape), "wall_ms": wall_ms(call, feeds), "kernel_ms": kernel_ms(call, feeds)})
-        print(f"{name:10s} {str(shape):12s} wall {rows[-1]['wall_ms']:7.2f} ms  kernels {rows[-1]['kernel_ms']:7.2f} ms",
-              flush=True)
+        r = rows[-1]
+        print(f"{name:10s} {str(shape):12s} wall {r['wall_ms']:7.2f} ms  kernels {r['kernel_ms']:7.2f} ms", flush=True)
     return rows
 
 
@@ -80,19 +80,19 @@ def main() -> None:
         model, path, names, feeds = model_for(m + "_random", tmp)
         feed_list = [(s, feeds(s, g)) for s in SHAPES[m]]
         with torch.inference_mode():
-            eager = measure("eager", lambda f: model(*f), feed_list)
-        del model
+            eager = measure("eager", lambda f, model=model: model(*f), feed_list)
+        model = None  # eager's module gone before dynashape is timed
         gc.collect()
         torch.cuda.empty_cache()
         sess = dynashape.InferenceSession(path, device="cuda", static_impls="sync")
-        ours = measure("dynashape", lambda f: sess.run(None, dict(zip(names, f))), feed_list)
+        ours = measure("dynashape", lambda f, sess=sess, names=names: sess.run(None, dict(zip(names, f))), feed_list)
         out[m] = {"eager": eager, "dynashape": ours}
         for e, d in zip(eager, ours):
             print(f"{m} {e['shape']}: eager wall/kernels {e['wall_ms'] / e['kernel_ms']:.2f}, "
                   f"dynashape wall/kernels {d['wall_ms'] / d['kernel_ms']:.2f}, "
                   f"kernels dynashape/eager {d['kernel_ms'] / e['kernel_ms']:.2f}, "
                   f"speed-up {e['wall_ms'] / d['wall_ms']:.2f}, ceiling {e['wall_ms'] / d['kernel_ms']:.2f}")
-        del sess
+        sess = None
         gc.collect()
         torch.cuda.empty_cache()
     if args.json:

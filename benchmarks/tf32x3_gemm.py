@@ -91,15 +91,15 @@ def main() -> None:
         b = torch.randn(K, N, device="cuda") / K ** 0.5
         ref = a.double() @ b.double()
         torch.backends.cuda.matmul.allow_tf32 = False
-        fp32 = timed_ms(lambda: a @ b)
+        fp32 = timed_ms(lambda a=a, b=b: a @ b)
         e32 = rel_err(a @ b, ref)
         torch.backends.cuda.matmul.allow_tf32 = True
-        tf32 = timed_ms(lambda: a @ b)
+        tf32 = timed_ms(lambda a=a, b=b: a @ b)
         etf = rel_err(a @ b, ref)
         torch.backends.cuda.matmul.allow_tf32 = False
-        x3 = timed_ms(lambda: triton_mm(a, b))
+        x3 = timed_ms(lambda a=a, b=b: triton_mm(a, b))
         ex3 = rel_err(triton_mm(a, b), ref)
-        ieee = timed_ms(lambda: triton_mm(a, b, "ieee"))
+        ieee = timed_ms(lambda a=a, b=b: triton_mm(a, b, "ieee"))
         r = {"model": model, "M": M, "K": K, "N": N, "fp32_ms": fp32, "tf32_ms": tf32, "tf32x3_ms": x3,
              "triton_ieee_ms": ieee, "err_fp32": e32, "err_tf32": etf, "err_tf32x3": ex3,
              "tflops_fp32": 2 * M * N * K / fp32 / 1e9, "tflops_tf32x3": 2 * M * N * K / x3 / 1e9}
