@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 import torch
 
@@ -342,12 +343,18 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     with torch.cuda.device(device):
         side = _capture_stream(device)
         with torch.cuda.stream(side):
+            t0 = time.perf_counter()
             scratch = tuple(_scratch(x) if isinstance(x, torch.Tensor) else x for x in ins)
             with fused_epilogues(), tuning.light(), (specialise.specialised(tuning.fastest) if timed_forms()
                                                      else contextlib.nullcontext()):
                 fn(*symvals, *scratch)
             del scratch  # stream-ordered: its memory is reused on this stream after that run
-        return CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)
+            side.synchronize()  # the warm run's device work, apart from the capture's (phases below)
+            t1 = time.perf_counter()
+        impl = CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)
+        # where a background build's time goes (stats: static_build_warm_s, static_build_capture_s)
+        impl.phases = {"warm": t1 - t0, "capture": time.perf_counter() - t1}
+        return impl
 
 
 def _scratch(x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,11 @@ from contextlib import contextmanager
 _LOCAL = threading.local()
 _LOCK = threading.Lock()
 _CHOICES: dict[tuple, str] = {}
+# forms taken from a convolution timed at another batch (``_sibling``), never timed themselves: not
+# in the disk cache, not a sibling for others, and fixed once taken (a build's capture asks again
+# and must get the form its warm run prepared)
+_PROVISIONAL: dict[tuple, str] = {}
+SIBLING_SPAN = 4  # a timed batch serves batches up to this factor away
 STATS: Counter = Counter()  # process-wide: tuned, tune_s, chose_<op>_<form>
 
 
@@ -59,6 +64,7 @@ def remember(entries: dict) -> None:
 def forget() -> None:
     with _LOCK:
         _CHOICES.clear()
+        _PROVISIONAL.clear()
 
 
 def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> str:
@@ -68,7 +74,7 @@ def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> 
     if len(forms) == 1:
         return forms[0]
     with _LOCK:
-        choice = _CHOICES.get(key)
+        choice = _CHOICES.get(key) or _PROVISIONAL.get(key) or _sibling(key, forms)
     if choice is not None:
         return choice
     best = _LOCAL.tuner(key, [(lambda f=f: run(f)) for f in forms])
@@ -79,3 +85,27 @@ def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> 
         _CHOICES[key] = choice
     STATS[f"chose_{key[0]}_{choice}"] += 1
     return choice
+
+
+def _sibling(key: tuple, forms: tuple[str, ...]) -> str | None:
+    """The form timed for the same convolution at the nearest batch (within ``SIBLING_SPAN``),
+    kept provisional for ``key``; None when there is none. A region's batch buckets (1, 2, 4, 8,
+    16, 24, 32) differ only in the batch: timing every convolution again per bucket was 0.45 s
+    of a ResNet-50 bucket's 0.5 s build on an H100 (benchmarks/bucket_builds.py), and the
+    fastest form moves with the batch only across larger factors (tuned_conv.py). Called under
+    ``_LOCK``."""
+    if key[0] != "conv":
+        return None
+    b, rest = key[1][0], key[1][1:]
+    best = None
+    for k, f in _CHOICES.items():
+        if k[0] != "conv" or k[1][1:] != rest or k[2:] != key[2:] or f not in forms:
+            continue
+        ratio = max(b, k[1][0]) / max(min(b, k[1][0]), 1)
+        if ratio <= SIBLING_SPAN and (best is None or ratio < best[0]):
+            best = (ratio, f)
+    if best is None:
+        return None
+    _PROVISIONAL[key] = best[1]
+    STATS["sibling_forms"] += 1
+    return best[1]

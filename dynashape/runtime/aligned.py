@@ -143,6 +143,7 @@ class AlignedImpl:
             raise
         self.kind, self.nbytes = self.inner.kind, self.inner.nbytes
         self.fallback = getattr(self.inner, "fallback", None)
+        self.phases = getattr(self.inner, "phases", {})
 
     def _copy_in(self, ins: tuple, real: int) -> None:
         for i in self.copies:

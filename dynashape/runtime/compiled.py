@@ -558,6 +558,8 @@ class SpecState:
             self.runner.model.refusals.append(f"region {r} for {key}: inductor failed, specialised source: "
                                               f"{result.fallback[:200]}")
         stats["static_build_time_s"] += seconds
+        for phase, t in getattr(result, "phases", {}).items():
+            stats[f"static_build_{phase}_s"] += t
         stats["static_bytes"] += result.nbytes
         if token == self.token:  # else the plan moved while it was built: its addresses are gone
             self.runner.model.impls.put(k, result)

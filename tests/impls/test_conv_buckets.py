@@ -10,6 +10,10 @@ source, turned on for the session here; on the device these tests run CUDA graph
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -120,3 +124,19 @@ def test_scratch_live_ins_keep_sizes_and_strides_and_never_share_memory():
             assert int(s.abs().max()) == 0  # zeros: indices that are always valid
         else:
             assert bool(torch.isfinite(s).all())
+
+
+def test_a_process_that_ends_while_builds_run_ends_cleanly(device, tmp_path):
+    """A script that returns while its session's background builds are queued or running exits
+    with 0 and no abort: the worker is a daemon, and nothing it holds may take the interpreter's
+    exit down (an H100 run printed "terminate called without an active exception" at exit)."""
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), path)
+    code = ("import numpy as np, dynashape\n"
+            f"s = dynashape.InferenceSession({str(path)!r}, device={device!r}, static_impls='async')\n"
+            "for n in (3, 17, 9, 3, 17, 9):\n"
+            "    s.run(None, {'x': np.random.rand(n, 3, 12, 12).astype(np.float32)})\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "DYNASHAPE_CPU_STATIC": "specialized"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr

@@ -88,6 +88,35 @@ def test_the_tuner_is_asked_once_per_key_and_its_choice_kept():
     assert y2.shape == (4, 3)
 
 
+def _conv_key(batch: int) -> tuple:
+    return ("conv", (batch, 64, 56, 56), (256, 64, 1, 1), (1, 1), (0, 0), torch.float32, True, True, False,
+            False, False, 0)
+
+
+def test_a_convolution_timed_at_one_batch_serves_batches_near_it():
+    """A region's batch buckets differ only in the batch: their convolutions take the form timed
+    at the nearest batch within SIBLING_SPAN, provisionally (not timed, not saved, fixed once
+    taken); farther batches are timed, and a merged form never serves one image."""
+    asked = []
+
+    def tuner(key, runs):
+        asked.append(key[1][0])
+        return len(runs) - 1  # the last form: "gemm_merged", or "gemm" for one image
+    forms = ("cudnn", "gemm", "gemm_merged")
+    with specialise.specialised(tuner):
+        assert specialise.choose(_conv_key(8), forms, lambda f: None) == "gemm_merged"
+        assert specialise.choose(_conv_key(24), forms, lambda f: None) == "gemm_merged"  # 3x: from 8
+        assert specialise.choose(_conv_key(4), forms, lambda f: None) == "gemm_merged"
+        assert specialise.choose(_conv_key(1), forms[:2], lambda f: None) == "gemm"  # timed: 8 is 8x away
+        assert specialise.choose(_conv_key(2), forms, lambda f: None) == "gemm"  # nearest timed: 1
+        assert specialise.choose(_conv_key(64), forms, lambda f: None) == "gemm_merged"  # timed (24 untimed)
+        other = ("conv", (8, 64, 28, 28), *_conv_key(8)[2:])
+        specialise.choose(other, forms, lambda f: None)  # another spatial size: its own timing
+    assert asked == [8, 1, 64, 8]
+    assert set(specialise.choices()) == {_conv_key(8), _conv_key(1), _conv_key(64), other}
+    assert specialise.STATS["sibling_forms"] >= 3
+
+
 def test_a_tuner_that_cannot_time_leaves_the_key_untuned():
     x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
     with specialise.specialised(lambda key, runs: None):
