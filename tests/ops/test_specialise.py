@@ -281,11 +281,14 @@ def _conv_block() -> onnx.ModelProto:
 
 def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(device):
     tuned, dynamic = _sessions(_conv_block(), device)
-    for i, n in enumerate([1, 3, 1, 3, 1]):
+    siblings = specialise.STATS["sibling_forms"]
+    for i, n in enumerate([1, 5, 1, 5, 1, 3]):
         x = torch.randn(n, 16, 14, 14, device=device, generator=torch.Generator(device=device).manual_seed(i))
         torch.testing.assert_close(tuned.run(None, {"x": x})[0], dynamic.run(None, {"x": x})[0], rtol=1e-4,
                                    atol=1e-4)
     assert tuned.stats()["static_builds"] >= 2 and tuned.stats()["static_hits"] >= 1
     convs = {k: v for k, v in specialise.choices().items() if k[0] == "conv"}
-    assert {k[1][0] for k in convs} == {1, 3}, convs  # every batch's convolutions were timed
+    timed = {k[1][0] for k in convs}
+    assert len(timed) == 2 and 1 in timed, convs  # 1 and 5 (or its bucket): more than 4x apart, both timed
+    assert specialise.STATS["sibling_forms"] > siblings  # 3 took the forms timed at a batch near it
     assert len(convs) >= 6 and all(v in tc.FORMS for v in convs.values())
