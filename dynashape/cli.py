@@ -345,6 +345,24 @@ def _serve(**kw) -> int:
     return command.main(_ns(**kw))
 
 
+@cli.command("generate", help="Stream text from a decoder folder (onnxruntime-genai's builder or optimum) "
+                               "through its tokenizer.json; tokens/s at the end.")
+@click.argument("model_dir")
+@click.option("--prompt", required=True, help="the prompt text")
+@click.option("--max-length", type=int, default=None, help="prompt + generated tokens [default: the folder's]")
+@click.option("--min-length", type=int, default=None, help="no EOS before this length")
+@click.option("--do-sample", is_flag=True, help="sample (top-k, top-p, temperature) instead of greedy search")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--temperature", type=float, default=None)
+@click.option("--repetition-penalty", type=float, default=None)
+@click.option("--seed", type=int, default=None, help="the sampler's seed (reproducible runs)")
+@click.option("--device", default="cpu", show_default=True)
+def _generate(**kw) -> int:
+    from .generate import command
+    return command.main(_ns(**kw))
+
+
 def _fail(code: int, msg: str) -> int:
     print(msg if msg.startswith("dynashape:") else f"dynashape: {msg}", file=sys.stderr)
     return code

@@ -162,3 +162,7 @@ def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exc
     if isinstance(e, ExecutionError):
         return e
     return ExecutionError(f"{where} failed: {type(e).__name__}: {e}")
+
+
+class GenerationError(DynashapeError, RuntimeError):
+    """A generation step asked of a Generator that cannot take it (done, at max_length, no prompt)."""

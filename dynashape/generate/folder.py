@@ -1,0 +1,134 @@
+"""What a model folder says about its decoder: the ONNX file, its token/mask/position/KV inputs and
+outputs (found by name, as the exporters write them), and the search defaults of its config."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..errors import InvalidModelError
+
+# the decoder files exporters write, in the order they are looked for
+DECODER_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "decoder_model.onnx")
+
+
+@dataclass
+class DecoderIO:
+    """The decoder's inputs and outputs by role."""
+
+    input_ids: str
+    logits: str
+    attention_mask: str | None = None
+    position_ids: str | None = None
+    use_cache_branch: str | None = None  # optimum's merged decoders: True once a past is fed
+    past: list[str] = field(default_factory=list)     # KV inputs, in the graph's order
+    present: list[str] = field(default_factory=list)  # the output that feeds each one next step
+    kv_heads: int = 0
+    head_dim: int = 0
+    kv_dtype: int = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class FolderConfig:
+    onnx_path: Path
+    folder: Path | None
+    eos: tuple[int, ...] = ()
+    pad: int | None = None
+    context_length: int | None = None
+    search: dict = field(default_factory=dict)  # defaults for GeneratorParams
+
+
+def read_folder(path: str | Path) -> FolderConfig:
+    """The decoder file and the configuration of ``path`` (a folder or an .onnx file)."""
+    p = Path(path)
+    if p.is_file():
+        return FolderConfig(p, p.parent, **_hf_config(p.parent))
+    if not p.is_dir():
+        raise InvalidModelError(f"model folder {str(p)!r}: no such file or folder")
+    genai = p / "genai_config.json"
+    if genai.exists():
+        cfg = json.loads(genai.read_text())
+        m = cfg.get("model", {})
+        dec = m.get("decoder", {})
+        onnx_path = p / dec.get("filename", "model.onnx")
+        eos = m.get("eos_token_id", ())
+        search = {k: v for k, v in cfg.get("search", {}).items() if k in SEARCH_KEYS}
+        return FolderConfig(onnx_path, p, _ids(eos), m.get("pad_token_id"), m.get("context_length"), search)
+    for name in DECODER_FILES:
+        if (p / name).exists():
+            return FolderConfig(p / name, p, **_hf_config(p))
+    raise InvalidModelError(f"model folder {str(p)!r}: no genai_config.json and none of {', '.join(DECODER_FILES)}")
+
+
+SEARCH_KEYS = ("max_length", "min_length", "do_sample", "top_k", "top_p", "temperature", "repetition_penalty",
+               "random_seed")
+
+
+def _ids(v) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else (int(v),)
+
+
+def _hf_config(folder: Path) -> dict:
+    """eos/pad/context length and search defaults from transformers' config.json and generation_config.json."""
+    out: dict = {"search": {}}
+    for name in ("config.json", "generation_config.json"):
+        f = folder / name
+        if not f.exists():
+            continue
+        c = json.loads(f.read_text())
+        if c.get("eos_token_id") is not None:
+            out["eos"] = _ids(c["eos_token_id"])
+        if c.get("pad_token_id") is not None:
+            out["pad"] = int(c["pad_token_id"])
+        if c.get("max_position_embeddings"):
+            out["context_length"] = int(c["max_position_embeddings"])
+        if name == "generation_config.json":
+            out["search"].update({k: v for k, v in c.items() if k in SEARCH_KEYS and k != "max_length"})
+    return out
+
+
+_LAYER = re.compile(r"(\d+)")
+
+
+def decoder_io(model: onnx.ModelProto) -> DecoderIO:
+    """The roles of the decoder's inputs and outputs, found by the names exporters use:
+    ``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache_branch``, and KV inputs named
+    with ``past`` whose outputs are named with ``present`` (``past_key_values.3.key`` ->
+    ``present.3.key``, ``past_key_3`` -> ``present_key_3``)."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    ins = [v for v in g.input if v.name not in inits]
+    outs = [o.name for o in g.output]
+    names = {v.name for v in ins}
+    if "input_ids" not in names:
+        raise InvalidModelError(f"decoder: no input named 'input_ids' (inputs: {sorted(names)})")
+    past = [v for v in ins if "past" in v.name]
+    present = []
+    for v in past:
+        cands = [v.name.replace("past_key_values", "present"), v.name.replace("past", "present")]
+        hit = next((c for c in cands if c in outs), None)
+        if hit is None:
+            raise InvalidModelError(f"decoder: past input {v.name!r} has no present output among {outs} "
+                                    f"(looked for {cands})")
+        present.append(hit)
+    logits = "logits" if "logits" in outs else next((o for o in outs if o not in present), None)
+    if logits is None:
+        raise InvalidModelError(f"decoder: no logits output among {outs}")
+    io = DecoderIO("input_ids", logits, past=[v.name for v in past], present=present)
+    io.attention_mask = "attention_mask" if "attention_mask" in names else None
+    io.position_ids = "position_ids" if "position_ids" in names else None
+    io.use_cache_branch = "use_cache_branch" if "use_cache_branch" in names else None
+    if past:
+        t = past[0].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if len(dims) != 4 or dims[1] is None or dims[3] is None:
+            raise InvalidModelError(f"decoder: past input {past[0].name!r} should be [batch, heads, past, head_dim] "
+                                    f"with heads and head_dim fixed, got {dims}")
+        io.kv_heads, io.head_dim, io.kv_dtype = dims[1], dims[3], t.elem_type
+    return io

@@ -1,0 +1,192 @@
+"""Model, GeneratorParams and Generator in the shape of onnxruntime-genai's Python API.
+
+A Generator owns one request of the model's session (its own arena and KV storage), the tokens so
+far and the KV tensors on the session's device. ``append_tokens`` runs the prompt; each
+``generate_next_token`` runs the model on the token chosen last (lazily: none is run after the
+last token) and chooses the next on the device (``sampling.py``). Rows of a batch finish on their
+own EOS and then take the pad token; the generation is done when every row is, or at max_length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+
+from ..errors import GenerationError, InputError, OptionsError
+from .folder import SEARCH_KEYS, decoder_io, read_folder
+from .sampling import next_tokens
+
+KV_DTYPES = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
+             onnx.TensorProto.BFLOAT16: torch.bfloat16}
+DEFAULT_MAX_LENGTH = 2048
+
+
+class Model:
+    """A decoder folder (onnxruntime-genai's builder, optimum) or .onnx file on ``device``;
+    ``session_options`` go to dynashape.InferenceSession."""
+
+    def __init__(self, path, device: str | None = None, **session_options) -> None:
+        from ..api import InferenceSession
+
+        self.config = read_folder(path)
+        self.folder = self.config.folder
+        self.io = decoder_io(onnx.load(str(self.config.onnx_path), load_external_data=False))
+        self.session = InferenceSession(str(self.config.onnx_path), device=device, **session_options)
+        self.device = self.session.device
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+
+class GeneratorParams:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        c = model.config
+        self.search = {"max_length": c.context_length or DEFAULT_MAX_LENGTH, "min_length": 0, "do_sample": False,
+                       "top_k": 50, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0,
+                       "random_seed": -1}
+        self.set_search_options(**c.search)
+
+    def set_search_options(self, **options) -> None:
+        bad = sorted(set(options) - set(SEARCH_KEYS) - {"batch_size", "num_beams", "past_present_share_buffer"})
+        if bad:
+            raise OptionsError(f"set_search_options: unknown option(s) {bad}; known: {list(SEARCH_KEYS)}")
+        if options.get("num_beams", 1) != 1:
+            raise OptionsError("set_search_options: beam search (num_beams > 1) is not supported; greedy or sampling")
+        options = {k: v for k, v in options.items() if k in SEARCH_KEYS}
+        for k in ("temperature", "repetition_penalty"):
+            if k in options and not float(options[k]) > 0:
+                raise OptionsError(f"set_search_options: {k} must be > 0, got {options[k]}")
+        if "top_p" in options and not 0 < float(options["top_p"]) <= 1:
+            raise OptionsError(f"set_search_options: top_p must be in (0, 1], got {options['top_p']}")
+        self.search.update(options)
+
+    @property
+    def search_options(self) -> dict:
+        return dict(self.search)
+
+
+class Generator:
+    def __init__(self, model: Model, params: GeneratorParams) -> None:
+        self.model, self.params, self.io = model, params, model.io
+        self.request = model.session.create_infer_request()
+        self.seqs: torch.Tensor | None = None  # [batch, length] every token so far (left padding included)
+        self.mask: torch.Tensor | None = None  # 1 for a token, 0 for left padding
+        self.past: list[torch.Tensor] = []
+        self.fed = 0  # tokens the KV cache holds
+        self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
+        self.done: torch.Tensor | None = None
+        s = params.search
+        seed = int(s["random_seed"])
+        self.rng = torch.Generator(device=model.device)
+        self.rng.manual_seed(seed if seed >= 0 else int(torch.randint(0, 2**62, (1,))))
+        self.eos = model.config.eos
+        self.pad = model.config.pad if model.config.pad is not None else (self.eos[0] if self.eos else 0)
+
+    # ---- the prompt and appended tokens ----------------------------------------------------------
+    def append_tokens(self, tokens) -> None:
+        """Tokens for every row ([batch, n], or [n] for one row; rows of unequal length as a list are
+        left-padded, which needs the model's attention_mask); they are run now."""
+        ids, mask = self._rows(tokens)
+        dev = self.model.device
+        ids, mask = ids.to(dev), mask.to(dev)
+        if self.seqs is None:
+            self.seqs, self.mask = ids, mask
+            self.done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+            kv = KV_DTYPES.get(self.io.kv_dtype, torch.float32)
+            self.past = [torch.zeros(ids.shape[0], self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=dev)
+                         for _ in self.io.past]
+        else:
+            if ids.shape[0] != self.seqs.shape[0]:
+                raise InputError(f"append_tokens: {ids.shape[0]} rows, the generator has {self.seqs.shape[0]}")
+            if self.logits is None and self.fed < self.seqs.shape[1]:
+                self._run(self.seqs[:, self.fed:])  # the last chosen token joins the cache first
+            self.seqs, self.mask = torch.cat([self.seqs, ids], 1), torch.cat([self.mask, mask], 1)
+        self._check_length()
+        self._run(ids)
+
+    def _rows(self, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
+            rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in tokens]
+            n = max(len(r) for r in rows)
+            if any(len(r) != n for r in rows) and self.io.attention_mask is None:
+                raise InputError("append_tokens: rows of unequal length need left padding, and this model takes "
+                                 "no attention_mask; give rows of one length")
+            ids = np.full((len(rows), n), self.pad, dtype=np.int64)
+            mask = np.zeros((len(rows), n), dtype=np.int64)
+            for i, r in enumerate(rows):
+                ids[i, n - len(r):], mask[i, n - len(r):] = r, 1
+            return torch.from_numpy(ids), torch.from_numpy(mask)
+        t = torch.as_tensor(np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens)).long()
+        if t.dim() == 1:
+            t = t[None]
+        if t.dim() != 2 or t.shape[1] == 0:
+            raise InputError(f"append_tokens: expected [batch, n] or [n] tokens with n > 0, got shape {tuple(t.shape)}")
+        return t, torch.ones_like(t)
+
+    def _check_length(self) -> None:
+        if self.seqs.shape[1] > self.params.search["max_length"]:
+            raise GenerationError(f"the sequence is {self.seqs.shape[1]} tokens, max_length is "
+                                  f"{self.params.search['max_length']}")
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def _run(self, ids: torch.Tensor) -> None:
+        """The model over ``ids`` [batch, n] after the cached tokens: the last position's logits, the KV."""
+        io = self.io
+        feeds = {io.input_ids: ids}
+        total = self.fed + ids.shape[1]
+        if io.attention_mask is not None:
+            feeds[io.attention_mask] = self.mask[:, :total]
+        if io.position_ids is not None:
+            pos = (self.mask[:, :total].cumsum(1) - 1).clamp_(min=0)
+            feeds[io.position_ids] = pos[:, self.fed:]
+        if io.use_cache_branch is not None:
+            feeds[io.use_cache_branch] = torch.tensor([self.fed > 0], device=self.model.device)
+        feeds.update(zip(io.past, self.past))
+        out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
+        self.logits = out[io.logits][:, -1, :]
+        self.past = [out[n] for n in io.present]
+        self.fed = total
+
+    def generate_next_token(self) -> None:
+        if self.seqs is None:
+            raise GenerationError("generate_next_token: append_tokens (the prompt) first")
+        if self.is_done():
+            raise GenerationError("generate_next_token: the generation is done (every row ended or max_length)")
+        if self.logits is None:
+            self._run(self.seqs[:, self.fed:])
+        s = self.params.search
+        banned = self.eos if self.seqs.shape[1] < int(s["min_length"]) else ()
+        tok = next_tokens(self.logits, self.seqs, do_sample=bool(s["do_sample"]), top_k=int(s["top_k"]),
+                          top_p=float(s["top_p"]), temperature=float(s["temperature"]),
+                          repetition_penalty=float(s["repetition_penalty"]), generator=self.rng, banned=banned)
+        tok = torch.where(self.done, torch.full_like(tok, self.pad), tok)
+        if self.eos:
+            self.done |= torch.isin(tok, torch.tensor(self.eos, device=tok.device))
+        self.seqs = torch.cat([self.seqs, tok[:, None]], 1)
+        self.mask = torch.cat([self.mask, torch.ones_like(tok)[:, None]], 1)
+        self.logits = None
+
+    def is_done(self) -> bool:
+        if self.seqs is None:
+            return False
+        return self.seqs.shape[1] >= self.params.search["max_length"] or bool(self.done.all())
+
+    # ---- what the caller reads -------------------------------------------------------------------
+    def get_next_tokens(self) -> np.ndarray:
+        """The token each row took last (the token read back: the step's one sync)."""
+        return self.seqs[:, -1].cpu().numpy()
+
+    def get_sequence(self, row: int) -> np.ndarray:
+        """Row ``row``'s tokens, prompt first, its left padding left out."""
+        keep = self.mask[row].bool()
+        return self.seqs[row][keep].cpu().numpy()
+
+    def get_logits(self) -> np.ndarray:
+        """The logits [batch, vocab] the next token will be chosen from (runs the model if needed)."""
+        if self.logits is None:
+            self._run(self.seqs[:, self.fed:])
+        return self.logits.float().cpu().numpy()

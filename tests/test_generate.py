@@ -1,0 +1,213 @@
+"""dynashape.generate: onnxruntime-genai's Model / GeneratorParams / Generator over a decoder folder.
+
+On the test Llama (tests/models/llama.py, random weights, KV inputs ``past_key_i``): greedy tokens
+equal a reference loop over the torch module; sampling is reproducible by seed and top_k=1 is
+greedy; rows end on their own EOS and then take the pad token; max_length stops the generation;
+the logits processors follow transformers' definitions; genai_config.json and optimum-style folders
+are read; the ``dynashape generate`` command streams the tokenizer's text of the greedy tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from dynashape import errors
+from dynashape.generate import Generator, GeneratorParams, Model, Tokenizer
+from dynashape.generate.folder import read_folder
+from dynashape.generate.sampling import penalise_repeats, top_k_top_p
+from tests.models import llama
+
+CFG = llama.TINY
+EOS_FREE = -1  # an id no model emits: EOS never ends a row
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An onnxruntime-genai-style folder: genai_config.json naming the decoder file."""
+    d = tmp_path_factory.mktemp("genai")
+    shutil.copy(llama.model_path(CFG), d / "decoder.onnx")
+    (d / "genai_config.json").write_text(json.dumps({
+        "model": {"decoder": {"filename": "decoder.onnx"}, "eos_token_id": [EOS_FREE], "pad_token_id": 0,
+                  "context_length": 200},
+        "search": {"max_length": 40, "do_sample": False}}))
+    return d
+
+
+def reference_greedy(prompt: np.ndarray, steps: int) -> np.ndarray:
+    """Greedy tokens of the torch module: the prompt, then one token a step over its KV cache."""
+    m = llama.build(CFG)
+    b = prompt.shape[0]
+    past = [torch.zeros(b, CFG["kv_heads"], 0, CFG["head_dim"]) for _ in range(2 * CFG["layers"])]
+    ids, out = torch.from_numpy(prompt).long(), []
+    with torch.no_grad():
+        for _ in range(steps):
+            res = m(ids, *past)
+            tok = res[0][:, -1].argmax(-1)
+            out.append(tok.numpy())
+            past, ids = list(res[1:]), tok[:, None]
+    return np.stack(out, 1)
+
+
+def prompt(batch: int, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, CFG["vocab"], (batch, n))
+
+
+def generate(model, tokens, **search) -> Generator:
+    p = GeneratorParams(model)
+    p.set_search_options(**search)
+    g = Generator(model, p)
+    g.append_tokens(tokens)
+    while not g.is_done():
+        g.generate_next_token()
+    return g
+
+
+def test_greedy_tokens_equal_a_reference_loop_over_the_torch_module(folder):
+    model = Model(folder)
+    for batch, seed in ((1, 0), (3, 1)):
+        p = prompt(batch, 5, seed)
+        g = generate(model, p, max_length=5 + 24)
+        want = reference_greedy(p, 24)
+        for r in range(batch):
+            np.testing.assert_array_equal(g.get_sequence(r), np.concatenate([p[r], want[r]]))
+        np.testing.assert_array_equal(g.get_next_tokens(), want[:, -1])
+
+
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder):
+    model = Model(folder)
+    p = prompt(2, 4, 2)
+    opts = dict(max_length=30, do_sample=True, top_k=50, top_p=0.9, temperature=1.3)
+    a = generate(model, p, random_seed=7, **opts)
+    b = generate(model, p, random_seed=7, **opts)
+    c = generate(model, p, random_seed=8, **opts)
+    seqs = [np.stack([g.get_sequence(r) for r in range(2)]) for g in (a, b, c)]
+    np.testing.assert_array_equal(seqs[0], seqs[1])
+    assert not np.array_equal(seqs[0], seqs[2])  # 26 draws from ~50 tokens each: the seeds part
+    greedy = generate(model, p, max_length=30)
+    one = generate(model, p, max_length=30, do_sample=True, top_k=1, random_seed=3)
+    np.testing.assert_array_equal(np.stack([one.get_sequence(r) for r in range(2)]),
+                                  np.stack([greedy.get_sequence(r) for r in range(2)]))
+
+
+def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder):
+    model = Model(folder)
+    p = prompt(2, 5, 3)
+    want = reference_greedy(p, 20)
+    eos = int(want[0, 6])  # row 0's 7th token ends it
+    assert eos not in want[1, :8].tolist() and eos not in want[0, :6].tolist()
+    model.config.eos = (eos,)
+    g = Generator(model, GeneratorParams(model))
+    g.params.set_search_options(max_length=5 + 20)
+    g.append_tokens(p)
+    steps = 0
+    while not g.is_done():
+        g.generate_next_token()
+        steps += 1
+    assert steps == 20  # row 1 runs on to max_length (unless it meets the EOS itself)
+    row0 = g.get_sequence(0)[5:]
+    np.testing.assert_array_equal(row0[:7], want[0, :7])
+    assert (row0[7:] == 0).all()  # the pad token after its EOS
+    assert g.get_sequence(1)[5:5 + 8].tolist() == want[1, :8].tolist()
+    model.config.eos = (EOS_FREE,)
+
+
+def test_min_length_holds_eos_back(folder):
+    model = Model(folder)
+    p = prompt(1, 5, 3)
+    want = reference_greedy(p, 8)
+    model.config.eos = (int(want[0, 0]),)  # the first greedy token is the EOS
+    try:
+        g = generate(model, p, max_length=20)
+        assert len(g.get_sequence(0)) == 6  # ended at once
+        g = generate(model, p, max_length=20, min_length=10)
+        assert g.get_sequence(0)[5] != want[0, 0] and len(g.get_sequence(0)) >= 10
+    finally:
+        model.config.eos = (EOS_FREE,)
+
+
+def test_max_length_stops_and_a_step_after_the_end_is_a_typed_error(folder):
+    model = Model(folder)
+    g = generate(model, prompt(1, 6, 4), max_length=9)
+    assert len(g.get_sequence(0)) == 9 and g.is_done()
+    with pytest.raises(errors.GenerationError, match="done"):
+        g.generate_next_token()
+    with pytest.raises(errors.GenerationError, match="prompt"):
+        Generator(model, GeneratorParams(model)).generate_next_token()
+    with pytest.raises(errors.OptionsError, match="unknown option"):
+        GeneratorParams(model).set_search_options(max_lenght=3)
+    with pytest.raises(errors.InputError, match="attention_mask"):
+        Generator(model, GeneratorParams(model)).append_tokens([[1, 2, 3], [4, 5]])
+
+
+def test_append_tokens_after_steps_continues_the_cache(folder):
+    """Tokens appended mid-generation join after the last chosen one, as one longer prompt would."""
+    model = Model(folder)
+    p = prompt(1, 4, 5)
+    g = Generator(model, GeneratorParams(model))
+    g.append_tokens(p)
+    for _ in range(3):
+        g.generate_next_token()
+    g.append_tokens(np.array([[11, 12]]))
+    g.generate_next_token()
+    seq = g.get_sequence(0)
+    whole = Generator(model, GeneratorParams(model))
+    whole.append_tokens(seq[None, :-1])
+    whole.generate_next_token()
+    assert whole.get_sequence(0)[-1] == seq[-1]
+
+
+def test_logits_processors_follow_their_definitions():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    pen = penalise_repeats(logits, torch.tensor([[0, 1]]), 2.0)
+    torch.testing.assert_close(pen, torch.tensor([[1.0, -2.0, 0.5, 3.0]]))
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = top_k_top_p(probs, 0, 0.7).isfinite()  # 0.5 < 0.7, 0.5 + 0.3 reaches it: two kept
+    assert kept.tolist() == [[True, True, False, False]]
+    assert top_k_top_p(probs, 3, 1.0).isfinite().tolist() == [[True, True, True, False]]
+    assert top_k_top_p(probs, 0, 0.1).isfinite().tolist() == [[True, False, False, False]]
+
+
+def test_folders_of_both_exporters_are_read(folder, tmp_path):
+    c = read_folder(folder)
+    assert c.onnx_path.name == "decoder.onnx" and c.context_length == 200 and c.search["max_length"] == 40
+    shutil.copy(folder / "decoder.onnx", tmp_path / "model.onnx")
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2, "pad_token_id": 1,
+                                                      "max_position_embeddings": 128}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 3], "do_sample": True,
+                                                                 "top_p": 0.8}))
+    o = read_folder(tmp_path)
+    assert o.onnx_path.name == "model.onnx" and o.eos == (2, 3) and o.pad == 1 and o.context_length == 128
+    assert o.search == {"do_sample": True, "top_p": 0.8}
+    with pytest.raises(errors.InvalidModelError, match="no genai_config.json"):
+        read_folder(tmp_path.parent)  # a folder with no model in it
+
+
+def _word_tokenizer(path) -> None:
+    from tokenizers import Tokenizer as HF
+    from tokenizers.decoders import WordPiece  # joins words with spaces
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    vocab = {f"w{i}": i for i in range(CFG["vocab"])}
+    tok = HF(WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.decoder = WordPiece(prefix="##")
+    tok.save(str(path))
+
+
+def test_the_generate_command_streams_the_greedy_text(folder, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from dynashape.cli import main
+    d = tmp_path / "m"
+    shutil.copytree(folder, d)
+    _word_tokenizer(d / "tokenizer.json")
+    text = "w5 w17 w230 w9"
+    ids = Tokenizer(d).encode(text)
+    want = reference_greedy(ids[None].astype(np.int64), 12)[0]
+    assert main(["generate", str(d), "--prompt", text, "--max-length", str(len(ids) + 12)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == Tokenizer(d).decode(want).strip()
+    assert "tokens/s" in err
