@@ -40,6 +40,8 @@ class FolderConfig:
     pad: int | None = None
     context_length: int | None = None
     search: dict = field(default_factory=dict)  # defaults for GeneratorParams
+    kv_heads: int | None = None  # for a decoder whose KV inputs leave them symbolic
+    head_dim: int | None = None
 
 
 def read_folder(path: str | Path) -> FolderConfig:
@@ -57,7 +59,8 @@ def read_folder(path: str | Path) -> FolderConfig:
         onnx_path = p / dec.get("filename", "model.onnx")
         eos = m.get("eos_token_id", ())
         search = {k: v for k, v in cfg.get("search", {}).items() if k in SEARCH_KEYS}
-        return FolderConfig(onnx_path, p, _ids(eos), m.get("pad_token_id"), m.get("context_length"), search)
+        return FolderConfig(onnx_path, p, _ids(eos), m.get("pad_token_id"), m.get("context_length"), search,
+                            dec.get("num_key_value_heads"), dec.get("head_size"))
     for name in DECODER_FILES:
         if (p / name).exists():
             return FolderConfig(p / name, p, **_hf_config(p))
@@ -88,6 +91,10 @@ def _hf_config(folder: Path) -> dict:
             out["pad"] = int(c["pad_token_id"])
         if c.get("max_position_embeddings"):
             out["context_length"] = int(c["max_position_embeddings"])
+        heads = c.get("num_attention_heads")
+        if heads:
+            out["kv_heads"] = int(c.get("num_key_value_heads") or heads)
+            out["head_dim"] = int(c.get("head_dim") or c["hidden_size"] // heads)
         if name == "generation_config.json":
             out["search"].update({k: v for k, v in c.items() if k in SEARCH_KEYS and k != "max_length"})
     return out
@@ -127,8 +134,8 @@ def decoder_io(model: onnx.ModelProto) -> DecoderIO:
     if past:
         t = past[0].type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if len(dims) != 4 or dims[1] is None or dims[3] is None:
-            raise InvalidModelError(f"decoder: past input {past[0].name!r} should be [batch, heads, past, head_dim] "
-                                    f"with heads and head_dim fixed, got {dims}")
-        io.kv_heads, io.head_dim, io.kv_dtype = dims[1], dims[3], t.elem_type
+        if len(dims) != 4:
+            raise InvalidModelError(f"decoder: past input {past[0].name!r} should be [batch, heads, past, head_dim], "
+                                    f"got rank {len(dims)}")
+        io.kv_heads, io.head_dim, io.kv_dtype = dims[1] or 0, dims[3] or 0, t.elem_type  # 0: the folder's config
     return io

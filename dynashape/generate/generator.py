@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..errors import GenerationError, InputError, OptionsError
+from ..errors import GenerationError, InputError, InvalidModelError, OptionsError
 from .folder import SEARCH_KEYS, decoder_io, read_folder
 from .sampling import next_tokens
 
@@ -32,6 +32,12 @@ class Model:
         self.config = read_folder(path)
         self.folder = self.config.folder
         self.io = decoder_io(onnx.load(str(self.config.onnx_path), load_external_data=False))
+        if self.io.past and not (self.io.kv_heads and self.io.head_dim):  # symbolic in the graph: the config's
+            self.io.kv_heads = self.io.kv_heads or self.config.kv_heads or 0
+            self.io.head_dim = self.io.head_dim or self.config.head_dim or 0
+            if not (self.io.kv_heads and self.io.head_dim):
+                raise InvalidModelError(f"decoder: {self.io.past[0]!r} leaves its heads or head size symbolic and "
+                                        "the folder's config does not give them (num_key_value_heads, head_size)")
         self.session = InferenceSession(str(self.config.onnx_path), device=device, **session_options)
         self.device = self.session.device
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -1,0 +1,82 @@
+"""Greedy generation through the generate API, dynashape against onnxruntime-genai on one folder.
+
+The 2-layer Llama of scripts/make_zoo_models.py (random weights) built by onnxruntime-genai's model
+builder (``-p int4 -e cpu`` by default), one prompt of 8 random tokens, ``--steps`` tokens each
+read back to the host as a streaming loop does (``get_next_tokens``), the same code for both
+runtimes (``dynashape.generate`` takes onnxruntime-genai's API); one runtime at a time, the other's
+objects deleted first. Reports tokens/s after the prompt and whether the tokens are equal.
+
+    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--folder /tmp/genai_int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def build(folder: Path, precision: str) -> Path:
+    from benchmarks.real_models_specs import generator
+    out = folder / "out"
+    if (out / "genai_config.json").exists():
+        return out
+    g = generator()
+    g.LLAMA["max_positions"] = 1024
+    g.make_llama_checkpoint(folder / "hf")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder / "hf"), "-o",
+                        str(out), "-p", precision, "-e", "cpu", "-c", str(folder / "cache")],
+                       cwd=folder, env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(r.stderr[-2000:])
+    return out
+
+
+def greedy(mod, folder: Path, prompt: np.ndarray, steps: int) -> tuple[list[int], float]:
+    model = mod.Model(str(folder))
+    params = mod.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + steps)
+    gen = mod.Generator(model, params)
+    gen.append_tokens(prompt)
+    tokens = []
+    t0 = time.perf_counter()
+    while not gen.is_done():
+        gen.generate_next_token()
+        tokens.append(int(gen.get_next_tokens()[0]))
+    return tokens, len(tokens) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--precision", default="int4")
+    ap.add_argument("--folder", default="/tmp/genai_int4")
+    args = ap.parse_args()
+    import onnxruntime_genai as og
+    import torch
+
+    import dynashape.generate as dg
+    torch.set_num_threads(2)
+    out = build(Path(args.folder), args.precision)
+    prompt = np.random.default_rng(0).integers(4, 256, 8).astype(np.int32)
+    rows = {}
+    for name, mod in (("onnxruntime-genai", og), ("dynashape", dg)):
+        greedy(mod, out, prompt, 16)  # loads, first calls
+        rows[name] = greedy(mod, out, prompt, args.steps)
+        gc.collect()
+    (a, ra), (b, rb) = rows["onnxruntime-genai"], rows["dynashape"]
+    print(f"onnxruntime-genai {ra:.0f} tokens/s; dynashape {rb:.0f} tokens/s ({rb / ra:.3f}x); "
+          f"tokens equal: {a == b}")
+
+
+if __name__ == "__main__":
+    main()
