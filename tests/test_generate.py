@@ -66,8 +66,8 @@ def generate(model, tokens, **search) -> Generator:
     return g
 
 
-def test_greedy_tokens_equal_a_reference_loop_over_the_torch_module(folder):
-    model = Model(folder)
+def test_greedy_tokens_equal_a_reference_loop_over_the_torch_module(folder, device):
+    model = Model(folder, device=device)
     for batch, seed in ((1, 0), (3, 1)):
         p = prompt(batch, 5, seed)
         g = generate(model, p, max_length=5 + 24)
@@ -77,8 +77,8 @@ def test_greedy_tokens_equal_a_reference_loop_over_the_torch_module(folder):
         np.testing.assert_array_equal(g.get_next_tokens(), want[:, -1])
 
 
-def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder):
-    model = Model(folder)
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder, device):
+    model = Model(folder, device=device)
     p = prompt(2, 4, 2)
     opts = dict(max_length=30, do_sample=True, top_k=50, top_p=0.9, temperature=1.3)
     a = generate(model, p, random_seed=7, **opts)
@@ -93,8 +93,8 @@ def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder):
                                   np.stack([greedy.get_sequence(r) for r in range(2)]))
 
 
-def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder):
-    model = Model(folder)
+def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder, device):
+    model = Model(folder, device=device)
     p = prompt(2, 5, 3)
     want = reference_greedy(p, 20)
     eos = int(want[0, 6])  # row 0's 7th token ends it
