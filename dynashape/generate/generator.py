@@ -81,6 +81,8 @@ class Generator:
         self.request = model.session.create_infer_request()
         self.seqs: torch.Tensor | None = None  # [batch, length] every token so far (left padding included)
         self.mask: torch.Tensor | None = None  # 1 for a token, 0 for left padding
+        self._tokens: torch.Tensor | None = None  # the buffers seqs and mask view
+        self._ones: torch.Tensor | None = None
         self.past: list[torch.Tensor] = []
         self.fed = 0  # tokens the KV cache holds
         self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
@@ -91,6 +93,8 @@ class Generator:
         self.rng.manual_seed(seed if seed >= 0 else int(torch.randint(0, 2**62, (1,))))
         self.eos = model.config.eos
         self.pad = model.config.pad if model.config.pad is not None else (self.eos[0] if self.eos else 0)
+        self.last = np.zeros(0, dtype=np.int64)  # the tokens chosen last, on the host
+        self.done_rows = np.zeros(0, dtype=bool)
 
     # ---- the prompt and appended tokens ----------------------------------------------------------
     def append_tokens(self, tokens) -> None:
@@ -100,8 +104,8 @@ class Generator:
         dev = self.model.device
         ids, mask = ids.to(dev), mask.to(dev)
         if self.seqs is None:
-            self.seqs, self.mask = ids, mask
-            self.done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+            self._put(ids, mask)
+            self.done_rows = np.zeros(ids.shape[0], dtype=bool)
             kv = KV_DTYPES.get(self.io.kv_dtype, torch.float32)
             self.past = [torch.zeros(ids.shape[0], self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=dev)
                          for _ in self.io.past]
@@ -110,9 +114,26 @@ class Generator:
                 raise InputError(f"append_tokens: {ids.shape[0]} rows, the generator has {self.seqs.shape[0]}")
             if self.logits is None and self.fed < self.seqs.shape[1]:
                 self._run(self.seqs[:, self.fed:])  # the last chosen token joins the cache first
-            self.seqs, self.mask = torch.cat([self.seqs, ids], 1), torch.cat([self.mask, mask], 1)
-        self._check_length()
+            self._put(ids, mask)
         self._run(ids)
+
+    def _put(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """``ids`` and ``mask`` written after the tokens so far, in buffers of max_length columns made
+        once (not a new tensor a step); ``seqs`` and ``mask`` are views of their filled part."""
+        b, n = ids.shape
+        have = 0 if self.seqs is None else self.seqs.shape[1]
+        cap = int(self.params.search["max_length"])
+        if have + n > cap:
+            raise GenerationError(f"the sequence would be {have + n} tokens, max_length is {cap}")
+        if self._tokens is None or self._tokens.shape[1] < cap:  # first, or max_length raised since
+            tokens = torch.full((b, cap), self.pad, dtype=torch.int64, device=ids.device)
+            ones = torch.zeros((b, cap), dtype=torch.int64, device=ids.device)
+            if have:
+                tokens[:, :have], ones[:, :have] = self.seqs, self.mask
+            self._tokens, self._ones = tokens, ones
+        self._tokens[:, have:have + n] = ids
+        self._ones[:, have:have + n] = mask
+        self.seqs, self.mask = self._tokens[:, :have + n], self._ones[:, :have + n]
 
     def _rows(self, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
@@ -132,11 +153,6 @@ class Generator:
         if t.dim() != 2 or t.shape[1] == 0:
             raise InputError(f"append_tokens: expected [batch, n] or [n] tokens with n > 0, got shape {tuple(t.shape)}")
         return t, torch.ones_like(t)
-
-    def _check_length(self) -> None:
-        if self.seqs.shape[1] > self.params.search["max_length"]:
-            raise GenerationError(f"the sequence is {self.seqs.shape[1]} tokens, max_length is "
-                                  f"{self.params.search['max_length']}")
 
     # ---- one step ---------------------------------------------------------------------------------
     def _run(self, ids: torch.Tensor) -> None:
@@ -169,22 +185,30 @@ class Generator:
         tok = next_tokens(self.logits, self.seqs, do_sample=bool(s["do_sample"]), top_k=int(s["top_k"]),
                           top_p=float(s["top_p"]), temperature=float(s["temperature"]),
                           repetition_penalty=float(s["repetition_penalty"]), generator=self.rng, banned=banned)
-        tok = torch.where(self.done, torch.full_like(tok, self.pad), tok)
+        # the step's one read from the device: the tokens (a streaming caller reads them anyway); the
+        # rows' EOS bookkeeping is then the host's
+        last = tok.cpu().numpy()
+        if self.done_rows.any():
+            last[self.done_rows] = self.pad
+            tok = torch.from_numpy(last).to(tok.device, non_blocking=True)
         if self.eos:
-            self.done |= torch.isin(tok, torch.tensor(self.eos, device=tok.device))
-        self.seqs = torch.cat([self.seqs, tok[:, None]], 1)
-        self.mask = torch.cat([self.mask, torch.ones_like(tok)[:, None]], 1)
+            self.done_rows |= np.isin(last, self.eos)
+        self.last = last
+        have = self.seqs.shape[1]
+        self._tokens[:, have] = tok
+        self._ones[:, have] = 1
+        self.seqs, self.mask = self._tokens[:, :have + 1], self._ones[:, :have + 1]
         self.logits = None
 
     def is_done(self) -> bool:
         if self.seqs is None:
             return False
-        return self.seqs.shape[1] >= self.params.search["max_length"] or bool(self.done.all())
+        return self.seqs.shape[1] >= self.params.search["max_length"] or bool(self.done_rows.all())
 
     # ---- what the caller reads -------------------------------------------------------------------
     def get_next_tokens(self) -> np.ndarray:
-        """The token each row took last (the token read back: the step's one sync)."""
-        return self.seqs[:, -1].cpu().numpy()
+        """The token each row took last (read from the device when it was chosen)."""
+        return self.last.copy()
 
     def get_sequence(self, row: int) -> np.ndarray:
         """Row ``row``'s tokens, prompt first, its left padding left out."""

@@ -1,0 +1,146 @@
+"""A streaming greedy loop on the GPU: every token read back to the host, as a chat front end does.
+
+The 12-layer hidden-768 Llama-style decoder of benchmarks/decode.py (``small``, fp32, random
+weights, batch 1): a prompt of 8 tokens, then ``--steps`` tokens. Timed after a first generation
+(loads, first calls, builds): PyTorch eager of the same module (``.item()`` a step); a plain
+dynashape session loop (argmax on the device, ``.item()`` a step, the present fed back as the
+past); ``dynashape.generate`` (onnxruntime-genai's API: ``generate_next_token`` then
+``get_next_tokens`` a step). Tokens/s over the steps after the prompt, the slowest step against
+the median, and a cProfile of the generate loop's host side (``--profile``).
+
+    python benchmarks/generate_gpu.py [--steps 240] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dynashape  # noqa: E402
+import dynashape.generate as dg  # noqa: E402
+from benchmarks.decode import CONFIGS  # noqa: E402
+from tests.models import llama  # noqa: E402
+
+
+def steps_of(loop) -> list[float]:
+    """Seconds of each step of ``loop`` (a generator yielding once a step)."""
+    out = []
+    t0 = time.perf_counter()
+    for _ in loop:
+        t1 = time.perf_counter()
+        out.append(t1 - t0)
+        t0 = t1
+    return out
+
+
+def eager_loop(model, prompt, steps, dev):
+    cfg = model.cfg
+    past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
+    ids = torch.tensor(prompt, device=dev)[None]
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(ids, *past)
+            tok = int(out[0][0, -1].argmax())
+            past = list(out[1:])
+            ids = torch.tensor([[tok]], device=dev)
+            yield tok
+
+
+def session_loop(sess, cfg, prompt, steps, dev):
+    names = llama.input_names(cfg)
+    past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
+    ids = torch.tensor(prompt, device=dev)[None]
+    for _ in range(steps):
+        out = sess.run(None, dict(zip(names, [ids, *past])))
+        tok = int(out[0][0, -1].argmax())
+        past = out[1:]
+        ids = torch.tensor([[tok]], device=dev)
+        yield tok
+
+
+def generate_loop(model, prompt, steps):
+    params = dg.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps)
+    gen = dg.Generator(model, params)
+    gen.append_tokens(np.asarray(prompt))
+    while not gen.is_done():
+        gen.generate_next_token()
+        yield int(gen.get_next_tokens()[0])
+
+
+def summary(name: str, times: list[float]) -> dict:
+    rest = times[1:]  # after the prompt's step
+    med = statistics.median(rest)
+    r = {"tokens_per_s": len(rest) / sum(rest), "median_step_ms": med * 1e3, "slowest_vs_median": max(rest) / med,
+         "first_step_ms": times[0] * 1e3}
+    print(f"{name:28s} {r['tokens_per_s']:8.0f} tokens/s  median step {r['median_step_ms']:.3f} ms  slowest "
+          f"{r['slowest_vs_median']:.1f}x median  prompt step {r['first_step_ms']:.1f} ms", flush=True)
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    cfg = CONFIGS["small"]
+    path = llama.model_path(cfg)
+    folder = Path(tempfile.mkdtemp())
+    shutil.copy(path, folder / "model.onnx")
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"},
+                                                                     "eos_token_id": -1, "context_length": 256}}))
+    prompt = np.random.default_rng(0).integers(0, cfg["vocab"], 8).tolist()
+    res, tokens = {}, {}
+    m = llama.build(cfg).to(dev)
+    for _ in range(2):
+        t = steps_of(eager_loop(m, prompt, args.steps, dev))
+    res["eager"] = summary("eager (.item() a step)", t)
+    m = None
+    gc.collect()
+    sess = dynashape.InferenceSession(str(path), device="cuda")
+    toks = []
+    for _ in range(3):  # loads, first calls, background builds
+        toks = []
+        t = steps_of(tok for tok in session_loop(sess, cfg, prompt, args.steps, dev) if not toks.append(tok))
+    res["session"] = summary("dynashape session loop", t)
+    tokens["session"] = toks
+    sess = None
+    gc.collect()
+    model = dg.Model(str(folder), device="cuda")
+    for _ in range(3):
+        toks = []
+        t = steps_of(tok for tok in generate_loop(model, prompt, args.steps) if not toks.append(tok))
+    res["generate"] = summary("dynashape.generate", t)
+    tokens["generate"] = toks
+    print("generate's tokens equal the session loop's:", tokens["generate"] == tokens["session"][:len(toks)])
+    if args.profile:
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in generate_loop(model, prompt, args.steps):
+            pass
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), **res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
