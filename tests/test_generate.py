@@ -37,18 +37,25 @@ def folder(tmp_path_factory):
     return d
 
 
-def reference_greedy(prompt: np.ndarray, steps: int) -> np.ndarray:
-    """Greedy tokens of the torch module: the prompt, then one token a step over its KV cache."""
-    m = llama.build(CFG)
+def reference_greedy(prompt: np.ndarray, steps: int, cfg: dict = CFG, penalty: float = 1.0) -> np.ndarray:
+    """Greedy tokens of the torch module: the prompt, then one token a step over its KV cache (the
+    repetition penalty as transformers applies it; a mask of ones for a model that takes one)."""
+    m = llama.build(cfg)
     b = prompt.shape[0]
-    past = [torch.zeros(b, CFG["kv_heads"], 0, CFG["head_dim"]) for _ in range(2 * CFG["layers"])]
+    past = [torch.zeros(b, cfg["kv_heads"], 0, cfg["head_dim"]) for _ in range(2 * cfg["layers"])]
     ids, out = torch.from_numpy(prompt).long(), []
+    seq = ids.clone()
     with torch.no_grad():
         for _ in range(steps):
-            res = m(ids, *past)
-            tok = res[0][:, -1].argmax(-1)
+            mask = [torch.ones(b, past[0].shape[2] + ids.shape[1], dtype=torch.int64)] if cfg.get("mask_input") else []
+            res = m(ids, *mask, *past)
+            logits = res[0][:, -1].clone()
+            held = logits.gather(1, seq)
+            logits.scatter_(1, seq, torch.where(held < 0, held * penalty, held / penalty))
+            tok = logits.argmax(-1)
             out.append(tok.numpy())
             past, ids = list(res[1:]), tok[:, None]
+            seq = torch.cat([seq, ids], 1)
     return np.stack(out, 1)
 
 
@@ -75,6 +82,20 @@ def test_greedy_tokens_equal_a_reference_loop_over_the_torch_module(folder, devi
         for r in range(batch):
             np.testing.assert_array_equal(g.get_sequence(r), np.concatenate([p[r], want[r]]))
         np.testing.assert_array_equal(g.get_next_tokens(), want[:, -1])
+
+
+def test_repetition_penalty_and_a_model_that_takes_a_mask_follow_the_reference(folder, device, tmp_path):
+    model = Model(folder, device=device)
+    p = prompt(2, 5, 6)
+    g = generate(model, p, max_length=5 + 16, repetition_penalty=1.5)
+    want = reference_greedy(p, 16, penalty=1.5)
+    assert np.array_equal(np.stack([g.get_sequence(r)[5:] for r in range(2)]), want)
+    masked = {**CFG, "mask_input": True}
+    shutil.copy(llama.model_path(masked), tmp_path / "model.onnx")
+    m2 = Model(tmp_path, device=device)
+    assert m2.io.attention_mask == "attention_mask"
+    g = generate(m2, p, max_length=5 + 16)
+    assert np.array_equal(np.stack([g.get_sequence(r)[5:] for r in range(2)]), reference_greedy(p, 16, masked))
 
 
 def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder, device):

@@ -79,21 +79,30 @@ class Generator:
     def __init__(self, model: Model, params: GeneratorParams) -> None:
         self.model, self.params, self.io = model, params, model.io
         self.request = model.session.create_infer_request()
-        self.seqs: torch.Tensor | None = None  # [batch, length] every token so far (left padding included)
-        self.mask: torch.Tensor | None = None  # 1 for a token, 0 for left padding
-        self._tokens: torch.Tensor | None = None  # the buffers seqs and mask view
-        self._ones: torch.Tensor | None = None
+        self.dev = model.device
+        # every token so far on the host (the caller reads each one anyway), left padding included
+        self.host = np.zeros((0, 0), dtype=np.int64)
+        self.host_mask = np.zeros((0, 0), dtype=bool)  # False for left padding
+        self.length = 0
+        self.started = False
+        # on the device, made where the model or the search needs them: the attention mask and the
+        # positions (buffers of max_length columns, rebuilt only when tokens are appended), the tokens
+        # for the repetition penalty
+        self._mask_dev: torch.Tensor | None = None
+        self._pos_dev: torch.Tensor | None = None
+        self._seq_dev: torch.Tensor | None = None
+        self._pending: torch.Tensor | None = None  # the tokens chosen last, not yet run
         self.past: list[torch.Tensor] = []
         self.fed = 0  # tokens the KV cache holds
         self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
-        self.done: torch.Tensor | None = None
         s = params.search
         seed = int(s["random_seed"])
-        self.rng = torch.Generator(device=model.device)
+        self.rng = torch.Generator(device=self.dev)
         self.rng.manual_seed(seed if seed >= 0 else int(torch.randint(0, 2**62, (1,))))
-        self.eos = model.config.eos
-        self.pad = model.config.pad if model.config.pad is not None else (self.eos[0] if self.eos else 0)
-        self.last = np.zeros(0, dtype=np.int64)  # the tokens chosen last, on the host
+        self.eos = frozenset(model.config.eos)
+        pad = model.config.pad
+        self.pad = pad if pad is not None else (model.config.eos[0] if model.config.eos else 0)
+        self.last = np.zeros(0, dtype=np.int64)  # the tokens chosen last
         self.done_rows = np.zeros(0, dtype=bool)
 
     # ---- the prompt and appended tokens ----------------------------------------------------------
@@ -101,41 +110,43 @@ class Generator:
         """Tokens for every row ([batch, n], or [n] for one row; rows of unequal length as a list are
         left-padded, which needs the model's attention_mask); they are run now."""
         ids, mask = self._rows(tokens)
-        dev = self.model.device
-        ids, mask = ids.to(dev), mask.to(dev)
-        if self.seqs is None:
-            self._put(ids, mask)
-            self.done_rows = np.zeros(ids.shape[0], dtype=bool)
-            kv = KV_DTYPES.get(self.io.kv_dtype, torch.float32)
-            self.past = [torch.zeros(ids.shape[0], self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=dev)
-                         for _ in self.io.past]
-        else:
-            if ids.shape[0] != self.seqs.shape[0]:
-                raise InputError(f"append_tokens: {ids.shape[0]} rows, the generator has {self.seqs.shape[0]}")
-            if self.logits is None and self.fed < self.seqs.shape[1]:
-                self._run(self.seqs[:, self.fed:])  # the last chosen token joins the cache first
-            self._put(ids, mask)
-        self._run(ids)
-
-    def _put(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
-        """``ids`` and ``mask`` written after the tokens so far, in buffers of max_length columns made
-        once (not a new tensor a step); ``seqs`` and ``mask`` are views of their filled part."""
         b, n = ids.shape
-        have = 0 if self.seqs is None else self.seqs.shape[1]
-        cap = int(self.params.search["max_length"])
+        if not self.started:
+            self.started = True
+            self.done_rows = np.zeros(b, dtype=bool)
+            self.host = np.full((b, 0), self.pad, dtype=np.int64)
+            self.host_mask = np.zeros((b, 0), dtype=bool)
+            kv = KV_DTYPES.get(self.io.kv_dtype, torch.float32)
+            self.past = [torch.zeros(b, self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=self.dev)
+                         for _ in self.io.past]
+        elif b != self.host.shape[0]:
+            raise InputError(f"append_tokens: {b} rows, the generator has {self.host.shape[0]}")
+        elif self._pending is not None:
+            self._run(self._pending)  # the last chosen token joins the cache first
+        self._put(ids, mask)
+        self._run(torch.from_numpy(ids).to(self.dev))
+
+    def _put(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """``ids`` written after the tokens so far; the device's mask and positions made again."""
+        b, n = ids.shape
+        have, cap = self.length, int(self.params.search["max_length"])
         if have + n > cap:
             raise GenerationError(f"the sequence would be {have + n} tokens, max_length is {cap}")
-        if self._tokens is None or self._tokens.shape[1] < cap:  # first, or max_length raised since
-            tokens = torch.full((b, cap), self.pad, dtype=torch.int64, device=ids.device)
-            ones = torch.zeros((b, cap), dtype=torch.int64, device=ids.device)
-            if have:
-                tokens[:, :have], ones[:, :have] = self.seqs, self.mask
-            self._tokens, self._ones = tokens, ones
-        self._tokens[:, have:have + n] = ids
-        self._ones[:, have:have + n] = mask
-        self.seqs, self.mask = self._tokens[:, :have + n], self._ones[:, :have + n]
+        if self.host.shape[1] < cap:  # first, or max_length raised since
+            grown = np.full((b, cap), self.pad, dtype=np.int64)
+            grown_mask = np.ones((b, cap), dtype=bool)  # tokens chosen later are never padding
+            grown[:, :have], grown_mask[:, :have] = self.host[:, :have], self.host_mask[:, :have]
+            self.host, self.host_mask = grown, grown_mask
+        self.host[:, have:have + n], self.host_mask[:, have:have + n] = ids, mask
+        self.length = have + n
+        if self.io.attention_mask is not None or self.io.position_ids is not None:
+            m = torch.from_numpy(self.host_mask.astype(np.int64))
+            self._mask_dev = m.to(self.dev)
+            self._pos_dev = (m.cumsum(1) - 1).clamp_(min=0).to(self.dev)
+        if self._seq_dev is not None:
+            self._seq_dev = torch.from_numpy(self.host).to(self.dev)
 
-    def _rows(self, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple, np.ndarray)):
             rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in tokens]
             n = max(len(r) for r in rows)
@@ -143,16 +154,16 @@ class Generator:
                 raise InputError("append_tokens: rows of unequal length need left padding, and this model takes "
                                  "no attention_mask; give rows of one length")
             ids = np.full((len(rows), n), self.pad, dtype=np.int64)
-            mask = np.zeros((len(rows), n), dtype=np.int64)
+            mask = np.zeros((len(rows), n), dtype=bool)
             for i, r in enumerate(rows):
-                ids[i, n - len(r):], mask[i, n - len(r):] = r, 1
-            return torch.from_numpy(ids), torch.from_numpy(mask)
-        t = torch.as_tensor(np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens)).long()
-        if t.dim() == 1:
+                ids[i, n - len(r):], mask[i, n - len(r):] = r, True
+            return ids, mask
+        t = np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens).astype(np.int64)
+        if t.ndim == 1:
             t = t[None]
-        if t.dim() != 2 or t.shape[1] == 0:
-            raise InputError(f"append_tokens: expected [batch, n] or [n] tokens with n > 0, got shape {tuple(t.shape)}")
-        return t, torch.ones_like(t)
+        if t.ndim != 2 or t.shape[1] == 0:
+            raise InputError(f"append_tokens: expected [batch, n] or [n] tokens with n > 0, got shape {t.shape}")
+        return t, np.ones(t.shape, dtype=bool)
 
     # ---- one step ---------------------------------------------------------------------------------
     def _run(self, ids: torch.Tensor) -> None:
@@ -161,49 +172,54 @@ class Generator:
         feeds = {io.input_ids: ids}
         total = self.fed + ids.shape[1]
         if io.attention_mask is not None:
-            feeds[io.attention_mask] = self.mask[:, :total]
+            feeds[io.attention_mask] = self._mask_dev[:, :total]
         if io.position_ids is not None:
-            pos = (self.mask[:, :total].cumsum(1) - 1).clamp_(min=0)
-            feeds[io.position_ids] = pos[:, self.fed:]
+            feeds[io.position_ids] = self._pos_dev[:, self.fed:total]
         if io.use_cache_branch is not None:
-            feeds[io.use_cache_branch] = torch.tensor([self.fed > 0], device=self.model.device)
+            feeds[io.use_cache_branch] = torch.tensor([self.fed > 0], device=self.dev)
         feeds.update(zip(io.past, self.past))
         out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
         self.logits = out[io.logits][:, -1, :]
         self.past = [out[n] for n in io.present]
         self.fed = total
+        self._pending = None
 
     def generate_next_token(self) -> None:
-        if self.seqs is None:
+        if not self.started:
             raise GenerationError("generate_next_token: append_tokens (the prompt) first")
         if self.is_done():
             raise GenerationError("generate_next_token: the generation is done (every row ended or max_length)")
         if self.logits is None:
-            self._run(self.seqs[:, self.fed:])
+            self._run(self._pending)
         s = self.params.search
-        banned = self.eos if self.seqs.shape[1] < int(s["min_length"]) else ()
-        tok = next_tokens(self.logits, self.seqs, do_sample=bool(s["do_sample"]), top_k=int(s["top_k"]),
+        penalty = float(s["repetition_penalty"])
+        if penalty != 1.0 and self._seq_dev is None:
+            self._seq_dev = torch.from_numpy(self.host).to(self.dev)
+        seqs = self._seq_dev[:, :self.length] if penalty != 1.0 else None
+        banned = tuple(self.eos) if self.length < int(s["min_length"]) else ()
+        tok = next_tokens(self.logits, seqs, do_sample=bool(s["do_sample"]), top_k=int(s["top_k"]),
                           top_p=float(s["top_p"]), temperature=float(s["temperature"]),
-                          repetition_penalty=float(s["repetition_penalty"]), generator=self.rng, banned=banned)
+                          repetition_penalty=penalty, generator=self.rng, banned=banned)
         # the step's one read from the device: the tokens (a streaming caller reads them anyway); the
         # rows' EOS bookkeeping is then the host's
         last = tok.cpu().numpy()
         if self.done_rows.any():
             last[self.done_rows] = self.pad
-            tok = torch.from_numpy(last).to(tok.device, non_blocking=True)
+            tok = torch.from_numpy(last).to(self.dev)
         if self.eos:
-            self.done_rows |= np.isin(last, self.eos)
+            self.done_rows |= [int(t) in self.eos for t in last]
         self.last = last
-        have = self.seqs.shape[1]
-        self._tokens[:, have] = tok
-        self._ones[:, have] = 1
-        self.seqs, self.mask = self._tokens[:, :have + 1], self._ones[:, :have + 1]
+        self.host[:, self.length] = last
+        if self._seq_dev is not None:
+            self._seq_dev[:, self.length] = tok
+        self.length += 1
+        self._pending = tok[:, None]
         self.logits = None
 
     def is_done(self) -> bool:
-        if self.seqs is None:
+        if not self.started:
             return False
-        return self.seqs.shape[1] >= self.params.search["max_length"] or bool(self.done_rows.all())
+        return self.length >= self.params.search["max_length"] or bool(self.done_rows.all())
 
     # ---- what the caller reads -------------------------------------------------------------------
     def get_next_tokens(self) -> np.ndarray:
@@ -212,11 +228,10 @@ class Generator:
 
     def get_sequence(self, row: int) -> np.ndarray:
         """Row ``row``'s tokens, prompt first, its left padding left out."""
-        keep = self.mask[row].bool()
-        return self.seqs[row][keep].cpu().numpy()
+        return self.host[row, :self.length][self.host_mask[row, :self.length]].copy()
 
     def get_logits(self) -> np.ndarray:
         """The logits [batch, vocab] the next token will be chosen from (runs the model if needed)."""
         if self.logits is None:
-            self._run(self.seqs[:, self.fed:])
+            self._run(self._pending)
         return self.logits.float().cpu().numpy()

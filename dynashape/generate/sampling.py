@@ -10,7 +10,7 @@ import torch
 def penalise_repeats(logits: torch.Tensor, seqs: torch.Tensor, penalty: float) -> torch.Tensor:
     """Each row's logits of the tokens it holds: divided by ``penalty`` when positive, multiplied
     when negative (CTRL's rule, transformers' RepetitionPenaltyLogitsProcessor)."""
-    if penalty == 1.0 or seqs.shape[1] == 0:
+    if penalty == 1.0 or seqs is None or seqs.shape[1] == 0:
         return logits
     held = logits.gather(1, seqs)
     held = torch.where(held < 0, held * penalty, held / penalty)
@@ -33,11 +33,12 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def next_tokens(logits: torch.Tensor, seqs: torch.Tensor, *, do_sample: bool, top_k: int, top_p: float,
+def next_tokens(logits: torch.Tensor, seqs: torch.Tensor | None, *, do_sample: bool, top_k: int, top_p: float,
                 temperature: float, repetition_penalty: float, generator: torch.Generator | None,
                 banned: tuple[int, ...] = ()) -> torch.Tensor:
     """The next token per row (int64 [batch]) from ``logits`` [batch, vocab]; ``seqs`` [batch, L] the
-    tokens so far (the repetition penalty's); ``banned`` tokens never chosen (EOS before min_length)."""
+    tokens so far (the repetition penalty's; None without one); ``banned`` tokens never chosen (EOS
+    before min_length)."""
     x = penalise_repeats(logits.float(), seqs, repetition_penalty)
     if banned:
         x[:, list(banned)] = float("-inf")
