@@ -41,6 +41,7 @@ from .memory.staging import InputStager
 from .ops import host_sync, native
 from .ops.limits import MAX_LOOP_ITERATIONS
 from .options import OPTION_NAMES
+from .ort_module import unwrap
 from .profiler import Profiler
 from .runtime.bodies import BodyKernel
 from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, deterministic_mode, for_graph, static_mode
@@ -718,12 +719,13 @@ class InferRequest:
 
 
 def _feed_arg(input_feed, feeds):
-    """``input_feed`` (onnxruntime's name) or ``feeds=`` (dynashape's older keyword), not both."""
+    """``input_feed`` (onnxruntime's name) or ``feeds=`` (dynashape's older keyword), not both;
+    OrtValues as their tensors."""
     if feeds is not None:
         if input_feed is not None:
             raise OptionsError("run: give input_feed or feeds=, not both")
-        return feeds
-    return input_feed  # None: the feed check says it is not a dict (InputTypeError)
+        return unwrap(feeds)
+    return unwrap(input_feed)  # None: the feed check says it is not a dict (InputTypeError)
 
 
 MAX_OPTIMAL_SHAPES = 32

@@ -41,7 +41,8 @@ def good(sess, n=3):
     ({"x": rand(2, 4, 1), "b": rand(1, 4)}, InputRankError, ["'x'", "rank 3", "rank 2"]),
     ({"x": rand(9, 4), "b": rand(1, 4)}, InputShapeError, ["'x'", "axis 0", "9", "[1, 8]"]),
     ({"x": rand(2, 5), "b": rand(1, 4)}, InputShapeError, ["'x'", "axis 1", "5", "[4, 4]"]),
-    ({"x": [[1.0] * 4], "b": rand(1, 4)}, InputTypeError, ["'x'", "list"]),
+    # a ragged list (a list of numbers is taken as onnxruntime takes it)
+    ({"x": [[1.0] * 4, [1.0]], "b": rand(1, 4)}, InputTypeError, ["'x'", "list"]),
 ])
 def test_bad_feeds_then_good_run(sess, feeds, err, words):
     good(sess, 3)

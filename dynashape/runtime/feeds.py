@@ -128,6 +128,8 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
             numpy_mode = numpy_mode and not any(isinstance(t, torch.Tensor) for t in x)
             out[s.name] = items
             continue
+        if isinstance(x, (list, tuple, int, float, bool)):
+            x = _from_python(s, x)  # as onnxruntime takes them: an array of the input's element type
         if isinstance(x, torch.Tensor):
             numpy_mode = False
         elif isinstance(x, (np.ndarray, np.generic)):
@@ -141,6 +143,16 @@ def prepare_feeds(feeds, specs: list[InputSpec], device: torch.device,
         _check_shape(s, tuple(x.shape), symbols)
         out[s.name] = _to_tensor(x, device, staged=True)
     return out, numpy_mode
+
+
+def _from_python(s: InputSpec, x) -> np.ndarray:
+    """A list, tuple or Python number fed for a tensor input, as an array of its element type."""
+    dtype = object if s.elem_type == 8 else _NUMPY_HELD.get(s.elem_type)
+    try:
+        return np.asarray(x, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InputTypeError(f"input {s.name!r}: a {type(x).__name__} that is not an array of "
+                             f"{elem_type_name(s.elem_type)}: {e}") from e
 
 
 def _element(s: InputSpec, i: int, x, device: torch.device, copy_limit: CopyLimit):
