@@ -10,6 +10,7 @@ dimension gives the op's identity (0 for sums, 1 for Prod, -inf for Max ...).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .registry import op
@@ -51,8 +52,37 @@ def _finish(r: torch.Tensor, out):
     return out.copy_(r.reshape(out.shape))
 
 
+def _leading_rows(x: torch.Tensor, dims) -> int:
+    """How many leading rows a CPU float reduction over ``dims`` adds up when, size-1 axes aside,
+    the reduced axes come before every kept one (onnxruntime's "RK" case); 0 otherwise."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return 0
+    sized = [d for d in range(x.dim()) if x.shape[d] != 1]
+    red = [d for d in sized if d in dims]
+    if not red or len(red) == len(sized) or sized[:len(red)] != red:
+        return 0
+    rows = 1
+    for d in red:
+        rows *= x.shape[d]
+    return rows
+
+
+def _rows_in_order(x: torch.Tensor, rows: int, dims, keepdim: bool) -> torch.Tensor:
+    """The sum of ``rows`` leading rows added one after another, as onnxruntime's CPU kernel adds
+    them (its first row, plus the second, plus the third ...; torch sums in blocks, whose last bits
+    differ: a variance computed as E[x^2] - E[x]^2 cancels them into the result, magika's first
+    LayerNorm). numpy's reduction over the first axis of a C-ordered array is that loop."""
+    a = x.contiguous().numpy().reshape(rows, -1)
+    shape = [1 if d in dims else n for d, n in enumerate(x.shape)] if keepdim else \
+        [n for d, n in enumerate(x.shape) if d not in dims]
+    return torch.from_numpy(np.add.reduce(a, axis=0)).reshape(shape)
+
+
 # Each reducer: (x, dims (non-empty), keepdim, out) -> result, written into out when given.
 def _sum(x, dims, keepdim, out):
+    rows = _leading_rows(x, dims)
+    if rows:
+        return _finish(_rows_in_order(x, rows, dims, keepdim), out)
     return torch.sum(x, dims, keepdim, dtype=x.dtype, out=out)
 
 
@@ -63,6 +93,9 @@ def _mean(x, dims, keepdim, out):
             n *= x.shape[d]
         r = torch.div(torch.sum(x, dims, keepdim, dtype=x.dtype), n, rounding_mode="trunc")
         return _finish(r, out)
+    rows = _leading_rows(x, dims)
+    if rows:  # the sum in onnxruntime's order, then divided by the count (its order too)
+        return _finish(_rows_in_order(x, rows, dims, keepdim).div_(rows), out)
     return torch.mean(x, dims, keepdim, out=out)
 
 

@@ -94,3 +94,26 @@ def test_reduce_max_bool_opset20():
         return np.array([1], dtype=np.int64) if i == 1 else rand(shape, np.bool_, rng)
     for op in ("ReduceMax", "ReduceMin"):
         check_op(op, seq, {"keepdims": 0}, opset=20, dtypes=[np.bool_, np.int64], make_input=mk)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+def test_leading_axes_add_rows_in_onnxruntimes_order(op):
+    """Over axes that come before every kept one (size-1 axes aside), onnxruntime's CPU kernel adds
+    the rows one after another: the same bits here, on values whose sum cancels (magika's LayerNorm
+    variance). Changing shapes, fresh inputs each call; the kept-reduced-kept case stays torch's."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    import dynashape
+    n = helper.make_node(op, ["x"], ["y"], axes=[0, 1], keepdims=0)
+    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["A", "B", "C"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)]).SerializeToString()
+    ours, ref = dynashape.InferenceSession(model), ort.InferenceSession(model)
+    rng = np.random.default_rng(3)
+    for shape in [(1, 512, 256), (3, 70, 9), (1, 1, 33), (2, 300, 7), (1, 5, 1)]:
+        x = (rng.standard_normal(shape) * 1e3 + 1e4).astype(np.float32)
+        x[:, ::2] *= -1  # large terms of both signs: the order of the additions shows in the last bits
+        got, want = ours.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, want, err_msg=str(shape))
