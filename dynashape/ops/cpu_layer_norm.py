@@ -51,10 +51,12 @@ def _skip_rows(skip: torch.Tensor, x: torch.Tensor, h: int) -> int | None:
     return skip.numel() // h
 
 
-def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
+def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool | int):
     """``run(x, skip, with_sum, y, total=None)`` -> (y, x + skip + bias or None), written into
     ``y`` and ``total`` where they fit, or None for inputs the C pass does not serve; None where
-    the constants themselves are not served."""
+    the constants themselves are not served. ``simplified``: False a layer norm; True (1)
+    onnxruntime's SkipSimplifiedLayerNormalization order of the RMS norm, 2 its
+    SimplifiedLayerNormalization order (csrc/elementwise.c ort_rms_row)."""
     if type(gamma) is not torch.Tensor or gamma.dim() != 1 or not gamma.shape[0]:
         return None
     h = gamma.shape[0]
@@ -183,7 +185,7 @@ def _bind_rms_norm(consts, attrs):
     c = list(consts) + [None] * (2 - len(consts))
     if c[1] is COMPUTED or c[1] is None:
         return None
-    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), True)
+    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), 2)  # (onnxruntime fuses it so)
     if run is None:
         return None
     full = partial(_fused_rms_norm, **attrs)

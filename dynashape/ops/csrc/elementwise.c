@@ -17,13 +17,14 @@
 #include <math.h>
 #include "fastmath.h"
 #include "ort_math.h"
+#include <stddef.h>
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 /* Sums over a row of h floats in 16 lanes (another order than torch's: float32 rounding apart):
- * of the values, of their squares, and of their squared deviations from ``mean``. */
+ * of the values and of their squared deviations from ``mean``. */
 static float lane_sum(const float *v, int64_t h) {
     float acc[16] = {0};
     int64_t j = 0;
@@ -35,17 +36,6 @@ static float lane_sum(const float *v, int64_t h) {
     return s;
 }
 
-static float lane_sum_sq(const float *v, int64_t h) {
-    float acc[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= h; j += 16)
-        for (int l = 0; l < 16; l++) acc[l] += v[j + l] * v[j + l];
-    float ss = 0.0f;
-    for (int l = 0; l < 16; l++) ss += acc[l];
-    for (; j < h; j++) ss += v[j] * v[j];
-    return ss;
-}
-
 static float lane_dev_sq(const float *v, int64_t h, float mean) {
     float dev[16] = {0};
     int64_t j = 0;
@@ -55,6 +45,41 @@ static float lane_dev_sq(const float *v, int64_t h, float mean) {
     for (int l = 0; l < 16; l++) var += dev[l];
     for (; j < h; j++) var += (v[j] - mean) * (v[j] - mean);
     return var;
+}
+
+/* onnxruntime's RMS normalization of one row of h floats, bit for bit (its CPU kernels, 1.32):
+ *  - SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization of rows shorter than 16
+ *    (``mlas`` 0, or h < 16): the sum of squares in order, one element after the other, each square
+ *    rounded before it is added; rms = sqrt(sum / h + eps); y = x / rms * gamma (a division, then
+ *    the product);
+ *  - SimplifiedLayerNormalization of rows of 16 or more (``mlas`` 1, where onnxruntime calls MLAS's
+ *    AVX2 LayerNorm kernel): the squares summed in 8 lanes by fused multiply-adds (element j into
+ *    lane j % 8) over the whole chunks of 8, the lanes folded as ((l0 + l2) + (l1 + l3)) with
+ *    l_i = lane i + lane i + 4; of the tail, the first multiple of 4 added in order as rounded
+ *    squares and the rest by fused multiply-adds (the compiler's vectorized epilogue, then its
+ *    scalar one); inv = 1 / sqrt(sum / h + eps); y = x * inv * gamma.
+ * A value the next MatMulNBits quantizes to int8 needs those bits (issue 35). gamma NULL: 1.
+ * inv_out: NULL, or where 1 / rms goes. x and y may be the same row. */
+static void ort_rms_row(const float *x, const float *gamma, int64_t h, float eps, int mlas, float *y, float *inv_out) {
+    if (mlas && h >= 16) {
+        float acc[8] = {0};
+        int64_t j = 0;
+        for (; j + 8 <= h; j += 8)
+            for (int l = 0; l < 8; l++) acc[l] = fmaf(x[j + l], x[j + l], acc[l]);
+        float ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        const int64_t j4 = j + ((h - j) / 4) * 4;
+        for (; j < j4; j++) ss += x[j] * x[j];
+        for (; j < h; j++) ss = fmaf(x[j], x[j], ss);
+        const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+        if (inv_out) *inv_out = inv;
+        for (int64_t k = 0; k < h; k++) y[k] = gamma ? x[k] * inv * gamma[k] : x[k] * inv;
+        return;
+    }
+    float ss = 0.0f;
+    for (int64_t k = 0; k < h; k++) ss += x[k] * x[k];
+    const float rms = sqrtf(ss / (float)h + eps);
+    if (inv_out) *inv_out = 1.0f / rms;
+    for (int64_t k = 0; k < h; k++) y[k] = gamma ? x[k] / rms * gamma[k] : x[k] / rms;
 }
 
 void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
@@ -89,21 +114,16 @@ void fake_quant_f32(const float *x, int64_t n, double scale_d, double lo_d, doub
 
 /* RMS normalization over the last axis (fused.py RMSNorm, what T5 and Llama exports decompose):
  * y = x * (1 / sqrt(mean(x^2) + eps)) [* w], rows of h contiguous floats. torch's F.rms_norm is a
- * composite of six kernels on the CPU (~11 us for a 12 x 64 tensor, against ~1 here); the sum of
- * squares runs in 16 lanes (another order than torch's: float32 rounding apart), the two products
- * in torch's order. w: NULL or h floats. */
+ * composite of six kernels on the CPU (~11 us for a 12 x 64 tensor, against ~1 here); computed as
+ * onnxruntime's SimplifiedLayerNormalization (ort_rms_row), which its optimizer makes of the same
+ * decomposed nodes. w: NULL or h floats. */
 void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, double eps_d, float *y, int64_t threads) {
     const float eps = (float)eps_d;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * h;
         float *yr = y + r * h;
-        const float inv = 1.0f / sqrtf(lane_sum_sq(xr, h) / (float)h + eps);
-        if (w) {
-            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv * w[k];
-        } else {
-            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv;
-        }
+        ort_rms_row(xr, w, h, eps, 1, yr, NULL);
     }
 }
 
@@ -146,13 +166,23 @@ int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, 
     return bad;
 }
 
+/* SimplifiedLayerNormalization (onnxruntime's, ``ort_rms_row`` with mlas 1) of rows of h floats;
+ * inv: NULL or one float a row (its inv_std_var output). */
+void ort_simplified_ln_f32(const float *x, const float *scale, int64_t rows, int64_t h, double eps_d, float *y,
+                           float *inv, int64_t threads) {
+    const float eps = (float)eps_d;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) ort_rms_row(x + r * h, scale, h, eps, 1, y + r * h, inv ? inv + r : NULL);
+}
+
 /* Layer normalization over the last axis with onnxruntime's Skip* inputs folded in
  * (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and LayerNormalization itself with
  * skip NULL): s = x + skip [+ bias] row by row (skip's row r % skip_rows: a skip without the batch
  * dim), written to sum_out when it is not NULL, then y = (s - mean) * rstd * gamma [+ beta], or
- * for ``simplified`` s * rstd * gamma with rstd from the mean square. One pass of C where torch
- * took three to six calls (~15 us a call for a tiny GPT-2's rows); the statistics in 16 lanes as
- * embed_ln_f32's (float32 rounding apart from torch's). */
+ * for ``simplified`` onnxruntime's RMS normalization of s (ort_rms_row: 1 its
+ * SkipSimplifiedLayerNormalization's order, 2 its SimplifiedLayerNormalization's). One pass of C
+ * where torch took three to six calls (~15 us a call for a tiny GPT-2's rows); the layer norm's
+ * statistics in 16 lanes as embed_ln_f32's (float32 rounding apart from torch's). */
 void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const float *bias, const float *gamma,
                  const float *beta, int64_t rows, int64_t h, double eps_d, int64_t simplified, float *y,
                  float *sum_out, int64_t threads) {
@@ -170,8 +200,7 @@ void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const flo
         if (bias) for (int64_t k = 0; k < h; k++) yr[k] += bias[k];
         if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = yr[k];
         if (simplified) {
-            const float rstd = 1.0f / sqrtf(lane_sum_sq(yr, h) / (float)h + eps);
-            for (int64_t k = 0; k < h; k++) yr[k] = yr[k] * rstd * gamma[k];
+            ort_rms_row(yr, gamma, h, eps, simplified == 2, yr, NULL);
             continue;
         }
         const float mean = lane_sum(yr, h) / (float)h;
