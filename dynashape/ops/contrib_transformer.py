@@ -6,8 +6,8 @@ LayerNormalization, which onnxruntime registers in the ONNX domain.
 Semantics follow onnxruntime's CPU kernels: norms of half inputs compute in float32 and round
 once; their statistics outputs are float32. The RMS norms of float32 CPU rows give onnxruntime's
 bits (csrc/elementwise.c ort_rms_row: the order its kernels sum and divide in), where the C builds:
-a quantized model's next MatMulNBits rounds their output to int8 (issue 35). Multi-output ops take ``_n_outputs`` (set at load)
-to know how many outputs the node asks for.
+a quantized model's next MatMulNBits rounds their output to int8 (issue 35). Multi-output ops
+take ``_n_outputs`` (set at load) to know how many outputs the node asks for.
 """
 
 from __future__ import annotations
