@@ -67,9 +67,10 @@ def _past_names(layers: int) -> list[str]:
     return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 
 
-def _decode(sess, prompt: np.ndarray, forced: list[int] | None) -> tuple[list[np.ndarray], list[int]]:
-    """The prompt, then one token a step (``forced``, or the greedy choice): the last position's
-    logits of each of STEPS calls, and the tokens fed after them."""
+def _decode(sess, prompt: np.ndarray, forced: list[int] | None, banned: tuple[int, ...] = ()
+            ) -> tuple[list[np.ndarray], list[int]]:
+    """The prompt, then one token a step (``forced``, or the greedy choice among the tokens not
+    ``banned``): the last position's logits of each of STEPS calls, and the tokens fed after them."""
     c = load_generator().LLAMA
     hd = c["hidden"] // c["heads"]
     names = _past_names(c["layers"])
@@ -82,10 +83,23 @@ def _decode(sess, prompt: np.ndarray, forced: list[int] | None) -> tuple[list[np
         total += ids.shape[1]
         last = np.asarray(out["logits"])[0, -1].copy()
         logits.append(last)
-        tokens.append(int(last.argmax()) if forced is None else forced[step])
+        if forced is None:
+            pick = last.copy()
+            pick[list(banned)] = -np.inf
+            tokens.append(int(pick.argmax()))
+        else:
+            tokens.append(forced[step])
         ids = np.array([[tokens[-1]]], np.int64)
         past = {n: np.asarray(out[n.replace("past_key_values", "present")]) for n in names}
     return logits, tokens
+
+
+def _eos(folder) -> tuple[int, ...]:
+    """The end-of-sequence ids of the genai config: onnxruntime-genai never picks them before
+    min_length (the greedy loop here bans them too; seed 7's second step would pick one)."""
+    import json
+    eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
 def _genai_greedy(folder, prompt: np.ndarray) -> list[int]:
@@ -118,7 +132,7 @@ def test_int4_decode_follows_onnxruntime_for_256_steps(genai_dir, seed):
     bad = [i for i, w in enumerate(worst) if w > 1e-5]
     assert not bad, f"logits differ by more than 1e-5 from step {bad[0]} on (max {max(worst):.3g})"
     # free-running: dynashape's own greedy choices
-    _, tokens = _decode(dynashape.InferenceSession(path), prompt, None)
+    _, tokens = _decode(dynashape.InferenceSession(path), prompt, None, _eos(genai_dir))
     first = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), None)
     assert first is None, f"greedy tokens leave onnxruntime-genai's at step {first}"
 
