@@ -419,7 +419,9 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
         const int64_t kvb0 = kvb_in < 1 ? 1 : kvb_in;
         const int64_t qb0 = kvb0 < 2 * H ? kvb0 : 2 * H;
         const int64_t qcap = qb0 < S ? qb0 : S;
+        const int64_t kcap = kvb0 < maxlen ? kvb0 : maxlen;
         float *buf = malloc((size_t)(qcap * (maxlen + H) + maxlen + H + 2 * qcap + 16) * sizeof(float));
+        float *kt = malloc((size_t)(kcap * H + 16) * sizeof(float)); /* a key block, transposed */
 #pragma omp for schedule(static)
         for (int64_t bn = 0; bn < B * N; bn++) {
             const int64_t b = bn / N, n = bn % N;
@@ -471,20 +473,37 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
                 const int64_t limit = past + i0 + rq;
                 for (int64_t ir = 0; ir < total && ir < limit; ir += kvb) {
                     const int64_t rk = total - ir < kvb ? total - ir : kvb;
-                    /* scores: SGEMM (M rq, N rk, K H, B transposed), alpha = scale */
+                    /* scores: SGEMM (M rq, N rk, K H, B transposed), alpha = scale: 16 keys a
+                     * vector (each lane its own chain of fused steps along the head dims, in
+                     * order), four query rows at once */
                     const int64_t sk = sgemm_stride_k(rk, H);
-                    for (int64_t r = 0; r < rq; r++) {
-                        const float *qi = q + ((b * S + i0 + r) * N + n) * H;
-                        for (int64_t j = 0; j < rk; j++) {
-                            const float *kr = kh + (ir + j) * H;
-                            float c = 0.0f;
+                    for (int64_t j = 0; j < rk; j++)
+                        for (int64_t d = 0; d < H; d++) kt[d * rk + j] = kh[(ir + j) * H + d];
+                    const __m512 vscale = _mm512_set1_ps(scale);
+                    for (int64_t r0 = 0; r0 < rq; r0 += 4) {
+                        const int64_t nr = rq - r0 < 4 ? rq - r0 : 4;
+                        const float *qr[4];
+                        for (int64_t u = 0; u < 4; u++)
+                            qr[u] = q + ((b * S + i0 + r0 + (u < nr ? u : 0)) * N + n) * H;
+                        for (int64_t j0 = 0; j0 < rk; j0 += 16) {
+                            const int64_t left = rk - j0;
+                            const __mmask16 mk = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                            __m512 c[4];
                             for (int64_t k0 = 0; k0 < H; k0 += sk) {
                                 const int64_t k1 = k0 + sk < H ? k0 + sk : H;
-                                float a = 0.0f;
-                                for (int64_t d = k0; d < k1; d++) a = fmaf(qi[d], kr[d], a);
-                                c = k0 == 0 ? a * scale : fmaf(a, scale, c);
+                                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                                for (int64_t d = k0; d < k1; d++) {
+                                    const __m512 kv = _mm512_maskz_loadu_ps(mk, kt + d * rk + j0);
+                                    a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[0][d]), kv, a0);
+                                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[1][d]), kv, a1);
+                                    a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[2][d]), kv, a2);
+                                    a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[3][d]), kv, a3);
+                                }
+                                const __m512 a[4] = {a0, a1, a2, a3};
+                                for (int u = 0; u < 4; u++)
+                                    c[u] = k0 == 0 ? _mm512_mul_ps(a[u], vscale) : _mm512_fmadd_ps(a[u], vscale, c[u]);
                             }
-                            sc[r * rk + j] = c;
+                            for (int64_t u = 0; u < nr; u++) _mm512_mask_storeu_ps(sc + (r0 + u) * rk + j0, mk, c[u]);
                         }
                     }
                     for (int64_t r = 0; r < rq; r++) {
@@ -543,20 +562,33 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
                         if ((rk - t) & 1) {
                             for (int64_t h = 0; h < H; h++) c[h] = pr[t] * vb[t * H + h] + (zero ? 0.0f : c[h]);
                         }
-                    } else {
+                    } else { /* 16 output dims a vector, four query rows at once */
                         const int64_t sk2 = sgemm_stride_k(H, rk);
-                        for (int64_t r = 0; r < rq; r++) {
-                            const float *pr = sc + r * rk;
-                            float *c = acc + r * H;
-                            for (int64_t h = 0; h < H; h++) {
-                                float cv = c[h];
+                        const __m512 one = _mm512_set1_ps(1.0f);
+                        for (int64_t r0 = 0; r0 < rq; r0 += 4) {
+                            const int64_t nr = rq - r0 < 4 ? rq - r0 : 4;
+                            const float *pr[4];
+                            for (int64_t u = 0; u < 4; u++) pr[u] = sc + (r0 + (u < nr ? u : 0)) * rk;
+                            for (int64_t h0 = 0; h0 < H; h0 += 16) {
+                                const int64_t left = H - h0;
+                                const __mmask16 mk = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                                __m512 c[4];
+                                for (int64_t u = 0; u < 4; u++) c[u] = _mm512_maskz_loadu_ps(mk, acc + (r0 + (u < nr ? u : 0)) * H + h0);
                                 for (int64_t k0 = 0; k0 < rk; k0 += sk2) {
                                     const int64_t k1 = k0 + sk2 < rk ? k0 + sk2 : rk;
-                                    float a = 0.0f;
-                                    for (int64_t t = k0; t < k1; t++) a = fmaf(pr[t], vb[t * H + h], a);
-                                    cv = (ir == 0 && k0 == 0) ? a : fmaf(a, 1.0f, cv);
+                                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                                    for (int64_t t = k0; t < k1; t++) {
+                                        const __m512 vv = _mm512_maskz_loadu_ps(mk, vb + t * H + h0);
+                                        a0 = _mm512_fmadd_ps(_mm512_set1_ps(pr[0][t]), vv, a0);
+                                        a1 = _mm512_fmadd_ps(_mm512_set1_ps(pr[1][t]), vv, a1);
+                                        a2 = _mm512_fmadd_ps(_mm512_set1_ps(pr[2][t]), vv, a2);
+                                        a3 = _mm512_fmadd_ps(_mm512_set1_ps(pr[3][t]), vv, a3);
+                                    }
+                                    const __m512 a[4] = {a0, a1, a2, a3};
+                                    for (int u = 0; u < 4; u++)
+                                        c[u] = (ir == 0 && k0 == 0) ? a[u] : _mm512_fmadd_ps(a[u], one, c[u]);
                                 }
-                                c[h] = cv;
+                                for (int64_t u = 0; u < nr; u++) _mm512_mask_storeu_ps(acc + (r0 + u) * H + h0, mk, c[u]);
                             }
                         }
                     }
@@ -569,6 +601,7 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
             }
         }
         free(buf);
+        free(kt);
     }
     return 0;
 #else
