@@ -564,7 +564,8 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
 @op("GroupQueryAttention", 1, domain=MS, infer=_gqa_infer, shape_deps=(6,),
     notes="onnxruntime's CPU semantics: prompt, decode and batch-1 continued prompt, packed QKV, rotary, "
           "local window, softcap, smooth softmax / head_sink, attention_bias, position_ids, qk_output; quantized "
-          "KV caches, q/k norms and query_seqlens are refused")
+          "KV caches, q/k norms and query_seqlens are refused; float32 on an AVX-512F CPU gives onnxruntime's bits "
+          "(non-interleaved rotary, no bias, softcap or sink)")
 def _gqa(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None, total_sequence_length=None,
          cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
          v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None, *, num_heads, kv_num_heads,

@@ -169,7 +169,8 @@ def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, _n_
     return _skip_norm(x, skip, gamma, beta, bias, epsilon, False, _n_outputs, out, _present)
 
 
-@op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer)
+@op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer,
+    notes="float32 on the CPU gives onnxruntime's bits")
 def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12, _n_outputs=1, _present=None,
                                 out=None):
     return _skip_norm(x, skip, gamma, None, bias, epsilon, True, _n_outputs, out, _present)
@@ -193,7 +194,7 @@ def _rms_infer(shapes, values, *, axis=-1, **_attrs):
 
 
 @op("SimplifiedLayerNormalization", 1, infer=_rms_infer,
-    notes="onnxruntime's RMS norm, registered in the ONNX domain")
+    notes="onnxruntime's RMS norm, registered in the ONNX domain; float32 on the CPU gives its bits")
 def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, _n_outputs=1, out=None):
     # onnxruntime computes in float32 (float64 for double) whatever stash_type says
     a = _axis(axis, x.dim(), "SimplifiedLayerNormalization")
