@@ -141,3 +141,27 @@ def test_group_query_attention_gives_onnxruntimes_bits(case, executor):
                  "sk": np.full(b, total - 1, np.int32), "tl": np.array(total, np.int32)}
         _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"batch {b}, past {past}, {s} new tokens")
     assert native.counters().get("ort_gqa_native_calls", 0) >= before + len(steps)
+
+
+@pytest.mark.parametrize("h", [16, 64, 100])
+def test_decomposed_rms_norm_gives_onnxruntimes_fused_bits(h):
+    """A Llama export's RMS norm as separate nodes (Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul):
+    onnxruntime's optimizer fuses it into SimplifiedLayerNormalization and dynashape's into RMSNorm,
+    which computes in that kernel's order."""
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]), helper.make_node("ReduceMean", ["p", "ax"], ["m"]),
+             helper.make_node("Add", ["m", "eps"], ["a"]), helper.make_node("Sqrt", ["a"], ["r"]),
+             helper.make_node("Div", ["one", "r"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["xn"]),
+             helper.make_node("Mul", ["w", "xn"], ["y"])]
+    rng = np.random.default_rng(h)
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+             numpy_helper.from_array(np.array([-1], np.int64), "ax"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array(1, np.float32), "one"),
+             numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), "w")]
+    g = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    sess, ref = dynashape.InferenceSession(model), _ort(model)
+    for s in (1, 50, 7):
+        x = (rng.standard_normal((2, s, h)) * rng.uniform(0.1, 10)).astype(np.float32)
+        _assert_bits(sess.run(None, {"x": x}), ref.run(None, {"x": x}), f"h {h}, {s} rows")
