@@ -13,6 +13,7 @@ take ``_n_outputs`` (set at load) to know how many outputs the node asks for.
 from __future__ import annotations
 
 import ctypes
+import functools
 from functools import partial
 
 import torch
@@ -208,6 +209,13 @@ def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, _n_
     return _emit([y, inv.float()], out, _n_outputs)
 
 
+@functools.cache
+def mlas_layer_norm() -> bool:
+    """Whether onnxruntime runs MLAS's AVX2 LayerNorm kernel on this CPU (AVX2 and FMA: its
+    SimplifiedLayerNormalization of rows from 16 elements sums in that kernel's order)."""
+    return {"avx2", "fma"} <= set(native.cpuinfo("flags").split())
+
+
 def _ort_simplified_ln(x, scale, a: int, epsilon: float):
     """(Y, inv_std_var) as onnxruntime's SimplifiedLayerNormalization computes them over the dims
     from ``a`` on (csrc/elementwise.c ort_simplified_ln_f32), or None where the C does not serve
@@ -219,14 +227,14 @@ def _ort_simplified_ln(x, scale, a: int, epsilon: float):
     if not h or not _f32_rows(x) or not _f32_rows(scale) or scale.numel() != h \
             or tuple(scale.shape)[max(scale.dim() - len(tail), 0):] != tail[max(len(tail) - scale.dim(), 0):]:
         return None
-    fn = native.function("elementwise", "ort_simplified_ln_f32", "ppiidppi", fallbacks="ort_simplified_ln")
+    fn = native.function("elementwise", "ort_simplified_ln_f32", "ppiidippi", fallbacks="ort_simplified_ln")
     if fn is None:
         return None
     y = torch.empty_like(x)
     inv = torch.empty(tuple(x.shape[:a]) + (1,) * len(tail), dtype=torch.float32)
     n = x.numel()
-    fn(x.data_ptr(), scale.data_ptr(), n // h, h, float(epsilon), y.data_ptr(), inv.data_ptr(),
-       torch.get_num_threads() if n >= _NORM_THREAD_MIN else 1)
+    fn(x.data_ptr(), scale.data_ptr(), n // h, h, float(epsilon), int(mlas_layer_norm()), y.data_ptr(),
+       inv.data_ptr(), torch.get_num_threads() if n >= _NORM_THREAD_MIN else 1)
     native.count("ort_simplified_ln_native_calls")
     return y, inv
 

@@ -20,7 +20,13 @@ import torch
 
 from . import native
 from .attention import _emit
-from .contrib_transformer import _layernorm_before_17, _skip_layer_norm, _skip_simplified_layer_norm, _wants
+from .contrib_transformer import (
+    _layernorm_before_17,
+    _skip_layer_norm,
+    _skip_simplified_layer_norm,
+    _wants,
+    mlas_layer_norm,
+)
 from .fused import DOMAIN
 from .fused import _layer_norm as _fused_layer_norm
 from .fused import _rms_norm as _fused_rms_norm
@@ -185,7 +191,8 @@ def _bind_rms_norm(consts, attrs):
     c = list(consts) + [None] * (2 - len(consts))
     if c[1] is COMPUTED or c[1] is None:
         return None
-    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), 2)  # (onnxruntime fuses it so)
+    # onnxruntime fuses it into SimplifiedLayerNormalization: that kernel's order on this CPU
+    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), 2 if mlas_layer_norm() else 1)
     if run is None:
         return None
     full = partial(_fused_rms_norm, **attrs)

@@ -168,13 +168,14 @@ int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, 
     return bad;
 }
 
-/* SimplifiedLayerNormalization (onnxruntime's, ``ort_rms_row`` with mlas 1) of rows of h floats;
- * inv: NULL or one float a row (its inv_std_var output). */
-void ort_simplified_ln_f32(const float *x, const float *scale, int64_t rows, int64_t h, double eps_d, float *y,
-                           float *inv, int64_t threads) {
+/* SimplifiedLayerNormalization (onnxruntime's, ``ort_rms_row``; mlas 1 where its CPU has AVX2 and
+ * FMA, so that MLAS's kernel serves it) of rows of h floats; inv: NULL or one float a row (its
+ * inv_std_var output). */
+void ort_simplified_ln_f32(const float *x, const float *scale, int64_t rows, int64_t h, double eps_d, int64_t mlas,
+                           float *y, float *inv, int64_t threads) {
     const float eps = (float)eps_d;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t r = 0; r < rows; r++) ort_rms_row(x + r * h, scale, h, eps, 1, y + r * h, inv ? inv + r : NULL);
+    for (int64_t r = 0; r < rows; r++) ort_rms_row(x + r * h, scale, h, eps, (int)mlas, y + r * h, inv ? inv + r : NULL);
 }
 
 /* Layer normalization over the last axis with onnxruntime's Skip* inputs folded in
