@@ -4,13 +4,16 @@ ViT models. Domain ``com.microsoft``, except SimplifiedLayerNormalization and th
 LayerNormalization, which onnxruntime registers in the ONNX domain.
 
 Semantics follow onnxruntime's CPU kernels: norms of half inputs compute in float32 and round
-once; their statistics outputs are float32. Multi-output ops take ``_n_outputs`` (set at load)
-to know how many outputs the node asks for.
+once; their statistics outputs are float32. The RMS norms of float32 CPU rows give onnxruntime's
+bits (csrc/elementwise.c ort_rms_row: the order its kernels sum and divide in), where the C builds:
+a quantized model's next MatMulNBits rounds their output to int8 (issue 35). Multi-output ops
+take ``_n_outputs`` (set at load) to know how many outputs the node asks for.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from functools import partial
 
 import torch
@@ -94,7 +97,47 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _f32_rows(t) -> bool:
+    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+
+
+_NORM_THREAD_MIN = 1 << 16  # elements below which a second thread costs more than it saves
+
+
+def _ort_skip_rms(x, skip, gamma, bias, epsilon: float, with_sum: bool):
+    """(y, x + skip + bias or None) as onnxruntime's SkipSimplifiedLayerNormalization computes
+    them (csrc/elementwise.c skip_ln_f32), or None where the C pass does not serve."""
+    h = x.shape[-1] if x.dim() else 0
+    if not h or not _f32_rows(x) or not _f32_rows(skip) or not _f32_rows(gamma) or gamma.shape != (h,) \
+            or (bias is not None and (not _f32_rows(bias) or bias.shape != (h,))):
+        return None
+    if skip.shape == x.shape:
+        srows = x.numel() // h
+    else:
+        dims = list(skip.shape)
+        while len(dims) > 1 and dims[0] == 1:
+            dims.pop(0)
+        if not dims or tuple(dims) != tuple(x.shape[x.dim() - len(dims):]):
+            return None
+        srows = skip.numel() // h
+    fn = native.function("elementwise", "skip_ln_f32", "ppipppiidippi", fallbacks="skip_ln")
+    if fn is None:
+        return None
+    y = torch.empty_like(x)
+    total = torch.empty_like(x) if with_sum else None
+    n = x.numel()
+    fn(x.data_ptr(), skip.data_ptr(), srows, None if bias is None else bias.data_ptr(), gamma.data_ptr(), None,
+       n // h, h, float(epsilon), 1, y.data_ptr(), None if total is None else total.data_ptr(),
+       torch.get_num_threads() if n >= _NORM_THREAD_MIN else 1)
+    native.count("skip_ln_native_calls")
+    return y, total
+
+
 def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: int, out, present=None):
+    if simplified and not (_wants(out, n, 1, present) or _wants(out, n, 2, present)):
+        got = _ort_skip_rms(x, skip, gamma, bias, epsilon, _wants(out, n, 3, present))
+        if got is not None:
+            return _emit([got[0], None, None, got[1]], out, n)
     ct = _compute_type(x.dtype)
     s = _as(x, ct) + _as(skip, ct)
     if bias is not None:
@@ -127,7 +170,8 @@ def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12, _n_
     return _skip_norm(x, skip, gamma, beta, bias, epsilon, False, _n_outputs, out, _present)
 
 
-@op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer)
+@op("SkipSimplifiedLayerNormalization", 1, MS, infer=_skip_rms_infer,
+    notes="float32 on the CPU gives onnxruntime's bits")
 def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12, _n_outputs=1, _present=None,
                                 out=None):
     return _skip_norm(x, skip, gamma, None, bias, epsilon, True, _n_outputs, out, _present)
@@ -151,15 +195,48 @@ def _rms_infer(shapes, values, *, axis=-1, **_attrs):
 
 
 @op("SimplifiedLayerNormalization", 1, infer=_rms_infer,
-    notes="onnxruntime's RMS norm, registered in the ONNX domain")
+    notes="onnxruntime's RMS norm, registered in the ONNX domain; float32 on the CPU gives its bits")
 def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, _n_outputs=1, out=None):
     # onnxruntime computes in float32 (float64 for double) whatever stash_type says
     a = _axis(axis, x.dim(), "SimplifiedLayerNormalization")
+    got = _ort_simplified_ln(x, scale, a, epsilon)
+    if got is not None:
+        return _emit(list(got), out, _n_outputs)
     ct = _compute_type(x.dtype)
     xs = _as(x, ct)
     inv = torch.rsqrt(xs.pow(2).mean(list(range(a, x.dim())), keepdim=True) + epsilon)
     y = _as(xs * inv * _as(scale, ct), scale.dtype)
     return _emit([y, inv.float()], out, _n_outputs)
+
+
+@functools.cache
+def mlas_layer_norm() -> bool:
+    """Whether onnxruntime runs MLAS's AVX2 LayerNorm kernel on this CPU (AVX2 and FMA: its
+    SimplifiedLayerNormalization of rows from 16 elements sums in that kernel's order)."""
+    return {"avx2", "fma"} <= set(native.cpuinfo("flags").split())
+
+
+def _ort_simplified_ln(x, scale, a: int, epsilon: float):
+    """(Y, inv_std_var) as onnxruntime's SimplifiedLayerNormalization computes them over the dims
+    from ``a`` on (csrc/elementwise.c ort_simplified_ln_f32), or None where the C does not serve
+    (another dtype or device, a scale that broadcasts)."""
+    tail = tuple(x.shape[a:])
+    h = 1
+    for d in tail:
+        h *= d
+    if not h or not _f32_rows(x) or not _f32_rows(scale) or scale.numel() != h \
+            or tuple(scale.shape)[max(scale.dim() - len(tail), 0):] != tail[max(len(tail) - scale.dim(), 0):]:
+        return None
+    fn = native.function("elementwise", "ort_simplified_ln_f32", "ppiidippi", fallbacks="ort_simplified_ln")
+    if fn is None:
+        return None
+    y = torch.empty_like(x)
+    inv = torch.empty(tuple(x.shape[:a]) + (1,) * len(tail), dtype=torch.float32)
+    n = x.numel()
+    fn(x.data_ptr(), scale.data_ptr(), n // h, h, float(epsilon), int(mlas_layer_norm()), y.data_ptr(),
+       inv.data_ptr(), torch.get_num_threads() if n >= _NORM_THREAD_MIN else 1)
+    native.count("ort_simplified_ln_native_calls")
+    return y, inv
 
 
 # onnxruntime runs LayerNormalization below opset 17 too (its own schema in the ONNX domain, the

@@ -20,7 +20,13 @@ import torch
 
 from . import native
 from .attention import _emit
-from .contrib_transformer import _layernorm_before_17, _skip_layer_norm, _skip_simplified_layer_norm, _wants
+from .contrib_transformer import (
+    _layernorm_before_17,
+    _skip_layer_norm,
+    _skip_simplified_layer_norm,
+    _wants,
+    mlas_layer_norm,
+)
 from .fused import DOMAIN
 from .fused import _layer_norm as _fused_layer_norm
 from .fused import _rms_norm as _fused_rms_norm
@@ -51,10 +57,12 @@ def _skip_rows(skip: torch.Tensor, x: torch.Tensor, h: int) -> int | None:
     return skip.numel() // h
 
 
-def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool):
+def layer_norm_bound(gamma, beta, bias, epsilon: float, simplified: bool | int):
     """``run(x, skip, with_sum, y, total=None)`` -> (y, x + skip + bias or None), written into
     ``y`` and ``total`` where they fit, or None for inputs the C pass does not serve; None where
-    the constants themselves are not served."""
+    the constants themselves are not served. ``simplified``: False a layer norm; True (1)
+    onnxruntime's SkipSimplifiedLayerNormalization order of the RMS norm, 2 its
+    SimplifiedLayerNormalization order (csrc/elementwise.c ort_rms_row)."""
     if type(gamma) is not torch.Tensor or gamma.dim() != 1 or not gamma.shape[0]:
         return None
     h = gamma.shape[0]
@@ -183,7 +191,8 @@ def _bind_rms_norm(consts, attrs):
     c = list(consts) + [None] * (2 - len(consts))
     if c[1] is COMPUTED or c[1] is None:
         return None
-    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), True)
+    # onnxruntime fuses it into SimplifiedLayerNormalization: that kernel's order on this CPU
+    run = layer_norm_bound(c[1], None, None, attrs.get("epsilon", 1e-5), 2 if mlas_layer_norm() else 1)
     if run is None:
         return None
     full = partial(_fused_rms_norm, **attrs)

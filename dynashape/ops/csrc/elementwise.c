@@ -17,13 +17,16 @@
 #include <math.h>
 #include "fastmath.h"
 #include "ort_math.h"
+#include <float.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 /* Sums over a row of h floats in 16 lanes (another order than torch's: float32 rounding apart):
- * of the values, of their squares, and of their squared deviations from ``mean``. */
+ * of the values and of their squared deviations from ``mean``. */
 static float lane_sum(const float *v, int64_t h) {
     float acc[16] = {0};
     int64_t j = 0;
@@ -35,17 +38,6 @@ static float lane_sum(const float *v, int64_t h) {
     return s;
 }
 
-static float lane_sum_sq(const float *v, int64_t h) {
-    float acc[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= h; j += 16)
-        for (int l = 0; l < 16; l++) acc[l] += v[j + l] * v[j + l];
-    float ss = 0.0f;
-    for (int l = 0; l < 16; l++) ss += acc[l];
-    for (; j < h; j++) ss += v[j] * v[j];
-    return ss;
-}
-
 static float lane_dev_sq(const float *v, int64_t h, float mean) {
     float dev[16] = {0};
     int64_t j = 0;
@@ -55,6 +47,41 @@ static float lane_dev_sq(const float *v, int64_t h, float mean) {
     for (int l = 0; l < 16; l++) var += dev[l];
     for (; j < h; j++) var += (v[j] - mean) * (v[j] - mean);
     return var;
+}
+
+/* onnxruntime's RMS normalization of one row of h floats, bit for bit (its CPU kernels, 1.32):
+ *  - SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization of rows shorter than 16
+ *    (``mlas`` 0, or h < 16): the sum of squares in order, one element after the other, each square
+ *    rounded before it is added; rms = sqrt(sum / h + eps); y = x / rms * gamma (a division, then
+ *    the product);
+ *  - SimplifiedLayerNormalization of rows of 16 or more (``mlas`` 1, where onnxruntime calls MLAS's
+ *    AVX2 LayerNorm kernel): the squares summed in 8 lanes by fused multiply-adds (element j into
+ *    lane j % 8) over the whole chunks of 8, the lanes folded as ((l0 + l2) + (l1 + l3)) with
+ *    l_i = lane i + lane i + 4; of the tail, the first multiple of 4 added in order as rounded
+ *    squares and the rest by fused multiply-adds (the compiler's vectorized epilogue, then its
+ *    scalar one); inv = 1 / sqrt(sum / h + eps); y = x * inv * gamma.
+ * A value the next MatMulNBits quantizes to int8 needs those bits (issue 35). gamma NULL: 1.
+ * inv_out: NULL, or where 1 / rms goes. x and y may be the same row. */
+static void ort_rms_row(const float *x, const float *gamma, int64_t h, float eps, int mlas, float *y, float *inv_out) {
+    if (mlas && h >= 16) {
+        float acc[8] = {0};
+        int64_t j = 0;
+        for (; j + 8 <= h; j += 8)
+            for (int l = 0; l < 8; l++) acc[l] = fmaf(x[j + l], x[j + l], acc[l]);
+        float ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        const int64_t j4 = j + ((h - j) / 4) * 4;
+        for (; j < j4; j++) ss += x[j] * x[j];
+        for (; j < h; j++) ss = fmaf(x[j], x[j], ss);
+        const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+        if (inv_out) *inv_out = inv;
+        for (int64_t k = 0; k < h; k++) y[k] = gamma ? x[k] * inv * gamma[k] : x[k] * inv;
+        return;
+    }
+    float ss = 0.0f;
+    for (int64_t k = 0; k < h; k++) ss += x[k] * x[k];
+    const float rms = sqrtf(ss / (float)h + eps);
+    if (inv_out) *inv_out = 1.0f / rms;
+    for (int64_t k = 0; k < h; k++) y[k] = gamma ? x[k] / rms * gamma[k] : x[k] / rms;
 }
 
 void tanh_f32(const float *x, float *y, int64_t n, int64_t threads) {
@@ -89,21 +116,16 @@ void fake_quant_f32(const float *x, int64_t n, double scale_d, double lo_d, doub
 
 /* RMS normalization over the last axis (fused.py RMSNorm, what T5 and Llama exports decompose):
  * y = x * (1 / sqrt(mean(x^2) + eps)) [* w], rows of h contiguous floats. torch's F.rms_norm is a
- * composite of six kernels on the CPU (~11 us for a 12 x 64 tensor, against ~1 here); the sum of
- * squares runs in 16 lanes (another order than torch's: float32 rounding apart), the two products
- * in torch's order. w: NULL or h floats. */
+ * composite of six kernels on the CPU (~11 us for a 12 x 64 tensor, against ~1 here); computed as
+ * onnxruntime's SimplifiedLayerNormalization (ort_rms_row), which its optimizer makes of the same
+ * decomposed nodes. w: NULL or h floats. */
 void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t h, double eps_d, float *y, int64_t threads) {
     const float eps = (float)eps_d;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * h;
         float *yr = y + r * h;
-        const float inv = 1.0f / sqrtf(lane_sum_sq(xr, h) / (float)h + eps);
-        if (w) {
-            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv * w[k];
-        } else {
-            for (int64_t k = 0; k < h; k++) yr[k] = xr[k] * inv;
-        }
+        ort_rms_row(xr, w, h, eps, 1, yr, NULL);
     }
 }
 
@@ -146,13 +168,24 @@ int embed_ln_f32(const void *ids, const void *seg, int64_t ids64, int64_t rows, 
     return bad;
 }
 
+/* SimplifiedLayerNormalization (onnxruntime's, ``ort_rms_row``; mlas 1 where its CPU has AVX2 and
+ * FMA, so that MLAS's kernel serves it) of rows of h floats; inv: NULL or one float a row (its
+ * inv_std_var output). */
+void ort_simplified_ln_f32(const float *x, const float *scale, int64_t rows, int64_t h, double eps_d, int64_t mlas,
+                           float *y, float *inv, int64_t threads) {
+    const float eps = (float)eps_d;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) ort_rms_row(x + r * h, scale, h, eps, (int)mlas, y + r * h, inv ? inv + r : NULL);
+}
+
 /* Layer normalization over the last axis with onnxruntime's Skip* inputs folded in
  * (SkipLayerNormalization, SkipSimplifiedLayerNormalization, and LayerNormalization itself with
  * skip NULL): s = x + skip [+ bias] row by row (skip's row r % skip_rows: a skip without the batch
  * dim), written to sum_out when it is not NULL, then y = (s - mean) * rstd * gamma [+ beta], or
- * for ``simplified`` s * rstd * gamma with rstd from the mean square. One pass of C where torch
- * took three to six calls (~15 us a call for a tiny GPT-2's rows); the statistics in 16 lanes as
- * embed_ln_f32's (float32 rounding apart from torch's). */
+ * for ``simplified`` onnxruntime's RMS normalization of s (ort_rms_row: 1 its
+ * SkipSimplifiedLayerNormalization's order, 2 its SimplifiedLayerNormalization's). One pass of C
+ * where torch took three to six calls (~15 us a call for a tiny GPT-2's rows); the layer norm's
+ * statistics in 16 lanes as embed_ln_f32's (float32 rounding apart from torch's). */
 void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const float *bias, const float *gamma,
                  const float *beta, int64_t rows, int64_t h, double eps_d, int64_t simplified, float *y,
                  float *sum_out, int64_t threads) {
@@ -170,8 +203,7 @@ void skip_ln_f32(const float *x, const float *skip, int64_t skip_rows, const flo
         if (bias) for (int64_t k = 0; k < h; k++) yr[k] += bias[k];
         if (sum_out) for (int64_t k = 0; k < h; k++) sum_out[r * h + k] = yr[k];
         if (simplified) {
-            const float rstd = 1.0f / sqrtf(lane_sum_sq(yr, h) / (float)h + eps);
-            for (int64_t k = 0; k < h; k++) yr[k] = yr[k] * rstd * gamma[k];
+            ort_rms_row(yr, gamma, h, eps, simplified == 2, yr, NULL);
             continue;
         }
         const float mean = lane_sum(yr, h) / (float)h;
@@ -282,6 +314,299 @@ int64_t softmax_f32(const float *x, float *y, int64_t rows, int64_t d, int64_t t
     return 0;
 #else
     (void)x; (void)y; (void)rows; (void)d; (void)threads;
+    return 2;
+#endif
+}
+
+/* ---- onnxruntime's GroupQueryAttention (float32, CPU), bit for bit ----------------------------
+ *
+ * What onnxruntime 1.32 computes on an AVX-512F CPU, in its order (the next MatMulNBits of an int4
+ * model quantizes the attention's output to int8: one ulp can move a value by a step, issue 35):
+ *
+ * Rotary (ort_rope_f32, its MLAS kernel, not interleaved): with x1 the first and x2 the second
+ * half of the rotated dims, x1' = fma(x1, cos, -(x2 sin)) and x2' = fma(x1, sin, x2 cos), each
+ * product in the fused step exact and the other rounded first.
+ *
+ * Attention (ort_gqa_attn_f32), for every (batch, head):
+ *  - decode (one new token, more than one key): scores[t] = (sum of q.k in 8 lanes, lane j taking
+ *    dims j, j + 8, ... as rounded products, folded ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 +
+ *    a7)), then the rest of the dims one by one) * scale; keys before the local window get float's
+ *    lowest; e = MLAS's exp of (score - max) and their sum (the 16-lane kernel of softmax_f32);
+ *    o[h] = sum over t, in order, of the rounded products e[t] v[t, h]; out = o * (1 / sum);
+ *  - prefill (several new tokens, "flash"): queries in blocks of min(kv_block, 2 head size) rows,
+ *    keys in blocks of kv_block = L2 size / (32 head size); per block, scores = its SGEMM (fused
+ *    multiply-adds along the head dims in order, split into its K slices, times scale), keys after
+ *    the query's position or before its window at lowest, then an online softmax (running max,
+ *    MLAS's exp and sum, earlier blocks rescaled by expf of the max's change) and o += e V by its
+ *    SGEMM (a block of one query row: its M = 1 AVX kernel, products summed four at a time
+ *    without fused steps); out = o * (1 / l);
+ *  - one key in all: the value row (probability 1).
+ * Returns 0; 2 where this build has no AVX-512F (another MLAS softmax kernel: the caller's torch
+ * path serves); 3 for a scale of exactly 1 (another SGEMM path, not followed). */
+void ort_rope_f32(const float *x, int64_t x_row, int64_t rows, int64_t heads, int64_t hd, int64_t rd,
+                  const float *cos_c, const float *sin_c, int64_t half_c, const int64_t *pos, float *y) {
+    const int64_t half = rd / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos_c + pos[r] * half_c, *s = sin_c + pos[r] * half_c;
+        for (int64_t n = 0; n < heads; n++) {
+            const float *xi = x + r * x_row + n * hd;
+            float *yi = y + (r * heads + n) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = xi[i], x2 = xi[i + half];
+                yi[i] = fmaf(x1, c[i], -(x2 * s[i]));
+                yi[i + half] = fmaf(x1, s[i], x2 * c[i]);
+            }
+            for (int64_t i = rd; i < hd; i++) yi[i] = xi[i];
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* MLAS's ComputeSumExpF32Kernel: y = exp(x + negmax) and their sum (16 lanes, folded) */
+static float ort_sumexp(const float *x, float *y, int64_t d, float negmax) {
+    const __m512 neg = _mm512_set1_ps(negmax);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        const __m512 e = ort_exp16(_mm512_loadu_ps(x + j), neg);
+        _mm512_storeu_ps(y + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (j < d) {
+        const __mmask16 k = (__mmask16)((1u << (d - j)) - 1);
+        const __m512 e = ort_exp16(_mm512_maskz_loadu_ps(k, x + j), neg);
+        _mm512_mask_storeu_ps(y + j, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    float a[16], t[8];
+    _mm512_storeu_ps(a, acc);
+    for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static float row_max_f32(const float *x, int64_t n) {
+    float m = -FLT_MAX;
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+/* MLAS's SGEMM K slice for an (N, K) product whose A is not transposed */
+static int64_t sgemm_stride_k(int64_t n, int64_t k) {
+    int64_t sn = 128, sk = 128;
+    if (n >= k) {
+        while (sk / 2 >= k) { sn *= 2; sk /= 2; }
+    } else {
+        while (sn > 16 && sn / 2 >= n) { sk *= 2; sn /= 2; }
+    }
+    return sk;
+}
+#endif
+
+/* p: B, N, Nk, S, H, P (present length), first_prompt, local_window, kv_block, threads;
+ * q (B, S, N, H), k and v (B, Nk, P, H) the present caches, lens (B) each row's total length,
+ * out (B, S, N, H) */
+int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const float *v, const int64_t *lens,
+                         double scale_d, float *out) {
+#if defined(__AVX512F__)
+    const int64_t B = p[0], N = p[1], Nk = p[2], S = p[3], H = p[4], P = p[5], first = p[6], lws = p[7];
+    const int64_t kvb_in = p[8], threads = p[9];
+    const float scale = (float)scale_d;
+    if (scale == 1.0f) return 3;
+    const int64_t group = N / Nk;
+    int64_t maxlen = 1;
+    for (int64_t b = 0; b < B; b++) maxlen = lens[b] > maxlen ? lens[b] : maxlen;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        const int64_t kvb0 = kvb_in < 1 ? 1 : kvb_in;
+        const int64_t qb0 = kvb0 < 2 * H ? kvb0 : 2 * H;
+        const int64_t qcap = qb0 < S ? qb0 : S;
+        const int64_t kcap = kvb0 < maxlen ? kvb0 : maxlen;
+        float *buf = malloc((size_t)(qcap * (maxlen + H) + maxlen + H + 2 * qcap + 16) * sizeof(float));
+        float *kt = malloc((size_t)(kcap * H + 16) * sizeof(float)); /* a key block, transposed */
+#pragma omp for schedule(static)
+        for (int64_t bn = 0; bn < B * N; bn++) {
+            const int64_t b = bn / N, n = bn % N;
+            const int64_t total = lens[b];
+            const float *kh = k + (b * Nk + n / group) * P * H, *vh = v + (b * Nk + n / group) * P * H;
+            if (maxlen <= 1) { /* not the flash path: one key, a probability of 1 */
+                float *o = out + ((b * S) * N + n) * H;
+                for (int64_t h = 0; h < H; h++) o[h] = vh[h] + 0.0f;
+                continue;
+            }
+            if (S == 1) { /* decode */
+                float *sc = buf, *tmp = buf + total;
+                for (int64_t t = 0; t < total; t++) {
+                    const float *qi = q + (b * N + n) * H, *kr = kh + t * H;
+                    float a[8] = {0};
+                    int64_t h = 0;
+                    for (; h + 8 <= H; h += 8)
+                        for (int j = 0; j < 8; j++) a[j] += qi[h + j] * kr[h + j];
+                    float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                    for (; h < H; h++) sum += qi[h] * kr[h];
+                    sc[t] = sum * scale;
+                }
+                const int64_t ws = (lws >= 0 && total > lws) ? total - lws : 0;
+                for (int64_t t = 0; t < ws; t++) sc[t] = -FLT_MAX;
+                float *o = out + (b * N + n) * H;
+                const float mx = row_max_f32(sc, total);
+                if (mx == -FLT_MAX) {
+                    for (int64_t h = 0; h < H; h++) o[h] = 0.0f;
+                    continue;
+                }
+                const float l = ort_sumexp(sc, sc, total, -mx);
+                for (int64_t h = 0; h < H; h++) tmp[h] = 0.0f;
+                for (int64_t t = 0; t < total; t++) {
+                    const float pt = sc[t], *vr = vh + t * H;
+                    for (int64_t h = 0; h < H; h++) tmp[h] += pt * vr[h];
+                }
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                for (int64_t h = 0; h < H; h++) o[h] = tmp[h] * inv;
+                continue;
+            }
+            /* prefill: the tiled online softmax */
+            const int64_t past = first ? 0 : total - S;
+            const int64_t kvb = kvb0 < total ? kvb0 : total;
+            float *lsum = buf, *mrun = buf + qcap, *sc = buf + 2 * qcap, *acc = sc + qcap * kvb;
+            for (int64_t i0 = 0; i0 < S; i0 += qcap) {
+                const int64_t rq = S - i0 < qcap ? S - i0 : qcap;
+                for (int64_t r = 0; r < rq; r++) { mrun[r] = -FLT_MAX; lsum[r] = 0.0f; }
+                for (int64_t e = 0; e < rq * H; e++) acc[e] = 0.0f;
+                const int64_t limit = past + i0 + rq;
+                for (int64_t ir = 0; ir < total && ir < limit; ir += kvb) {
+                    const int64_t rk = total - ir < kvb ? total - ir : kvb;
+                    /* scores: SGEMM (M rq, N rk, K H, B transposed), alpha = scale: 16 keys a
+                     * vector (each lane its own chain of fused steps along the head dims, in
+                     * order), four query rows at once */
+                    const int64_t sk = sgemm_stride_k(rk, H);
+                    for (int64_t j = 0; j < rk; j++)
+                        for (int64_t d = 0; d < H; d++) kt[d * rk + j] = kh[(ir + j) * H + d];
+                    const __m512 vscale = _mm512_set1_ps(scale);
+                    for (int64_t r0 = 0; r0 < rq; r0 += 4) {
+                        const int64_t nr = rq - r0 < 4 ? rq - r0 : 4;
+                        const float *qr[4];
+                        for (int64_t u = 0; u < 4; u++)
+                            qr[u] = q + ((b * S + i0 + r0 + (u < nr ? u : 0)) * N + n) * H;
+                        for (int64_t j0 = 0; j0 < rk; j0 += 16) {
+                            const int64_t left = rk - j0;
+                            const __mmask16 mk = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                            __m512 c[4];
+                            for (int64_t k0 = 0; k0 < H; k0 += sk) {
+                                const int64_t k1 = k0 + sk < H ? k0 + sk : H;
+                                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                                for (int64_t d = k0; d < k1; d++) {
+                                    const __m512 kv = _mm512_maskz_loadu_ps(mk, kt + d * rk + j0);
+                                    a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[0][d]), kv, a0);
+                                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[1][d]), kv, a1);
+                                    a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[2][d]), kv, a2);
+                                    a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[3][d]), kv, a3);
+                                }
+                                const __m512 a[4] = {a0, a1, a2, a3};
+                                for (int u = 0; u < 4; u++)
+                                    c[u] = k0 == 0 ? _mm512_mul_ps(a[u], vscale) : _mm512_fmadd_ps(a[u], vscale, c[u]);
+                            }
+                            for (int64_t u = 0; u < nr; u++) _mm512_mask_storeu_ps(sc + (r0 + u) * rk + j0, mk, c[u]);
+                        }
+                    }
+                    for (int64_t r = 0; r < rq; r++) {
+                        float *pr = sc + r * rk;
+                        const int64_t climit = past + i0 + r + 1;
+                        for (int64_t j = 0; j < rk; j++)
+                            if (ir + j >= climit) pr[j] = -FLT_MAX;
+                        if (lws >= 0) {
+                            const int64_t wstart = climit > lws ? climit - lws : 0;
+                            for (int64_t j = 0; j < rk; j++)
+                                if (ir + j < wstart) pr[j] = -FLT_MAX;
+                        }
+                        const float rmax = row_max_f32(pr, rk);
+                        if (rmax == -FLT_MAX) {
+                            for (int64_t j = 0; j < rk; j++) pr[j] = 0.0f;
+                            continue;
+                        }
+                        const float mold = mrun[r];
+                        mrun[r] = mrun[r] > rmax ? mrun[r] : rmax;
+                        const float mdiff = mold - mrun[r];
+                        const float rs = ort_sumexp(pr, pr, rk, -mrun[r]);
+                        if (ir != 0) {
+                            const float ed = expf(mdiff);
+                            const float scaled = ed * lsum[r];
+                            lsum[r] = scaled + rs;
+                            for (int64_t h = 0; h < H; h++) acc[r * H + h] *= ed;
+                        } else {
+                            lsum[r] = rs;
+                        }
+                    }
+                    /* o += e V: SGEMM (M rq, N H, K rk), alpha 1, beta 0 for the first block */
+                    const float *vb = vh + ir * H;
+                    if (rq == 1) { /* its M = 1 AVX kernel */
+                        float *c = acc;
+                        const float *pr = sc;
+                        int zero = ir == 0;
+                        int64_t t = 0;
+                        for (; t + 4 <= rk; t += 4) {
+                            for (int64_t h = 0; h < H; h++) {
+                                float s4 = pr[t] * vb[t * H + h];
+                                s4 = s4 + pr[t + 1] * vb[(t + 1) * H + h];
+                                s4 = s4 + pr[t + 2] * vb[(t + 2) * H + h];
+                                s4 = s4 + pr[t + 3] * vb[(t + 3) * H + h];
+                                c[h] = s4 + (zero ? 0.0f : c[h]);
+                            }
+                            zero = 0;
+                        }
+                        if ((rk - t) & 2) {
+                            for (int64_t h = 0; h < H; h++) {
+                                const float s2 = pr[t] * vb[t * H + h] + pr[t + 1] * vb[(t + 1) * H + h];
+                                c[h] = s2 + (zero ? 0.0f : c[h]);
+                            }
+                            zero = 0;
+                            t += 2;
+                        }
+                        if ((rk - t) & 1) {
+                            for (int64_t h = 0; h < H; h++) c[h] = pr[t] * vb[t * H + h] + (zero ? 0.0f : c[h]);
+                        }
+                    } else { /* 16 output dims a vector, four query rows at once */
+                        const int64_t sk2 = sgemm_stride_k(H, rk);
+                        const __m512 one = _mm512_set1_ps(1.0f);
+                        for (int64_t r0 = 0; r0 < rq; r0 += 4) {
+                            const int64_t nr = rq - r0 < 4 ? rq - r0 : 4;
+                            const float *pr[4];
+                            for (int64_t u = 0; u < 4; u++) pr[u] = sc + (r0 + (u < nr ? u : 0)) * rk;
+                            for (int64_t h0 = 0; h0 < H; h0 += 16) {
+                                const int64_t left = H - h0;
+                                const __mmask16 mk = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                                __m512 c[4];
+                                for (int64_t u = 0; u < 4; u++) c[u] = _mm512_maskz_loadu_ps(mk, acc + (r0 + (u < nr ? u : 0)) * H + h0);
+                                for (int64_t k0 = 0; k0 < rk; k0 += sk2) {
+                                    const int64_t k1 = k0 + sk2 < rk ? k0 + sk2 : rk;
+                                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                                    for (int64_t t = k0; t < k1; t++) {
+                                        const __m512 vv = _mm512_maskz_loadu_ps(mk, vb + t * H + h0);
+                                        a0 = _mm512_fmadd_ps(_mm512_set1_ps(pr[0][t]), vv, a0);
+                                        a1 = _mm512_fmadd_ps(_mm512_set1_ps(pr[1][t]), vv, a1);
+                                        a2 = _mm512_fmadd_ps(_mm512_set1_ps(pr[2][t]), vv, a2);
+                                        a3 = _mm512_fmadd_ps(_mm512_set1_ps(pr[3][t]), vv, a3);
+                                    }
+                                    const __m512 a[4] = {a0, a1, a2, a3};
+                                    for (int u = 0; u < 4; u++)
+                                        c[u] = (ir == 0 && k0 == 0) ? a[u] : _mm512_fmadd_ps(a[u], one, c[u]);
+                                }
+                                for (int64_t u = 0; u < nr; u++) _mm512_mask_storeu_ps(acc + (r0 + u) * H + h0, mk, c[u]);
+                            }
+                        }
+                    }
+                }
+                for (int64_t r = 0; r < rq; r++) {
+                    const float inv = lsum[r] > 0.0f ? 1.0f / lsum[r] : 0.0f;
+                    float *o = out + ((b * S + i0 + r) * N + n) * H;
+                    for (int64_t h = 0; h < H; h++) o[h] = acc[r * H + h] * inv;
+                }
+            }
+        }
+        free(buf);
+        free(kt);
+    }
+    return 0;
+#else
+    (void)p; (void)q; (void)k; (void)v; (void)lens; (void)scale_d; (void)out;
     return 2;
 #endif
 }
