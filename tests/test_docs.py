@@ -29,3 +29,11 @@ def test_recorded_conformance_run_agrees_with_expected_failures():
     failed = {name for name, r in run["results"].items() if r["error"] is not None}
     assert failed == set(expected_failures("cpu")), "re-record: python -m tests.conformance.suite --json " \
                                                      "docs/conformance_cpu.json"
+
+
+def test_options_doc_lists_every_option_and_variable():
+    """docs/options.md is generated from dynashape/options.py, which test_options_table.py holds to
+    exactly the options the session takes and the variables the package reads."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_options_doc.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
