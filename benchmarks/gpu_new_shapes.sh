@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -18,6 +18,10 @@ case "${1:-final}" in
       tests/test_disk_cache.py tests/impls/test_conv_buckets.py tests/reliability/test_indices.py
     T=120 run python3 benchmarks/tf32x3_gemm.py --json "$OUT/tf32x3_gemm.json"
     T=200 run python3 benchmarks/gpu_bound.py --json "$OUT/gpu_bound.json" ;;
+  generate)  # the CUDA tests of the generate API, decided Ifs and buckets; the streaming loop's figures
+    DYNASHAPE_TEST_DEVICE=cuda T=260 run python3 -m pytest -q -p no:warnings -rfE tests/test_generate.py \
+      tests/test_if_warm.py tests/test_subgraphs.py tests/impls/test_conv_buckets.py tests/test_host_syncs.py
+    T=300 run python3 benchmarks/generate_gpu.py --steps 240 --json "$OUT/generate_gpu.json" ;;
   check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
       tests/test_disk_cache.py tests/reliability/test_indices.py
