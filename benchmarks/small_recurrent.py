@@ -4,9 +4,10 @@ At batch 1 these models (silero-vad, openWakeWord's silero v4 and mel front end,
 romanizer) do a few small kernels a call: per-call cost around them decides. Per model and
 runtime, one runtime at a time (the other's session deleted and garbage-collected), 2 threads:
 
-  * first pass: a session warmed up on the spec's point outside the sequence walks the model's batch-1 points of its sequence once, each call timed;
-  * steady: median of --repeat calls at each batch-1 point after the first pass (fresh random inputs
-    per call, state fed back where the model has one);
+  * first pass: a session warmed up on the spec's point outside the sequence walks the batch-1
+    points of the sequence once, each call timed;
+  * steady: median of --repeat calls at each batch-1 point after the first pass (fresh random
+    inputs, state included, every call);
   * the silero-vad package loop: 4 s of 16 kHz audio in chunks of 512 samples (+64 of context, as
     silero-vad's OnnxWrapper prepends), state carried from call to call, total per pass (median of
     --passes).
@@ -63,7 +64,7 @@ def per_call(spec, runtime: str, path: str, repeat: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     pts = points(spec)
     sess = session(runtime, path)
-    sess.run(None, spec.make(rng, spec.warmup))  # a point outside the sequence: the first pass then meets a warm session
+    sess.run(None, spec.make(rng, spec.warmup))  # outside the sequence: the first pass meets a warm session
     first = []
     for p in pts:
         feeds = spec.make(rng, p)
