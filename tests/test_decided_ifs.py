@@ -87,3 +87,16 @@ def test_what_does_not_apply():
     big = onnx.load_from_string(_model(big_weight=(deciding_inputs.MAX_MODEL_BYTES >> 2) + 1))
     assert deciding_inputs.deciding_inputs(big) == ()  # weights copied per variant: small models only
     assert deciding_inputs.deciding_inputs(onnx.load_from_string(_model())) == ("sr",)
+
+
+def test_torch_feeds_take_the_variants_too():
+    import torch
+    model = _model()
+    sess, ref = dynashape.InferenceSession(model), ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for sr in (8000, 16000, 8000):
+        x = rng.standard_normal((3, 6)).astype(np.float32)
+        got = sess.run(None, {"x": torch.from_numpy(x), "sr": torch.tensor(sr)})[0]
+        want = ref.run(None, {"x": x, "sr": np.array(sr, np.int64)})[0]
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    assert sess.stats()["decided_if_runs"] == 3
