@@ -275,7 +275,6 @@ class InferenceSession:
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
         self._decided: dict[tuple, InferenceSession] = {}  # deciding inputs' values -> the model made for them
-        self._decided_counts: Counter = Counter()
         self._static_mode = static_mode(options.get("static_impls"), self.device)
         # deterministic: no choice may depend on when a background build finishes, or on a timing
         self._deterministic = _flag(options.get("deterministic", False), "deterministic")
@@ -411,7 +410,7 @@ class InferenceSession:
                 sess._profiler = self._profiler  # one profile for the session and its variants
             return sess
 
-    def _decided_variant(self, feeds: dict) -> InferenceSession | None:
+    def _decided_variant(self, feeds: dict, counts: Counter) -> InferenceSession | None:
         """The model made for the feeds' values of the deciding inputs (deciding_inputs.py), made on
         the first call with those values; None where the general model serves (counted)."""
         key = []
@@ -421,7 +420,7 @@ class InferenceSession:
             if x is not None and getattr(x, "dtype", None) in dtype and tuple(getattr(x, "shape", ())) == shape:
                 v = deciding.value_of(x)
             if v is None:  # missing, or not what the input takes: the general run says what is wrong
-                self._decided_counts["decided_if_general"] += 1
+                counts["decided_if_general"] += 1
                 return None
             key.append(v)
         k = tuple(key)
@@ -432,7 +431,7 @@ class InferenceSession:
             sess = self._decided.get(k)
             if sess is None:
                 if len(self._decided) >= deciding.MAX_VALUES:
-                    self._decided_counts["decided_if_refused"] += 1
+                    counts["decided_if_refused"] += 1
                     return None
                 values = {d[0]: v for d, v in zip(self._deciders, k)}
                 sess = InferenceSession(deciding.pinned(load_model_proto(self._source), values), self._sess_options,
@@ -519,15 +518,7 @@ class InferenceSession:
                     runner.bound = {}
 
     def stats(self) -> dict:
-        out = {} if self._default is None else self._default.stats()
-        if self._deciders:
-            out.update(self._decided_counts)
-            out["decided_if_variants"] = len(self._decided)
-            for sess in list(self._decided.values()):  # the runs the variants made are this session's
-                for k, n in sess.stats().items():
-                    if k in _VARIANT_SUMMED:
-                        out[k] = out.get(k, 0) + n
-        return out
+        return {} if self._default is None else self._default.stats()
 
     def memory_stats(self) -> dict:
         """Memory counters of the default request (see InferRequest.memory_stats)."""
@@ -549,6 +540,7 @@ class InferRequest:
                              device_memory_limit=session.device_memory_limit)
         self._network: Network | None = None
         self._stats: Counter = Counter()
+        self._decided_requests: dict = {}  # a decided variant's session -> this request's request of it
         self.runner = None
         if session.compiled is not None:
             self.predictor = session.memory.make_predictor(self.engine)
@@ -614,10 +606,14 @@ class InferRequest:
         if s._overridable and isinstance(feeds, dict) and not s._overridable.isdisjoint(feeds):
             return s._with_inputs(frozenset(s._overridable.intersection(feeds))).run(output_names, feeds)
         if s._deciders and isinstance(feeds, dict):
-            variant = s._decided_variant(feeds)
+            variant = s._decided_variant(feeds, self._stats)
             if variant is not None:
-                s._decided_counts["decided_if_runs"] += 1
-                return variant.run(output_names, {k: v for k, v in feeds.items() if k not in s._decider_names})
+                self._stats["decided_if_runs"] += 1
+                req = self._decided_requests.get(variant)  # this request's own: requests run in parallel
+                if req is None:
+                    req = self._decided_requests[variant] = variant.create_infer_request()
+                feeds = {k: v for k, v in feeds.items() if k not in s._decider_names}
+                return req._run_checked(output_names, feeds, run_options)  # (this request's lock held)
         if self.program is not s.program:  # the session was parsed again (a dim name unlinked, reshape)
             self.__init__(s)
         check = s._check_feeds
@@ -759,6 +755,12 @@ class InferRequest:
             out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)
             out["kernel_lines"] = sum(s.kernel_items for s in specs)
             out["specializations"] = len(self.session.compiled.specs)
+        if self.session._deciders:
+            out["decided_if_variants"] = len(self.session._decided)
+            for req in list(self._decided_requests.values()):  # the runs the variants made are this request's
+                for k, n in req.stats().items():
+                    if k in _VARIANT_SUMMED:
+                        out[k] = out.get(k, 0) + n
         return out
 
     def memory_stats(self) -> dict:

@@ -100,3 +100,17 @@ def test_torch_feeds_take_the_variants_too():
         want = ref.run(None, {"x": x, "sr": np.array(sr, np.int64)})[0]
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
     assert sess.stats()["decided_if_runs"] == 3
+
+
+def test_each_request_runs_its_own_request_of_a_variant():
+    model = _model()
+    sess, ref = dynashape.InferenceSession(model), ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    reqs = [sess.create_infer_request(), sess.create_infer_request()]
+    for i in range(4):
+        f = {"x": rng.standard_normal((i + 1, 6)).astype(np.float32), "sr": np.array(8000, np.int64)}
+        np.testing.assert_allclose(reqs[i % 2].run(None, f)[0], ref.run(None, f)[0], rtol=1e-6, atol=1e-6)
+    for r in reqs:
+        st = r.stats()
+        assert st["compiled_runs"] == 2 and st["decided_if_runs"] == 2 and st["decided_if_variants"] == 1
+        assert len(r._decided_requests) == 1  # one variant, one request of it per request
