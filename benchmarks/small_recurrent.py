@@ -115,7 +115,10 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2, help="runtimes alternated; the least figure is kept")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=THREADS, help="every runtime's threads (default 2)")
     opts = ap.parse_args()
+    global THREADS
+    THREADS = opts.threads
     runtimes = opts.runtimes.split(",")
     for name in opts.models.split(","):
         spec = BY_NAME[name]
