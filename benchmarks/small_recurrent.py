@@ -107,6 +107,11 @@ def silero_loop(runtime: str, path: str, passes: int, seed: int) -> float:
     return statistics.median(totals[1:])
 
 
+def _set_threads(n: int) -> None:
+    global THREADS
+    THREADS = n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -117,8 +122,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=THREADS, help="every runtime's threads (default 2)")
     opts = ap.parse_args()
-    global THREADS
-    THREADS = opts.threads
+    _set_threads(opts.threads)
     runtimes = opts.runtimes.split(",")
     for name in opts.models.split(","):
         spec = BY_NAME[name]
