@@ -275,6 +275,7 @@ class InferenceSession:
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
         self._decided: dict[tuple, InferenceSession] = {}  # deciding inputs' values -> the model made for them
+        self._decided_seen: set[tuple] = set()  # values seen once, their variant not made yet
         self._static_mode = static_mode(options.get("static_impls"), self.device)
         # deterministic: no choice may depend on when a background build finishes, or on a timing
         self._deterministic = _flag(options.get("deterministic", False), "deterministic")
@@ -411,8 +412,10 @@ class InferenceSession:
             return sess
 
     def _decided_variant(self, feeds: dict, counts: Counter) -> InferenceSession | None:
-        """The model made for the feeds' values of the deciding inputs (deciding_inputs.py), made on
-        the first call with those values; None where the general model serves (counted)."""
+        """The model made for the feeds' values of the deciding inputs (deciding_inputs.py); None
+        where the general model serves (counted). The session's first values get theirs at once (a
+        first call compiles anyway); later values at their second call, the first running the
+        general model, whose If compiled both branches: a value seen once costs no model compile."""
         key = []
         for name, dtype, shape in self._deciders:
             x = feeds.get(name)
@@ -432,6 +435,10 @@ class InferenceSession:
             if sess is None:
                 if len(self._decided) >= deciding.MAX_VALUES:
                     counts["decided_if_refused"] += 1
+                    return None
+                if self._decided and k not in self._decided_seen:
+                    self._decided_seen.add(k)
+                    counts["decided_if_first_sight"] += 1
                     return None
                 values = {d[0]: v for d, v in zip(self._deciders, k)}
                 sess = InferenceSession(deciding.pinned(load_model_proto(self._source), values), self._sess_options,

@@ -3,10 +3,12 @@ rate) is made a constant in a variant of the model, one per value seen, so that 
 compile time (compile/inline_if.py) and the branch it takes is part of the caller's generated code.
 
 Run as a node, silero-vad's If cost a sub-program call a run: a dict of the body's ~40 outer values
-built, their shapes checked, the body's own code entered, and no fusion across the If. A variant
-is made on the first call with a value (a session compile: a new sample rate's first call), then
-each call reads the scalar feed (the guard) and runs the variant that matches it; a new value takes
-its own variant, so a changed condition always takes its branch.
+built, their shapes checked, the body's own code entered, and no fusion across the If. Each call
+reads the scalar feed (the guard) and runs the variant made for its value; a new value takes its
+own variant, so a changed condition always takes its branch. The session's first value gets its
+variant at once (the first call compiles anyway); a later one at its second call (a model compile,
+silero-vad's 15-65 ms here), the first running the general model, whose If compiled both branches
+at its first run (``decided_if_first_sight``): a value seen once costs no compile.
 
 Not for every model: a variant holds its own copy of the weights, so a model above
 ``MAX_MODEL_BYTES`` (a merged decoder's ``use_cache_branch``) keeps its If nodes, as does one that

@@ -2,7 +2,7 @@
 (dynashape/deciding_inputs.py): the model with the input made a constant, the If folded into the
 caller's code. Against onnxruntime over changing shapes with fresh random inputs, the other branch
 taken when the value changes, one compiled run a call (no body run, nothing rebuilt per call), and
-the general model where a variant does not apply (counted)."""
+the general model for a later value's first call and where a variant does not apply (counted)."""
 
 from __future__ import annotations
 
@@ -46,12 +46,17 @@ def test_decided_per_value_matches_onnxruntime_and_runs_no_body():
     sess, ref = dynashape.InferenceSession(model), ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     points = [(1, 16000), (3, 16000), (1, 8000), (5, 8000), (2, 16000), (1, 8000), (4, 16000)]
+    runs = 0
     for i, (n, sr) in enumerate(points):
         f = {"x": rng.standard_normal((n, 6)).astype(np.float32), "sr": np.array(sr, np.int64)}
         np.testing.assert_allclose(sess.run(None, f)[0], ref.run(None, f)[0], rtol=1e-6, atol=1e-6)
         st = sess.stats()
-        assert st["compiled_runs"] == i + 1  # one run a call: the If folded, no branch body runs
-        assert st["decided_if_runs"] == i + 1
+        if i == 2:  # 8000's first call: the general model, its If a node running the else branch
+            assert st["decided_if_first_sight"] == 1 and st["compiled_runs"] > runs + 1
+        else:  # one run a call: the If folded, no branch body runs, nothing rebuilt
+            assert st["compiled_runs"] == runs + 1
+        runs = st["compiled_runs"]
+    assert st["decided_if_runs"] == len(points) - 1
     assert st["decided_if_variants"] == 2  # made once per value, not per call
     assert "interpreter_runs" not in st or st["interpreter_runs"] == 0
 
@@ -60,13 +65,14 @@ def test_more_values_than_variants_run_the_if_as_a_node():
     sess = dynashape.InferenceSession(_model())
     ref = ort.InferenceSession(_model(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
-    values = [16000, 8000, 1, 2, 3, 4, 16000, 5]
+    values = [16000, 8000, 8000, 1, 1, 2, 2, 3, 3, 16000, 5, 5]
     for sr in values:
         f = {"x": rng.standard_normal((2, 6)).astype(np.float32), "sr": np.array(sr, np.int64)}
         np.testing.assert_allclose(sess.run(None, f)[0], ref.run(None, f)[0], rtol=1e-6, atol=1e-6)
     st = sess.stats()
-    assert st["decided_if_variants"] == deciding_inputs.MAX_VALUES
-    assert st["decided_if_refused"] == 3  # 3, 4 and 5: beyond the four kept (16000 again runs its own)
+    assert st["decided_if_variants"] == deciding_inputs.MAX_VALUES  # 16000, 8000, 1, 2
+    assert st["decided_if_first_sight"] == 3  # 8000, 1 and 2 ran the general model once each
+    assert st["decided_if_refused"] == 4  # 3 and 5, twice each: beyond the four kept
 
 
 def test_a_feed_of_another_type_gets_the_general_runs_error():
@@ -94,12 +100,12 @@ def test_torch_feeds_take_the_variants_too():
     model = _model()
     sess, ref = dynashape.InferenceSession(model), ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)
-    for sr in (8000, 16000, 8000):
+    for sr in (8000, 16000, 16000, 8000):
         x = rng.standard_normal((3, 6)).astype(np.float32)
         got = sess.run(None, {"x": torch.from_numpy(x), "sr": torch.tensor(sr)})[0]
         want = ref.run(None, {"x": x, "sr": np.array(sr, np.int64)})[0]
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
-    assert sess.stats()["decided_if_runs"] == 3
+    assert sess.stats()["decided_if_runs"] == 3 and sess.stats()["decided_if_variants"] == 2
 
 
 def test_each_request_runs_its_own_request_of_a_variant():
