@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from . import compat
+from . import deciding_inputs as deciding
 from .compile import Program, compile_graph
 from .errors import (
     DimensionWarning,
@@ -51,6 +52,27 @@ from .runtime.index_feeds import IndexFeedChecks
 from .shape import Dimension, PartialShape
 
 _OPTIONS = OPTION_NAMES  # every keyword option, documented in dynashape/options.py
+
+
+# counters of the decided variants' runs that are this session's runs (stats())
+_VARIANT_SUMMED = frozenset({"compiled_runs", "interpreter_runs", "specializations"})
+
+
+def _deciders(proto, options: dict, executor: str, device) -> tuple:
+    """(name, dtypes a feed may have, shape) of each input that decides an If (deciding_inputs.py);
+    () where variants are off: the option, the interpreter (the reference flow runs the graph as it
+    is), a device session (reading the value would wait for the device)."""
+    if not options.get("decided_ifs", True) or executor != "compiled" or device.type != "cpu":
+        return ()
+    names = deciding.deciding_inputs(proto)
+    out = []
+    for i in proto.graph.input:
+        if i.name in names:
+            t = i.type.tensor_type
+            np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+            out.append((i.name, (np_dtype, torch.from_numpy(np.zeros(0, np_dtype)).dtype),
+                        tuple(d.dim_value for d in t.shape.dim)))
+    return tuple(out)
 
 
 def _session_options(so, options: dict) -> dict:
@@ -253,6 +275,8 @@ class InferenceSession:
         self._extra = options.get("extra_outputs")
         self._options = dict(options)
         self._variants: dict[frozenset, InferenceSession] = {}
+        self._decided: dict[tuple, InferenceSession] = {}  # deciding inputs' values -> the model made for them
+        self._decided_seen: set[tuple] = set()  # values seen once, their variant not made yet
         self._static_mode = static_mode(options.get("static_impls"), self.device)
         # deterministic: no choice may depend on when a background build finishes, or on a timing
         self._deterministic = _flag(options.get("deterministic", False), "deterministic")
@@ -276,6 +300,8 @@ class InferenceSession:
         # graph inputs that have an initializer: a feed may override it (the ONNX spec, onnxruntime)
         self._overridable = ({i.name for i in proto.graph.input} & {t.name for t in proto.graph.initializer})
         self._meta = compat.ModelMetadata(proto)
+        self._deciders = _deciders(proto, self._options, self.executor, self.device)
+        self._decider_names = frozenset(d[0] for d in self._deciders)
         fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
         self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type)
         g = self.program.graph
@@ -386,6 +412,42 @@ class InferenceSession:
                 sess._profiler = self._profiler  # one profile for the session and its variants
             return sess
 
+    def _decided_variant(self, feeds: dict, counts: Counter) -> InferenceSession | None:
+        """The model made for the feeds' values of the deciding inputs (deciding_inputs.py); None
+        where the general model serves (counted). The session's first values get theirs at once (a
+        first call compiles anyway); later values at their second call, the first running the
+        general model, whose If compiled both branches: a value seen once costs no model compile."""
+        key = []
+        for name, dtype, shape in self._deciders:
+            x = feeds.get(name)
+            v = None
+            if x is not None and getattr(x, "dtype", None) in dtype and tuple(getattr(x, "shape", ())) == shape:
+                v = deciding.value_of(x)
+            if v is None:  # missing, or not what the input takes: the general run says what is wrong
+                counts["decided_if_general"] += 1
+                return None
+            key.append(v)
+        k = tuple(key)
+        sess = self._decided.get(k)
+        if sess is not None:
+            return sess
+        with self._reload_lock:
+            sess = self._decided.get(k)
+            if sess is None:
+                if len(self._decided) >= deciding.MAX_VALUES:
+                    counts["decided_if_refused"] += 1
+                    return None
+                if self._decided and k not in self._decided_seen:
+                    self._decided_seen.add(k)
+                    counts["decided_if_first_sight"] += 1
+                    return None
+                values = {d[0]: v for d, v in zip(self._deciders, k)}
+                sess = InferenceSession(deciding.pinned(load_model_proto(self._source), values), self._sess_options,
+                                        device=self.device, **self._options)
+                sess._profiler = self._profiler
+                self._decided[k] = sess
+            return sess
+
     def body_model(self, graph) -> CompiledModel:
         """The compiled form of a control-flow body: its outer-scope reads are extra inputs."""
         with self._bodies_lock:  # not the run lock: a run holding it compiles its bodies
@@ -486,6 +548,7 @@ class InferRequest:
                              device_memory_limit=session.device_memory_limit)
         self._network: Network | None = None
         self._stats: Counter = Counter()
+        self._decided_requests: dict = {}  # a decided variant's session -> this request's request of it
         self.runner = None
         if session.compiled is not None:
             self.predictor = session.memory.make_predictor(self.engine)
@@ -550,6 +613,15 @@ class InferRequest:
         s = self.session
         if s._overridable and isinstance(feeds, dict) and not s._overridable.isdisjoint(feeds):
             return s._with_inputs(frozenset(s._overridable.intersection(feeds))).run(output_names, feeds)
+        if s._deciders and isinstance(feeds, dict):
+            variant = s._decided_variant(feeds, self._stats)
+            if variant is not None:
+                self._stats["decided_if_runs"] += 1
+                req = self._decided_requests.get(variant)  # this request's own: requests run in parallel
+                if req is None:
+                    req = self._decided_requests[variant] = variant.create_infer_request()
+                feeds = {k: v for k, v in feeds.items() if k not in s._decider_names}
+                return req._run_checked(output_names, feeds, run_options)  # (this request's lock held)
         if self.program is not s.program:  # the session was parsed again (a dim name unlinked, reshape)
             self.__init__(s)
         check = s._check_feeds
@@ -691,6 +763,12 @@ class InferRequest:
             out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)
             out["kernel_lines"] = sum(s.kernel_items for s in specs)
             out["specializations"] = len(self.session.compiled.specs)
+        if self.session._deciders:
+            out["decided_if_variants"] = len(self.session._decided)
+            for req in list(self._decided_requests.values()):  # the runs the variants made are this request's
+                for k, n in req.stats().items():
+                    if k in _VARIANT_SUMMED:
+                        out[k] = out.get(k, 0) + n
         return out
 
     def memory_stats(self) -> dict:

@@ -29,6 +29,9 @@ class Options:
                                      "flow, the reference).", "DYNASHAPE_EXECUTOR")
     fusion: bool = _opt(True, "rewrite exported patterns (attention, norms, GELU/SiLU, Linear, Conv+BN, "
                               "quantized chains) into single kernels.", "DYNASHAPE_FUSION")
+    decided_ifs: bool = _opt(True, "an If computed from a scalar input (a sample rate) decided per value seen: "
+                                   "the model with that input made a constant, the If folded (deciding_inputs.py; "
+                                   "small models, a few values).")
     allow_tf32: bool = _opt(False, "CUDA: let matrix products and convolutions use TF32 (faster, ~1e-3 relative).")
     threads: int | None = _opt(None, "torch CPU threads during a run (restored afterwards; process-wide).")
     malloc_tuning: bool = _opt(True, "CPU: tune glibc malloc thresholds so large buffers are not returned to "

@@ -1,7 +1,8 @@
 """An If's branch not taken is compiled at the node's first run (runtime/bodies.py
 ``BodyRunner.warm``): run once with that run's outer values, outputs dropped, so the first call
 that takes it does not trace and generate code. A branch that cannot run on those values is left
-to its first real use, with no error surfacing and right results."""
+to its first real use, with no error surfacing and right results. (decided_ifs=False: the If on a
+scalar input runs as a node here; tests/test_decided_ifs.py covers the variants.)"""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _model(else_op: str = "Mul", else_needs_pair: bool = False):
 
 
 def test_the_other_branch_runs_once_at_the_first_call():
-    sess = dynashape.InferenceSession(_model())
+    sess = dynashape.InferenceSession(_model(), decided_ifs=False)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(5).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x, "c": np.array(True)})[0], x + x)
@@ -44,7 +45,7 @@ def test_the_other_branch_runs_once_at_the_first_call():
 
 
 def test_a_branch_that_cannot_run_on_these_values_waits_for_its_use():
-    sess = dynashape.InferenceSession(_model(else_needs_pair=True))
+    sess = dynashape.InferenceSession(_model(else_needs_pair=True), decided_ifs=False)
     rng = np.random.default_rng(1)
     odd = rng.standard_normal(5).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": odd, "c": np.array(True)})[0], odd + odd)

@@ -312,6 +312,10 @@ def _rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alph
 def _gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
          activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0,
          out=None):
+    if clip is None and not activation_alpha and not activation_beta and _default_gru_gates(activations):
+        done = _native_gru(X, W, R, B, sequence_lens, initial_h, direction, layout, linear_before_reset, out)
+        if done is not None:
+            return _put(out, done)
     if linear_before_reset and _fused_ok(X, sequence_lens, activations, activation_alpha, activation_beta, clip,
                                          direction, ["Sigmoid", "Tanh"]):
         return _fused("GRU", X, W, R, B, [initial_h], direction, layout, out)
@@ -476,6 +480,70 @@ def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, lay
     if layout:
         return [y.permute(2, 0, 1, 3), h.transpose(0, 1), c.transpose(0, 1)]
     return [y, h, c]
+
+
+# GRU in C (csrc/gru.c) -----------------------------------------------------------------------
+_GRU_FORMS = WeightCache()  # per W or R: its transpose for gru.c; per B: its float32 copy
+# multiply-adds of a layer up to which gru.c runs it where torch's own kernel could (linear_before_reset,
+# forward or bidirectional, no sequence_lens): one C call against torch.gru's calls a step or oneDNN's
+# primitive per new (T, batch); above, oneDNN's threaded products win. Every other configuration goes to
+# gru.c whatever its size: the alternative is rnn.py's loop of ~10 torch calls a step.
+_GRU_NATIVE_MAX_WORK = 1 << 23
+# a bidirectional layer's directions on two threads from this many multiply-adds (one fork a call; a
+# smaller layer's two directions take ~0.1 ms on one thread, about what waking a second one can cost
+# on a busy machine)
+_GRU_THREAD_MIN_WORK = 1 << 22
+
+
+def _default_gru_gates(activations) -> bool:
+    return not activations or [a.lower() for a in activations] in (["sigmoid", "tanh"], ["sigmoid", "tanh"] * 2)
+
+
+def _native_gru(X, W, R, B, sequence_lens, initial_h, direction, layout, lbr, out=None):
+    """[Y, Y_h] of a float32 CPU GRU with the default gates through csrc/gru.c, or None where it
+    does not serve (another device or dtype, shapes the torch path refuses, a large layer torch's
+    kernel runs better, no compiler: then torch's, counted in native.counters())."""
+    if X.device.type != "cpu" or not (X.dtype == W.dtype == R.dtype == torch.float32):
+        return None
+    nd = _num_dir(direction)
+    x = X.transpose(0, 1) if layout else X
+    t, batch, ni = x.shape
+    n = R.shape[-1]
+    if tuple(W.shape) != (nd, 3 * n, ni) or tuple(R.shape) != (nd, 3 * n, n) or (
+            B is not None and tuple(B.shape) != (nd, 6 * n)) or not (t and batch and n and ni):
+        return None  # (the torch path says what does not match)
+    work = t * batch * nd * 3 * n * (n + ni)
+    if (lbr and sequence_lens is None and direction != "reverse" and work > _GRU_NATIVE_MAX_WORK
+            and X.dtype == torch.float32):
+        native.count("gru_torch_large")  # torch's kernel: the faster one here, not a fallback
+        return None
+    fn = native.function("gru", "gru_f32", "iiiiiiipppppppp", fallbacks="gru")
+    if fn is None:
+        return None
+    wt = _GRU_FORMS.get(W, lambda: W.detach().transpose(1, 2).contiguous())
+    rt = _GRU_FORMS.get(R, lambda: R.detach().transpose(1, 2).contiguous())
+    bias = None if B is None else _GRU_FORMS.get(B, lambda: B.detach().to(torch.float32, copy=True).contiguous())
+    lens = None if sequence_lens is None else sequence_lens.to(torch.int64).clamp(0, t).contiguous()
+    o = None if layout else _into(out, 1, (nd, batch, n))
+    if initial_h is None:
+        h = torch.zeros(nd, batch, n) if o is None else o.zero_()
+    else:
+        s = initial_h.transpose(0, 1) if layout else initial_h
+        h = s.to(torch.float32, copy=True).contiguous() if o is None else o.copy_(s)
+    y = None if layout or lens is not None else _into(out, 0, (t, nd, batch, n))
+    if y is None:  # (every step's rows are written unless sequence lengths leave some out)
+        y = torch.zeros(t, nd, batch, n) if lens is not None else torch.empty(t, nd, batch, n)
+    reverse = (ctypes.c_int64 * nd)(*[int(direction == "reverse" or d == 1) for d in range(nd)])
+    threads = 2 if nd == 2 and work >= _GRU_THREAD_MIN_WORK and torch.get_num_threads() >= 2 else 1
+    x = x.contiguous()
+    fn(nd, threads, t, batch, ni, n, int(bool(lbr)), x.data_ptr(), wt.data_ptr(), rt.data_ptr(),
+       None if bias is None else bias.data_ptr(),
+       None if lens is None else lens.data_ptr(), reverse, h.data_ptr(), y.data_ptr())
+    native.count("gru_native_calls")
+    if layout:
+        return [y.permute(2, 0, 1, 3), h.transpose(0, 1)]
+    return [y, h]
+
 
 for _name, _fn, _n_states in (("RNN", _rnn, 1), ("GRU", _gru, 1), ("LSTM", _lstm, 2)):
     _infer = _rnn_infer(_n_states)
