@@ -101,6 +101,20 @@ def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, 
 # against 175-230)
 SMALL_PRODUCT = 1 << 21
 
+# oneDNN makes a primitive (its kernels JIT-compiled for the problem, shapes included) for every
+# input shape a convolution meets; it costs 0.1-0.3 ms a convolution (oneDNN's verbose create
+# times, 2 threads, the OCR and YOLO models' convolutions at 96-640 pixel images), as much as
+# the arithmetic of most of them, and none of oneDNN's convolutions takes a shape at run time.
+# A 1x1 of stride 1 is a product of the pixel rows by the weight, which MKL runs at any shape
+# with nothing to build; at a repeated shape oneDNN's fused call was 0-47% faster (1x1 of
+# 10-90M multiply-adds with HardSwish: 0.14-0.61 ms against 0.18-0.65 for the product and the
+# activation). So such a 1x1 runs as the product at a shape new to it, and through oneDNN once
+# the shape comes back: a primitive only for a shape that repeats (``NEW_SHAPE_PRODUCTS`` counts
+# the calls the product took for that reason). The shapes are remembered up to SEEN_SHAPES a
+# convolution (oneDNN's own primitive cache holds 1024), then forgotten all at once.
+SEEN_SHAPES = 1024
+NEW_SHAPE_PRODUCTS = "conv_1x1_new_shape_products"
+
 # the image side the weight is reordered for (``PackedWeight.representative``)
 REPRESENTATIVE_SIDE = 32
 
@@ -150,6 +164,18 @@ class PackedWeight:
         return self.packed
 
 
+def _first_sight(seen: set, shape) -> bool:
+    """Whether ``shape`` is new to the convolution that keeps ``seen`` (then remembered, and the
+    call counted as NEW_SHAPE_PRODUCTS)."""
+    if shape in seen:
+        return False
+    if len(seen) >= SEEN_SHAPES:
+        seen.clear()
+    seen.add(shape)
+    native.count(NEW_SHAPE_PRODUCTS)
+    return True
+
+
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
     """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
     input shape (``PackedWeight``)."""
@@ -163,12 +189,14 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used
     act = ACTIVATIONS[activation]
     fused = torch.ops.mkldnn._convolution_pointwise
+    seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
             return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm)
-        if pointwise and x.numel() * cout < SMALL_PRODUCT and x.is_contiguous(memory_format=torch.channels_last):
+        if pointwise and x.is_contiguous(memory_format=torch.channels_last) and (
+                x.numel() * cout < SMALL_PRODUCT or _first_sight(seen, x.shape)):
             n, _, h, wd = x.shape
             rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # channels-last: a view
             if rows_by_w[0] != w._version:
