@@ -69,6 +69,20 @@ ACTIVATIONS = {
     "hardtanh": lambda y, s, a: torch.clamp(y, s[0], s[1]),
 }
 
+# the same, over a fresh result of ours in place (the product's: no second tensor to allocate and
+# fault in); GELU has no in-place form and takes ACTIVATIONS'
+IN_PLACE = {
+    "none": lambda y, s, a: y,
+    "relu": lambda y, s, a: y.relu_(),
+    "sigmoid": lambda y, s, a: ort_math.sigmoid(y, out=y),
+    "tanh": lambda y, s, a: ort_math.tanh(y, out=y),
+    "hardswish": lambda y, s, a: F.hardswish(y, inplace=True),
+    "hardsigmoid": lambda y, s, a: F.hardsigmoid(y, inplace=True),
+    "swish": lambda y, s, a: ort_math.silu(y, out=y),
+    "leaky_relu": lambda y, s, a: F.leaky_relu_(y, s[0]),
+    "hardtanh": lambda y, s, a: y.clamp_(s[0], s[1]),
+}
+
 # computed after the convolution by ort_math (onnxruntime's functions, bit for bit), not inside it
 ORT_ACTIVATIONS = frozenset({"sigmoid", "tanh", "swish"})
 
@@ -188,6 +202,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     cin, cout = w.shape[1], w.shape[0]
     rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used
     act = ACTIVATIONS[activation]
+    act_ = IN_PLACE.get(activation, act)
     fused = torch.ops.mkldnn._convolution_pointwise
     seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
 
@@ -203,7 +218,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
                 rows_by_w[:] = [w._version, w.detach().reshape(cout, cin).t()]
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
-            return act(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
+            return act_(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
         wp = packed.get()
         if activation in ORT_ACTIVATIONS:
             return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)
