@@ -6,9 +6,12 @@ cost), then at ``--sizes`` new sizes, each called ``--repeats`` times with fresh
 outside the timed call). Per size: first call / the fastest of the repeats; reported per model and
 runtime: the median of these ratios, and the sum of first calls against the sum of steady ones.
 One runtime at a time, the other's session deleted and collected, ``--threads`` threads each.
+``--clock cpu`` times the process's CPU time instead of the wall clock: on a machine other
+processes load, 2 OpenMP threads wait for each other descheduled and wall times swing 20x; run it
+with OMP_WAIT_POLICY=PASSIVE so that waiting threads do not spin (their spin would count).
 
     python -m benchmarks.first_call_ratio [--sizes 12] [--repeats 3] [--threads 2]
-        [--models ocr_det_v4,...] [--runtimes dynashape,onnxruntime] [--json PATH]
+        [--models ocr_det_v4,...] [--runtimes dynashape,onnxruntime] [--clock wall|cpu] [--json PATH]
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def measure(name: str, runtime: str, a) -> dict:
     spec = next(s for s in SPECS if s.name == name)
     pts = points(name, a.sizes, a.seed)
     rng = np.random.default_rng(a.seed + 1)
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
     run, sess = _runner(runtime, fetch(spec), a.threads)
     try:
         run(spec.make(rng, pts[0]))
@@ -92,9 +96,9 @@ def measure(name: str, runtime: str, a) -> dict:
             ms = []
             for _ in range(1 + a.repeats):
                 feeds = spec.make(rng, p)
-                t0 = time.perf_counter()
+                t0 = clock()
                 run(feeds)
-                ms.append((time.perf_counter() - t0) * 1e3)
+                ms.append((clock() - t0) * 1e3)
             rows.append({"point": list(p), "first_ms": ms[0], "repeat_ms": ms[1:]})
         stats = sess.stats() if runtime == "dynashape" else {}
     finally:
@@ -116,6 +120,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--runtimes", default="dynashape,onnxruntime")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out = {}
@@ -128,7 +133,7 @@ def main() -> int:
             print(f"{name:14} {rt:12} {r['median_ratio']:>20.2f} {r['sum_ratio']:>17.2f} "
                   f"{r['first_total_ms']:>9.0f} {r['steady_total_ms']:>10.0f}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps({"sizes": a.sizes, "repeats": a.repeats, "threads": a.threads,
+        Path(a.json).write_text(json.dumps({"sizes": a.sizes, "repeats": a.repeats, "threads": a.threads, "clock": a.clock,
                                             "seed": a.seed, "models": out}, indent=1))
     return 0
 
