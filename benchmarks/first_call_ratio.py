@@ -133,8 +133,8 @@ def main() -> int:
             print(f"{name:14} {rt:12} {r['median_ratio']:>20.2f} {r['sum_ratio']:>17.2f} "
                   f"{r['first_total_ms']:>9.0f} {r['steady_total_ms']:>10.0f}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps({"sizes": a.sizes, "repeats": a.repeats, "threads": a.threads, "clock": a.clock,
-                                            "seed": a.seed, "models": out}, indent=1))
+        Path(a.json).write_text(json.dumps({"sizes": a.sizes, "repeats": a.repeats, "threads": a.threads,
+                                            "clock": a.clock, "seed": a.seed, "models": out}, indent=1))
     return 0
 
 
