@@ -225,3 +225,29 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
         return fused(x, wp, b, padding, stride, dilation, groups, activation, scalars,
                      algorithm)
     return kernel
+
+
+def patch_transpose(x, w, b, kernel, stride, dilation, pads, output_padding, groups) -> torch.Tensor | None:
+    """A CPU float32 2-D ConvTranspose whose kernel equals its stride (no overlap, no pads, one
+    group): each input pixel writes its own kh x kw patch of the output, the product of the pixel
+    rows by the weight (Cin, Cout*kh*kw) with the patches laid out after it (channels-last) and the
+    bias added in that copy. torch's conv_transpose2d (oneDNN) makes a primitive and reorders the
+    weight for every input shape: PP-OCRv4 det's two 2x2 upsamplings cost 1.5 ms more at a new size
+    than at a repeated one (this project's 2-core CPU); the product builds nothing. Its calls are
+    counted as ``conv_transpose_products``; None where it does not apply (torch's then)."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != x.dtype or x.dim() != 4 or groups != 1
+            or list(kernel) != list(stride) or any(d != 1 for d in dilation) or any(pads)
+            or any(output_padding) or (b is not None and b.dtype != x.dtype) or x.requires_grad):
+        return None
+    n, cin, h, wd = x.shape
+    cout, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # a view of a channels-last input
+    y = torch.mm(rows, w.reshape(cin, cout * kh * kw))
+    patches = y.view(n, h, wd, cout, kh, kw).permute(0, 1, 4, 2, 5, 3)  # (n, h, kh, w, kw, cout)
+    out = torch.empty((n, h, kh, wd, kw, cout), dtype=x.dtype)
+    if b is not None:
+        torch.add(patches, b, out=out)
+    else:
+        out.copy_(patches)
+    native.count("conv_transpose_products")
+    return out.view(n, h * kh, wd * kw, cout).permute(0, 3, 1, 2)
