@@ -125,8 +125,12 @@ SMALL_PRODUCT = 1 << 21
 # activation). So such a 1x1 runs as the product at a shape new to it, and through oneDNN once
 # the shape comes back: a primitive only for a shape that repeats (``NEW_SHAPE_PRODUCTS`` counts
 # the calls the product took for that reason). The shapes are remembered up to SEEN_SHAPES a
-# convolution (oneDNN's own primitive cache holds 1024), then forgotten all at once.
+# convolution (oneDNN's own primitive cache holds 1024), then forgotten all at once. Only below
+# NEW_SHAPE_PRODUCT_MAX multiply-adds: above, the product's extra time passes the primitive's
+# (PP-OCRv4 rec's 1x1s at batches up to 47: its new sizes' first calls took 6-9% more process
+# CPU time with every 1x1 a product there, 2 runs each; at 36M the product lost 0.01-0.06 ms).
 SEEN_SHAPES = 1024
+NEW_SHAPE_PRODUCT_MAX = 1 << 25
 NEW_SHAPE_PRODUCTS = "conv_1x1_new_shape_products"
 
 # the image side the weight is reordered for (``PackedWeight.representative``)
@@ -211,7 +215,8 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
             return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm)
         if pointwise and x.is_contiguous(memory_format=torch.channels_last) and (
-                x.numel() * cout < SMALL_PRODUCT or _first_sight(seen, x.shape)):
+                x.numel() * cout < SMALL_PRODUCT
+                or (x.numel() * cout < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape))):
             n, _, h, wd = x.shape
             rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # channels-last: a view
             if rows_by_w[0] != w._version:

@@ -63,3 +63,16 @@ def test_forgets_shapes_beyond_its_bound(monkeypatch):
     monkeypatch.setattr(cpu_conv, "SEEN_SHAPES", 2)
     seen: set = set()
     assert [cpu_conv._first_sight(seen, s) for s in [(1,), (2,), (1,), (3,), (1,)]] == [True, True, False, True, True]
+
+
+def test_a_large_1x1_goes_to_onednn_at_once(monkeypatch):
+    """Above NEW_SHAPE_PRODUCT_MAX multiply-adds the product's extra time passes oneDNN's primitive."""
+    import torch
+    torch.manual_seed(0)
+    w, b = torch.randn(32, 16, 1, 1), torch.randn(32)
+    kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [0, 0], [1, 1], 1, "relu", [], "")
+    x = torch.randn(1, 16, 64, 64).contiguous(memory_format=torch.channels_last)  # 2.1M: above SMALL_PRODUCT
+    monkeypatch.setattr(cpu_conv, "NEW_SHAPE_PRODUCT_MAX", x.numel() * 32)
+    products, reorders = _counts()
+    torch.testing.assert_close(kernel(x, w, b), torch.relu(torch.conv2d(x, w, b)), rtol=1e-5, atol=1e-5)
+    assert _counts() == (products, reorders + 1)  # oneDNN at the first call: its weight reordered
