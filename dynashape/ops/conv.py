@@ -217,6 +217,10 @@ def _conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
     # symmetric part plus a crop of the result (a copy only in that uncommon case)
     sym = [min(bb, e) for bb, e in zip(begin, end)]
     op_t = [max(0, op_[i] - (end[i] - sym[i])) for i in range(n)]
+    if n == 2:
+        y = cpu_conv.patch_transpose(x, w, b, k, s, d, begin + end, op_, group)
+        if y is not None:
+            return y
     limit = [max(s[i], d[i]) for i in range(n)]
     if any(op_t[i] >= limit[i] for i in range(n)):
         # torch refuses an output_padding this large: compute without it and pad zeros (+ bias) on

@@ -69,6 +69,20 @@ ACTIVATIONS = {
     "hardtanh": lambda y, s, a: torch.clamp(y, s[0], s[1]),
 }
 
+# the same, over a fresh result of ours in place (the product's: no second tensor to allocate and
+# fault in); GELU has no in-place form and takes ACTIVATIONS'
+IN_PLACE = {
+    "none": lambda y, s, a: y,
+    "relu": lambda y, s, a: y.relu_(),
+    "sigmoid": lambda y, s, a: ort_math.sigmoid(y, out=y),
+    "tanh": lambda y, s, a: ort_math.tanh(y, out=y),
+    "hardswish": lambda y, s, a: F.hardswish(y, inplace=True),
+    "hardsigmoid": lambda y, s, a: F.hardsigmoid(y, inplace=True),
+    "swish": lambda y, s, a: ort_math.silu(y, out=y),
+    "leaky_relu": lambda y, s, a: F.leaky_relu_(y, s[0]),
+    "hardtanh": lambda y, s, a: y.clamp_(s[0], s[1]),
+}
+
 # computed after the convolution by ort_math (onnxruntime's functions, bit for bit), not inside it
 ORT_ACTIVATIONS = frozenset({"sigmoid", "tanh", "swish"})
 
@@ -100,6 +114,24 @@ def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, 
 # HardSwish 25 against 52 us, 1 x 96 x 3 x 12: 14 against 56), above ~4M oneDNN (12.8M: 150-190
 # against 175-230)
 SMALL_PRODUCT = 1 << 21
+
+# oneDNN makes a primitive (its kernels JIT-compiled for the problem, shapes included) for every
+# input shape a convolution meets; it costs 0.1-0.3 ms a convolution (oneDNN's verbose create
+# times, 2 threads, the OCR and YOLO models' convolutions at 96-640 pixel images), as much as
+# the arithmetic of most of them, and none of oneDNN's convolutions takes a shape at run time.
+# A 1x1 of stride 1 is a product of the pixel rows by the weight, which MKL runs at any shape
+# with nothing to build; at a repeated shape oneDNN's fused call was 0-47% faster (1x1 of
+# 10-90M multiply-adds with HardSwish: 0.14-0.61 ms against 0.18-0.65 for the product and the
+# activation). So such a 1x1 runs as the product at a shape new to it, and through oneDNN once
+# the shape comes back: a primitive only for a shape that repeats (``NEW_SHAPE_PRODUCTS`` counts
+# the calls the product took for that reason). The shapes are remembered up to SEEN_SHAPES a
+# convolution (oneDNN's own primitive cache holds 1024), then forgotten all at once. Only below
+# NEW_SHAPE_PRODUCT_MAX multiply-adds: above, the product's extra time passes the primitive's
+# (PP-OCRv4 rec's 1x1s at batches up to 47: its new sizes' first calls took 6-9% more process
+# CPU time with every 1x1 a product there, 2 runs each; at 36M the product lost 0.01-0.06 ms).
+SEEN_SHAPES = 1024
+NEW_SHAPE_PRODUCT_MAX = 1 << 25
+NEW_SHAPE_PRODUCTS = "conv_1x1_new_shape_products"
 
 # the image side the weight is reordered for (``PackedWeight.representative``)
 REPRESENTATIVE_SIDE = 32
@@ -150,6 +182,18 @@ class PackedWeight:
         return self.packed
 
 
+def _first_sight(seen: set, shape) -> bool:
+    """Whether ``shape`` is new to the convolution that keeps ``seen`` (then remembered, and the
+    call counted as NEW_SHAPE_PRODUCTS)."""
+    if shape in seen:
+        return False
+    if len(seen) >= SEEN_SHAPES:
+        seen.clear()
+    seen.add(shape)
+    native.count(NEW_SHAPE_PRODUCTS)
+    return True
+
+
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
     """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
     input shape (``PackedWeight``)."""
@@ -162,23 +206,53 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     cin, cout = w.shape[1], w.shape[0]
     rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used
     act = ACTIVATIONS[activation]
+    act_ = IN_PLACE.get(activation, act)
     fused = torch.ops.mkldnn._convolution_pointwise
+    seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
             return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm)
-        if pointwise and x.numel() * cout < SMALL_PRODUCT and x.is_contiguous(memory_format=torch.channels_last):
+        if pointwise and x.is_contiguous(memory_format=torch.channels_last) and (
+                x.numel() * cout < SMALL_PRODUCT
+                or (x.numel() * cout < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape))):
             n, _, h, wd = x.shape
             rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # channels-last: a view
             if rows_by_w[0] != w._version:
                 rows_by_w[:] = [w._version, w.detach().reshape(cout, cin).t()]
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
-            return act(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
+            return act_(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
         wp = packed.get()
         if activation in ORT_ACTIVATIONS:
             return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)
         return fused(x, wp, b, padding, stride, dilation, groups, activation, scalars,
                      algorithm)
     return kernel
+
+
+def patch_transpose(x, w, b, kernel, stride, dilation, pads, output_padding, groups) -> torch.Tensor | None:
+    """A CPU float32 2-D ConvTranspose whose kernel equals its stride (no overlap, no pads, one
+    group): each input pixel writes its own kh x kw patch of the output, the product of the pixel
+    rows by the weight (Cin, Cout*kh*kw) with the patches laid out after it (channels-last) and the
+    bias added in that copy. torch's conv_transpose2d (oneDNN) makes a primitive and reorders the
+    weight for every input shape: PP-OCRv4 det's two 2x2 upsamplings cost 1.5 ms more at a new size
+    than at a repeated one (this project's 2-core CPU); the product builds nothing. Its calls are
+    counted as ``conv_transpose_products``; None where it does not apply (torch's then)."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != x.dtype or x.dim() != 4 or groups != 1
+            or list(kernel) != list(stride) or any(d != 1 for d in dilation) or any(pads)
+            or any(output_padding) or (b is not None and b.dtype != x.dtype) or x.requires_grad):
+        return None
+    n, cin, h, wd = x.shape
+    cout, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    rows = x.permute(0, 2, 3, 1).reshape(-1, cin)  # a view of a channels-last input
+    y = torch.mm(rows, w.reshape(cin, cout * kh * kw))
+    patches = y.view(n, h, wd, cout, kh, kw).permute(0, 1, 4, 2, 5, 3)  # (n, h, kh, w, kw, cout)
+    out = torch.empty((n, h, kh, wd, kw, cout), dtype=x.dtype)
+    if b is not None:
+        torch.add(patches, b, out=out)
+    else:
+        out.copy_(patches)
+    native.count("conv_transpose_products")
+    return out.view(n, h * kh, wd * kw, cout).permute(0, 3, 1, 2)

@@ -103,8 +103,10 @@ def test_a_small_pointwise_convolution_is_a_product_of_pixel_rows(monkeypatch, b
         torch.testing.assert_close(y, _ref(x, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5, atol=1e-5)
     assert products == ["addmm" if bias else "mm"] * 3
     big = torch.randn(1, 8, 200, 200).contiguous(memory_format=torch.channels_last)  # above: oneDNN's
-    torch.testing.assert_close(kernel(big, w, b), _ref(big, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5, atol=1e-5)
-    assert len(products) == 3
+    for _ in range(2):  # ... once the shape comes back (new to the kernel, the product: SEEN_SHAPES)
+        torch.testing.assert_close(kernel(big, w, b), _ref(big, w, b, 1, [0, 0], 1, "hardswish"), rtol=1e-5,
+                                   atol=1e-5)
+    assert len(products) == 4
 
 
 def test_a_written_weight_is_read_again_by_the_small_product():
