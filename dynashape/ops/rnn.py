@@ -428,21 +428,32 @@ def _into(out, i: int, shape: tuple) -> torch.Tensor | None:
     return o
 
 
-def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout, out=None):
-    """[Y, Y_h, Y_c] of a float32 CPU LSTM with the default gates through csrc/lstm.c, or None where
-    it does not serve (another device or dtype, shapes the torch path refuses, no compiler: then
-    torch's, counted in native.counters()). The kernel writes ``out``'s buffers where they fit
-    (the layout-0 forms: a run's states and outputs without a copy each; the caller's ``_put``
-    then finds them in place)."""
+def _native_shapes(X, W, R, B, gates: int, direction, layout):
+    """(directions, X as [T, batch, in], T, batch, in, hidden) of a float32 CPU recurrence whose
+    weights have ``gates`` gate blocks, or None where the C kernels do not serve it (the torch path
+    then says what does not match)."""
     if X.device.type != "cpu" or not (X.dtype == W.dtype == R.dtype == torch.float32):
         return None
     nd = _num_dir(direction)
     x = X.transpose(0, 1) if layout else X
     t, batch, ni = x.shape
     n = R.shape[-1]
-    if tuple(W.shape) != (nd, 4 * n, ni) or tuple(R.shape) != (nd, 4 * n, n) or (
-            B is not None and tuple(B.shape) != (nd, 8 * n)) or not (t and batch and n and ni):
-        return None  # (the torch path says what does not match)
+    if tuple(W.shape) != (nd, gates * n, ni) or tuple(R.shape) != (nd, gates * n, n) or (
+            B is not None and tuple(B.shape) != (nd, 2 * gates * n)) or not (t and batch and n and ni):
+        return None
+    return nd, x, t, batch, ni, n
+
+
+def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, layout, out=None):
+    """[Y, Y_h, Y_c] of a float32 CPU LSTM with the default gates through csrc/lstm.c, or None where
+    it does not serve (another device or dtype, shapes the torch path refuses, no compiler: then
+    torch's, counted in native.counters()). The kernel writes ``out``'s buffers where they fit
+    (the layout-0 forms: a run's states and outputs without a copy each; the caller's ``_put``
+    then finds them in place)."""
+    shapes = _native_shapes(X, W, R, B, 4, direction, layout)
+    if shapes is None:
+        return None
+    nd, x, t, batch, ni, n = shapes
     fn = native.function("lstm", "lstm_f32", "iiiiiiippppppppp", fallbacks="lstm")
     if fn is None:
         return None
@@ -503,15 +514,10 @@ def _native_gru(X, W, R, B, sequence_lens, initial_h, direction, layout, lbr, ou
     """[Y, Y_h] of a float32 CPU GRU with the default gates through csrc/gru.c, or None where it
     does not serve (another device or dtype, shapes the torch path refuses, a large layer torch's
     kernel runs better, no compiler: then torch's, counted in native.counters())."""
-    if X.device.type != "cpu" or not (X.dtype == W.dtype == R.dtype == torch.float32):
+    shapes = _native_shapes(X, W, R, B, 3, direction, layout)
+    if shapes is None:
         return None
-    nd = _num_dir(direction)
-    x = X.transpose(0, 1) if layout else X
-    t, batch, ni = x.shape
-    n = R.shape[-1]
-    if tuple(W.shape) != (nd, 3 * n, ni) or tuple(R.shape) != (nd, 3 * n, n) or (
-            B is not None and tuple(B.shape) != (nd, 6 * n)) or not (t and batch and n and ni):
-        return None  # (the torch path says what does not match)
+    nd, x, t, batch, ni, n = shapes
     work = t * batch * nd * 3 * n * (n + ni)
     if (lbr and sequence_lens is None and direction != "reverse" and work > _GRU_NATIVE_MAX_WORK
             and X.dtype == torch.float32):
