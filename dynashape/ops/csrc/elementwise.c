@@ -261,6 +261,27 @@ static inline __m512 ort_exp16(__m512 x, __m512 neg) {
     p = _mm512_fmadd_ps(p, v, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, m);
 }
+/* MLAS's ComputeSumExpF32Kernel: y = exp(x + negmax) and their sum (16 lanes, folded) */
+static float ort_sumexp(const float *x, float *y, int64_t d, float negmax) {
+    const __m512 neg = _mm512_set1_ps(negmax);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        const __m512 e = ort_exp16(_mm512_loadu_ps(x + j), neg);
+        _mm512_storeu_ps(y + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (j < d) {
+        const __mmask16 k = (__mmask16)((1u << (d - j)) - 1);
+        const __m512 e = ort_exp16(_mm512_maskz_loadu_ps(k, x + j), neg);
+        _mm512_mask_storeu_ps(y + j, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    float a[16], t[8];
+    _mm512_storeu_ps(a, acc);
+    for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
 #endif
 
 int64_t softmax_f32(const float *x, float *y, int64_t rows, int64_t d, int64_t threads) {
@@ -289,26 +310,10 @@ int64_t softmax_f32(const float *x, float *y, int64_t rows, int64_t d, int64_t t
             for (int64_t j = 0; j < d; j++) yr[j] = NAN;
             continue;
         }
-        const __m512 neg = _mm512_set1_ps(-mx);
-        __m512 acc = _mm512_setzero_ps();
-        int64_t j = 0;
-        for (; j + 16 <= d; j += 16) { /* lane l sums elements l, l + 16, ... in order */
-            const __m512 e = ort_exp16(_mm512_loadu_ps(xr + j), neg);
-            _mm512_storeu_ps(yr + j, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        if (j < d) {
-            const __mmask16 k = (__mmask16)((1u << (d - j)) - 1);
-            const __m512 e = ort_exp16(_mm512_maskz_loadu_ps(k, xr + j), neg);
-            _mm512_mask_storeu_ps(yr + j, k, e);
-            acc = _mm512_mask_add_ps(acc, k, acc, e);
-        }
-        float a[16], t[8];
-        _mm512_storeu_ps(a, acc);
-        for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
-        const float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+        const float s = ort_sumexp(xr, yr, d, -mx); /* lane l sums elements l, l + 16, ... in order */
         const __m512 scale = _mm512_set1_ps(1.0f / s);
-        for (j = 0; j + 16 <= d; j += 16) _mm512_storeu_ps(yr + j, _mm512_mul_ps(scale, _mm512_loadu_ps(yr + j)));
+        int64_t j = 0;
+        for (; j + 16 <= d; j += 16) _mm512_storeu_ps(yr + j, _mm512_mul_ps(scale, _mm512_loadu_ps(yr + j)));
         for (; j < d; j++) yr[j] = (1.0f / s) * yr[j];
     }
     return 0;
@@ -362,28 +367,6 @@ void ort_rope_f32(const float *x, int64_t x_row, int64_t rows, int64_t heads, in
 }
 
 #if defined(__AVX512F__)
-/* MLAS's ComputeSumExpF32Kernel: y = exp(x + negmax) and their sum (16 lanes, folded) */
-static float ort_sumexp(const float *x, float *y, int64_t d, float negmax) {
-    const __m512 neg = _mm512_set1_ps(negmax);
-    __m512 acc = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= d; j += 16) {
-        const __m512 e = ort_exp16(_mm512_loadu_ps(x + j), neg);
-        _mm512_storeu_ps(y + j, e);
-        acc = _mm512_add_ps(acc, e);
-    }
-    if (j < d) {
-        const __mmask16 k = (__mmask16)((1u << (d - j)) - 1);
-        const __m512 e = ort_exp16(_mm512_maskz_loadu_ps(k, x + j), neg);
-        _mm512_mask_storeu_ps(y + j, k, e);
-        acc = _mm512_mask_add_ps(acc, k, acc, e);
-    }
-    float a[16], t[8];
-    _mm512_storeu_ps(a, acc);
-    for (int l = 0; l < 8; l++) t[l] = a[l] + a[l + 8];
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-}
-
 static float row_max_f32(const float *x, int64_t n) {
     float m = -FLT_MAX;
     for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
