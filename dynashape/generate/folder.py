@@ -4,11 +4,8 @@ outputs (found by name, as the exporters write them), and the search defaults of
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import onnx
 
 from ..errors import InvalidModelError
 
@@ -29,7 +26,7 @@ class DecoderIO:
     present: list[str] = field(default_factory=list)  # the output that feeds each one next step
     kv_heads: int = 0
     head_dim: int = 0
-    kv_dtype: int = onnx.TensorProto.FLOAT
+    kv_type: str = "tensor(float)"  # onnxruntime's spelling of the KV inputs' element type
 
 
 @dataclass
@@ -100,22 +97,16 @@ def _hf_config(folder: Path) -> dict:
     return out
 
 
-_LAYER = re.compile(r"(\d+)")
-
-
-def decoder_io(model: onnx.ModelProto) -> DecoderIO:
-    """The roles of the decoder's inputs and outputs, found by the names exporters use:
-    ``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache_branch``, and KV inputs named
-    with ``past`` whose outputs are named with ``present`` (``past_key_values.3.key`` ->
-    ``present.3.key``, ``past_key_3`` -> ``present_key_3``)."""
-    g = model.graph
-    inits = {t.name for t in g.initializer}
-    ins = [v for v in g.input if v.name not in inits]
-    outs = [o.name for o in g.output]
-    names = {v.name for v in ins}
+def decoder_io(inputs: list, outputs: list) -> DecoderIO:
+    """The roles of the decoder's inputs and outputs (the session's NodeArgs), found by the names
+    exporters use: ``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache_branch``, and KV
+    inputs named with ``past`` whose outputs are named with ``present`` (``past_key_values.3.key``
+    -> ``present.3.key``, ``past_key_3`` -> ``present_key_3``)."""
+    outs = [o.name for o in outputs]
+    names = {v.name for v in inputs}
     if "input_ids" not in names:
         raise InvalidModelError(f"decoder: no input named 'input_ids' (inputs: {sorted(names)})")
-    past = [v for v in ins if "past" in v.name]
+    past = [v for v in inputs if "past" in v.name]
     present = []
     for v in past:
         cands = [v.name.replace("past_key_values", "present"), v.name.replace("past", "present")]
@@ -132,10 +123,10 @@ def decoder_io(model: onnx.ModelProto) -> DecoderIO:
     io.position_ids = "position_ids" if "position_ids" in names else None
     io.use_cache_branch = "use_cache_branch" if "use_cache_branch" in names else None
     if past:
-        t = past[0].type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        dims = past[0].shape
         if len(dims) != 4:
             raise InvalidModelError(f"decoder: past input {past[0].name!r} should be [batch, heads, past, head_dim], "
                                     f"got rank {len(dims)}")
-        io.kv_heads, io.head_dim, io.kv_dtype = dims[1] or 0, dims[3] or 0, t.elem_type  # 0: the folder's config
+        fixed = [d if isinstance(d, int) else 0 for d in dims]  # 0: symbolic, the folder's config says
+        io.kv_heads, io.head_dim, io.kv_type = fixed[1], fixed[3], past[0].type
     return io

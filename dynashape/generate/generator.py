@@ -10,15 +10,13 @@ own EOS and then take the pad token; the generation is done when every row is, o
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import torch
 
 from ..errors import GenerationError, InputError, InvalidModelError, OptionsError
 from .folder import SEARCH_KEYS, decoder_io, read_folder
 from .sampling import next_tokens
 
-KV_DTYPES = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
-             onnx.TensorProto.BFLOAT16: torch.bfloat16}
+KV_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
 DEFAULT_MAX_LENGTH = 2048
 
 
@@ -31,14 +29,14 @@ class Model:
 
         self.config = read_folder(path)
         self.folder = self.config.folder
-        self.io = decoder_io(onnx.load(str(self.config.onnx_path), load_external_data=False))
+        self.session = InferenceSession(str(self.config.onnx_path), device=device, **session_options)
+        self.io = decoder_io(self.session.get_inputs(), self.session.get_outputs())
         if self.io.past and not (self.io.kv_heads and self.io.head_dim):  # symbolic in the graph: the config's
             self.io.kv_heads = self.io.kv_heads or self.config.kv_heads or 0
             self.io.head_dim = self.io.head_dim or self.config.head_dim or 0
             if not (self.io.kv_heads and self.io.head_dim):
                 raise InvalidModelError(f"decoder: {self.io.past[0]!r} leaves its heads or head size symbolic and "
                                         "the folder's config does not give them (num_key_value_heads, head_size)")
-        self.session = InferenceSession(str(self.config.onnx_path), device=device, **session_options)
         self.device = self.session.device
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -116,7 +114,7 @@ class Generator:
             self.done_rows = np.zeros(b, dtype=bool)
             self.host = np.full((b, 0), self.pad, dtype=np.int64)
             self.host_mask = np.zeros((b, 0), dtype=bool)
-            kv = KV_DTYPES.get(self.io.kv_dtype, torch.float32)
+            kv = KV_DTYPES.get(self.io.kv_type, torch.float32)
             self.past = [torch.zeros(b, self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=self.dev)
                          for _ in self.io.past]
         elif b != self.host.shape[0]:
