@@ -131,41 +131,27 @@ TYPICAL_LENGTHS = (16, 64, 256, 576, 1024)
 
 
 def _run_typical(sess, args) -> None:
-    """Run at the given shapes, guessing the rest: 2 (or the optimal value), then longer lengths
-    for the axes after the first, when the model says that shape is too small."""
+    """Run at the given shapes, guessing the rest (``input_shape``): 2, then longer lengths for
+    the axes after each input's first dynamic one while the model says the shape is too small."""
     from .errors import ExecutionError, ShapeError
-    try:
-        sess.run(None, _feeds(sess, args, guess=True))
-        return
-    except ShapeError as e:
-        first = e
-    given = dict(_parse_shapes(args.shape))
-    for n in TYPICAL_LENGTHS:
-        shapes = dict(given)
-        for a in sess.get_inputs():
-            ps = a.partial_shape
-            if a.name in given or ps is None or ps.is_static:
-                continue
-            first_dynamic = next(i for i, d in enumerate(ps) if not d.is_static)  # a batch, most often
-            shapes[a.name] = tuple(d.min if d.is_static else _within(d, 2 if i == first_dynamic else n)
-                                   for i, d in enumerate(ps))
+    first = None
+    for later in (2, *TYPICAL_LENGTHS):
+        feeds = _feeds(sess, args, guess=True, later=later)
         try:
-            rng = np.random.default_rng(getattr(args, "seed", 0))
-            sess.run(None, random_feeds(sess, shapes, rng, getattr(args, "int_high", 10), guess=True))
-            print(f"# typical shapes: {', '.join(f'{k}={list(v)}' for k, v in shapes.items())} "
-                  f"(2 was too small: {str(first).splitlines()[0][:160]})")
-            return
-        except (ShapeError, ExecutionError):
+            sess.run(None, feeds)
+        except (ShapeError, ExecutionError) as e:
+            if first is None:
+                if not isinstance(e, ShapeError):
+                    raise  # the first guess failed for another reason than its size
+                first = e
             continue
+        if first is not None:
+            print(f"# typical shapes: {', '.join(f'{k}={list(v.shape)}' for k, v in feeds.items())} "
+                  f"(2 was too small: {str(first).splitlines()[0][:160]})")
+        return
     names = [a.name for a in sess.get_inputs() if a.partial_shape is not None and not a.partial_shape.is_static]
     raise UsageExit(f"dynashape: no typical shape ran ({first}); give the dynamic inputs' shapes with "
                     + " ".join(f"--shape {n}=DIMS" for n in names))
-
-
-def _within(d, v: int) -> int:
-    if d.optimals:
-        return d.optimals[0]
-    return max(d.min, v if d.max is None else min(v, d.max))
 
 
 def cmd_check(args) -> int:

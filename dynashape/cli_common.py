@@ -143,13 +143,15 @@ def _random_input(name: str, elem_type: int, shape, rng, int_high: int):
     return rng.uniform(-1, 1, size=shape).astype(dt)
 
 
-def input_shape(arg, shapes: dict, guess: bool = False) -> tuple[int, ...]:
-    """The shape of one input: given, static, or (``guess``) a typical value; else a usage error."""
+def input_shape(arg, shapes: dict, guess: bool = False, later: int = 2) -> tuple[int, ...]:
+    """The shape of one input: given, static, or (``guess``) a typical value: a dynamic dim's
+    optimal value, else 2 for the input's first dynamic axis (a batch, most often) and ``later``
+    for the others, within the dim's range; else a usage error."""
     shape = shapes.get(arg.name)
     ps = arg.partial_shape
     if shape is None and ps is not None and not ps.is_static and guess:
-        shape = tuple(d.min if d.is_static else (d.optimals[0] if d.optimals else max(d.min, min(2, d.max or 2)))
-                      for d in ps)
+        first = next(i for i, d in enumerate(ps) if not d.is_static)
+        shape = tuple(d.min if d.is_static else _typical(d, 2 if i == first else later) for i, d in enumerate(ps))
     if shape is None:
         if ps is None or not ps.is_static:
             raise UsageExit(f"dynashape: input {arg.name!r} has dynamic shape {ps}; give it with "
@@ -158,19 +160,25 @@ def input_shape(arg, shapes: dict, guess: bool = False) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def random_feeds(sess, shapes: dict, rng, int_high: int, given: dict | None = None, guess: bool = False) -> dict:
+def _typical(d, v: int) -> int:
+    return d.optimals[0] if d.optimals else max(d.min, v if d.max is None else min(v, d.max))
+
+
+def random_feeds(sess, shapes: dict, rng, int_high: int, given: dict | None = None, guess: bool = False,
+                 later: int = 2) -> dict:
     feeds = dict(given or {})
     for arg in sess.get_inputs():
         if arg.name in feeds:
             continue
         spec = next(s for s in sess._specs if s.name == arg.name)
-        feeds[arg.name] = _random_input(arg.name, spec.elem_type, input_shape(arg, shapes, guess), rng, int_high)
+        feeds[arg.name] = _random_input(arg.name, spec.elem_type, input_shape(arg, shapes, guess, later), rng,
+                                        int_high)
     return feeds
 
 
-def _feeds(sess, args, guess: bool = False) -> dict:
+def _feeds(sess, args, guess: bool = False, later: int = 2) -> dict:
     """Feeds from --inputs and --shape, random where not given; ``guess``: a dynamic dim not
-    given takes a typical value (an optimal value, else 2 within its range) instead of an error."""
+    given takes a typical value (``input_shape``) instead of an error."""
     known = [a.name for a in sess.get_inputs()]
     shapes = _parse_shapes(args.shape)
     check_names(shapes, known, "--shape")
@@ -182,7 +190,7 @@ def _feeds(sess, args, guess: bool = False) -> dict:
             raise UsageExit(f"dynashape: cannot read --inputs {args.inputs!r}: {e}") from e
         check_names(feeds, known, f"the keys of {args.inputs}")
     rng = np.random.default_rng(getattr(args, "seed", 0))
-    return random_feeds(sess, shapes, rng, getattr(args, "int_high", 10), feeds, guess)
+    return random_feeds(sess, shapes, rng, getattr(args, "int_high", 10), feeds, guess, later)
 
 
 def _session(args):
