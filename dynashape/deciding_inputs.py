@@ -69,14 +69,12 @@ def deciding_inputs(proto: onnx.ModelProto) -> tuple[str, ...]:
 
 
 def value_of(x):
-    """The Python value of a one-element host feed, or None (a device tensor: reading it would
-    wait for the device; anything else: the general model serves it)."""
-    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+    """The Python value of a one-element host array or tensor, or None (a device tensor: reading
+    it would wait for the device; anything else: the general model serves it)."""
+    if isinstance(x, (np.ndarray, np.generic)):
         return x.item() if x.size == 1 else None
     if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.numel() == 1:
         return x.item()
-    if isinstance(x, (bool, int)):
-        return x
     return None
 
 

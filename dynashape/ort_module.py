@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from . import errors
+from .ir import elem_type_name, onnx_elem_type
 
 # onnxruntime's severities 0 verbose, 1 info, 2 warning, 3 error, 4 fatal, as logging levels
 _SEVERITY = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL}
@@ -92,10 +93,10 @@ class OrtValue:
         return list(self._tensor.shape)
 
     def data_type(self) -> str:
-        return f"tensor({str(self.numpy().dtype).replace('float32', 'float').replace('float64', 'double')})"
+        return f"tensor({elem_type_name(onnx_elem_type(self._tensor))})"  # onnxruntime's spelling, as NodeArg's
 
     def element_type(self):
-        return self.numpy().dtype.type
+        return torch.empty(0, dtype=self._tensor.dtype).numpy().dtype.type  # no copy of the data
 
     def device_name(self) -> str:
         return "cuda" if self._tensor.is_cuda else "cpu"
