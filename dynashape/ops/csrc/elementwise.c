@@ -367,6 +367,21 @@ void ort_rope_f32(const float *x, int64_t x_row, int64_t rows, int64_t heads, in
 }
 
 #if defined(__AVX512F__)
+/* a[u] = sum over t in [k0, k1) of r[u][t] * col[t * stride .. + 16] (masked lanes), fused steps in
+ * t's order: the 4-row slice of the GQA prefill's two products (MLAS's SGEMM kernel's order) */
+static inline void fma4_slice(const float *const r[4], const float *col, int64_t stride, int64_t k0, int64_t k1,
+                              __mmask16 mk, __m512 a[4]) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = k0; t < k1; t++) {
+        const __m512 v = _mm512_maskz_loadu_ps(mk, col + t * stride);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(r[0][t]), v, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(r[1][t]), v, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(r[2][t]), v, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(r[3][t]), v, a3);
+    }
+    a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
+}
+
 static float row_max_f32(const float *x, int64_t n) {
     float m = -FLT_MAX;
     for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
@@ -475,15 +490,8 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
                             __m512 c[4];
                             for (int64_t k0 = 0; k0 < H; k0 += sk) {
                                 const int64_t k1 = k0 + sk < H ? k0 + sk : H;
-                                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                                for (int64_t d = k0; d < k1; d++) {
-                                    const __m512 kv = _mm512_maskz_loadu_ps(mk, kt + d * rk + j0);
-                                    a0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[0][d]), kv, a0);
-                                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[1][d]), kv, a1);
-                                    a2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[2][d]), kv, a2);
-                                    a3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[3][d]), kv, a3);
-                                }
-                                const __m512 a[4] = {a0, a1, a2, a3};
+                                __m512 a[4];
+                                fma4_slice(qr, kt + j0, rk, k0, k1, mk, a);
                                 for (int u = 0; u < 4; u++)
                                     c[u] = k0 == 0 ? _mm512_mul_ps(a[u], vscale) : _mm512_fmadd_ps(a[u], vscale, c[u]);
                             }
@@ -560,15 +568,8 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
                                 for (int64_t u = 0; u < 4; u++) c[u] = _mm512_maskz_loadu_ps(mk, acc + (r0 + (u < nr ? u : 0)) * H + h0);
                                 for (int64_t k0 = 0; k0 < rk; k0 += sk2) {
                                     const int64_t k1 = k0 + sk2 < rk ? k0 + sk2 : rk;
-                                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                                    for (int64_t t = k0; t < k1; t++) {
-                                        const __m512 vv = _mm512_maskz_loadu_ps(mk, vb + t * H + h0);
-                                        a0 = _mm512_fmadd_ps(_mm512_set1_ps(pr[0][t]), vv, a0);
-                                        a1 = _mm512_fmadd_ps(_mm512_set1_ps(pr[1][t]), vv, a1);
-                                        a2 = _mm512_fmadd_ps(_mm512_set1_ps(pr[2][t]), vv, a2);
-                                        a3 = _mm512_fmadd_ps(_mm512_set1_ps(pr[3][t]), vv, a3);
-                                    }
-                                    const __m512 a[4] = {a0, a1, a2, a3};
+                                    __m512 a[4];
+                                    fma4_slice(pr, vb + h0, H, k0, k1, mk, a);
                                     for (int u = 0; u < 4; u++)
                                         c[u] = (ir == 0 && k0 == 0) ? a[u] : _mm512_fmadd_ps(a[u], one, c[u]);
                                 }
