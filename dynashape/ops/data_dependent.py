@@ -6,11 +6,14 @@ the shapes of what they return, which therefore must be exact, never padded.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import numpy as np
 import torch
 
 from ..errors import IndexOutOfRangeError
-from . import host_sync
+from . import host_sync, native
 from .registry import op
 from .shapes import first_item, norm_axis
 
@@ -88,37 +91,10 @@ def _box_corners(boxes, center_point_box: int):
     return torch.stack((torch.minimum(y1, y2), torch.minimum(x1, x2), torch.maximum(y1, y2), torch.maximum(x1, x2)), -1)
 
 
-def _overlaps(c, iou_threshold: float):
-    """(M, M) bool: IoU of boxes i and j strictly above the threshold. Empty boxes overlap nothing:
-    their IoU is 0, or 0/0 = NaN, which compares False."""
-    area = (c[:, 2] - c[:, 0]) * (c[:, 3] - c[:, 1])
-    lo = torch.maximum(c[:, None, :2], c[None, :, :2])
-    hi = torch.minimum(c[:, None, 2:], c[None, :, 2:])
-    inter = (hi - lo).clamp_min(0).prod(-1)
-    return inter / (area[:, None] + area[None, :] - inter) > iou_threshold
-
-
-def _greedy(over, limit: int) -> list[int]:
-    """Greedy selection over candidates sorted by score: take the best one left, drop what it
-    overlaps, repeat. ``over`` is a CPU bool matrix; one vectorized step per selected box."""
-    m = over.shape[0]
-    alive = torch.ones(m, dtype=torch.bool)
-    keep, i = [], 0
-    while True:
-        keep.append(i)
-        if len(keep) >= limit:
-            return keep
-        alive &= ~over[i]
-        rest = torch.nonzero(alive[i + 1:])
-        if rest.numel() == 0:
-            return keep
-        i += 1 + int(rest[0, 0])
-
-
 def _nms_host(corners: np.ndarray, scores: np.ndarray, limit: int, iou_thr: float, score_thr) -> torch.Tensor:
-    """The CPU path of NonMaxSuppression in numpy: the same selection as the torch loop below (the same
-    float32 IoU arithmetic, stable descending order), without a torch dispatch per small step (a
-    YOLO-style head with 8 classes at batch 8 took 7.7 ms in torch ops)."""
+    """NonMaxSuppression in numpy where nms.c cannot be built: the same selection (float32 IoU, stable
+    descending order) from the whole candidates x candidates IoU matrix, one vectorized step per kept
+    box; fine for a few hundred candidates, seconds for thousands."""
     rows: list[tuple[int, int, int]] = []
     n_batches, n_classes, _ = scores.shape
     for b in range(n_batches):
@@ -153,30 +129,40 @@ def _nms_host(corners: np.ndarray, scores: np.ndarray, limit: int, iou_thr: floa
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
 
+_NMS_LOCK = threading.Lock()  # nms.c keeps its sort's state in a global
+
+
+def _nms_native(corners: torch.Tensor, scores: torch.Tensor, limit: int, iou_thr: float, score_thr):
+    """The selection in C (ops/csrc/nms.c: each candidate against the kept boxes only), or None where
+    the kernel cannot be built (counted: ``nms_torch_fallbacks``)."""
+    fn = native.function("nms", "nms_select", "iiippididp", ctypes.c_int64, fallbacks="nms")
+    if fn is None:
+        return None
+    nb, nc, n = scores.shape
+    out = torch.empty((nb * nc * min(limit, n), 3), dtype=torch.int64)
+    with _NMS_LOCK:
+        rows = fn(nb, nc, n, corners.data_ptr(), scores.data_ptr(), limit, iou_thr, score_thr is not None,
+                  0.0 if score_thr is None else score_thr, out.data_ptr())
+    if rows < 0:
+        raise MemoryError("NonMaxSuppression: no memory for the candidates' order")
+    native.count("nms_native")
+    return out[:rows].clone()
+
+
 @op("NonMaxSuppression", (10, 11), infer=None)
 def _nms(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *,
          center_point_box=0, out=None):
     limit = _scalar_or(max_output_boxes_per_class, 0, int)
     iou_thr = _scalar_or(iou_threshold, 0.0, float)
     score_thr = _scalar_or(score_threshold, None, float)
-    n_batches, n_classes, _ = scores.shape
-    corners = _box_corners(boxes, center_point_box)
-    host_sync.count("NonMaxSuppression", scores)  # the selection runs on the host (one read per class)
-    rows: list[tuple[int, int, int]] = []
-    if scores.device.type == "cpu" and scores.dtype == torch.float32 and limit > 0:
-        return _nms_host(corners.numpy(), scores.numpy(), limit, iou_thr, score_thr)
-    for b in range(n_batches if limit > 0 else 0):
-        for c in range(n_classes):
-            s = scores[b, c]
-            # best score first; equal scores keep the lower box index first
-            order = torch.argsort(s, descending=True, stable=True)
-            if score_thr is not None:
-                order = order[s[order] > score_thr]
-            if order.numel() == 0:
-                continue
-            # The selection is sequential and its size decides the output shape: the overlaps are
-            # computed where the boxes are and brought to the host once per class.
-            over = _overlaps(corners[b, order], iou_thr).cpu()
-            idx = order.cpu().tolist()
-            rows.extend((b, c, idx[k]) for k in _greedy(over, limit))
-    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3).to(scores.device)
+    if limit <= 0 or scores.numel() == 0:
+        return torch.empty((0, 3), dtype=torch.int64, device=scores.device)
+    # The selection is sequential and its size decides the output shape: it runs on the host, from
+    # one copy of the boxes and scores (one counted read on a GPU)
+    host_sync.count("NonMaxSuppression", scores)
+    corners = _box_corners(boxes, center_point_box).float().cpu().contiguous()
+    host_scores = scores.float().cpu().contiguous()
+    rows = _nms_native(corners, host_scores, limit, iou_thr, score_thr)
+    if rows is None:
+        rows = _nms_host(corners.numpy(), host_scores.numpy(), limit, iou_thr, score_thr)
+    return rows.to(scores.device)

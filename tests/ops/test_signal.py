@@ -5,6 +5,8 @@ import numpy as np
 import onnx
 import pytest
 
+from dynashape.ops import native
+
 from .harness import check_op, make_model, run_sequence
 
 F32, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
@@ -135,9 +137,12 @@ def test_nms_optional_inputs_absent_and_no_output():
     run_sequence(m, feeds, references=("ort",))
 
 
-def test_nms_ties_and_duplicates():
-    """The CPU path (numpy): equal scores keep the lower box index first, duplicated boxes (IoU 1) and
-    empty boxes (IoU 0/0) as onnxruntime treats them, many classes and boxes."""
+@pytest.mark.parametrize("native", ["1", "0"], ids=["nms.c", "numpy"])
+def test_nms_ties_and_duplicates(native, monkeypatch):
+    """Both host paths (ops/csrc/nms.c, and numpy where C cannot be built): equal scores keep the
+    lower box index first, duplicated boxes (IoU 1) and empty boxes (IoU 0/0) as onnxruntime treats
+    them, many classes and boxes."""
+    monkeypatch.setenv("DYNASHAPE_NATIVE", native)
     rng = np.random.default_rng(5)
 
     def mk(shapes):
@@ -152,3 +157,23 @@ def test_nms_ties_and_duplicates():
                    const_inputs={2: np.array([25], np.int64), 3: np.array([0.4], np.float32),
                                  4: np.array([0.25], np.float32)})
     run_sequence(m, [mk(s) for s in seq], references=("ort",))
+
+
+def test_nms_thousands_of_candidates_as_a_detector_head_gives_them():
+    """A YOLO export's single class-offset NMS: thousands of boxes above the score threshold, up to 300
+    kept (the C path checks each candidate against the kept boxes only: the numpy path's full IoU
+    matrix of 6,300 candidates took seconds). Clustered boxes so that many overlap."""
+    rng = np.random.default_rng(6)
+
+    def mk(n):
+        centre = rng.uniform(0, 640, (1, n, 2)).round(-1)  # on a grid: many near-duplicates
+        size = rng.uniform(8, 120, (1, n, 2))
+        boxes = np.concatenate([centre, size], -1).astype(np.float32)  # center_point_box=1
+        return {"in0": boxes, "in1": rng.uniform(0, 1, (1, 1, n)).astype(np.float32)}
+
+    m = make_model("NonMaxSuppression", 5, [F32, F32, I64, F32, F32], {"center_point_box": 1}, opset=11,
+                   ranks=[3, 3], const_inputs={2: np.array([300], np.int64), 3: np.array([0.7], np.float32),
+                                               4: np.array([0.25], np.float32)})
+    sess = run_sequence(m, [mk(n) for n in (6300, 2100, 4000)], references=("ort",))
+    if native.library("nms") is not None:
+        assert sess.stats()["nms_native"] >= 3, sess.stats()
