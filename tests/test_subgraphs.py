@@ -80,3 +80,31 @@ def test_loop_body_reuses_its_buffers_and_outputs_stay_the_callers():
     assert grew <= 6, f"{grew} allocations for 250 more iterations"
     for a, b in zip(first, kept):
         np.testing.assert_array_equal(a, b)
+
+
+def same_names_in_both_branches() -> onnx.ModelProto:
+    """Both branches define 'shape' and 'r' (as optimum's merged decoders do): then reshapes x to
+    (N, M) = rank 2, else to (N, M, 1) = rank 3, each branch's target a Concat of the input's dims.
+    ONNX's inference with data propagation keeps 'shape's value by name across the branches, typed
+    the else branch's 'r' rank 2, and our validator then refused the model (a Transpose of 3 axes)."""
+    def branch(name, dims, perm, out):
+        nodes = [helper.make_node("Shape", ["x"], ["xs"]),
+                 helper.make_node("Concat", ["xs", *dims], ["shape"], axis=0),
+                 helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                 helper.make_node("Transpose", ["r"], [out], perm=perm)]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TP.FLOAT, None)])
+
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=branch("then", [], [1, 0], "t"),
+                              else_branch=branch("else", ["one"], [1, 0, 2], "e"))]
+    g = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "M"]),
+                                         helper.make_tensor_value_info("cond", TP.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          initializer=[onnx.numpy_helper.from_array(np.array([1], np.int64), "one")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_name_defined_in_both_branches_keeps_each_branch_its_own_rank():
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((n, m)).astype(np.float32), "cond": np.array(c)}
+             for n, m, c in ((2, 3, True), (4, 5, False), (1, 7, False), (2, 3, True))]
+    run_sequence(same_names_in_both_branches(), feeds)

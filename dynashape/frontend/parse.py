@@ -54,10 +54,29 @@ def prepare_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
         from onnx import inliner
         proto = inliner.inline_local_functions(proto)
     try:
-        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        proto = onnx.shape_inference.infer_shapes(proto, data_prop=_names_unique(proto.graph))
     except Exception:  # noqa: BLE001  inference is a hint; our own passes decide
         pass
     return proto
+
+
+def _names_unique(g: onnx.GraphProto, seen: set | None = None) -> bool:
+    """No value name is defined in two graphs. ONNX's data propagation keeps the values it derives
+    by name for the whole model, so where two If branches each define a name (optimum's merged
+    decoders: both branches are the same decoder, one with past), one branch's Reshape gets the
+    other's target shape and a wrong rank (measured: a rank-4 value typed rank 3). Then inference
+    runs without data propagation."""
+    seen = set() if seen is None else seen
+    for n in g.node:
+        for o in n.output:
+            if o and o in seen:
+                return False
+            seen.add(o)
+        for a in n.attribute:
+            subgraphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            if not all(_names_unique(sg, seen) for sg in subgraphs):
+                return False
+    return True
 
 
 def parse_model(proto: onnx.ModelProto, options: ParseOptions) -> Graph:
