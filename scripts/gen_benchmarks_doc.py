@@ -1,0 +1,603 @@
+"""Write docs/benchmarks.md, today's figures, from the results files the scripts in benchmarks/ wrote.
+
+    python scripts/gen_benchmarks_doc.py [--check]
+
+``--check`` exits 1 when docs/benchmarks.md is not what this would write (tests/test_benchmarks_doc.py).
+
+One table per area (AREAS below: which files, which columns); a file name pattern picks the newest
+file that matches (by the date in the file or its name, then the letter after that date), so a new
+run saved under a dated name replaces the old one's rows. Every results file no table reads is
+listed at the end, and FIGURES_WITHOUT_FILE keeps the page's headline figures that no file backs.
+The history of the figures, and the notes on what moved them, is in git (LAST_HANDWRITTEN), not in the page.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+BENCH = os.path.join(ROOT, "benchmarks")
+
+# Files written before the scripts recorded a date or device, and whose names hold none: the
+# date of the commit that added them, the device from the page (and docs/memory.md) that reported them.
+UNDATED = {"overhead_cpu.json": "2026-11-23", "overhead_cuda.json": "2026-11-23", "decode_cpu.json": "2026-11-23",
+           "decode_cuda_small.json": "2026-11-23", "decode_cuda_tiny.json": "2026-11-23",
+           "results_concat_inplace_cpu.json": "2026-11-22", "results_concat_inplace_cuda.json": "2026-11-22",
+           "results_decode_memory_cpu.json": "2026-11-23", "results_decode_memory_cuda.json": "2026-11-23",
+           "bench_bert_tiny_cpu.json": "2026-11-23", "conv_fusion_h100.json": "2026-11-25"}
+DEVICES = {"results_concat_inplace_cuda.json": "NVIDIA H100 80GB HBM3",
+           "results_decode_memory_cuda.json": "NVIDIA H100 80GB HBM3"}
+NAME_DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200x2": "2 x NVIDIA H200", "h200": "NVIDIA H200",
+                "xeon": "CPU Intel Xeon, 2 cores", "amd": "CPU AMD EPYC, 2 cores"}
+LAST_HANDWRITTEN = "739ddb2"  # the commit whose docs/benchmarks.md is the last dated, hand-written one
+STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})([a-z]?)")
+
+
+# ---------------------------------------------------------------- files, dates, devices
+
+@dataclass
+class Run:
+    name: str   # path relative to benchmarks/
+    data: dict
+
+    @property
+    def base(self) -> str:
+        return os.path.basename(self.name)
+
+    @property
+    def date(self) -> str:
+        d = self.data if isinstance(self.data, dict) else {}
+        for src in (d, d.get("env") or {}, d.get("meta") or {}):
+            if isinstance(src, dict) and isinstance(src.get("date"), str):
+                return src["date"]
+        m = STAMP.search(self.base)
+        return m.group(1) if m else UNDATED.get(self.base, "?")
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        m = STAMP.search(self.base)
+        return (self.date, m.group(2) if m else "", self.base)
+
+    @property
+    def device(self) -> str:
+        d = self.data if isinstance(self.data, dict) else {}
+        found = (DEVICES.get(self.base) or (d.get("env") or {}).get("device") or d.get("device")
+                 or (d.get("meta") or {}).get("cpu") or d.get("machine"))
+        if found and found.lower() not in ("cpu", "cuda"):
+            return found
+        for token, dev in NAME_DEVICES.items():
+            if token in self.base.split(".")[0].split("_"):
+                return dev
+        return "this project's CPU" if not found or found.lower() == "cpu" else found
+
+    def run_cell(self) -> str:
+        dev = self.device.replace("NVIDIA ", "").replace(" 80GB HBM3", "").replace("CPU ", "")
+        return f"{self.date}, {dev}"
+
+
+def all_files() -> list[str]:
+    names = glob.glob(os.path.join(BENCH, "results", "*.json")) + glob.glob(os.path.join(BENCH, "results_*.json"))
+    return sorted(os.path.relpath(n, BENCH) for n in names)
+
+
+def newest(pattern: str, exclude: str | None = None) -> Run:
+    """The newest results file matching `pattern` (relative to benchmarks/, `results/` assumed)."""
+    pat = pattern if "/" in pattern or pattern.startswith("results_") else "results/" + pattern
+    names = [n for n in sorted(glob.glob(os.path.join(BENCH, pat)))
+             if not (exclude and re.search(exclude, os.path.basename(n)))]
+    if not names:
+        raise FileNotFoundError(f"no results file matches {pattern!r}")
+    runs = []
+    for n in names:
+        with open(n) as f:
+            runs.append(Run(os.path.relpath(n, BENCH), json.load(f)))
+    return max(runs, key=lambda r: r.order)
+
+
+# ---------------------------------------------------------------- number formats
+
+def num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}"
+
+
+def bold_if(text: str, cond: bool) -> str:
+    return f"**{text}**" if cond and text != "-" else text
+
+
+# ---------------------------------------------------------------- the areas' rows
+
+def new_shapes_gpu(runs: list[Run]) -> list[list[str]]:
+    run = runs[0]
+    labels = {"resnet_random": "ResNet-50, random batch 1-32, 100 calls",
+              "bert_random": "BERT-base, random (batch 1-32, seq 8-384), 150 calls",
+              "resnet_cycle": "ResNet-50, cycling 5 batches, 60 calls",
+              "bert_cycle": "BERT-base, cycling 7 shapes, 60 calls"}
+    rows = []
+    for key, label in labels.items():
+        parts = [(rt, res) for rt, res in run.data[key].items() if isinstance(res, dict) and "summary" in res]
+        second = run.data.get("second_process", {}).get(key, {})
+        parts += [(rt + ", 2nd process (disk cache)", res) for rt, res in second.items()
+                  if rt.startswith("dynashape") and isinstance(res, dict)]
+        for i, (rt, res) in enumerate(p for p in parts if p[0] != "eager"):
+            s = res["summary"]
+            name = "dynashape" + rt.split(",", 1)[1] if rt.startswith("dynashape") and "," in rt else (
+                "dynashape" if rt.startswith("dynashape") else rt)
+            rows.append([label if i == 0 else "", name, num(s["total_s"]),
+                         bold_if(f"{s['vs_eager_total']:.2f}", rt.startswith("dynashape")),
+                         f"{s['last50_vs_eager']:.2f}", f"{s['first60_vs_eager']:.2f}",
+                         num(s["slowest_after_first_vs_eager_slowest"]), run.run_cell()])
+    return rows
+
+
+def gpu_bound(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for model, label in (("resnet", "ResNet-50 batch"), ("bert", "BERT-base")):
+        for e, d in zip(run.data[model]["eager"], run.data[model]["dynashape"]):
+            rows.append([f"{label} {'x'.join(map(str, e['shape']))}", f"{e['wall_ms']:.2f} / {e['kernel_ms']:.2f}",
+                         f"{d['wall_ms']:.2f} / {d['kernel_ms']:.2f}", bold_if(ratio(e["wall_ms"], d["wall_ms"]), True),
+                         ratio(e["wall_ms"], d["kernel_ms"]), run.run_cell()])
+    return rows
+
+
+def new_sizes(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for model, m in run.data["models"].items():
+        s = m["summary"]
+        ds, ort, ov = (s.get(k, {}) for k in ("dynashape", "onnxruntime", "openvino"))
+        load = m.get("load_avg_1min") or []
+        rows.append([model, m.get("ranges", ""), num(ds.get("total_ms")), num(ort.get("total_ms")),
+                     num(ov.get("total_ms")), bold_if(f"{s['total_vs_fastest_other']:.2f}", True),
+                     f"{num(ds.get('worst_ms'))} / {num(ort.get('worst_ms'))}",
+                     f"{s['worst_vs_onnxruntime_worst']:.2f}", "-".join(f"{x:.1f}" for x in load), run.run_cell()])
+    return rows
+
+
+def first_call_ratio(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for model, m in run.data["models"].items():
+        ds, ort = m["dynashape"], m["onnxruntime"]
+        rows.append([model, f"{ds['median_ratio']:.2f} ({ds['sum_ratio']:.2f})",
+                     f"{ort['median_ratio']:.2f} ({ort['sum_ratio']:.2f})",
+                     ratio(ds["first_total_ms"], ort["first_total_ms"]),
+                     ratio(ds["steady_total_ms"], ort["steady_total_ms"]),
+                     f"{run.date}, {run.data.get('machine', run.device).split(',')[0]}"])
+    return rows
+
+
+def _steady_ms(rt: dict | None) -> float | None:
+    if not rt or rt.get("status") != "ok" or rt.get("steady_median_over_shapes_s") is None:
+        return None
+    return rt["steady_median_over_shapes_s"] * 1e3
+
+
+def _match(ds: dict) -> str:
+    if ds.get("status") != "ok":
+        return "error"
+    return {True: "yes", False: "**no**", None: "-"}[ds.get("match")]
+
+
+def real_models(runs: list[Run]) -> list[list[str]]:
+    run, rows, ratios, firsts = runs[0], [], [], []
+    for model, m in run.data["models"].items():
+        rts = m["runtimes"]
+        ds, ort, ov = (_steady_ms(rts.get(k)) for k in ("dynashape", "onnxruntime", "openvino"))
+        ov_cell = "fails" if rts.get("openvino", {}).get("status", "ok") != "ok" else num(ov)
+        best = m.get("dynashape_over_best_peer")
+        fo = list((rts.get("dynashape") or {}).get("first_over_steady", {}).values())
+        first = statistics.median(fo) if fo else None
+        if best is not None:
+            ratios.append(best)
+        if first is not None:
+            firsts.append(first)
+        rows.append([model, num(ds), num(ort), ov_cell,
+                     bold_if(f"{best:.2f}" if best else "-", bool(best) and best <= 1.3),
+                     ratio(ds, ort), "-" if first is None else f"{first:.2f}", _match(rts.get("dynashape", {})),
+                     run.run_cell()])
+    rows.append(["**median**", "", "", "", f"**{statistics.median(ratios):.2f}**", "",
+                 f"**{statistics.median(firsts):.2f}**", "", run.run_cell()])
+    return rows
+
+
+def zoo(runs: list[Run]) -> list[list[str]]:
+    """The whole zoo (docs/models.md's table), summed up per run its models came from."""
+    run, groups = runs[0], {}
+    for m in run.data["models"].values():
+        env = m.get("env") or run.data["env"]
+        groups.setdefault((env.get("date", "?"), env.get("device", "?")), []).append(m)
+    rows = []
+    for (date, device), ms in sorted(groups.items()):
+        ort = [m["dynashape_over_onnxruntime"] for m in ms if m.get("dynashape_over_onnxruntime")]
+        best = [m["dynashape_over_best_peer"] for m in ms if m.get("dynashape_over_best_peer")]
+        matched = sum(1 for m in ms if m["runtimes"].get("dynashape", {}).get("match"))
+        rows.append([str(len(ms)), f"**{matched} of {len(ms)}**", f"{statistics.median(ort):.2f}",
+                     f"{statistics.median(best):.2f}", f"{date}, {device.replace('CPU ', '')}"])
+    return rows
+
+
+def quantized(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for model, m in sorted(run.data["models"].items(), key=lambda kv: kv[1].get("dynashape_over_onnxruntime") or 99):
+        rts = m["runtimes"]
+        r = m.get("dynashape_over_onnxruntime")
+        rows.append([model, m["meta"].get("kind", ""), num(_steady_ms(rts.get("dynashape"))),
+                     num(_steady_ms(rts.get("onnxruntime"))), bold_if(f"{r:.2f}" if r else "-", bool(r) and r <= 2),
+                     _match(rts.get("dynashape", {})), run.run_cell()])
+    within = sum(1 for m in run.data["models"].values() if (m.get("dynashape_over_onnxruntime") or 99) <= 2)
+    rows.append(["**within 2x**", "", "", "", f"**{within} of {len(run.data['models'])}**", "", run.run_cell()])
+    return rows
+
+
+def quantized_sequences(runs: list[Run]) -> list[list[str]]:
+    merged: dict[str, tuple[Run, dict]] = {}
+    for run in sorted(runs[:2], key=lambda r: r.order):  # quantized.py: the newest run of each model
+        for model, res in run.data["results"].items():
+            merged[model] = (run, res)
+    rows = [[f"{model} (quantize_dynamic, whole length sequence)", num(res["dynashape_s"] * 1e3),
+             num(res["onnxruntime_s"] * 1e3), bold_if(f"{res['ratio']:.2f}", res["ratio"] <= 2), run.run_cell()]
+            for model, (run, res) in merged.items()]
+    dec = runs[2]
+    rows += [[f"GPT-2 int8 decode, batch {r['batch']}, {r['steps']} steps (ms a step)", num(r["dynashape_ms"]),
+              num(r["onnxruntime_ms"]), bold_if(f"{r['ratio']:.2f}", r["ratio"] <= 2), dec.run_cell()]
+             for r in dec.data["rows"]]
+    return rows
+
+
+def _decode_rows(run: Run, model: str, peers: tuple[str, ...]) -> list[list[str]]:
+    rows = []
+    for batch, res in run.data["results"].items():
+        ds = res["dynashape"]["median_step_ms"]
+        cells = [model, batch.split()[-1], num(ds)]
+        for p in peers:
+            cells.append(num(res[p]["median_step_ms"]) if p in res else "-")
+        cells += [bold_if(ratio(res["PyTorch eager"]["median_step_ms"], ds), True),
+                  ratio(ds, res.get("onnxruntime", {}).get("median_step_ms")), run.run_cell()]
+        rows.append(cells)
+    return rows
+
+
+def decode_cpu(runs: list[Run]) -> list[list[str]]:
+    peers = ("dynashape static_impls=off", "PyTorch eager", "onnxruntime")
+    return (_decode_rows(runs[0], "tiny (2 layers, hidden 64)", peers)
+            + _decode_rows(runs[1], "small (12 layers, hidden 768)", peers))
+
+
+def decode_graphs(runs: list[Run]) -> list[list[str]]:
+    """Whole-step decode graphs: a later file in the list replaces an earlier one's (model, dtype, batch) rows."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for run in runs:
+        for section, res in run.data.items():
+            if not isinstance(res, dict) or not any(k.startswith("dynashape batch") for k in res):
+                continue
+            model, _, dtype = section.rpartition(" ")
+            if dtype == "attention_mask":
+                model, _, dtype = model.rpartition(" ")
+                model += ", attention_mask input"
+            for key, ds in res.items():
+                if not key.startswith("dynashape batch"):
+                    continue
+                b = key.split()[-1]
+                eager = res.get(f"PyTorch eager batch {b}", {})
+                comp = res.get(f"torch.compile (static cache) batch {b}")
+                found[(model, dtype, run.device + b)] = [
+                    model, dtype, b, f"**{num(ds['tokens_per_s'])}**", num(eager.get("tokens_per_s")),
+                    f"{num(comp['tokens_per_s'])} ({comp['compile_s']:.1f} s)" if comp else "-",
+                    f"**{ds['x_eager']:.1f}**", ratio(ds["tokens_per_s"], comp["tokens_per_s"]) if comp else "-",
+                    f"{ds['bandwidth_fraction']:.3f}", f"{ds['same_tokens_as_eager']:.2f}", run.run_cell()]
+    return sorted(found.values(), key=lambda r: (r[10].split(",")[1], r[0], r[1], int(r[2])))
+
+
+def generate_gpu(runs: list[Run]) -> list[list[str]]:
+    run = runs[0]
+    eager = run.data["eager"]["tokens_per_s"]
+    names = {"eager": "PyTorch eager, `.item()` a step", "session": "dynashape session loop (argmax, `.item()` a step)",
+             "generate": "dynashape.generate (onnxruntime-genai's API)"}
+    return [[label, num(r["tokens_per_s"]), f"{r['median_step_ms']:.2f}", f"{r['slowest_vs_median']:.1f}",
+             bold_if(ratio(r["tokens_per_s"], eager), key != "eager"), run.run_cell()]
+            for key, label in names.items() if (r := run.data.get(key))]
+
+
+def static_impls(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        for section, sec in run.data.items():
+            if not isinstance(sec, dict):
+                continue
+            if "results" in sec:
+                res = sec["results"]
+                eager = res["PyTorch eager"]["sequence_ms"] if "sequence_ms" in res["PyTorch eager"] else None
+                for i, (rt, r) in enumerate(res.items()):
+                    seq = r.get("sequence_ms") or (sum(r["steady_ms"]) if r.get("steady_ms") else None)
+                    ref = eager or sum(res["PyTorch eager"]["steady_ms"])
+                    diff = r.get("max_abs_diff_vs_eager")
+                    rows.append([f"{section}, shapes {' '.join(sec['shapes'])} (ms a pass)" if i == 0 else "", rt,
+                                 num(seq), bold_if(ratio(ref, seq), rt.startswith("dynashape static")),
+                                 num(r.get("first_pass_s")), "-" if diff is None else f"{diff:.1e}", run.run_cell()])
+                for rt, err in sec.get("errors", {}).items():
+                    op = re.search(r"operation_type='(\w+)'", err)
+                    rows.append(["", rt, f"cannot convert ({op.group(1)} unsupported)" if op else "fails: " + err[:60],
+                                 "", "", "", run.run_cell()])
+            elif section == "decode":
+                for b in sorted({k.split()[-1] for k in sec}):
+                    eager = sec[f"PyTorch eager batch {b}"]["tokens_per_s"]
+                    for i, (rt, r) in enumerate((k, v) for k, v in sec.items() if k.endswith(f"batch {b}")):
+                        same = "same tokens" if r.get("same_tokens") == 1.0 else f"{r.get('same_tokens')}"
+                        rows.append([f"decode, batch {b} (tokens/s)" if i == 0 else "", rt.rsplit(" batch", 1)[0],
+                                     num(r["tokens_per_s"]), bold_if(ratio(r["tokens_per_s"], eager), "static" in rt),
+                                     "", same, run.run_cell()])
+    return rows
+
+
+def overhead(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs[:2]:  # the Add chain, CPU and CUDA
+        ch = run.data["chain_us_per_node"]
+        eager = next(v for k, v in ch.items() if k.startswith("PyTorch eager"))
+        ort = ch.get("onnxruntime (opt off, 1 thread)")
+        ov = ch.get("OpenVINO CPU (1 thread)")
+        for k, v in ch.items():
+            if k.startswith("dynashape"):
+                rows.append([f"1000-node Add chain, µs a node: {k}", num(v), num(eager), num(ort), num(ov),
+                             bold_if(ratio(v, eager), True), ratio(v, ort), run.run_cell()])
+    run = runs[2]  # tiny models, 2 threads
+    for k, v in run.data.get("models_ms", {}).items():
+        rows.append([f"{k}, ms a call", num(v["dynashape"]), "-", num(v["onnxruntime"]), num(v["openvino"]), "-",
+                     bold_if(ratio(v["dynashape"], v["onnxruntime"]), True), run.run_cell()])
+    return rows
+
+
+def decode_memory(runs: list[Run]) -> list[list[str]]:
+    names = {"b1/off": "predictor off (numpy feeds)", "b1/predictor": "predictor on (numpy feeds)",
+             "b1/predictor/torch": "predictor on, torch feeds", "b1/inplace": "predictor + in-place concat"}
+    rows = []
+    for run in runs[:2]:
+        for key, label in names.items():
+            r = run.data["runs"][key]
+            rows.append([f"4-layer decoder, batch 1, 512 steps: {label}", num(r["allocations"]), num(r["alloc_ms"]),
+                         num(r["peak_MB"]), f"{r['peak_MB'] / r['live_set_MB']:.2f}", num(r["step_ms"]),
+                         run.run_cell()])
+    run = runs[2]  # the 12-layer decoder on the GPU: torch's allocator's peak over weights + the KV storage
+    base = run.data["dynashape_decode_ahead_off"]
+    held = base["weights_bytes"] + base["kv_storage_bytes"]
+    for key, label in (("dynashape_default_decode_ahead_64", "dynashape (default)"),
+                       ("dynashape_decode_ahead_off", "dynashape, decode_ahead off"),
+                       ("pytorch_eager", "PyTorch eager")):
+        r = run.data[key]
+        rows.append([f"12-layer decoder fp32, batch 1, 1,024 steps: {label}", "-", "-",
+                     f"{r['torch_peak_reserved_bytes'] / 1e6:,.0f} (process {r['peak_bytes'] / 1e6:,.0f})",
+                     bold_if(f"{r['torch_peak_reserved_bytes'] / held:.3f} x weights + KV", key != "pytorch_eager"),
+                     "-", run.run_cell()])
+    return rows
+
+
+def concat_inplace(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        for model, m in run.data["models"].items():
+            s, ms = m["settings"], m["median_ms"]
+            rows.append([model,
+                         f"{s['inplace']['copied_MB_per_inference']:.2f} / {s['copy']['copied_MB_per_inference']:.2f}",
+                         f"{s['inplace']['peak_MB']:.1f} / {s['copy']['peak_MB']:.1f}",
+                         " / ".join(num(ms[k]["1"]) for k in ("inplace", "copy", "onnxruntime")),
+                         bold_if(ratio(ms["inplace"]["1"], ms["onnxruntime"]["1"]), True), run.run_cell()])
+    return rows
+
+
+def serving(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        rs = run.data["rows"]
+        base = next(r for r in rs if r["replicas"] == 1 and not r["batching"])["req_per_s"]
+        for r in rs:
+            rows.append([f"{run.data['backend']}, {run.data['layers']}-layer model, {run.data['clients']} clients",
+                         str(r["replicas"]) if r["replicas"] else "no server", "on" if r["batching"] else "off",
+                         num(r["req_per_s"]), num(r["p50_ms"]), num(r["p99_ms"]),
+                         bold_if(ratio(r["req_per_s"], base), r["replicas"] > 1 or r["batching"]), run.run_cell()])
+    return rows
+
+
+# ---------------------------------------------------------------- the page
+
+@dataclass
+class Area:
+    title: str
+    script: str
+    files: list[tuple[str, str | None]]   # (pattern, exclude) each: its newest match
+    columns: list[str]
+    rows: Callable[[list[Run]], list[list[str]]]
+    note: str = ""
+
+
+AREAS = [
+    Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
+         [("new_shapes_h100_*.json", "before")],
+         ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
+          "slowest call / eager's slowest", "run"], new_shapes_gpu,
+         "Every call from the first on a fresh session, strict fp32 on every side, each output checked against "
+         "eager's. *x eager*: eager's time / the runtime's (higher is faster)."),
+    Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", None)],
+         ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
+          "ceiling (eager wall / our kernels)", "run"], gpu_bound,
+         "Each shape after warm-up, dynashape with its static impls built; kernels summed by torch.profiler."),
+    Area("CPU: a new size on every call, against onnxruntime and OpenVINO", "new_sizes.py",
+         [("new_sizes_cpu_20*.json", None)],
+         ["model", "sizes drawn", "dynashape total ms", "onnxruntime", "OpenVINO", "x the faster",
+          "worst ms: dynashape / onnxruntime", "x", "load (1 min)", "run"], new_sizes,
+         "Every call timed from the first, no warm-up, a new shape on (almost) every call; the runtimes in turn on "
+         "the same shapes and inputs. *x*: dynashape's time / the peer's (lower is faster)."),
+    Area("CPU: a new size's first call against its repeats", "first_call_ratio.py",
+         [("first_call_ratio_cpu_*.json", None)],
+         ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
+          "first calls: dynashape / onnxruntime", "repeats: dynashape / onnxruntime", "run"], first_call_ratio,
+         "12 new sizes after a warm-up size, each called 4 times with fresh inputs; process CPU time."),
+    Area("CPU: models shipped in PyPI wheels (issue 8's 15)", "real_models.py",
+         [("real_models_pypi15_cpu_*.json", "before")],
+         ["model", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x the faster peer", "x onnxruntime",
+          "first / steady", "matches onnxruntime", "run"], real_models,
+         "A sequence of 6-7 changing shapes per model, fresh inputs; steady: median over shapes of the median call, "
+         "least of the rounds; *first / steady*: the first call at a new shape over its steady time (median over "
+         "shapes). Target: 1.3x the faster peer."),
+    Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
+         ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
+         "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
+         "[models.md](models.md) (`scripts/gen_models_doc.py`). Models added later ran on their own, merged in."),
+    Area("CPU: quantized models", "real_models.py", [("quantized13_cpu_*.json", None)],
+         ["model", "format", "dynashape ms", "onnxruntime ms", "x onnxruntime", "matches onnxruntime", "run"],
+         quantized, "Same method as the models above. Target: within 2x of onnxruntime."),
+    Area("CPU: quantized transformers over changing lengths, int8 decode", "quantized.py, quantized_decode.py",
+         [("quantized_py_cpu_*.json", None), ("quantized_py_tiny_cpu_*.json", None),
+          ("quantized_decode_gpt2_cpu_*.json", None)],
+         ["model", "dynashape ms", "onnxruntime ms", "x onnxruntime", "run"], quantized_sequences),
+    Area("CPU: decode loop, against eager and onnxruntime", "decode.py",
+         [("decode_cpu_20*.json", None), ("decode_small_cpu_*.json", None)],
+         ["model", "batch", "dynashape ms a step", "static_impls off", "PyTorch eager", "onnxruntime",
+          "speed-up over eager", "x onnxruntime (time)", "run"], decode_cpu,
+         "Llama-style decoder, a prefill of 8 tokens then 128 (tiny) or 32 (small) steps; the median step after the "
+         "warm-up rounds."),
+    Area("GPU: decode with whole-step graphs, against eager and torch.compile", "decode_graphs.py",
+         [(n, None) for n in ("decode_graphs_fp16_h200.json", "decode_graphs_fp32_b32_h200.json",
+                              "decode_graphs_mask_fp32_h100.json", "decode_graphs_mask_bf16_h100.json",
+                              "decode_graphs_h100_2026-11-25.json", "decode_graphs_tiny_fp32_h100.json",
+                              "decode_graphs_tiny_bf16_h100.json", "decode_graphs_hf_fp32_after_guards_h100.json",
+                              "decode_graphs_fp32_final_h100_2026-11-25.json")],
+         ["model", "dtype", "batch", "dynashape tokens/s", "eager", "torch.compile static cache (compile)",
+          "speed-up over eager", "x compiled", "fraction of bandwidth limit", "tokens equal to eager", "run"],
+         decode_graphs,
+         "Greedy decode of 256 tokens after a 16-token prompt, the median of the rounds after a warm-up; the "
+         "compiled peer is the module rewritten gpt-fast style under `torch.compile(mode=\"reduce-overhead\")`. "
+         "Where several runs measured a row, the later file in the script's list holds it."),
+    Area("GPU: generation, every token read back", "generate_gpu.py", [("generate_gpu_*.json", None)],
+         ["loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager", "run"], generate_gpu,
+         "The 12-layer hidden-768 decoder, fp32, batch 1, 8 prompt tokens then 240, greedy, after two warm "
+         "generations."),
+    Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
+         [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
+          ("static_impls_cpu_inductor_*.json", None)],
+         ["model", "runtime", "ms a pass / tokens/s", "speed-up over eager", "first pass s", "max abs diff vs eager",
+          "run"], static_impls,
+         "Strict fp32; a pass over the shapes named, each at steady state; first pass: the same shapes from a fresh "
+         "session."),
+    Area("Per-node overhead and tiny models", "overhead.py",
+         [("overhead_cpu_20*.json", None), ("overhead_cuda*.json", None), ("overhead_cpu.json", None)],
+         ["what", "dynashape", "PyTorch eager", "onnxruntime", "OpenVINO", "x eager (time)", "x onnxruntime (time)",
+          "run"], overhead,
+         "The chain: 1 thread, onnxruntime with graph optimisations off; tiny models: 2 threads, the same input every "
+         "call."),
+    Area("Memory of a decode loop", "decode_memory.py, decode_graphs.py --memory-steps",
+         [("results_decode_memory_cpu.json", None), ("results_decode_memory_cuda.json", None),
+          ("decode_memory_h100_*.json", None)],
+         ["setting", "allocations", "ms allocating", "peak MB", "peak / live set", "step ms", "run"], decode_memory,
+         "Method: [memory.md](memory.md#measurements). For the 12-layer decoder: torch's allocator's peak against "
+         "weights + the KV storage."),
+    Area("In-place concat in CNNs", "concat_inplace.py",
+         [("results_concat_inplace_cpu.json", None), ("results_concat_inplace_cuda.json", None)],
+         ["model", "MB copied by Concats: in place / off", "peak MB: in place / off",
+          "ms at batch 1: in place / off / onnxruntime (CPU build)", "x onnxruntime (time)", "run"], concat_inplace),
+    Area("Serving: replicas and shape-aware batching", "serving.py",
+         [("serving_gpu_*.json", None), ("serving_cpu*.json", None)],
+         ["setup", "replicas", "batching", "requests/s", "p50 ms", "p99 ms", "x one replica without batching",
+          "run"], serving),
+]
+
+# Headline figures of the hand-written page (until 2026-11-28) with no results file behind them.
+FIGURES_WITHOUT_FILE = [
+    ("2026-11-28", "small_recurrent.py (writes no JSON)",
+     "batch-1 steady call, 2 threads: silero_vad 0.449-0.488 ms (2.81-3.88x onnxruntime), silero_vad_ifless "
+     "0.457-0.474 ms (3.24-3.47x), oww_silero_vad_v4 1.12-1.13 ms (4.6-4.7x), oww_melspectrogram 0.32-0.34 ms "
+     "(1.31-1.45x), romanizer_gru_enc 0.54-0.55 ms (1.27-1.28x), romanizer_gru_dec 0.45-0.46 ms (1.34-1.39x); "
+     "silero's package loop 57-60 ms (2.40-2.46x)"),
+    ("2026-11-28", "generate_genai.py (writes no JSON)",
+     "CPU generation, the int4 2-layer Llama of onnxruntime-genai's builder, 200 tokens: dynashape 767-907 "
+     "tokens/s against onnxruntime-genai's 17,742-18,571 (0.044-0.05x); a steady step 0.67-0.70 ms after "
+     "GroupQueryAttention moved to C (onnxruntime-genai's ~55 us)"),
+    ("2026-11-28", "new_sizes.py, 8 calls at a load of 4.6-7.4 (its JSON overwritten)",
+     "dynashape 4.2-16x the faster peer (det 12.3, rec 4.2, cls 13.6, YOLOv8n 16.1): its 2-thread pool waits on "
+     "busy cores"),
+    ("2026-11-22", "tests/conformance (a test suite, not a benchmark)",
+     "ONNX node tests passed of 1884 (onnx 1.23): dynashape 1861 on CPU and on CUDA (H200); onnx "
+     "ReferenceEvaluator 1672; onnxruntime 1.31 CPU 1334"),
+    ("2026-11-23", "quantized.py on the device host's Sapphire Rapids CPU",
+     "BERT-base 2 layers 2.4x onnxruntime, T5-small encoder 3.4x, decoder 3.9x (before the fused dynamic-quant "
+     "products: 45.8x, 24.4x, 42.7x)"),
+]
+
+
+def table(columns: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render() -> str:
+    out = ["# Benchmarks", "",
+           "Generated by `python scripts/gen_benchmarks_doc.py` from the results files the scripts in `benchmarks/` "
+           "write (`benchmarks/results/*.json`); do not edit by hand. Each table holds today's figures: the newest "
+           "file of its benchmark and device. Earlier figures, and the notes on what moved them, are in git: the "
+           f"page as written by hand until 2026-11-28 is `git show {LAST_HANDWRITTEN}:docs/benchmarks.md`.", "",
+           "How the figures are measured (DESIGN.md, \"Measuring\"):",
+           "- Every call is timed from the first, on a fresh session (its load not timed, its first call is), with "
+           "shapes drawn at random where the table says so; a warmed-up loop is one figure among several.",
+           "- Peers run side by side in one process on the same shapes and inputs, one runtime at a time, the others' "
+           "sessions deleted and their thread pools gone; rounds interleaved, the median (or the least of the rounds' "
+           "medians) kept. The machines are shared and noisy: compare within a table row, not across runs.",
+           "- Outputs are compared with a peer's (onnxruntime on CPU, PyTorch eager on GPU): the tables' *matches*, "
+           "*max abs diff* and *tokens equal* columns.",
+           "- *run*: the date and the device of the results file (from the file, else its name); the files are named "
+           "under each table. Ratios say which way they point: *speed-up* and *x eager* are the peer's time over "
+           "dynashape's (higher is faster); *x onnxruntime (time)* and *x the faster* are dynashape's time over the "
+           "peer's (lower is faster).",
+           ""]
+    used: set[str] = set()
+    for area in AREAS:
+        runs = [newest(p, x) for p, x in area.files]
+        used.update(r.name for r in runs)
+        out += [f"## {area.title} — `benchmarks/{area.script.split(',')[0]}`", ""]
+        if area.note:
+            out += [area.note, ""]
+        out += [table(area.columns, area.rows(runs)), "",
+                "From " + ", ".join(f"`{r.name}`" for r in runs) + ".", ""]
+    out += ["## Figures without a results file", "",
+            "Reported on the page before it was generated; no results file holds them (a run with `--json` would "
+            "bring them into a table).", ""]
+    out += [f"- {date}, {what}: {figs}." for date, what, figs in FIGURES_WITHOUT_FILE]
+    by_date: dict[str, list[str]] = {}
+    for n in all_files():
+        if n not in used:
+            with open(os.path.join(BENCH, n)) as f:
+                by_date.setdefault(Run(n, json.load(f)).date, []).append(os.path.basename(n)[:-5])
+    out += ["", "## Other results files", "",
+            "Earlier runs, A/B runs of one change, and measurements of parts (kernel forms, builds, first calls, "
+            "warm-up), in `benchmarks/results/` (`.json`), by the date they hold:", ""]
+    out += [f"- {d}: " + ", ".join(f"`{n}`" for n in names) for d, names in sorted(by_date.items())]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        with open(DOC) as f:
+            same = f.read() == text
+        print("docs/benchmarks.md is up to date" if same else
+              "docs/benchmarks.md differs from the results files: run python scripts/gen_benchmarks_doc.py")
+        return 0 if same else 1
+    with open(DOC, "w") as f:
+        f.write(text)
+    print(f"wrote {DOC} ({text.count(chr(10))} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
