@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|exported]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -22,6 +22,10 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=260 run python3 -m pytest -q -p no:warnings -rfE tests/test_generate.py \
       tests/test_if_warm.py tests/test_subgraphs.py tests/impls/test_conv_buckets.py tests/test_host_syncs.py
     T=300 run python3 benchmarks/generate_gpu.py --steps 240 --json "$OUT/generate_gpu.json" ;;
+  exported)  # the exporters' models and NMS on CUDA; where the streaming step's host time goes
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings -rfE tests/zoo/test_exported.py \
+      tests/test_subgraphs.py tests/ops/test_signal.py -k "not stft"
+    T=300 run python3 benchmarks/generate_gpu.py --steps 200 --profile --json "$OUT/generate_gpu.json" ;;
   check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
       tests/test_disk_cache.py tests/reliability/test_indices.py

@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import print_table, write_json  # noqa: E402
 from benchmarks.exact_reference import Reference  # noqa: E402
-from benchmarks.real_models_specs import GENERATED, SPECS, ModelSpec, fetch, wheel_path  # noqa: E402
+from benchmarks.real_models_specs import EXPORTED, GENERATED, SPECS, ModelSpec, fetch, wheel_path  # noqa: E402
 
-BY_NAME = {s.name: s for s in SPECS + GENERATED}
+BY_NAME = {s.name: s for s in SPECS + GENERATED + EXPORTED}
 
 THREADS = 2
 RUNTIMES = ("onnxruntime", "dynashape", "openvino")  # onnxruntime first: its outputs are the reference
@@ -462,7 +462,7 @@ def main() -> None:
     ap.add_argument("--fetch-only", action="store_true", help="download and extract the models, then exit")
     opts = ap.parse_args()
 
-    specs = list(SPECS + GENERATED)
+    specs = list(SPECS + GENERATED + EXPORTED)
     if opts.models:
         unknown = [m for m in opts.models.split(",") if m not in BY_NAME]
         if unknown:

