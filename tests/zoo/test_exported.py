@@ -73,18 +73,83 @@ def padded_mask(rng, b: int, s: int) -> np.ndarray:
     return mask
 
 
+def _nms_node(model):
+    nms = [n for n in model.graph.node if n.op_type == "NonMaxSuppression"]
+    assert len(nms) == 1
+    return nms[0]
+
+
+def _nms_alone(model, node) -> bytes:
+    """The model's NonMaxSuppression node as a model of its own, its constant inputs (max boxes, IoU
+    and score thresholds) carried as initializers."""
+    from onnx import helper, numpy_helper
+
+    consts = {t.name: t for t in model.graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in model.graph.node if n.op_type == "Constant"})
+    inits = [numpy_helper.from_array(numpy_helper.to_array(consts[x]), f"c{i}") for i, x in enumerate(node.input[2:])]
+    one = helper.make_node("NonMaxSuppression", ["boxes", "scores", *[t.name for t in inits]], ["sel"],
+                           center_point_box=next((a.i for a in node.attribute if a.name == "center_point_box"), 0))
+    g = helper.make_graph([one], "nms", [helper.make_tensor_value_info("boxes", onnx.TensorProto.FLOAT, None),
+                                         helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("sel", onnx.TensorProto.INT64, None)], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _unmatched(got: np.ndarray, want: np.ndarray) -> int:
+    """Detections (rows with a score) of ``got`` with no row of ``want`` within FP32 tolerance."""
+    rows = [w for w in want if w[4] > 0]
+    left = 0
+    for g in (r for r in got if r[4] > 0):
+        hit = next((i for i, w in enumerate(rows) if np.allclose(g, w, rtol=1e-3, atol=1e-3)), None)
+        if hit is None:
+            left += 1
+        else:
+            rows.pop(hit)
+    return left
+
+
 def test_ultralytics_yolov8_with_nms(device, zoo_stats):
-    """A batch and an image size new on most calls; the detections (boxes, score, class; rows past
-    the kept ones zero) equal onnxruntime's, and some images do keep boxes."""
-    run, rng = compare("ultralytics-yolov8-nms", device, zoo_stats), np.random.default_rng(20)
-    kept = 0
+    """A batch and an image size new on most calls. NMS is a discrete decision over float boxes:
+    onnxruntime's own two optimization levels move this model's boxes by ~4e-4, and a pair whose IoU
+    lies that close to the threshold (or two scores that close) is kept by one and dropped by the
+    other. So the check has three parts, each exact where it can be: the NMS's boxes and scores within
+    FP32 tolerance of onnxruntime's; the selection equal, index for index, to onnxruntime's
+    NonMaxSuppression run on dynashape's own boxes and scores; the detections (boxes, score, class)
+    equal to onnxruntime's but for as many rows as the two selections differ in (each differing
+    index moves one detection in, and may push one out of the 300 kept)."""
+    import onnxruntime as ort
+
+    import dynashape
+    from dynashape.debug import onnxruntime_values
+
+    path = HERE / MODELS["ultralytics-yolov8-nms"][0]
+    model = onnx.load(str(path))
+    node = _nms_node(model)
+    boxes, scores, selected = node.input[0], node.input[1], node.output[0]
+    sess = dynashape.InferenceSession(str(path), device=device, extra_outputs=[boxes, scores, selected])
+    nms = ort.InferenceSession(_nms_alone(model, node), providers=["CPUExecutionProvider"])
+    stats = zoo_stats.setdefault("ultralytics-yolov8-nms", {"steps": 0, "status": "started"})
+    rng, kept, moved = np.random.default_rng(20), 0, 0
     for i, (b, h, w) in enumerate([(1, 320, 320), (2, 256, 384), (1, 96, 160), (3, 224, 224), (1, 320, 320),
                                    (2, 160, 96), (1, 64, 64)]):
-        out = run({"images": rng.random((b, 3, h, w), dtype=np.float32)}, f"step {i} (batch {b}, {h}x{w})")
-        det = out["output0"]
-        assert det.shape == (b, 300, 6)
+        feeds = {"images": rng.random((b, 3, h, w), dtype=np.float32)}
+        got = dict(zip([o.name for o in sess.get_outputs()], (np.asarray(x) for x in sess.run(None, feeds))))
+        want = onnxruntime_values(path, feeds)
+        where = f"step {i} (batch {b}, {h}x{w})"
+        for name in (boxes, scores):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-3, err_msg=f"{where}: {name}")
+        own = nms.run(None, {"boxes": got[boxes], "scores": got[scores]})[0]
+        np.testing.assert_array_equal(got[selected], own, err_msg=f"{where}: NMS on dynashape's own boxes")
+        differ = len({tuple(r) for r in got[selected]} ^ {tuple(r) for r in want[selected]})
+        det = got["output0"]
+        assert det.shape == (b, 300, 6), where
+        for k in range(b):
+            left = _unmatched(det[k], want["output0"][k])
+            assert left <= 2 * differ, f"{where} image {k}: {left} detections differ, the selections in {differ}"
         kept += int((det[..., 4] > 0).sum())
-    run.passed()
+        moved += differ
+        stats["steps"] += 1
+    stats["status"] = f"pass ({moved} selected indices differ from onnxruntime's, all from near-threshold inputs)"
     assert kept > 0, "no image kept a detection: the NMS path was not exercised"
 
 
