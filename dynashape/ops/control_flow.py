@@ -103,8 +103,10 @@ def _owned(t):
 
 
 def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=None):
-    """for (i = 0; i < M && keep_going; ++i): the body's condition output counts only when the
-    loop has a condition input; without one it is ignored (the spec's 'for loop' forms)."""
+    """for (i = 0; i < M && keep_going; ++i). The body's condition output stops the loop whether or
+    not the loop has a condition input: the spec's table calls it ignored in the (M, "") form, but
+    onnxruntime stops on it there, and models are made to run on onnxruntime (a Loop(M, "") whose
+    body turned its condition false ran on here and gave -2.579 where onnxruntime gives -1.579)."""
     trips = None if M is None else int(first_item(M))
     keep = True if cond is None else bool(first_item(cond))
     carried = list(v_initial)
@@ -117,8 +119,7 @@ def _loop(M=None, cond=None, *v_initial, body, _n_outputs=1, _device=None, out=N
         it = torch.tensor(i, dtype=torch.int64, device=_device)
         c = torch.tensor(keep, device=_device)
         outs = body(it, c, *carried)
-        if cond is not None:
-            keep = bool(first_item(outs[0]))
+        keep = bool(first_item(outs[0]))
         carried = list(outs[1:1 + len(carried)])
         scans.add(outs[1 + len(carried):])
         i += 1
