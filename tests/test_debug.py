@@ -155,3 +155,99 @@ def test_extra_outputs_return_an_initializer_and_an_input_as_onnxruntime_does(ex
 def test_extra_outputs_unknown_name_says_what_names_are_allowed():
     with pytest.raises(OptionsError, match=r"\['nope'\], which is no node output, initializer or input"):
         dynashape.InferenceSession(_model(), extra_outputs=["w", "nope"])
+
+
+def _branchy_model() -> onnx.ModelProto:
+    """An If on an input whose branches read values of the main graph (``mm``, the initializer
+    ``w``): its then branch holds an initializer of its own and a second If, on a condition computed
+    inside the branch, whose then branch has the Relu; its else branch a Loop whose body reads the
+    branch's value ``e`` (a name the inlining renames) and the main graph's ``mm``."""
+    f = TP.FLOAT
+    rng = np.random.default_rng(1)
+    w = onnx.numpy_helper.from_array(rng.uniform(-1, 1, (4, 5)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.uniform(-1, 1, (5,)).astype(np.float32), "b")
+    vi = helper.make_tensor_value_info
+    inner_then = helper.make_graph([helper.make_node("Relu", ["t1"], ["r"], name="relu_node"),
+                                    helper.make_node("Mul", ["r", "mm"], ["rm"], name="mul_node")],
+                                   "inner_then", [], [vi("rm", f, None)])
+    inner_else = helper.make_graph([helper.make_node("Neg", ["t1"], ["ng"], name="neg_node")],
+                                   "inner_else", [], [vi("ng", f, None)])
+    then = helper.make_graph([helper.make_node("Add", ["mm", "b"], ["t1"], name="add_node"),
+                              helper.make_node("Abs", ["t1"], ["ab"], name="abs_node"),
+                              helper.make_node("ReduceMax", ["ab"], ["mx"], name="max_node", keepdims=0),
+                              helper.make_node("Constant", [], ["zero"], name="zero_node",
+                                               value=helper.make_tensor("z", f, [], [0.0])),
+                              helper.make_node("Greater", ["mx", "zero"], ["c2"], name="gt_node"),
+                              helper.make_node("If", ["c2"], ["t2"], name="inner", then_branch=inner_then,
+                                               else_branch=inner_else)],
+                             "then", [], [vi("t2", f, None)], initializer=[b])
+    body = helper.make_graph([helper.make_node("Add", ["acc", "e"], ["acc1"], name="acc_node"),
+                              helper.make_node("Sub", ["acc1", "mm"], ["acc2"], name="sub_node"),
+                              helper.make_node("Identity", ["cond_in"], ["cond_out"], name="cond_node")],
+                             "body", [vi("i", TP.INT64, []), vi("cond_in", TP.BOOL, []), vi("acc", f, None)],
+                             [vi("cond_out", TP.BOOL, []), vi("acc2", f, None)])
+    other = helper.make_graph([helper.make_node("Sigmoid", ["mm"], ["e"], name="sig_node"),
+                               helper.make_node("Constant", [], ["trips"], name="trips_node",
+                                                value=helper.make_tensor("n", TP.INT64, [], [2])),
+                               helper.make_node("Loop", ["trips", "", "w"], ["lp"], name="loop_node", body=body)],
+                              "else", [], [vi("lp", f, None)])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm_node"),
+             helper.make_node("If", ["cond"], ["chosen"], name="choose", then_branch=then, else_branch=other),
+             helper.make_node("Add", ["chosen", "mm"], ["y"], name="y_node")]
+    g = helper.make_graph(nodes, "g", [vi("x", f, [4, 4]), vi("cond", TP.BOOL, [])], [vi("y", f, [4, 5])],
+                          initializer=[w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_first_divergence_compares_the_values_inside_taken_branches():
+    """Both branches of the If, the second If inside one (inlined on the second round, from the
+    value of a condition computed inside the branch) and a Loop whose body reads a value of the
+    branch around it: every inner value is compared, named through its If, and all agree."""
+    rng = np.random.default_rng(2)
+    m = _branchy_model()
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    rows = first_divergence(m, {"x": x, "cond": np.array(True)}, all_rows=True)
+    outs = [r.output for r in rows]
+    assert outs == ["mm", "choose / then_branch / t1", "choose / then_branch / ab", "choose / then_branch / mx",
+                    "choose / then_branch / zero", "choose / then_branch / c2",
+                    "choose / then_branch / inner / then_branch / r", "choose / then_branch / inner / then_branch / rm",
+                    "choose / then_branch / t2", "chosen", "y"], outs
+    assert rows[6].node == "choose / then_branch / inner / then_branch / relu_node" and rows[6].op_type == "Relu"
+    assert rows[9].node == "choose" and rows[9].op_type == "If"  # the If's output: its own, not the inlined copy's
+    assert all(r.max_abs <= 1e-5 for r in rows), rows
+    rows = first_divergence(m, {"x": x, "cond": np.array(False)}, all_rows=True)
+    assert [r.output for r in rows] == ["mm", "choose / else_branch / e", "choose / else_branch / trips",
+                                        "choose / else_branch / lp", "chosen", "y"]
+    assert all(r.max_abs <= 1e-5 for r in rows), rows
+
+
+def test_inlined_branches_compute_what_the_if_does():
+    import onnxruntime as ort
+
+    from dynashape.debug import inline_branches
+    m = _branchy_model()
+    x = np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        flat = inline_branches(m, feeds)
+        assert sum(n.op_type == "If" for n in flat.graph.node) == int(cond)  # the inner If: a later round's
+        onnx.checker.check_model(flat)
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_array_equal(got[0], want[0])
+    plain = _model()
+    assert inline_branches(plain, {"x": x}) is plain  # no If: the model itself
+
+
+def test_first_divergence_names_a_node_inside_a_nested_branch(monkeypatch):
+    """A wrong Relu kernel inside the second If (a branch of a branch, reading values of both
+    scopes around it): the first row is that Relu, named through both Ifs."""
+    key = ("", "Relu")
+    versions = registry._REGISTRY[key]
+    leaky = [dataclasses.replace(v, fn=lambda x, out=None: torch_leaky(x, out)) for v in versions]
+    monkeypatch.setitem(registry._REGISTRY, key, leaky)
+    x = np.random.default_rng(4).standard_normal((4, 4)).astype(np.float32) * 3
+    rows = first_divergence(_branchy_model(), {"x": x, "cond": np.array(True)}, executor="interpreter")
+    assert rows and rows[0].node == "choose / then_branch / inner / then_branch / relu_node", rows
+    assert rows[0].op_type == "Relu" and rows[0].output == "choose / then_branch / inner / then_branch / r"
+    assert rows[0].max_abs > 1e-3
