@@ -8,7 +8,9 @@ these ops were 3e-8 to 7e-7 off). The orders are onnxruntime 1.32's (csrc/elemen
 ort_rms_row, ort_rope_f32, ort_gqa_attn_f32 say which): rows below and from 16 elements (MLAS's
 AVX2 LayerNorm kernel from 16), tails of every length modulo 8; GQA's prompt (tiled online
 softmax, one and several key blocks), continued prompt, decode (GEMV), a first token alone, a
-local window, partial rotary, two batch rows, head sizes 16 to 128. The softmax inside follows
+local window, partial rotary, two batch rows, head sizes 16 to 128; a decode at 1, 2 and 16
+intra-op threads on both sides (onnxruntime splits the keys across its threads where they outnumber
+batch x heads). The softmax inside follows
 MLAS's AVX-512F kernels: on a CPU without AVX-512F onnxruntime runs others, and these tests skip
 (as tests/ops/test_ort_softmax.py)."""
 
@@ -179,6 +181,27 @@ def test_gqa_decode_gives_onnxruntimes_bits_at_the_same_thread_count(case, threa
     for b, past in steps:
         feeds = _decode_feeds(rng, b, past, nk, hd, d)
         _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, batch {b}, past {past}")
+
+
+@pytest.mark.parametrize("threads", [1, 16])
+def test_gqa_ragged_decode_and_prefill_do_not_split(threads):
+    """Rows of different lengths (561 and 700 keys) and a 600-token prompt: onnxruntime does not split
+    those by its threads (the same bits at 1 and 16), and neither do we."""
+    model, d = _gqa_model(2, 1, 128, 1300, 128, -1)
+    so = ort.SessionOptions()
+    so.log_severity_level, so.intra_op_num_threads = 3, threads
+    ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    ours = dynashape.SessionOptions()
+    ours.intra_op_num_threads = threads
+    sess = dynashape.InferenceSession(model, ours)
+    rng = np.random.default_rng(9)
+    ragged = _decode_feeds(rng, 2, 699, 1, 128, d)
+    ragged["sk"] = np.array([560, 699], np.int32)
+    prompt = {"qkv": rng.standard_normal((1, 600, d)).astype(np.float32),
+              "pk": np.zeros((1, 1, 0, 128), np.float32), "pv": np.zeros((1, 1, 0, 128), np.float32),
+              "sk": np.array([599], np.int32), "tl": np.array(600, np.int32)}
+    for what, feeds in (("ragged decode", ragged), ("prompt", prompt)):
+        _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, {what}")
 
 
 def test_onnxruntimes_gqa_decode_bits_depend_on_its_thread_count():
