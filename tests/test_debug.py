@@ -216,8 +216,12 @@ def test_first_divergence_compares_the_values_inside_taken_branches():
     assert rows[9].node == "choose" and rows[9].op_type == "If"  # the If's output: its own, not the inlined copy's
     assert all(r.max_abs <= 1e-5 for r in rows), rows
     rows = first_divergence(m, {"x": x, "cond": np.array(False)}, all_rows=True)
+    loop = "choose / else_branch / loop_node / iteration "
     assert [r.output for r in rows] == ["mm", "choose / else_branch / e", "choose / else_branch / trips",
+                                        *[loop + f"{i} / {v}" for i in (0, 1)
+                                          for v in ("cond_in", "acc1", "acc2", "cond_out")],
                                         "choose / else_branch / lp", "chosen", "y"]
+    assert rows[-3].node == "choose / else_branch / loop_node" and rows[-3].op_type == "Loop"
     assert all(r.max_abs <= 1e-5 for r in rows), rows
 
 
@@ -230,7 +234,8 @@ def test_inlined_branches_compute_what_the_if_does():
     for cond in (True, False):
         feeds = {"x": x, "cond": np.array(cond)}
         flat = inline_branches(m, feeds)
-        assert sum(n.op_type == "If" for n in flat.graph.node) == int(cond)  # the inner If: a later round's
+        # the inner If and the Loop (in the other branch): a later round's
+        assert sum(n.op_type in ("If", "Loop") for n in flat.graph.node) == 1
         onnx.checker.check_model(flat)
         want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
         got = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -251,3 +256,88 @@ def test_first_divergence_names_a_node_inside_a_nested_branch(monkeypatch):
     assert rows and rows[0].node == "choose / then_branch / inner / then_branch / relu_node", rows
     assert rows[0].op_type == "Relu" and rows[0].output == "choose / then_branch / inner / then_branch / r"
     assert rows[0].max_abs > 1e-3
+
+
+def _loop_model() -> onnx.ModelProto:
+    """A Loop over the rows of x (a word's characters): the trip count from x's shape, a condition
+    computed in the body (it stops at the first row whose sum is below ``stop``, a while loop), the
+    body reading the main graph's ``w`` and ``x`` (Gather of row i), an If inside it on the
+    iteration's parity, a carried sum and a scanned row."""
+    f = TP.FLOAT
+    vi = helper.make_tensor_value_info
+    rng = np.random.default_rng(11)
+    w = onnx.numpy_helper.from_array(rng.uniform(-1, 1, (3, 3)).astype(np.float32), "w")
+    two = onnx.numpy_helper.from_array(np.array(2, np.int64), "two")
+    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), "zero_i")
+    odd = helper.make_graph([helper.make_node("Tanh", ["h"], ["th"], name="tanh_node")], "odd", [],
+                            [vi("th", f, None)])
+    even = helper.make_graph([helper.make_node("Neg", ["h"], ["nh"], name="neg_node")], "even", [],
+                             [vi("nh", f, None)])
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["row"], name="row_node", axis=0),
+         helper.make_node("MatMul", ["row", "w"], ["h"], name="h_node"),
+         helper.make_node("Mod", ["i", "two"], ["par"], name="par_node"),
+         helper.make_node("Equal", ["par", "zero_i"], ["is_even"], name="even_node"),
+         helper.make_node("If", ["is_even"], ["hh"], name="parity", then_branch=even, else_branch=odd),
+         helper.make_node("Add", ["acc", "hh"], ["acc_out"], name="acc_node"),
+         helper.make_node("ReduceSum", ["row"], ["rs"], name="rs_node", keepdims=0),
+         helper.make_node("Greater", ["rs", "stop"], ["go"], name="go_node"),
+         helper.make_node("Identity", ["hh"], ["scan"], name="scan_node")],
+        "body", [vi("i", TP.INT64, []), vi("c", TP.BOOL, []), vi("acc", f, [3])],
+        [vi("go", TP.BOOL, []), vi("acc_out", f, [3]), vi("scan", f, [3])], initializer=[two, zero])
+    nodes = [helper.make_node("Shape", ["x"], ["shp"], name="shape_node"),
+             helper.make_node("Gather", ["shp", "zero"], ["n"], name="n_node", axis=0),
+             helper.make_node("Loop", ["n", "true", "acc0"], ["acc", "rows"], name="chars", body=body),
+             helper.make_node("ReduceSum", ["rows"], ["y"], name="y_node", keepdims=0)]
+    g = helper.make_graph(nodes, "g", [vi("x", f, ["n", 3]), vi("stop", f, [])],
+                          [vi("acc", f, [3]), vi("y", f, [])],
+                          initializer=[w, onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                                       onnx.numpy_helper.from_array(np.array(True), "true"),
+                                       onnx.numpy_helper.from_array(np.zeros(3, np.float32), "acc0")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_first_divergence_unrolls_loops_as_onnxruntime_runs_them():
+    """Every iteration that runs is compared (the count set by the condition, not the trip count:
+    4 rows but a row sum below ``stop`` ends it early), the If inside each iteration too, and the
+    unrolled copy computes what the Loop does, to the bit."""
+    import onnxruntime as ort
+
+    from dynashape.debug import inline_branches, loop_iterations
+    m = _loop_model()
+    x = np.array([[1, 2, 0], [2, 2, 2], [-5, 0, 0], [3, 3, 3]], np.float32)
+    for stop, runs in ((0.5, 3), (-100.0, 4), (100.0, 1)):
+        feeds = {"x": x, "stop": np.array(stop, np.float32)}
+        assert loop_iterations(m, feeds) == {"acc": runs}
+        flat = inline_branches(m, feeds, loop_iterations(m, feeds))
+        assert not any(n.op_type == "Loop" for n in flat.graph.node)
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        rows = first_divergence(m, feeds, all_rows=True)
+        assert all(r.max_abs <= 1e-5 for r in rows), rows
+        names = {r.node for r in rows}
+        assert f"chars / iteration {runs - 1} / h_node" in names and f"chars / iteration {runs} / h_node" not in names
+        assert "chars / iteration 1 / parity / else_branch / tanh_node" in names or runs == 1
+        assert "chars / iteration 0 / parity / then_branch / neg_node" in names
+        assert [r.op_type for r in rows if r.output in ("acc", "rows")] == ["Loop", "Loop"]
+
+
+def test_first_divergence_names_a_node_inside_a_loop_iteration(monkeypatch):
+    """A wrong Tanh kernel (in the If of the odd iterations of the Loop): the first row is that Tanh in
+    the Loop's second iteration."""
+    key = ("", "Tanh")
+    versions = registry._REGISTRY[key]
+    off = [dataclasses.replace(v, fn=lambda x, out=None: _scaled_tanh(x, out)) for v in versions]
+    monkeypatch.setitem(registry._REGISTRY, key, off)
+    x = np.array([[1, 2, 0], [2, 2, 2], [-5, 0, 0], [3, 3, 3]], np.float32)
+    rows = first_divergence(_loop_model(), {"x": x, "stop": np.array(0.5, np.float32)}, executor="interpreter")
+    assert rows and rows[0].node == "chars / iteration 1 / parity / else_branch / tanh_node", rows
+    assert rows[0].op_type == "Tanh" and rows[0].max_abs > 1e-3
+
+
+def _scaled_tanh(x, out):
+    import torch
+    y = torch.tanh(x) * 1.01
+    return out.copy_(y) if out is not None else y
