@@ -63,10 +63,13 @@ def first_divergence(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5,
     ``reference``: the model onnxruntime runs instead of ``model`` (an original beside an edited
     copy: the values of the same names are compared).
 
-    The values inside an If's taken branch are compared too, named ``"<If> / <branch> / <inner>"``
-    (see ``inline_branches``): each runtime runs the model, then the model with the branches its
-    own run took inlined, until no If is left (a value is taken from the first run that has it, so
-    an If's outputs are those of the runtime's own If, not of the inlined copy)."""
+    The values inside an If's taken branch and a Loop's iterations are compared too, named
+    ``"<If> / <branch> / <inner>"`` and ``"<Loop> / iteration <i> / <inner>"`` (see
+    ``inline_branches``): each runtime runs the model, then the model with the branches its own
+    run took inlined and the Loops unrolled (as many iterations as onnxruntime runs that model:
+    ``loop_iterations``), round after round until nothing is left to inline (a value is taken from
+    the first run that has it, so an If's or Loop's outputs are those of the runtime's own If or
+    Loop, not of the inlined copy)."""
 
     from .api import InferenceSession
     from .frontend.parse import load_model_proto
