@@ -552,8 +552,13 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
     lens = seqlens.to(torch.int64).contiguous()
     y = torch.empty((b, s, n * h), dtype=_F32)
     work = b * n * s * int(lens.max()) * h
-    threads = min(torch.get_num_threads(), b * n) if work >= 1 << 16 else 1
-    params = array.array("q", (b, n, nk, s, h, present_len, int(first_prompt), window, l2 // (32 * h), threads))
+    # onnxruntime's decode splits the keys across its threads where they outnumber batch x heads
+    # (its "flash decoding", another summation order): the thread count decides its bits, and ours
+    # is the count to match (a session's intra_op_num_threads sets torch's for the call)
+    ort_threads = torch.get_num_threads()
+    threads = min(ort_threads, b * n) if work >= 1 << 16 else 1
+    params = array.array("q", (b, n, nk, s, h, present_len, int(first_prompt), window, l2 // (32 * h), threads,
+                               ort_threads))
     if attn(params.buffer_info()[0], qc.data_ptr(), present_k.data_ptr(), present_v.data_ptr(), lens.data_ptr(),
             float(scale), y.data_ptr()):
         return None

@@ -8,7 +8,9 @@ these ops were 3e-8 to 7e-7 off). The orders are onnxruntime 1.32's (csrc/elemen
 ort_rms_row, ort_rope_f32, ort_gqa_attn_f32 say which): rows below and from 16 elements (MLAS's
 AVX2 LayerNorm kernel from 16), tails of every length modulo 8; GQA's prompt (tiled online
 softmax, one and several key blocks), continued prompt, decode (GEMV), a first token alone, a
-local window, partial rotary, two batch rows, head sizes 16 to 128. The softmax inside follows
+local window, partial rotary, two batch rows, head sizes 16 to 128; a decode at 1, 2 and 16
+intra-op threads on both sides (onnxruntime splits the keys across its threads where they outnumber
+batch x heads). The softmax inside follows
 MLAS's AVX-512F kernels: on a CPU without AVX-512F onnxruntime runs others, and these tests skip
 (as tests/ops/test_ort_softmax.py)."""
 
@@ -141,6 +143,83 @@ def test_group_query_attention_gives_onnxruntimes_bits(case, executor):
                  "sk": np.full(b, total - 1, np.int32), "tl": np.array(total, np.int32)}
         _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"batch {b}, past {past}, {s} new tokens")
     assert native.counters().get("ort_gqa_native_calls", 0) >= before + len(steps)
+
+
+# decode over keys around and past one key block (L2 / (32 head size): 512 keys at head size 128 on a
+# 2 MB L2, the size these cases are made for): (heads, kv heads, head size, window, [(batch, past)])
+SPLIT_CASES = [(2, 1, 128, -1, [(1, 500), (1, 511), (1, 512), (1, 559), (1, 560), (2, 600), (1, 1100)]),
+               (1, 1, 128, -1, [(1, 560), (2, 513), (1, 1030)]),
+               (3, 1, 128, 300, [(1, 560), (2, 700)]),  # a window: the first block all masked at 700
+               (4, 2, 64, -1, [(1, 1023), (1, 1100), (3, 1100)])]  # 1024-key blocks
+
+
+def _decode_feeds(rng, b, past, nk, hd, d):
+    return {"qkv": (rng.standard_normal((b, 1, d)) * rng.uniform(0.5, 4)).astype(np.float32),
+            "pk": rng.standard_normal((b, nk, past, hd)).astype(np.float32),
+            "pv": rng.standard_normal((b, nk, past, hd)).astype(np.float32),
+            "sk": np.full(b, past, np.int32), "tl": np.array(past + 1, np.int32)}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("threads", [1, 2, 16])
+@pytest.mark.parametrize("case", range(len(SPLIT_CASES)))
+def test_gqa_decode_gives_onnxruntimes_bits_at_the_same_thread_count(case, threads, executor):
+    """onnxruntime's decode splits the keys into blocks across its threads where they outnumber batch x
+    heads and the keys span more than one block ("flash decoding": each block's softmax on its own, the
+    blocks merged in order, another rounding than one pass): its intra-op thread count decides its bits.
+    With intra_op_num_threads the same on both sides, ours are its, at every count (16 threads on this
+    2-core machine: the split depends on the count, not on the cores or the threads' schedule)."""
+    n, nk, hd, window, steps = SPLIT_CASES[case]
+    model, d = _gqa_model(n, nk, hd, 1200, hd, window)
+    so = ort.SessionOptions()
+    so.log_severity_level, so.intra_op_num_threads = 3, threads
+    ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    ours = dynashape.SessionOptions()
+    ours.intra_op_num_threads = threads
+    sess = dynashape.InferenceSession(model, ours, executor=executor)
+    rng = np.random.default_rng(100 + case)
+    for b, past in steps:
+        feeds = _decode_feeds(rng, b, past, nk, hd, d)
+        _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, batch {b}, past {past}")
+
+
+@pytest.mark.parametrize("threads", [1, 16])
+def test_gqa_ragged_decode_and_prefill_do_not_split(threads):
+    """Rows of different lengths (561 and 700 keys) and a 600-token prompt: onnxruntime does not split
+    those by its threads (the same bits at 1 and 16), and neither do we."""
+    model, d = _gqa_model(2, 1, 128, 1300, 128, -1)
+    so = ort.SessionOptions()
+    so.log_severity_level, so.intra_op_num_threads = 3, threads
+    ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    ours = dynashape.SessionOptions()
+    ours.intra_op_num_threads = threads
+    sess = dynashape.InferenceSession(model, ours)
+    rng = np.random.default_rng(9)
+    ragged = _decode_feeds(rng, 2, 699, 1, 128, d)
+    ragged["sk"] = np.array([560, 699], np.int32)
+    prompt = {"qkv": rng.standard_normal((1, 600, d)).astype(np.float32),
+              "pk": np.zeros((1, 1, 0, 128), np.float32), "pv": np.zeros((1, 1, 0, 128), np.float32),
+              "sk": np.array([599], np.int32), "tl": np.array(600, np.int32)}
+    for what, feeds in (("ragged decode", ragged), ("prompt", prompt)):
+        _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, {what}")
+
+
+def test_onnxruntimes_gqa_decode_bits_depend_on_its_thread_count():
+    """What the test above guards: onnxruntime's 16-thread decode over 561 keys (two blocks, two
+    heads) differs from its 1-thread one, and the 16-thread bits are the same every run and with 4
+    threads (the split is a function of the count, whichever thread computes which block)."""
+    model, d = _gqa_model(2, 1, 128, 700, 128, -1)
+    feeds = _decode_feeds(np.random.default_rng(7), 1, 560, 1, 128, d)
+
+    def run(threads):
+        so = ort.SessionOptions()
+        so.log_severity_level, so.intra_op_num_threads = 3, threads
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    one, many = run(1), run(16)
+    assert (one != many).any()
+    for again in (run(16), run(16), run(4)):
+        np.testing.assert_array_equal(again, many)
 
 
 @pytest.mark.parametrize("h", [16, 64, 100])

@@ -345,6 +345,11 @@ int64_t softmax_f32(const float *x, float *y, int64_t rows, int64_t d, int64_t t
  *    MLAS's exp and sum, earlier blocks rescaled by expf of the max's change) and o += e V by its
  *    SGEMM (a block of one query row: its M = 1 AVX kernel, products summed four at a time
  *    without fused steps); out = o * (1 / l);
+ *  - decode where onnxruntime's threads (ort_threads: its intra-op thread count, which our caller
+ *    equates with torch's) outnumber the batch x heads, every row has the same length and that
+ *    length is over kv_block: its "flash decoding" (decode_split): the keys in blocks of kv_block,
+ *    each block's softmax and products on their own, merged in block order (its thread count
+ *    decides whether it splits, never how the blocks combine: the bits follow from the count);
  *  - one key in all: the value row (probability 1).
  * Returns 0; 2 where this build has no AVX-512F (another MLAS softmax kernel: the caller's torch
  * path serves); 3 for a scale of exactly 1 (another SGEMM path, not followed). */
@@ -388,6 +393,60 @@ static float row_max_f32(const float *x, int64_t n) {
     return m;
 }
 
+/* a decode score before the scale: q.k in 8 lanes (lane j the dims j, j + 8, ... as rounded
+ * products), folded ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), then the other dims in order */
+static inline float decode_dot(const float *qi, const float *kr, int64_t H) {
+    float a[8] = {0};
+    int64_t h = 0;
+    for (; h + 8 <= H; h += 8)
+        for (int j = 0; j < 8; j++) a[j] += qi[h + j] * kr[h + j];
+    float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (; h < H; h++) sum += qi[h] * kr[h];
+    return sum;
+}
+
+/* onnxruntime's flash decoding for one (batch, head): each block of kvb keys on its own (its
+ * scores, keys before the window at lowest, its max m_c, MLAS's exp and sum l_c, o_c = the
+ * rounded products e v summed in key order), then the blocks merged in order: M = max m_c,
+ * r_c = expf(m_c - M), l = sum of r_c l_c, o = sum of r_c o_c (a block all masked skipped),
+ * out = o * (1 / l). The blocks are onnxruntime's tasks; the merge reads them in block order
+ * whichever thread computed them, so the bits do not depend on its schedule. */
+static void decode_split(const float *qi, const float *kh, const float *vh, int64_t total, int64_t H, int64_t kvb,
+                         int64_t ws, float scale, float *sc, float *part, float *o) {
+    const int64_t chunks = (total + kvb - 1) / kvb, stride = H + 2;
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t ir = c * kvb, rk = total - ir < kvb ? total - ir : kvb;
+        float *pc = part + c * stride, *oc = pc + 2;
+        for (int64_t j = 0; j < rk; j++) sc[j] = ir + j < ws ? -FLT_MAX : decode_dot(qi, kh + (ir + j) * H, H) * scale;
+        const float mx = row_max_f32(sc, rk);
+        for (int64_t h = 0; h < H; h++) oc[h] = 0.0f;
+        if (mx == -FLT_MAX) {
+            pc[0] = -FLT_MAX, pc[1] = 0.0f;
+            continue;
+        }
+        pc[0] = mx;
+        pc[1] = ort_sumexp(sc, sc, rk, -mx);
+        for (int64_t t = 0; t < rk; t++) {
+            const float pt = sc[t], *vr = vh + (ir + t) * H;
+            for (int64_t h = 0; h < H; h++) oc[h] += pt * vr[h];
+        }
+    }
+    float gm = -FLT_MAX;
+    for (int64_t c = 0; c < chunks; c++) gm = part[c * stride] > gm ? part[c * stride] : gm;
+    for (int64_t h = 0; h < H; h++) o[h] = 0.0f;
+    if (gm == -FLT_MAX) return;
+    float gl = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float *pc = part + c * stride;
+        if (pc[1] <= 0.0f) continue;
+        const float r = expf(pc[0] - gm);
+        gl += r * pc[1];
+        for (int64_t h = 0; h < H; h++) o[h] += r * pc[2 + h];
+    }
+    const float inv = gl > 0.0f ? 1.0f / gl : 0.0f;
+    for (int64_t h = 0; h < H; h++) o[h] *= inv;
+}
+
 /* MLAS's SGEMM K slice for an (N, K) product whose A is not transposed */
 static int64_t sgemm_stride_k(int64_t n, int64_t k) {
     int64_t sn = 128, sk = 128;
@@ -400,19 +459,25 @@ static int64_t sgemm_stride_k(int64_t n, int64_t k) {
 }
 #endif
 
-/* p: B, N, Nk, S, H, P (present length), first_prompt, local_window, kv_block, threads;
+/* p: B, N, Nk, S, H, P (present length), first_prompt, local_window, kv_block, threads (ours),
+ * ort_threads (the onnxruntime intra-op thread count whose results to give);
  * q (B, S, N, H), k and v (B, Nk, P, H) the present caches, lens (B) each row's total length,
  * out (B, S, N, H) */
 int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const float *v, const int64_t *lens,
                          double scale_d, float *out) {
 #if defined(__AVX512F__)
     const int64_t B = p[0], N = p[1], Nk = p[2], S = p[3], H = p[4], P = p[5], first = p[6], lws = p[7];
-    const int64_t kvb_in = p[8], threads = p[9];
+    const int64_t kvb_in = p[8], threads = p[9], ort_threads = p[10];
     const float scale = (float)scale_d;
     if (scale == 1.0f) return 3;
     const int64_t group = N / Nk;
-    int64_t maxlen = 1;
+    int64_t maxlen = 1, common = 1;
     for (int64_t b = 0; b < B; b++) maxlen = lens[b] > maxlen ? lens[b] : maxlen;
+    for (int64_t b = 0; b < B; b++) common &= lens[b] == lens[0];
+    /* onnxruntime's flash decoding: its threads outnumber the (batch, head) pairs, every row has
+     * the same length, and that length spans more than one key block */
+    const int64_t kvbs = kvb_in < 1 ? 1 : kvb_in;
+    const int split = S == 1 && common && B * N < ort_threads && maxlen > kvbs;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int64_t kvb0 = kvb_in < 1 ? 1 : kvb_in;
@@ -421,6 +486,8 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
         const int64_t kcap = kvb0 < maxlen ? kvb0 : maxlen;
         float *buf = malloc((size_t)(qcap * (maxlen + H) + maxlen + H + 2 * qcap + 16) * sizeof(float));
         float *kt = malloc((size_t)(kcap * H + 16) * sizeof(float)); /* a key block, transposed */
+        /* flash decoding's partials: (max, sum, H outputs) per key block */
+        float *part = split ? malloc((size_t)((maxlen + kvb0 - 1) / kvb0 * (H + 2)) * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
         for (int64_t bn = 0; bn < B * N; bn++) {
             const int64_t b = bn / N, n = bn % N;
@@ -433,17 +500,13 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
             }
             if (S == 1) { /* decode */
                 float *sc = buf, *tmp = buf + total;
-                for (int64_t t = 0; t < total; t++) {
-                    const float *qi = q + (b * N + n) * H, *kr = kh + t * H;
-                    float a[8] = {0};
-                    int64_t h = 0;
-                    for (; h + 8 <= H; h += 8)
-                        for (int j = 0; j < 8; j++) a[j] += qi[h + j] * kr[h + j];
-                    float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-                    for (; h < H; h++) sum += qi[h] * kr[h];
-                    sc[t] = sum * scale;
-                }
                 const int64_t ws = (lws >= 0 && total > lws) ? total - lws : 0;
+                if (split) {
+                    decode_split(q + (b * N + n) * H, kh, vh, total, H, kvb0, ws, scale, sc, part,
+                                 out + (b * N + n) * H);
+                    continue;
+                }
+                for (int64_t t = 0; t < total; t++) sc[t] = decode_dot(q + (b * N + n) * H, kh + t * H, H) * scale;
                 for (int64_t t = 0; t < ws; t++) sc[t] = -FLT_MAX;
                 float *o = out + (b * N + n) * H;
                 const float mx = row_max_f32(sc, total);
@@ -587,6 +650,7 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
         }
         free(buf);
         free(kt);
+        free(part);
     }
     return 0;
 #else
