@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Node
+from ..ops import small_work
 from ..ops.shapes import norm_axes
 from ..ops.tensor import _perm, _slice_params
 from ..shape import expr as E
@@ -141,9 +142,17 @@ def _matmul(e: Emit) -> list[str] | None:
         return None
     if len(e.in_dims[0]) < 2 or len(e.in_dims[1]) < 2:
         return None  # 1-D operands: the kernel knows how torch resizes their out=
-    if e.bufs[0] is None:
-        return [f"{e.outs[0]} = torch.matmul({e.ins[0]}, {e.ins[1]})"]
-    return [f"{e.outs[0]} = torch.matmul({e.ins[0]}, {e.ins[1]}, out={e.bufs[0]})"]
+    out = f", out={e.bufs[0]}" if e.bufs[0] is not None else ""
+    line = f"torch.matmul({e.ins[0]}, {e.ins[1]}{out})"
+    if not e.on_cpu:
+        return [f"{e.outs[0]} = {line}"]
+    # On the CPU a small product runs on one thread (ops/small_work.py): the kernel decides, except
+    # where a's size alone tells (a weight of known columns): then the call is inline above it
+    n = e.in_dims[1][-1]
+    if len(e.in_dims[1]) > 2 or type(n) is not int or n < 1:
+        return None
+    return [f"{e.outs[0]} = {line} if {e.ins[0]}.numel() >= {-(-small_work.MIN_WORK // n)} else "
+            f"{e.kernel}({e.ins[0]}, {e.ins[1]}{out})"]
 
 
 def _einsum(e: Emit) -> list[str] | None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import cpu_attention, native, ort_math, tuned_gemm
+from . import cpu_attention, native, ort_math, small_work, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -110,6 +110,7 @@ def _linear_infer(shapes, values):
 
 @op("Linear", 1, DOMAIN, infer=_linear_infer, writes_out=False,
     notes="x @ weight.T + bias, weight kept (out, in) as torch lays it out (fuse_linear)")
+@small_work.when_small(small_work.linear_work)
 def _linear(x, weight, bias=None, *, out=None):
     if tuned_gemm.serves(x, weight) and x.shape[-1] == weight.shape[1]:  # a static impl's build
         y = tuned_gemm.product(x.reshape(-1, x.shape[-1]), weight, True, bias)

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ShapeError
 from ..shape import broadcast_dims
-from . import qgemm, tuned_gemm
+from . import qgemm, small_work, tuned_gemm
 from .registry import op
 
 
@@ -67,6 +67,7 @@ def _needs_int_fallback(t: torch.Tensor) -> bool:
 
 
 @op("MatMul", (1, 9, 13), infer=_matmul_infer)
+@small_work.when_small(small_work.matmul_work)
 def _matmul(a, b, *, out=None):
     if _needs_int_fallback(a):
         r = _int_matmul(a, b)
@@ -133,7 +134,7 @@ def _gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0,
     return r.mul_(alpha) if alpha != 1.0 else r
 
 
-op("Gemm", (1, 6, 7, 9, 11, 13), infer=_gemm_infer)(_gemm)
+op("Gemm", (1, 6, 7, 9, 11, 13), infer=_gemm_infer)(small_work.when_small(small_work.gemm_work)(_gemm))
 
 
 # Einsum -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from . import tuned_gemm
+from . import small_work, tuned_gemm
 from .fused import DOMAIN, CannotServe
 from .registry import op
 
@@ -47,6 +47,7 @@ def _matmul_add_infer(shapes, values, *, transposed=0):
 
 @op("MatMulAdd", 1, DOMAIN, infer=_matmul_add_infer,
     notes="x @ w + r in one BLAS call, r added in its epilogue (fuse_residual)")
+@small_work.when_small(lambda x, w, r, *a, **k: x.numel() * r.shape[-1])
 def _matmul_add(x, w, r, *, transposed=0, out=None):
     wt = w.t() if transposed else w
     k, n = wt.shape
