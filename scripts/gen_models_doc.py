@@ -137,16 +137,20 @@ def render(results: dict) -> str:
             "the builder's 2-layer Llama (tests/zoo/test_genai_int4_decode.py): every node of it bit-equal to",
             "onnxruntime's fed its inputs over 256 steps, and for 8 prompts the logits of all 256 decode steps",
             "bit-equal to onnxruntime's and the greedy tokens onnxruntime-genai's (before: 3 of 8 prompts drifted",
-            "by 1e-3 to 4e-3). Not followed: GroupQueryAttention's KV split of a single-token decode across",
-            "onnxruntime's threads (where batch x heads is below its thread count and the keys exceed one",
-            'L2-sized block: its result depends on that thread count), interleaved rotary, attention_bias,',
-            'softcap and sinks (the torch path). Not yet its bits: Softmax on CPUs without AVX-512F (MLAS sums in',
+            "by 1e-3 to 4e-3). A single-token decode where onnxruntime's intra-op threads outnumber batch x heads",
+            "and the keys exceed one L2-sized block is split by onnxruntime into key blocks merged in order",
+            '("flash decoding": 1e-7 to 5e-7 from its one-pass result at 561 to 1101 keys, two heads of 128): its',
+            "bits depend on its thread count, not on the threads' schedule, and ours follow the same count (the",
+            "session's intra_op_num_threads, else torch's thread count; tests/contrib/test_ort_exact_rms_gqa.py at",
+            "1, 2 and 16 threads on both sides). Not followed: interleaved rotary, attention_bias, softcap and",
+            'sinks (the torch path). Not yet its bits: Softmax on CPUs without AVX-512F (MLAS sums in',
             'another order there), and other float ops before a quantization (LayerNormalization, float',
             "convolutions and products: sums in another order than MLAS's). ReduceSum and ReduceMean over leading",
             "axes add rows in onnxruntime's order (row after row; magika's LayerNorm variance, E[x^2] - E[x]^2,",
             "cancelled torch's block sums into a 4e-4 score difference). On the H100 host's CPU (Xeon Platinum,",
-            'AVX-512 VNNI and AMX, 16 cores, onnxruntime 1.30) the same exactness tests pass, but for',
-            "GroupQueryAttention's decode over 560 keys, which onnxruntime splits over its 16 threads."]
+            'AVX-512 VNNI and AMX, 16 cores, onnxruntime 1.30) the same exactness tests passed, but for',
+            "GroupQueryAttention's decode over 560 keys, which onnxruntime splits over its 16 threads (followed",
+            'since, checked here with 16 threads on both sides; not rerun on that host).']
     cols = ("| model | package | kind | ops of note | shapes (in call order) | match | max err | dynashape ms | "
             "onnxruntime ms | ratio | openvino ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
     out = "\n".join(head)
