@@ -49,7 +49,8 @@ from .runtime.compiled import STATIC_COUNTERS, CompiledModel, CompiledRunner, de
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec, _torch_dtype
 from .runtime.index_feeds import IndexFeedChecks
-from .shape import Dimension, PartialShape
+from .session_options import resolve as _session_options
+from .shape import PartialShape
 
 _OPTIONS = OPTION_NAMES  # every keyword option, documented in dynashape/options.py
 
@@ -73,34 +74,6 @@ def _deciders(proto, options: dict, executor: str, device) -> tuple:
             out.append((i.name, (np_dtype, torch.from_numpy(np.zeros(0, np_dtype)).dtype),
                         tuple(d.dim_value for d in t.shape.dim)))
     return tuple(out)
-
-
-def _session_options(so, options: dict) -> dict:
-    """The dynashape options that onnxruntime's SessionOptions ``so`` stands for; a keyword
-    given as well wins (``dim_params`` merge, the keyword's entries winning)."""
-    if so is None:
-        return options
-    if not hasattr(so, "graph_optimization_level") or not hasattr(so, "intra_op_num_threads"):
-        raise OptionsError(f"sess_options: expected dynashape.SessionOptions (or a device name as the second "
-                           f"argument), got {type(so).__name__}")
-    out = dict(options)
-    if int(so.graph_optimization_level) == int(compat.GraphOptimizationLevel.ORT_DISABLE_ALL):
-        out.setdefault("fusion", False)
-    if so.intra_op_num_threads and so.intra_op_num_threads > 0:
-        out.setdefault("threads", int(so.intra_op_num_threads))
-    level = getattr(so, "log_severity_level", 2)
-    if level is not None and 0 <= int(level) <= 1:  # onnxruntime's 0 verbose, 1 info: the engine's log levels 2 and 1
-        out.setdefault("verbose", 2 if int(level) == 0 else 1)
-    if so.enable_profiling:
-        out.setdefault("enable_profiling", True)
-        out.setdefault("profile_file_prefix", so.profile_file_prefix)
-    fixed = getattr(so, "free_dimension_overrides_by_name", None)
-    if fixed:
-        user = out.get("dim_params") or {}
-        if not isinstance(user, dict):
-            raise OptionsError(f"dim_params: expected a dict, got {type(user).__name__}")
-        out["dim_params"] = {**{k: Dimension(v, v) for k, v in fixed.items()}, **user}
-    return out
 
 
 def _precompile(value, static: str | None) -> bool:
@@ -179,8 +152,8 @@ EXECUTORS = ("compiled", "interpreter")
 
 def _executor(value) -> str:
     """``executor=``: "compiled" (generated code per specialization; the default) or
-    "interpreter" (the per-node flow for every run); DYNASHAPE_EXECUTOR sets the default."""
-    v = value if value is not None else os.environ.get("DYNASHAPE_EXECUTOR", "compiled")
+    "interpreter" (the per-node flow for every run)."""
+    v = value if value is not None else "compiled"
     if v not in EXECUTORS:
         raise OptionsError(f"executor={v!r}: expected one of {list(EXECUTORS)}")
     return v
@@ -265,7 +238,7 @@ class InferenceSession:
         self.allocator = options.get("allocator", "direct")
         self.device_memory_limit = options.get("device_memory_limit")
         self.precision = _Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
-        self._fusion = options.get("fusion", os.environ.get("DYNASHAPE_FUSION", "1") != "0")
+        self._fusion = _flag(options.get("fusion", True), "fusion")
         self._parse = parse
         self._unlinked: set[str] = set()
         self._lock = threading.Lock()
