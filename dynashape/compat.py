@@ -1,5 +1,5 @@
-"""onnxruntime's Python API around InferenceSession: SessionOptions, RunOptions, providers,
-model metadata and IOBinding, so that code written for onnxruntime runs unchanged.
+"""onnxruntime's Python API around InferenceSession: SessionOptions, RunOptions, NodeArg,
+providers, model metadata and IOBinding, so that code written for onnxruntime runs unchanged.
 
 ``SessionOptions`` (dynashape/session_options.py) holds onnxruntime's fields and dynashape's; what
 each of onnxruntime's does here is in its table, dynashape/options.py (docs/options.md).
@@ -14,13 +14,35 @@ provider that is not available; a name onnxruntime does not know is an OptionsEr
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .errors import OptionsError, UnsupportedFeatureError
+from .ir import elem_type_name
 from .ort_enums import ExecutionMode, ExecutionOrder, GraphOptimizationLevel  # noqa: F401  onnxruntime's names
 from .session_options import SessionOptions  # noqa: F401  onnxruntime's name
+from .shape import PartialShape
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Like onnxruntime.NodeArg: ``shape`` holds ints for fixed dims and names or None for dynamic ones."""
+
+    name: str
+    type: str
+    shape: list
+    partial_shape: PartialShape | None
+
+
+def node_arg(v) -> NodeArg:
+    """The NodeArg of a graph input or output."""
+    t = f"tensor({elem_type_name(v.elem_type)})"  # onnxruntime's spelling: tensor(float)
+    if v.kind != "tensor":
+        t = f"{v.kind}({t})"
+    shape = [] if v.shape is None else [d.min if d.is_static else (d.symbol or None) for d in v.shape]
+    return NodeArg(v.name, t, shape, v.shape)
 
 
 class RunOptions:
