@@ -41,18 +41,14 @@ from .runtime.load_shapes import numel, optimal_shapes, representative_shapes, s
 from .session_options import resolve as _session_options
 from .shape import PartialShape
 
-_OPTIONS = OPTION_NAMES  # every keyword option, documented in dynashape/options.py
-
 
 class InferenceSession:
     """Load an ONNX model (path, bytes or ModelProto) and run it with shapes that change.
 
-    Options: ``default_dynamic_dim``, ``dynamic_dims`` (input -> list of dims) and
-    ``dim_params`` (symbol -> Dimension) set the ranges of dynamic dimensions; ``verbose``
-    sets the log level of the memory engine (as DYNASHAPE_VERBOSE does); ``allow_tf32`` lets
-    CUDA matrix products and convolutions use TF32 (faster, ~1e-3 relative error; off by default);
-    ``extra_outputs`` (value names, or "all") makes intermediate values outputs too, after the
-    model's own (see dynashape.debug).
+    ``sess_options``: a SessionOptions (onnxruntime's fields and dynashape's); ``**options``:
+    dynashape's fields as keywords, which win over the SessionOptions' (every field, its default
+    per device and its cost: dynashape/options.py, docs/options.md). The device comes from
+    ``device=`` or, as in onnxruntime, from the first available of ``providers``.
     """
 
     def __init__(self, model, sess_options=None, providers=None, provider_options=None,
@@ -63,25 +59,13 @@ class InferenceSession:
             if device is not None:
                 raise OptionsError(f"device given twice: {sess_options!r} positionally and device={device!r}")
             device, sess_options = sess_options, None
-        unknown = sorted(set(options) - _OPTIONS)
+        unknown = sorted(set(options) - OPTION_NAMES)
         if unknown:
-            raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(_OPTIONS)}")
+            raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(OPTION_NAMES)} "
+                               f"(docs/options.md)")
         self._sess_options = sess_options if sess_options is not None else compat.SessionOptions()
         options = _session_options(sess_options, options)
-        if provider_options is not None and providers is None:
-            raise OptionsError("provider_options given without providers")
-        if device is None and providers:
-            self.device, self._providers, self._provider_options = compat.resolve_providers(providers,
-                                                                                           provider_options)
-        else:
-            if providers:  # checked (an unknown name is an error), but device= decides
-                compat.resolve_providers(providers, provider_options)
-            self.device = setup.device_of(device if device is not None else "cpu")
-            if self.device.type == "cuda":
-                self._providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-                self._provider_options = [{"device_id": str(self.device.index)}, {}]
-            else:
-                self._providers, self._provider_options = ["CPUExecutionProvider"], [{}]
+        self.device, self._providers, self._provider_options = setup.placement(device, providers, provider_options)
         self.threads = options.get("threads")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 0):
             raise OptionsError(f"threads={self.threads!r}: expected a non-negative int (0: torch's default)")

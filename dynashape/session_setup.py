@@ -9,6 +9,7 @@ import onnx
 import torch
 
 from . import deciding_inputs as deciding
+from .compat import resolve_providers
 from .errors import OptionsError
 
 
@@ -73,3 +74,18 @@ def device_of(device) -> torch.device:
         raise OptionsError(f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
     return dev
 
+
+def placement(device, providers, provider_options) -> tuple[torch.device, list[str], list[dict]]:
+    """(device, providers, their options) of a session: ``device=`` where given (providers are
+    still checked: an unknown name is an error), else the first available of onnxruntime's
+    ``providers``, else the CPU."""
+    if provider_options is not None and providers is None:
+        raise OptionsError("provider_options given without providers")
+    if device is None and providers:
+        return resolve_providers(providers, provider_options)
+    if providers:
+        resolve_providers(providers, provider_options)
+    dev = device_of(device if device is not None else "cpu")
+    if dev.type == "cuda":
+        return dev, ["CUDAExecutionProvider", "CPUExecutionProvider"], [{"device_id": str(dev.index)}, {}]
+    return dev, ["CPUExecutionProvider"], [{}]
