@@ -7,7 +7,9 @@ it is for."""
 from __future__ import annotations
 
 import ast
+import copy
 import pathlib
+import pickle
 from dataclasses import fields
 
 import numpy as np
@@ -78,6 +80,9 @@ def test_session_options_refuse_unknown_fields_and_bad_values():
     del so.static_impls
     assert so.static_impls == "auto" and so.options() == {}
     assert dynashape.SessionOptions(threads=1, fusion=False).options() == {"threads": 1, "fusion": False}
+    so.static_impls, so.intra_op_num_threads = "sync", 2
+    for twin in (copy.deepcopy(so), pickle.loads(pickle.dumps(so))):  # a copy carries both kinds of field
+        assert twin.options() == {"static_impls": "sync"} and twin.intra_op_num_threads == 2
 
 
 def test_a_keyword_wins_over_the_field_and_the_field_over_onnxruntimes():
