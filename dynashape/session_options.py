@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import difflib
 
+import numpy as np
+
 from .errors import OptionsError, UnknownOptionError
 from .options import OPTION_FIELDS, ORT_FIELDS, check, default_of
 from .ort_enums import GraphOptimizationLevel
@@ -43,6 +45,8 @@ class SessionOptions:
         return self._set.get(name, default_of(f))
 
     def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, np.generic):  # np.int64(4) from a computation: the int it holds, as pybind takes it
+            value = value.item()
         if name in OPTION_FIELDS:
             check(name, value)
             self._set[name] = value

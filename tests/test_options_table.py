@@ -80,7 +80,10 @@ def test_session_options_refuse_unknown_fields_and_bad_values():
     del so.static_impls
     assert so.static_impls == "auto" and so.options() == {}
     assert dynashape.SessionOptions(threads=1, fusion=False).options() == {"threads": 1, "fusion": False}
+    so.intra_op_num_threads, so.fusion = np.int64(3), np.bool_(False)  # numpy scalars, as pybind takes them
+    assert type(so.intra_op_num_threads) is int and so.fusion is False
     so.static_impls, so.intra_op_num_threads = "sync", 2
+    del so.fusion
     for twin in (copy.deepcopy(so), pickle.loads(pickle.dumps(so))):  # a copy carries both kinds of field
         assert twin.options() == {"static_impls": "sync"} and twin.intra_op_num_threads == 2
 
