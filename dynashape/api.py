@@ -29,7 +29,7 @@ from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
-from .options import OPTION_NAMES
+from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
 from .run_settings import Precision
@@ -63,6 +63,7 @@ class InferenceSession:
         if unknown:
             raise OptionsError(f"unknown option(s) {unknown}; known options are {sorted(OPTION_NAMES)} "
                                f"(docs/options.md)")
+        check_flags(options)
         self._sess_options = sess_options if sess_options is not None else compat.SessionOptions()
         options = _session_options(sess_options, options)
         self.device, self._providers, self._provider_options = setup.placement(device, providers, provider_options)

@@ -5,8 +5,9 @@ package reads, with who it is for. docs/options.md is generated from here
 (scripts/gen_options_doc.py); tests/test_options_table.py holds the table to the code.
 
 A field's ``expect`` is what SessionOptions checks when the field is set (an OptionsError naming
-the field and what was expected). A keyword of ``InferenceSession`` is checked where it is used,
-at session creation, by the same rules.
+the field and what was expected). A keyword of ``InferenceSession`` is checked at session
+creation: a True/False one here (nothing later would notice "no" standing for False), the others
+where they are used, which also take the spellings of their environment variables ("on", "0").
 """
 
 from __future__ import annotations
@@ -261,6 +262,13 @@ def check(name: str, value) -> None:
     expect = f.metadata["expect"]
     if not expect.ok(value):
         raise OptionsError(f"SessionOptions.{name} = {value!r}: expected {expect.what}")
+
+
+def check_flags(options: dict) -> None:
+    """An OptionsError for a keyword of a True/False field given anything else."""
+    for name, value in options.items():
+        if OPTION_FIELDS[name].metadata["expect"] is BOOL and not isinstance(value, bool):
+            raise OptionsError(f"{name}={value!r}: expected True or False")
 
 
 # Who an environment variable is for: an operator overriding a deployed program without a code

@@ -239,6 +239,9 @@ k = os.environ
 def test_the_session_accepts_exactly_these_names():
     with pytest.raises(OptionsError, match="known options are"):
         dynashape.InferenceSession(add_chain(2), speed="max")
+    for name in ("memory_pool", "inplace_concat", "decided_ifs", "malloc_tuning", "allow_tf32"):
+        with pytest.raises(OptionsError, match=rf"{name}='no': expected True or False"):  # bool('no') is True
+            dynashape.InferenceSession(add_chain(2), **{name: "no"})
     assert "max_buffer_bytes" in OPTION_NAMES and "threads" in OPTION_NAMES
     assert all(name in describe() for name in OPTION_NAMES)
 
