@@ -1,97 +1,48 @@
-"""onnxruntime's Python API around InferenceSession: SessionOptions, RunOptions, providers,
-model metadata and IOBinding, so that code written for onnxruntime runs unchanged.
+"""onnxruntime's Python API around InferenceSession: SessionOptions, RunOptions, NodeArg,
+providers, model metadata and IOBinding, so that code written for onnxruntime runs unchanged.
 
-What maps to dynashape and what is only recorded:
+``SessionOptions`` (dynashape/session_options.py) holds onnxruntime's fields and dynashape's; what
+each of onnxruntime's does here is in its table, dynashape/options.py (docs/options.md).
 
-* ``SessionOptions.graph_optimization_level = ORT_DISABLE_ALL``: ``fusion=False``; the other
-  levels keep dynashape's default (fusion on).
-* ``intra_op_num_threads`` (> 0): torch's thread count during each run (``threads=``); torch's
-  count is process-wide, so concurrent runs of sessions with different counts share it.
-* ``add_free_dimension_override_by_name(name, v)``: ``dim_params={name: Dimension(v, v)}``.
-* ``enable_profiling`` / ``profile_file_prefix``: see dynashape.profiler.
-* ``log_severity_level`` 0 (verbose) / 1 (info): dynashape's ``verbose=2`` / ``1`` (the memory
-  engine's and the static impls' log lines); 2-4 (warning and up): the default, quiet.
-* ``inter_op_num_threads``, ``execution_mode`` (torch runs a graph's kernels in order: there is no
-  parallel executor), ``log_verbosity_level``, the memory flags, config entries: recorded, no effect.
-* Providers: ``CPUExecutionProvider`` -> cpu, ``CUDAExecutionProvider`` -> ``cuda:<device_id>``
-  (cpu with a RuntimeWarning when torch sees no CUDA device); ``TensorrtExecutionProvider`` is
-  run as CUDA (torch kernels, with a RuntimeWarning); the other onnxruntime providers
-  (ROCm, MIGraphX, DirectML, OpenVINO, CoreML, ...) are skipped with a RuntimeWarning, as
-  onnxruntime skips a provider that is not available; a name onnxruntime does not know is an
-  OptionsError.
+Providers: ``CPUExecutionProvider`` -> cpu, ``CUDAExecutionProvider`` -> ``cuda:<device_id>``
+(cpu with a RuntimeWarning when torch sees no CUDA device); ``TensorrtExecutionProvider`` is run
+as CUDA (torch kernels, with a RuntimeWarning); the other onnxruntime providers (ROCm, MIGraphX,
+DirectML, OpenVINO, CoreML, ...) are skipped with a RuntimeWarning, as onnxruntime skips a
+provider that is not available; a name onnxruntime does not know is an OptionsError.
 """
 
 from __future__ import annotations
 
-import enum
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .errors import OptionsError, UnsupportedFeatureError
+from .ir import elem_type_name
+from .ort_enums import ExecutionMode, ExecutionOrder, GraphOptimizationLevel  # noqa: F401  onnxruntime's names
+from .session_options import SessionOptions  # noqa: F401  onnxruntime's name
+from .shape import PartialShape
 
 
-class GraphOptimizationLevel(enum.IntEnum):
-    ORT_DISABLE_ALL = 0
-    ORT_ENABLE_BASIC = 1
-    ORT_ENABLE_EXTENDED = 2
-    ORT_ENABLE_LAYOUT = 3
-    ORT_ENABLE_ALL = 99
+@dataclass(frozen=True)
+class NodeArg:
+    """Like onnxruntime.NodeArg: ``shape`` holds ints for fixed dims and names or None for dynamic ones."""
+
+    name: str
+    type: str
+    shape: list
+    partial_shape: PartialShape | None
 
 
-class ExecutionMode(enum.IntEnum):
-    ORT_SEQUENTIAL = 0
-    ORT_PARALLEL = 1
-
-
-class ExecutionOrder(enum.IntEnum):
-    DEFAULT = 0
-    PRIORITY_BASED = 1
-    MEMORY_EFFICIENT = 2
-
-
-class SessionOptions:
-    """onnxruntime.SessionOptions; see the module docstring for what each field does here."""
-
-    def __init__(self) -> None:
-        self.intra_op_num_threads = 0  # 0: torch's default
-        self.inter_op_num_threads = 0
-        self.log_severity_level = -1
-        self.log_verbosity_level = 0
-        self.logid = ""
-        self.enable_profiling = False
-        self.profile_file_prefix = "onnxruntime_profile_"
-        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.execution_mode = ExecutionMode.ORT_SEQUENTIAL
-        self.execution_order = ExecutionOrder.DEFAULT
-        self.enable_cpu_mem_arena = True
-        self.enable_mem_pattern = True
-        self.enable_mem_reuse = True
-        self.use_deterministic_compute = False
-        self.use_per_session_threads = True
-        self.optimized_model_filepath = ""
-        self.free_dimension_overrides_by_name: dict[str, int] = {}
-        self.free_dimension_overrides_by_denotation: dict[str, int] = {}
-        self._config: dict[str, str] = {}
-
-    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
-        """Fix the model's symbolic dim ``dim_name`` to ``dim_value`` (dynashape's
-        ``dim_params={dim_name: Dimension(dim_value, dim_value)}``)."""
-        self.free_dimension_overrides_by_name[str(dim_name)] = int(dim_value)
-
-    def add_free_dimension_override_by_denotation(self, dim_denotation: str, dim_value: int) -> None:
-        """Accepted and recorded, with no effect: dynashape does not read dim denotations."""
-        self.free_dimension_overrides_by_denotation[str(dim_denotation)] = int(dim_value)
-
-    def add_session_config_entry(self, key: str, value: str) -> None:
-        """Stored (get_session_config_entry reads it back); no entry changes dynashape's behaviour."""
-        self._config[str(key)] = str(value)
-
-    def get_session_config_entry(self, key: str) -> str:
-        if key not in self._config:
-            raise OptionsError(f"SessionOptions has no config entry {key!r}")
-        return self._config[key]
+def node_arg(v) -> NodeArg:
+    """The NodeArg of a graph input or output."""
+    t = f"tensor({elem_type_name(v.elem_type)})"  # onnxruntime's spelling: tensor(float)
+    if v.kind != "tensor":
+        t = f"{v.kind}({t})"
+    shape = [] if v.shape is None else [d.min if d.is_static else (d.symbol or None) for d in v.shape]
+    return NodeArg(v.name, t, shape, v.shape)
 
 
 class RunOptions:

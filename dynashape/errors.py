@@ -24,6 +24,11 @@ class OptionsError(DynashapeError, ValueError):
     """Session or parse options that are malformed or contradict each other."""
 
 
+class UnknownOptionError(OptionsError, AttributeError):
+    """A SessionOptions field that does not exist (an AttributeError too, so that
+    ``getattr(so, name, default)`` keeps working)."""
+
+
 class InvalidModelError(DynashapeError, ValueError):
     """A model file that is missing, truncated, malformed or internally inconsistent."""
 

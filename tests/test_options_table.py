@@ -1,19 +1,33 @@
-"""dynashape/options.py lists every keyword option: each has a doc, its default is accepted by
-InferenceSession, and the session accepts exactly these names. The environment variables the
-package reads (found in its syntax trees) are exactly those the options and ENVIRONMENT document."""
+"""dynashape/options.py is the one table of what a user may set: every field of SessionOptions is
+in it with a doc and a cost, its default is accepted by its own check and by InferenceSession, and
+the session accepts exactly these names as keywords. The environment variables the package reads
+(found in its syntax trees) are exactly those the fields and ENVIRONMENT document, each with who
+it is for."""
 
 from __future__ import annotations
 
 import ast
+import copy
 import pathlib
+import pickle
 from dataclasses import fields
 
 import numpy as np
 import pytest
 
 import dynashape
+from dynashape import errors
 from dynashape.errors import OptionsError
-from dynashape.options import ENVIRONMENT, OPTION_NAMES, Options, describe
+from dynashape.options import (
+    ENVIRONMENT,
+    OPTION_FIELDS,
+    OPTION_NAMES,
+    ORT_FIELDS,
+    ROLES,
+    Options,
+    default_of,
+    describe,
+)
 from tests.helpers import add_chain
 
 PACKAGE = pathlib.Path(dynashape.__file__).parent
@@ -21,10 +35,74 @@ PACKAGE = pathlib.Path(dynashape.__file__).parent
 
 @pytest.mark.parametrize("f", fields(Options), ids=[f.name for f in fields(Options)])
 def test_each_option_is_documented_and_its_default_accepted(f):
-    assert len(f.metadata["doc"]) > 20
+    assert len(f.metadata["doc"]) > 20 and len(f.metadata["cost"]) >= 5, "each field says what it does and costs"
+    assert f.metadata["expect"].ok(f.default), "the default passes the field's own check"
     sess = dynashape.InferenceSession(add_chain(2), **{f.name: f.default})
     x, b = np.ones((3, 4), np.float32), np.full((1, 4), 0.5, np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x, "b": b})[0], x + 1.0)
+    so = dynashape.SessionOptions()  # and set through SessionOptions
+    setattr(so, f.name, f.default)
+    np.testing.assert_allclose(dynashape.InferenceSession(add_chain(2), so).run(None, {"x": x, "b": b})[0], x + 1.0)
+
+
+def test_every_field_of_session_options_is_in_the_table():
+    so = dynashape.SessionOptions()
+    held = {n for n in vars(so) if not n.startswith("_")}
+    assert held == set(ORT_FIELDS), "an attribute of SessionOptions that the table does not document"
+    methods = {n for n in dir(type(so)) if not n.startswith("_")}
+    assert methods == {"options", "add_free_dimension_override_by_name", "add_free_dimension_override_by_denotation",
+                       "add_session_config_entry", "get_session_config_entry"}
+    assert not set(OPTION_FIELDS) & set(ORT_FIELDS), "a name in both tables"
+    for name, f in {**OPTION_FIELDS, **ORT_FIELDS}.items():
+        assert getattr(so, name) == default_of(f)
+        assert f.metadata["expect"].ok(default_of(f)), name
+        assert len(f.metadata["doc"]) > 10, name
+    assert so.options() == {}, "a field left alone reaches no session"
+
+
+def test_session_options_refuse_unknown_fields_and_bad_values():
+    so = dynashape.SessionOptions()
+    with pytest.raises(errors.UnknownOptionError, match=r"no field 'static_impl'.*did you mean static_impls"):
+        so.static_impl = "off"
+    with pytest.raises(AttributeError):  # getattr(so, name, default) keeps working for code that probes
+        so.no_such_field  # noqa: B018
+    assert getattr(so, "no_such_field", 7) == 7
+    cases = [("static_impls", "sometimes", "'auto', 'async', 'sync', 'off'"), ("threads", -1, "int >= 0"),
+             ("fusion", "yes", "True or False"), ("kv_bucket", 20, "multiple of 16"),
+             ("log_severity_level", 7, "-1 to 4"), ("graph_optimization_level", "all", "GraphOptimizationLevel"),
+             ("intra_op_num_threads", 1.5, "int"), ("enable_mem_pattern", 1, "True or False")]
+    for name, value, expected in cases:
+        with pytest.raises(OptionsError, match=rf"SessionOptions\.{name} = .*expected .*{expected}"):
+            setattr(so, name, value)
+        assert getattr(so, name) == default_of({**OPTION_FIELDS, **ORT_FIELDS}[name]), "a refused value is not kept"
+    so.static_impls = "off"
+    assert so.options() == {"static_impls": "off"} and "static_impls='off'" in repr(so)
+    del so.static_impls
+    assert so.static_impls == "auto" and so.options() == {}
+    assert dynashape.SessionOptions(threads=1, fusion=False).options() == {"threads": 1, "fusion": False}
+    so.intra_op_num_threads, so.fusion = np.int64(3), np.bool_(False)  # numpy scalars, as pybind takes them
+    assert type(so.intra_op_num_threads) is int and so.fusion is False
+    so.static_impls, so.intra_op_num_threads = "sync", 2
+    del so.fusion
+    for twin in (copy.deepcopy(so), pickle.loads(pickle.dumps(so))):  # a copy carries both kinds of field
+        assert twin.options() == {"static_impls": "sync"} and twin.intra_op_num_threads == 2
+
+
+def test_a_keyword_wins_over_the_field_and_the_field_over_onnxruntimes():
+    from dynashape.session_options import resolve
+    so = dynashape.SessionOptions()
+    so.graph_optimization_level = dynashape.GraphOptimizationLevel.ORT_DISABLE_ALL  # fusion=False
+    so.intra_op_num_threads = 2
+    assert resolve(so, {}) == {"fusion": False, "threads": 2}
+    so.fusion = True  # dynashape's field wins over what onnxruntime's stands for
+    so.static_impls = "off"
+    assert resolve(so, {"static_impls": "sync"}) == {"fusion": True, "threads": 2, "static_impls": "sync"}
+    so.add_free_dimension_override_by_name("N", 3)
+    so.dim_params = {"M": dynashape.Dimension(1, 4)}
+    dims = resolve(so, {"dim_params": {"N": dynashape.Dimension(2, 2)}})["dim_params"]
+    assert dims["M"] == dynashape.Dimension(1, 4) and dims["N"] == dynashape.Dimension(2, 2)
+    so.use_deterministic_compute = True
+    assert resolve(so, {})["deterministic"] is True
 
 
 # environment variables ------------------------------------------------------------------------
@@ -118,6 +196,7 @@ def package_environment_reads() -> tuple[set[str], list[str]]:
 
 
 def documented_environment() -> set[str]:
+    assert all(role in ROLES and len(doc) > 20 for role, doc in ENVIRONMENT.values())
     from_options = {f.metadata["env"] for f in fields(Options) if f.metadata.get("env")}
     assert not from_options & set(ENVIRONMENT), "documented twice: as an option's and in ENVIRONMENT"
     return from_options | set(ENVIRONMENT)
@@ -129,7 +208,6 @@ def test_every_environment_variable_read_is_documented_and_every_documented_one_
     documented = documented_environment()
     assert not read - documented, f"read but documented nowhere in dynashape/options.py: {sorted(read - documented)}"
     assert not documented - read, f"documented but read nowhere: {sorted(documented - read)}"
-    assert all(len(doc) > 20 for doc in ENVIRONMENT.values())
     assert all(name in describe() for name in documented)
 
 
@@ -161,6 +239,9 @@ k = os.environ
 def test_the_session_accepts_exactly_these_names():
     with pytest.raises(OptionsError, match="known options are"):
         dynashape.InferenceSession(add_chain(2), speed="max")
+    for name in ("memory_pool", "inplace_concat", "decided_ifs", "malloc_tuning", "allow_tf32"):
+        with pytest.raises(OptionsError, match=rf"{name}='no': expected True or False"):  # bool('no') is True
+            dynashape.InferenceSession(add_chain(2), **{name: "no"})
     assert "max_buffer_bytes" in OPTION_NAMES and "threads" in OPTION_NAMES
     assert all(name in describe() for name in OPTION_NAMES)
 

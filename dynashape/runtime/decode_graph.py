@@ -47,7 +47,7 @@ AUTO_AHEAD = 64  # decode_ahead="auto" on CUDA: on an H100 the thread had every 
 def decode_mode(option, static: str | None, device: torch.device) -> bool:
     """``decode_graphs``: 'auto' (on with static impls on CUDA), 'on' (also on CPU: the logic
     without a graph) or 'off'."""
-    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_GRAPHS", "auto")
+    value = option if option is not None else "auto"
     text = str(value).lower()
     if text == "auto":
         return static is not None and device.type == "cuda"
@@ -83,7 +83,7 @@ def ahead_rule(option, device: torch.device | None = None) -> int:
     built on a background thread (0: in the call that passes the end); 'auto': 64 on CUDA, where
     it hides the ~20 ms capture at each bucket change (benchmarks/decode_ahead.py), 0 elsewhere
     (nothing is captured there)."""
-    value = option if option is not None else os.environ.get("DYNASHAPE_DECODE_AHEAD", "auto")
+    value = option if option is not None else "auto"
     text = str(value).lower()
     if text == "auto":
         return AUTO_AHEAD if device is not None and device.type == "cuda" else 0
