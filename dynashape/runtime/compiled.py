@@ -1,7 +1,7 @@
 """The compiled runtime: specializations of the generated code, and the request state they run on.
 
 ``CompiledModel`` (one per session and device) holds the specializations: a shape program, a
-memory plan and generated code each (``codegen/builder.py``), found by their guards. A signature
+memory plan and generated code each (``codegen/spec.py``), found by their guards. A signature
 that no specialization accepts is traced anew (counted: ``shape_program_traces``); past
 ``max_specializations`` the interpreter serves it instead (counted: ``interpreter_runs``).
 
