@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dynashape.ops import contrib_qattention, contrib_quant, fused_quant, linalg, native, qgemm
+from dynashape.ops import contrib_qattention, contrib_qmatmul, fused_quant, linalg, native, qgemm
 from tests.native_report import needs_native
 
 from .harness import other_build
@@ -188,8 +188,8 @@ def test_contrib_products_equal_their_torch_paths(monkeypatch):
         a = torch.randint(0, 256, (2, m, k), dtype=torch.uint8, generator=g)
         az, as_ = torch.tensor(131, dtype=torch.uint8), torch.tensor(0.02)
         x = torch.randn(2, m, k, generator=g)
-        calls = [(contrib_quant._matmul_integer_to_float, (a, b, as_, bs, az, zb, bias)),
-                 (contrib_quant._dynamic_quantize_matmul, (x, b, bs, zb, bias)),
+        calls = [(contrib_qmatmul._matmul_integer_to_float, (a, b, as_, bs, az, zb, bias)),
+                 (contrib_qmatmul._dynamic_quantize_matmul, (x, b, bs, zb, bias)),
                  (contrib_qattention._projection, (a, b, bias, as_, bs, az, zb))]
         for fn, args in calls:
             before = native.counters().get("qgemm_native_calls", 0)
