@@ -1,6 +1,6 @@
 """QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul (domain ``com.microsoft``).
 
-Exact integer products (linalg.qmatmul, or qgemm.c in one call on the CPU), then the float32
+Exact integer products (integer_gemm.qmatmul, or qgemm.c in one call on the CPU), then the float32
 scale (and bias) onnxruntime's output processors apply; DynamicQuantizeMatMul quantizes A to
 uint8 as onnxruntime does first.
 """
@@ -12,16 +12,18 @@ import torch
 
 from ..errors import ShapeError
 from . import qgemm
-from .linalg import _matmul_shape, prepared_b, qmatmul, u8s8_saturation
+from .integer_gemm import prepared_b, qmatmul
+from .linalg import _matmul_shape
 from .qlinear_arith import _F32, _RANGE, DOMAIN, _eight_bit, _one, _put, _requant, _scale
 from .registry import COMPUTED, binder, op
+from .u8s8 import u8s8_saturation
 
 
 # ---- integer products ---------------------------------------------------------------------------
 def _exact_matmul(a: torch.Tensor, a_zp, b: torch.Tensor, b_zp) -> torch.Tensor:
     """(a - a_zp) @ (b - b_zp) exactly (int32, or float32 / float64 holding integers). a_zp: None,
     one value, or one per row of a; b_zp: None, one value, or one per column of b. Through
-    linalg.qmatmul: its float32 / _int_mm fast paths and the u8s8 saturation switch."""
+    integer_gemm.qmatmul: its float32 / _int_mm fast paths and the u8s8 saturation switch."""
     if a_zp is not None and a_zp.numel() > 1:
         a_zp = a_zp.reshape(-1)  # one per row: the form qmatmul takes
     return qmatmul(a, b, a_zp, b_zp)

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 import dynashape
 from dynashape.errors import ShapeError
 from dynashape.ops import byte_tables, fused_quant, qgemm, qlinear_binary
-from dynashape.ops.linalg import prepared_b
+from dynashape.ops.integer_gemm import prepared_b
 from dynashape.ops.registry import COMPUTED
 from tests.native_report import needs_native
 from tests.ops.harness import make_model
