@@ -41,5 +41,6 @@ from . import (  # noqa: F401
     softmax,
     strings,
     tensor,
+    tensor_copies,
     training,
 )
