@@ -179,6 +179,7 @@ def _unpack(outs: list) -> str:
         return outs[0] or "_"
     return ", ".join(o or "_" for o in outs) + ", *_"
 
+
 # ops whose shape inputs only rearrange or select the input's elements: the result never holds
 # more than the input already does, so no value read from data can make it absurd (no st.sized:
 # ~10 us a call, silero-vad ran seven a call after its If's)

@@ -190,7 +190,6 @@ def _einsum(*xs, equation, out=None):
     return torch.einsum(eq, *xs)
 
 
-
 # MatMulInteger ------------------------------------------------------------------------------
 def _mmi_infer(shapes, values):
     return [_matmul_shape(shapes[0], shapes[1], "MatMulInteger")]

@@ -179,7 +179,6 @@ def _transpose(x, *, perm=None, out=None):
     return x.permute(_perm(x.dim(), perm))
 
 
-
 # ---- Slice --------------------------------------------------------------------------------------
 def _slice_params(s, starts, ends, axes, steps):
     """Per axis (axis, start, end, step) with ONNX's clamping, in index space of that axis."""
@@ -266,7 +265,6 @@ def _slice10(x, starts, ends, axes=None, steps=None, *, out=None):
     params = _slice_params(tuple(x.shape), int_list(starts), int_list(ends), _opt_list(axes),
                            _opt_list(steps))
     return _slice_apply(x, params)
-
 
 
 # ---- BitCast ----------------------------------------------------------------------------------

@@ -117,7 +117,6 @@ def _split18(x, split=None, *, axis=0, num_outputs=None, out=None):
     return _split_kernel(x, a, sizes, out)
 
 
-
 # ---- Expand / Tile ------------------------------------------------------------------------------
 def _expand_infer(shapes, values):
     if values[1] is None:
