@@ -181,11 +181,11 @@ def test_group_builds_are_kept_for_a_generation_of_lengths(monkeypatch):
     """Twenty lengths, then the same twenty again (a second generation of a decoder without a KV
     cache): the second pass finds every group build. Builds own tensors (the shape value made a
     tensor here) within a byte budget; with none, only the last build is kept."""
-    from dynashape.runtime import compiled
+    from dynashape.runtime import spec_state
     rng = np.random.default_rng(4)
     lengths = list(range(1, 21))
-    for budget, hits in ((compiled.GROUP_CACHE_BYTES, 20), (0, 0)):
-        monkeypatch.setattr(compiled, "GROUP_CACHE_BYTES", budget)
+    for budget, hits in ((spec_state.GROUP_CACHE_BYTES, 20), (0, 0)):
+        monkeypatch.setattr(spec_state, "GROUP_CACHE_BYTES", budget)
         s = dynashape.InferenceSession(shape_subgraph_model())
         for m in lengths + lengths:
             x = rand(2, m, rng=rng)

@@ -2,8 +2,10 @@
 
 from . import (  # noqa: F401
     attention,
+    block_quant,
     contrib_attention,
     contrib_qattention,
+    contrib_qmatmul,
     contrib_quant,
     contrib_rnn,
     contrib_transformer,
@@ -25,6 +27,9 @@ from . import (  # noqa: F401
     norm,
     packed_linear,
     pool,
+    qlinear_binary,
+    qlinear_pool,
+    qlinear_tables,
     quant,
     reduce,
     residual,
@@ -36,5 +41,6 @@ from . import (  # noqa: F401
     softmax,
     strings,
     tensor,
+    tensor_copies,
     training,
 )

@@ -5,7 +5,7 @@ QAttention and QEmbedLayerNormalization. Semantics follow onnxruntime's CPU kern
 
 QAttention. ``input`` is already quantized (a DynamicQuantizeLinear in front of it gives the
 uint8 values, their scale and zero point). The projection is the exact integer product
-(input - input_zero_point) @ (weight - weight_zero_point) (linalg.qmatmul: exact, and with
+(input - input_zero_point) @ (weight - weight_zero_point) (integer_gemm.qmatmul: exact, and with
 linalg.set_u8s8_saturation(True) saturated as onnxruntime's AVX2 uint8 x int8 kernels without
 VNNI do), then, as MLAS's scale-bias output processor, float32(acc) * float32(input_scale *
 weight_scale) + bias, per tensor or per column. The attention that follows is com.microsoft
@@ -35,7 +35,7 @@ from . import qgemm
 from .attention import _emit
 from .contrib_attention import _causal, _core, _key_lengths, _padding_bias, _scale
 from .contrib_transformer import _embed_infer, _embed_layer_norm, bound_embed_kernel, embed_ln_bound
-from .linalg import _saturates, prepared_b, qmatmul
+from .integer_gemm import _saturates, prepared_b, qmatmul
 from .registry import COMPUTED, binder, op
 
 MS = "com.microsoft"

@@ -20,7 +20,7 @@ granularity:
 Pre-activations are (X-part + h-part) + (Wb + Rb), clipped, then onnxruntime's gate arithmetic
 (i, o, f, c order; c = f * c + i * g; h = o * h(c)). A reverse direction reverses each sequence
 within its own length (onnxruntime's ReverseSequence), so its steps past an entry's length come
-last, as forward. The integer products are exact (linalg's engine); with
+last, as forward. The integer products are exact (integer_gemm.py); with
 linalg.set_u8s8_saturation(True) they saturate as onnxruntime's AVX2 kernels do. On the CPU the
 sigmoid and tanh are MLAS's own (ort_math.py), bit for bit: h is quantized for the next step, so
 one ulp of a gate could move a scale and with it every later step (torch's functions, a few ulps
@@ -41,11 +41,12 @@ import torch
 
 from ..errors import ShapeError
 from . import native, ort_math
-from .linalg import PreparedB, _use_int_mm, int8_product, int_product, saturation_correction, u8s8_saturation
+from .integer_gemm import PreparedB, _use_int_mm, int8_product, int_product, saturation_correction
 from .norm import _put
 from .quant import dynamic_qparams
 from .registry import op
 from .rnn import _activations, _num_dir, lstm_cell
+from .u8s8 import u8s8_saturation
 from .weight_cache import WeightCache
 
 MS = "com.microsoft"

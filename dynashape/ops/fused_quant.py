@@ -14,7 +14,7 @@ rewrites onnxruntime.quantization.quantize_dynamic's pattern into:
 On the CPU each is one call of csrc/qgemm.c (quantization, exact product, scales and bias) where it
 serves (qgemm.py), else the torch path below. The results are those of the unfused nodes, bit for
 bit: the quantization is onnxruntime's
-(quant.dynamic_qparams / quantize_u8), the integer product exact (linalg.qmatmul's engine), then
+(quant.dynamic_qparams / quantize_u8), the integer product exact (integer_gemm.qmatmul's engine), then
 float32(acc) * float32(xs * Ws) [+ bias] in float32 as Cast, Mul and Add compute it. With
 linalg.set_u8s8_saturation(True) the product saturates as onnxruntime's AVX2 kernels do, as the
 unfused MatMulInteger then does.
@@ -29,9 +29,11 @@ import torch
 
 from . import native, qgemm
 from .indexing import _gather
-from .linalg import _matmul_shape, int8_product, int_product, prepared_b, saturation_correction, u8s8_saturation
+from .integer_gemm import int8_product, int_product, prepared_b, saturation_correction
+from .linalg import _matmul_shape
 from .quant import _dequantize, _dql_tensor_path, host_qparams, quantize_u8
 from .registry import COMPUTED, binder, op
+from .u8s8 import u8s8_saturation
 
 DOMAIN = "com.dynashape"
 

@@ -6,9 +6,9 @@ it answers None where the C kernel does not serve (not the CPU, a B that is not 
 matrix, a non-finite range of A), and the caller's torch path runs. Where it would serve but cannot
 be built, the fallback is counted (``qgemm_torch_fallbacks`` in native.counters()). Callers keep
 their torch path for what it alone does: per-row zero points of A, and the u8s8 saturation switch
-(linalg.u8s8_saturation: onnxruntime's AVX2 sums, emulated there).
+(u8s8.u8s8_saturation: onnxruntime's AVX2 sums, emulated there).
 
-B is laid out once per weight (kept on its PreparedB, which linalg.prepared_b caches per tensor):
+B is laid out once per weight (kept on its PreparedB, which integer_gemm.prepared_b caches per tensor):
 blocks of 64 columns with k in groups (qblock.h); int8 weights without zero point in groups of 4
 for AVX-512 VNNI's uint8 x int8 instruction, every other weight as int16 pairs of B - B_zp.
 """
@@ -90,7 +90,7 @@ def _serves_large() -> bool:
 
 
 def _layout(prep, int8: bool):
-    """B (K, N) of a linalg.PreparedB for qgemm.c: (k's per group, groups, the blocks (N / 64,
+    """B (K, N) of a integer_gemm.PreparedB for qgemm.c: (k's per group, groups, the blocks (N / 64,
     K / group, 64, group), their column sums int32 or None); None for a B it cannot take."""
     b, zb = prep.raw, prep.zb
     if b.dim() != 2 or b.dtype not in (torch.int8, torch.uint8) or b.device.type != "cpu":
@@ -269,7 +269,7 @@ def _epilogue(b_scale: torch.Tensor, bias: torch.Tensor | None, n: int):
 
 def _ready(prep):
     """(K, N, group, groups, blocks' address, column sums' address, the two tensors) of a B qgemm.c
-    takes, or False; kept on the PreparedB (linalg.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
+    takes, or False; kept on the PreparedB (integer_gemm.PreparedB: ``raw`` B, its zero point ``zb``, ``k``,
     ``n``, and ``forms``, where B's layouts are kept)."""
     form = _layout(prep, _int8_weights())
     if form is None:

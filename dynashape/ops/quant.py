@@ -5,8 +5,8 @@ Quantized values of every type are handled as their *values*: an int4 / float4 t
 unpacked in an int8 / float8 tensor (ir/dtypes.py), so reading one is a plain conversion. Writing
 one needs the target's rules: integers round half to even and saturate to the type's range,
 float types go through ir.dtypes.cast_tensor (round to nearest even, saturation per the Cast
-spec). Integer products go through linalg.qmatmul (float32 GEMMs split along K so that every
-partial sum is an exact integer, see linalg.py); QLinearConv's convolution runs in float64 (exact
+spec). Integer products go through integer_gemm.qmatmul (float32 GEMMs split along K so that every
+partial sum is an exact integer, see integer_gemm.py); QLinearConv's convolution runs in float64 (exact
 below 2**53), ConvInteger's in float32 on the CPU when its partial sums provably stay below 2**24.
 
 DynamicQuantizeLinear and QLinearMatMul follow onnxruntime's arithmetic bit for bit: the scale and
@@ -26,9 +26,10 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.dtypes import SUBBYTE_INT, TP, cast_tensor, onnx_elem_type, torch_dtype
-from . import byte_tables, linalg, qgemm
+from . import byte_tables, qgemm
 from .conv import _conv, _conv_infer
-from .linalg import _amax, _matmul_shape, prepared_b, qmatmul
+from .integer_gemm import _amax, _saturates, prepared_b, qmatmul
+from .linalg import _matmul_shape
 from .registry import COMPUTED, binder, op
 from .shapes import norm_axis, same_as_first
 from .weight_cache import ConstantsCache, WeightCache
@@ -368,7 +369,7 @@ def _qlinear_native(a, za, a_scale, b, zb, b_scale, y_scale, y_zero_point, to, o
     of A, B's scale per tensor or per column, uint8 / int8 out), or None."""
     if a.device.type != "cpu" or a.dtype not in (torch.uint8, torch.int8) or b.dim() < 2 \
             or to not in (TP.UINT8, TP.INT8) or (za is not None and za.numel() != 1) or a_scale.numel() != 1 \
-            or (y_zero_point is not None and y_zero_point.numel() != 1) or linalg._saturates(a, b):
+            or (y_zero_point is not None and y_zero_point.numel() != 1) or _saturates(a, b):
         return None
     requant = (0 if y_zero_point is None else int(y_zero_point.item()), torch_dtype(to))
     if b.dim() > 2:  # B changes every call (attention): both operands as they come
@@ -412,7 +413,7 @@ def _bind_qlinear_matmul(consts, attrs):
     full = partial(_qlinear_matmul, **attrs)
 
     def kernel(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, out=None):
-        if a.dtype in (torch.uint8, torch.int8) and not linalg._saturates(a, b):
+        if a.dtype in (torch.uint8, torch.int8) and not _saturates(a, b):
             r = run(a, qgemm.byte_kind(a), 1.0, za, out)
             if r is not None:
                 return r if out is None or r is out else out.copy_(r)

@@ -203,7 +203,7 @@ _register("ReduceLogSumExp", _log_sum_exp, (1, 11, 13), (18,))
 
 
 # CumProd ------------------------------------------------------------------------------------
-# As CumSum (ops/tensor.py): the axis is a 0-D/1-element input, ``exclusive`` shifts by one
+# As CumSum (ops/tensor_copies.py): the axis is a 0-D/1-element input, ``exclusive`` shifts by one
 # (the first element becomes the identity, 1), ``reverse`` accumulates from the end.
 def _cumprod_infer(shapes, values, **_attrs):
     return [shapes[0]]

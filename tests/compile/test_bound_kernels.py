@@ -18,8 +18,8 @@ from onnx import helper, numpy_helper
 
 import dynashape
 from dynashape.errors import ShapeError
-from dynashape.ops import byte_tables, contrib_quant, fused_quant, qgemm
-from dynashape.ops.linalg import prepared_b
+from dynashape.ops import byte_tables, fused_quant, qgemm, qlinear_binary
+from dynashape.ops.integer_gemm import prepared_b
 from dynashape.ops.registry import COMPUTED
 from tests.native_report import needs_native
 from tests.ops.harness import make_model
@@ -72,18 +72,18 @@ def test_qlinear_binary_bound_over_layouts(op_type, dt):
 def test_qlinear_binary_bound_keeps_a_channels_last_layout_and_refers_the_rest():
     rng = np.random.default_rng(2)
     p = [torch.tensor(v) for v in (_s(rng), _q(rng, ()), _s(rng), _q(rng, ()), _s(rng), _q(rng, ()))]
-    kernel = contrib_quant._bind_binary("add", contrib_quant._qlinear_add, [COMPUTED, *p[:2], COMPUTED, *p[2:]])
+    kernel = qlinear_binary._bind_binary("add", qlinear_binary._qlinear_add, [COMPUTED, *p[:2], COMPUTED, *p[2:]])
     a = torch.from_numpy(_q(rng, (2, 8, 5, 6))).contiguous(memory_format=torch.channels_last)
     b = torch.from_numpy(_q(rng, (1, 8, 1, 1)))
     got = kernel(a, p[0], p[1], b, *p[2:])
-    want = contrib_quant._qlinear_add(a, p[0], p[1], b, *p[2:])
+    want = qlinear_binary._qlinear_add(a, p[0], p[1], b, *p[2:])
     assert torch.equal(got, want) and got.stride() == want.stride()
     assert got.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ShapeError, match="QLinearAdd"):  # int8 B with a uint8 A: the op's own error
         kernel(a, p[0], p[1], b.view(torch.int8), *p[2:])
-    for i in range(contrib_quant._BOUND_LAYOUTS + 3):  # layouts past those kept: the op itself, same numbers
+    for i in range(qlinear_binary._BOUND_LAYOUTS + 3):  # layouts past those kept: the op itself, same numbers
         x, y = torch.from_numpy(_q(rng, (i + 1, 3))), torch.from_numpy(_q(rng, (3,)))
-        assert torch.equal(kernel(x, p[0], p[1], y, *p[2:]), contrib_quant._qlinear_add(x, p[0], p[1], y, *p[2:]))
+        assert torch.equal(kernel(x, p[0], p[1], y, *p[2:]), qlinear_binary._qlinear_add(x, p[0], p[1], y, *p[2:]))
 
 
 def test_computed_parameters_keep_the_registered_kernel():

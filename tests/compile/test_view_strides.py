@@ -1,4 +1,4 @@
-"""codegen/builder.py ``_reshape_strides``: the strides the generated code gives a Reshape that is a
+"""codegen/strides.py ``_reshape_strides``: the strides the generated code gives a Reshape that is a
 view, computed on SymInts once per specialization. Property: wherever the guards it recorded hold
 (every assignment of the symbols in a small grid), the strides evaluated there address exactly the
 elements torch's reshape gives; and a tensor with contiguous strides views without any guard (a
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynashape.codegen.builder import _contiguous, _reshape_strides
+from dynashape.codegen.strides import _contiguous, _reshape_strides
 from dynashape.shape import expr as E
 from dynashape.shape.symint import ShapeEnv, SymInt
 

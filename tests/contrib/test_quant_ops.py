@@ -25,7 +25,7 @@ from onnx import helper
 
 import dynashape
 from dynashape.errors import ShapeError
-from dynashape.ops import contrib_quant
+from dynashape.ops import block_quant
 from tests.ops.harness import DEVICE, make_model, run_sequence
 
 MS = "com.microsoft"
@@ -514,13 +514,13 @@ def test_matmul_nbits_caches_the_dequantized_weight():
                attrs={"K": k, "N": n, "bits": 4, "block_size": block})
     sess = dynashape.InferenceSession(m, device=DEVICE)
     calls = []
-    build = contrib_quant._nbits_weight
-    contrib_quant._nbits_weight = lambda *a: calls.append(1) or build(*a)
+    build = block_quant._nbits_weight
+    block_quant._nbits_weight = lambda *a: calls.append(1) or build(*a)
     try:
         for r in (3, 1, 8):
             sess.run(None, {"in0": rng.uniform(-1, 1, (r, k)).astype(np.float32)})
     finally:
-        contrib_quant._nbits_weight = build
+        block_quant._nbits_weight = build
     assert len(calls) <= 1, f"the weight was dequantized {len(calls)} times"
 
 

@@ -27,6 +27,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import dynashape
+from dynashape.ops import integer_gemm
 from dynashape.ops import linalg as L
 
 ort = pytest.importorskip("onnxruntime")
@@ -57,11 +58,11 @@ def _saturation(on: bool):
 @contextlib.contextmanager
 def _cpu_int8_gemm(on):
     """Force the CPU torch._int_mm path on / off (None: the probe decides, as by default)."""
-    prev = L.set_cpu_int_mm(on)
+    prev = integer_gemm.set_cpu_int_mm(on)
     try:
         yield
     finally:
-        L.set_cpu_int_mm(prev)
+        integer_gemm.set_cpu_int_mm(prev)
 
 
 @contextlib.contextmanager
@@ -225,17 +226,17 @@ def _check_matmul_integer(device, a_dt, b_dt, case):
 def test_matmul_integer_chunk_plans():
     # all |b| = 128 and |a - za| = 255: 2**24 / (255 * 128) = 514 rows of K per exact float32 chunk
     b = torch.full((3000, 4), -128, dtype=torch.int8)
-    prep = L.prepared_b(b, None)
+    prep = integer_gemm.prepared_b(b, None)
     plan = prep.plan(255)
     assert len(plan) == 6 and plan[0] == (0, 512) and plan[-1][1] == 3000
     assert all(k1 - k0 <= 514 for k0, k1 in plan)
     # typical weights (sum |b| over K far below K * 127): one chunk for K = 3072
     w = torch.from_numpy(np.clip(np.random.default_rng(0).normal(0, 25, (3072, 8)), -127, 127).round()).to(torch.int8)
-    assert len(L.prepared_b(w, None).plan(170)) == 1
+    assert len(integer_gemm.prepared_b(w, None).plan(170)) == 1
     # the preparation is cached per weight tensor, redone after an in-place change
-    assert L.prepared_b(b, None) is prep
+    assert integer_gemm.prepared_b(b, None) is prep
     b.add_(1)
-    assert L.prepared_b(b, None) is not prep
+    assert integer_gemm.prepared_b(b, None) is not prep
 
 
 def test_matmul_integer_in_a_session_over_changing_shapes():

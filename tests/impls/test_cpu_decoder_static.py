@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import dynashape
 from dynashape.compile.memory_plan import kv_appends
 from dynashape.impls import compile_process
-from dynashape.runtime import compiled
+from dynashape.runtime import static_mode
 from tests.models import llama
 
 
@@ -38,15 +38,15 @@ def _concat_not_fed_back() -> onnx.ModelProto:
 
 
 def test_auto_on_cpu_waits_for_the_graph():
-    assert compiled.static_mode("auto", torch.device("cpu")) == "decoders"
-    assert compiled.static_mode("off", torch.device("cpu")) is None
-    assert compiled.static_mode("async", torch.device("cpu")) == "async"
-    assert compiled.for_graph("sync", None) == ("sync", 0) and compiled.for_graph(None, None) == (None, 0)
+    assert static_mode.static_mode("auto", torch.device("cpu")) == "decoders"
+    assert static_mode.static_mode("off", torch.device("cpu")) is None
+    assert static_mode.static_mode("async", torch.device("cpu")) == "async"
+    assert static_mode.for_graph("sync", None) == ("sync", 0) and static_mode.for_graph(None, None) == (None, 0)
 
 
 def test_a_decoder_gets_async_static_impls_and_other_graphs_none(monkeypatch):
     monkeypatch.delenv("DYNASHAPE_CPU_DECODE_STATIC", raising=False)
-    assert compiled.cpu_decode_after() == compiled.CPU_DECODE_AFTER == 256
+    assert static_mode.cpu_decode_after() == static_mode.CPU_DECODE_AFTER == 256
     assert dynashape.InferenceSession(str(llama.model_path())).compiled.static_after == 256
     monkeypatch.setenv("DYNASHAPE_CPU_DECODE_STATIC", "1")
     dec = dynashape.InferenceSession(str(llama.model_path()))

@@ -14,7 +14,7 @@ import torch
 import dynashape
 from dynashape.errors import OptionsError
 from dynashape.impls import compile_process
-from dynashape.runtime import compiled
+from dynashape.runtime import static_mode
 from tests.models import llama
 
 STEPS = 20
@@ -71,8 +71,8 @@ def test_cuda_turns_static_impls_off():
     """On CUDA a build keeps the forms timed fastest: which one wins is timing (no GPU needed here:
     the rule alone)."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert [compiled.deterministic_mode(m, cuda) for m in ("async", "sync", None)] == [None, None, None]
-    assert [compiled.deterministic_mode(m, cpu) for m in ("async", "sync", "decoders", None)] == \
+    assert [static_mode.deterministic_mode(m, cuda) for m in ("async", "sync", None)] == [None, None, None]
+    assert [static_mode.deterministic_mode(m, cpu) for m in ("async", "sync", "decoders", None)] == \
         ["sync", "sync", "decoders", None]
 
 

@@ -20,7 +20,7 @@ from onnx import helper
 import dynashape
 from dynashape import Dimension
 from dynashape.impls import CannotCapture
-from dynashape.runtime import compiled
+from dynashape.runtime import spec_state, static_mode
 
 
 def mlp(hidden: int = 16, dims: tuple = ("N", "S")) -> onnx.ModelProto:
@@ -79,7 +79,7 @@ def test_static_impls_off_and_auto(device):
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="off")
     run_all(sess, device)
     assert sess.stats()["static_impls"] == "off" and "static_hits" not in sess.stats()
-    auto = compiled.static_mode("auto", torch.device(device))
+    auto = static_mode.static_mode("auto", torch.device(device))
     assert auto == ("async" if device.startswith("cuda") else "decoders")  # CPU: async for KV decoders only
     with pytest.raises(dynashape.errors.OptionsError):
         dynashape.InferenceSession(mlp(), device=device, static_impls="sometimes")
@@ -125,7 +125,7 @@ def test_a_region_that_cannot_be_captured_keeps_the_dynamic_path_counted(device,
         def build():
             raise CannotCapture("a kernel synchronises with the host")
         return build
-    monkeypatch.setattr(compiled, "static_builder", refuse)
+    monkeypatch.setattr(spec_state, "static_builder", refuse)
     ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
     assert_same(run_all(sess, device), ref)
@@ -211,7 +211,7 @@ def test_a_capture_that_fails_after_the_real_run_serves_the_call_with_that_run(d
             runs.append(1)
             raise CannotCapture("a kernel synchronises with the host", tuple(first))
         return build
-    monkeypatch.setattr(compiled, "static_builder", run_then_refuse)
+    monkeypatch.setattr(spec_state, "static_builder", run_then_refuse)
     ref = run_all(dynashape.InferenceSession(mlp(), device=device, static_impls="off"), device)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
     assert_same(run_all(sess, device), ref)
@@ -224,7 +224,7 @@ def test_refusals_are_logged_with_verbose(device, monkeypatch, capsys):
         def build():
             raise CannotCapture("a kernel synchronises with the host")
         return build
-    monkeypatch.setattr(compiled, "static_builder", refuse)
+    monkeypatch.setattr(spec_state, "static_builder", refuse)
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", verbose=1)
     run_all(sess, device)
     err = capsys.readouterr().out

@@ -50,7 +50,7 @@ def test_single_and_fallback(monkeypatch):
 def test_qlinear_softmax_in_c_is_the_torch_path(monkeypatch, dtype, axis, opset):
     """QLinearSoftmax (onnxruntime's exp table, in-order float32 row sum, rounding, clamp above):
     the C pass gives the torch path's bytes over changing shapes and axes."""
-    from dynashape.ops import contrib_quant
+    from dynashape.ops import qlinear_tables
     g = torch.Generator().manual_seed(2)
     lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
     for shape in [(2, 3, 17), (1, 4, 64), (5, 1, 3), (2, 2, 130)]:
@@ -58,11 +58,11 @@ def test_qlinear_softmax_in_c_is_the_torch_path(monkeypatch, dtype, axis, opset)
         args = (x, torch.tensor(0.07), torch.tensor(0, dtype=dtype), torch.tensor(1 / 256),
                 torch.tensor(0 if dtype == torch.uint8 else -128, dtype=dtype))
         before = native.counters().get("lut_native_calls", 0)
-        got = contrib_quant._qlinear_softmax(*args, axis=axis, opset=opset)
+        got = qlinear_tables._qlinear_softmax(*args, axis=axis, opset=opset)
         assert native.counters()["lut_native_calls"] == before + 1
         with monkeypatch.context() as m:
             m.setenv("DYNASHAPE_NATIVE", "0")
-            want = contrib_quant._qlinear_softmax(*args, axis=axis, opset=opset)
+            want = qlinear_tables._qlinear_softmax(*args, axis=axis, opset=opset)
         assert torch.equal(got, want), shape
 
 
@@ -73,8 +73,8 @@ def test_qlinear_add_mul_arithmetic_equals_their_tables(monkeypatch, dtype, kind
     tables (onnxruntime's FMA chain, the swapped form where A broadcasts along the innermost dim,
     rounding and saturation), over broadcasting shapes, strided views and random parameters,
     scales that push many values past the type's range among them."""
-    from dynashape.ops import contrib_quant
-    fn = contrib_quant._qlinear_add if kind == "add" else contrib_quant._qlinear_mul
+    from dynashape.ops import qlinear_binary
+    fn = qlinear_binary._qlinear_add if kind == "add" else qlinear_binary._qlinear_mul
     g = torch.Generator().manual_seed(3)
     lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
     cases = SHAPES + [((4, 8, 16), (4, 8, 16)), ((4, 8, 1), (4, 8, 16)), ((4, 8, 16), (1, 8, 16))]
@@ -134,7 +134,7 @@ def test_channels_last_activations_keep_their_layout(monkeypatch):
     """A CNN's channels-last activations through the C passes (QLinearAdd with and without a
     broadcast operand, DequantizeLinear, QuantizeLinear, FakeQuant): the torch path's values, and the
     result channels-last too (an NCHW result would make the next convolution reorder it)."""
-    from dynashape.ops import contrib_quant, fused_quant, quant
+    from dynashape.ops import fused_quant, qlinear_binary, quant
     g = torch.Generator().manual_seed(6)
     cl = torch.channels_last
     a = torch.randint(0, 256, (2, 8, 5, 6), dtype=torch.uint8, generator=g).contiguous(memory_format=cl)
@@ -142,9 +142,9 @@ def test_channels_last_activations_keep_their_layout(monkeypatch):
     c = torch.randint(0, 256, (1, 8, 1, 1), dtype=torch.uint8, generator=g)
     x = torch.randn(2, 8, 5, 6, generator=g).contiguous(memory_format=cl)
     s, z = torch.tensor(0.02), torch.tensor(128, dtype=torch.uint8)
-    cases = [(contrib_quant._qlinear_add, (a, s, z, b, s, z, s, z)),
-             (contrib_quant._qlinear_add, (a, s, z, c, s, z, s, z)),
-             (contrib_quant._qlinear_mul, (a, s, z, c, s, z, s, z)), (quant._dequantize, (a, s, z)),
+    cases = [(qlinear_binary._qlinear_add, (a, s, z, b, s, z, s, z)),
+             (qlinear_binary._qlinear_add, (a, s, z, c, s, z, s, z)),
+             (qlinear_binary._qlinear_mul, (a, s, z, c, s, z, s, z)), (quant._dequantize, (a, s, z)),
              (quant._quantize, (x, s, z)), (fused_quant._fake_quant, (x, s, z))]
     for fn, args in cases:
         got = fn(*args)

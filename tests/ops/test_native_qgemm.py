@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dynashape.ops import contrib_qattention, contrib_quant, fused_quant, linalg, native, qgemm
+from dynashape.ops import contrib_qattention, contrib_qmatmul, fused_quant, integer_gemm, linalg, native, qgemm
 from tests.native_report import needs_native
 
 from .harness import other_build
@@ -55,12 +55,12 @@ def test_integer_sums_equal_the_exact_product(form, kind):
             za = int(torch.randint(0, 256, (), generator=g))
             a = torch.randint(0, 256, (2, m, k), generator=g)
             xc = (a - za).to(torch.float32)
-            got = qgemm.product(xc, qgemm.A_CENTERED, linalg.prepared_b(b, zb), a_zp=za)
+            got = qgemm.product(xc, qgemm.A_CENTERED, integer_gemm.prepared_b(b, zb), a_zp=za)
         else:
             lo, hi = (0, 256) if kind == "u8" else (-128, 128)
             a = torch.randint(lo, hi, (2, m, k), dtype=torch.uint8 if kind == "u8" else torch.int8, generator=g)
             za = int(torch.randint(lo, hi, (), generator=g))
-            got = qgemm.product(a, qgemm.A_U8 if kind == "u8" else qgemm.A_S8, linalg.prepared_b(b, zb), a_zp=za)
+            got = qgemm.product(a, qgemm.A_U8 if kind == "u8" else qgemm.A_S8, integer_gemm.prepared_b(b, zb), a_zp=za)
         want = (a.to(torch.float64) - za) @ (b.to(torch.float64) - (0 if zb is None else zb.to(torch.float64)))
         assert got is not None and got.dtype == torch.int32 and got.shape == (2, m, n)
         assert torch.equal(got.to(torch.float64), want), (m, k, n)
@@ -102,9 +102,9 @@ def test_into_out_and_noncontiguous_a():
     g = torch.Generator().manual_seed(8)
     b, zb = _weight(g, 40, 70, "u8")
     a = torch.randint(0, 256, (40, 12), dtype=torch.uint8, generator=g).t()  # (12, 40), not contiguous
-    want = linalg.qmatmul(a.contiguous(), b, torch.tensor(3, dtype=torch.uint8), zb)
+    want = integer_gemm.qmatmul(a.contiguous(), b, torch.tensor(3, dtype=torch.uint8), zb)
     out = torch.empty(12, 70, dtype=torch.int32)
-    got = qgemm.product(a, qgemm.A_U8, linalg.prepared_b(b, zb), a_zp=3, out=out)
+    got = qgemm.product(a, qgemm.A_U8, integer_gemm.prepared_b(b, zb), a_zp=3, out=out)
     assert got is out and torch.equal(out.double(), want.double())
 
 
@@ -115,7 +115,7 @@ def test_a_nonfinite_range_takes_the_torch_path(monkeypatch, value):
     x = torch.randn(4, 16, generator=g)
     x[1, 3] = value
     ws = torch.tensor([0.01])
-    assert qgemm.product(x, qgemm.A_DYNAMIC, linalg.prepared_b(b, zb), b_scale=ws) is None
+    assert qgemm.product(x, qgemm.A_DYNAMIC, integer_gemm.prepared_b(b, zb), b_scale=ws) is None
     got = fused_quant._dyn_quant_matmul(x, b, ws, zb)
     want = _torch(monkeypatch, fused_quant._dyn_quant_matmul, x, b, ws, zb)
     assert torch.equal(got.isnan(), want.isnan())
@@ -128,18 +128,18 @@ def test_not_served_where_the_torch_path_alone_does_it(monkeypatch):
     g = torch.Generator().manual_seed(10)
     b3 = torch.randint(-128, 128, (2, 8, 4), dtype=torch.int8, generator=g)
     a = torch.randint(0, 256, (2, 3, 8), dtype=torch.uint8, generator=g)
-    assert qgemm.product(a, qgemm.A_U8, linalg.prepared_b(b3, None)) is None
+    assert qgemm.product(a, qgemm.A_U8, integer_gemm.prepared_b(b3, None)) is None
     b, _ = _weight(g, 8, 4, "s8")
     prev = linalg.set_u8s8_saturation(True)
     try:
         before = native.counters().get("qgemm_native_calls", 0)
-        linalg.qmatmul(a[0], b)
+        integer_gemm.qmatmul(a[0], b)
         assert native.counters().get("qgemm_native_calls", 0) == before
     finally:
         linalg.set_u8s8_saturation(prev)
     monkeypatch.setenv("DYNASHAPE_NATIVE", "0")
     before = native.counters().get("qgemm_torch_fallbacks", 0)
-    assert qgemm.product(a[0], qgemm.A_U8, linalg.prepared_b(b, None)) is None
+    assert qgemm.product(a[0], qgemm.A_U8, integer_gemm.prepared_b(b, None)) is None
     assert native.counters()["qgemm_torch_fallbacks"] == before + 1
 
 
@@ -188,8 +188,8 @@ def test_contrib_products_equal_their_torch_paths(monkeypatch):
         a = torch.randint(0, 256, (2, m, k), dtype=torch.uint8, generator=g)
         az, as_ = torch.tensor(131, dtype=torch.uint8), torch.tensor(0.02)
         x = torch.randn(2, m, k, generator=g)
-        calls = [(contrib_quant._matmul_integer_to_float, (a, b, as_, bs, az, zb, bias)),
-                 (contrib_quant._dynamic_quantize_matmul, (x, b, bs, zb, bias)),
+        calls = [(contrib_qmatmul._matmul_integer_to_float, (a, b, as_, bs, az, zb, bias)),
+                 (contrib_qmatmul._dynamic_quantize_matmul, (x, b, bs, zb, bias)),
                  (contrib_qattention._projection, (a, b, bias, as_, bs, az, zb))]
         for fn, args in calls:
             before = native.counters().get("qgemm_native_calls", 0)

@@ -34,7 +34,7 @@ def test_forms_that_keep_their_weights_values_let_the_weight_go():
     """A kept form that held its weight (or a view of it: a view keeps its base's Python object)
     kept the weight alive, so the cache never dropped either: the quantized LSTM's weights and
     the integer products' prepared B of every session ever made stayed in memory."""
-    from dynashape.ops import contrib_rnn, linalg, rnn
+    from dynashape.ops import contrib_rnn, integer_gemm, rnn
     lw = torch.randn(1, 4 * 16, 16)  # an LSTM's W, laid out for csrc/lstm.c
     rnn._LSTM_FORMS.get(lw, lambda v=lw: rnn._gate_blocks(v, 16))
     w = torch.randint(-128, 128, (2, 8, 32), dtype=torch.int8)
@@ -42,13 +42,13 @@ def test_forms_that_keep_their_weights_values_let_the_weight_go():
     qw = contrib_rnn._weights(w, scale, zp)
     qw.native(False)
     b = torch.randint(0, 256, (16, 8), dtype=torch.uint8)
-    prep = linalg.prepared_b(b, torch.tensor(3, dtype=torch.uint8))
+    prep = integer_gemm.prepared_b(b, torch.tensor(3, dtype=torch.uint8))
     assert prep.int8() is not None and torch.equal(prep.raw, b)  # the values are still there to use
     wid, bid, lid = id(w), id(b), id(lw)
-    assert wid in contrib_rnn._WEIGHTS and bid in linalg._PREPARED and lid in rnn._LSTM_FORMS
+    assert wid in contrib_rnn._WEIGHTS and bid in integer_gemm._PREPARED and lid in rnn._LSTM_FORMS
     del w, b, qw, prep, lw
     gc.collect()
-    assert wid not in contrib_rnn._WEIGHTS and bid not in linalg._PREPARED and lid not in rnn._LSTM_FORMS
+    assert wid not in contrib_rnn._WEIGHTS and bid not in integer_gemm._PREPARED and lid not in rnn._LSTM_FORMS
 
 
 def test_constants_cache_follows_identity_version_and_tag():

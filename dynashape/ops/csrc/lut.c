@@ -51,7 +51,7 @@ void lut2_u8(int64_t ndim, const int64_t *shape, const uint8_t *a, const int64_t
 }
 
 /* QLinearAdd / QLinearMul by their arithmetic, 16 values a vector instead of a table's lookups,
- * with the operands as lut2_u8 takes them. The arithmetic is exactly what contrib_quant.py's
+ * with the operands as lut2_u8 takes them. The arithmetic is exactly what qlinear_binary.py's
  * tables hold (the same float32 operations, fmaf a true fused multiply-add, nothing contracted):
  *   add (kind 0):  fma(a, ra, fma(b, rb, c0)), swapped (kind 1): fma(b, rb, fma(a, ra, c0));
  *   mul (kind 2):  float32((a - za) * (b - zb)) * ra, then + c0 (two roundings);
