@@ -184,7 +184,7 @@ def shapes_table(name, eager, path, feeds_list, labels, repeats, dev, data, peer
     errors: dict[str, str] = {}
     calls.update(peer_calls(eager, legacy_path, peers, dev, errors))
     for label, mode in MODES.items():
-        if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
+        if label.endswith("(auto)") and dynashape.runtime.static_mode.static_mode("auto", dev) is None:
             continue  # auto is off here: the dynamic row says it
         sess = sessions[label] = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
         names = [i.name for i in sess.get_inputs()]
@@ -292,7 +292,7 @@ def bench_decode(dev, steps, batches, data, layers):
             return out[0], list(out[1:])
         steps_by["PyTorch eager"] = eager_step
         for label, mode in MODES.items():
-            if label.endswith("(auto)") and dynashape.runtime.compiled.static_mode("auto", dev) is None:
+            if label.endswith("(auto)") and dynashape.runtime.static_mode.static_mode("auto", dev) is None:
                 continue
             sess = sessions[label] = dynashape.InferenceSession(path, device=str(dev), static_impls=mode)
 

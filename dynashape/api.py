@@ -33,11 +33,12 @@ from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
 from .run_settings import Precision
-from .runtime.compiled import CompiledModel, deterministic_mode, for_graph, static_mode
+from .runtime.compiled import CompiledModel
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec
 from .runtime.index_feeds import IndexFeedChecks
 from .runtime.load_shapes import numel, optimal_shapes, representative_shapes, sample
+from .runtime.static_mode import deterministic_mode, for_graph, static_mode
 from .session_options import resolve as _session_options
 from .shape import PartialShape
 

@@ -31,7 +31,8 @@ from .ops.limits import MAX_LOOP_ITERATIONS
 from .ort_module import unwrap
 from .run_settings import Threads
 from .runtime.bodies import BodyKernel
-from .runtime.compiled import STATIC_COUNTERS, CompiledRunner
+from .runtime.runner import CompiledRunner
+from .runtime.static_mode import STATIC_COUNTERS
 
 # counters of the decided variants' runs that are this request's runs (stats())
 _VARIANT_SUMMED = frozenset({"compiled_runs", "interpreter_runs", "specializations"})

@@ -37,10 +37,6 @@ from ..ir import Graph, Value
 from .aligned import align_multiple, aligned_value, conv_bucket, conv_buckets
 from .decode_graph import ahead_rule, bucket_rule
 
-# (api.py takes these from here)
-from .runner import CompiledRunner  # noqa: F401
-from .static_mode import STATIC_COUNTERS, deterministic_mode, for_graph, static_mode  # noqa: F401
-
 log = logging.getLogger(__name__)
 
 MAX_SPECIALIZATIONS = 16  # guards that pin values (int() on a dim) could otherwise make one per shape
