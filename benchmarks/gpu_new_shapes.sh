@@ -22,9 +22,10 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=260 run python3 -m pytest -q -p no:warnings -rfE tests/test_generate.py \
       tests/test_if_warm.py tests/test_subgraphs.py tests/impls/test_conv_buckets.py tests/test_host_syncs.py
     T=300 run python3 benchmarks/generate_gpu.py --steps 240 --json "$OUT/generate_gpu.json" ;;
-  exported)  # the exporters' models and NMS on CUDA; where the streaming step's host time goes
+  exported)  # the exporters' models and NMS on CUDA; the host CPU's GQA bits; the streaming step's host time
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings -rfE tests/zoo/test_exported.py \
       tests/test_subgraphs.py tests/ops/test_signal.py -k "not stft"
+    T=240 run python3 -m pytest -q -p no:warnings -rfE tests/contrib/test_ort_exact_rms_gqa.py tests/ops/test_small_work.py
     T=300 run python3 benchmarks/generate_gpu.py --steps 200 --profile --json "$OUT/generate_gpu.json" ;;
   check)  # the CUDA tests of this work, then every workload with dynashape alone and a second process
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings tests/impls tests/test_host_syncs.py \
