@@ -341,3 +341,15 @@ def _scaled_tanh(x, out):
     import torch
     y = torch.tanh(x) * 1.01
     return out.copy_(y) if out is not None else y
+
+
+def test_compare_values_relative_to_the_tensor_excuses_rounding_near_zero_only():
+    """A sum of large terms that cancels to near zero differs by its rounding: element-wise rtol
+    calls it a divergence, rtol times the value's largest magnitude does not; a real change still
+    differs either way."""
+    from dynashape.debug import compare_values
+    w = np.array([100.0, -50.0, 1e-4], np.float32)
+    g = w + np.array([0.0, 0.0, 3e-4], np.float32)  # the near-zero element off by 3e-4
+    assert compare_values(g, w, 1e-4, 1e-5)[1] is True
+    assert compare_values(g, w, 1e-4, 1e-5, relative_to="tensor")[1] is False
+    assert compare_values(w * 1.01, w, 1e-4, 1e-5, relative_to="tensor")[1] is True
