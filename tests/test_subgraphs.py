@@ -35,20 +35,18 @@ def test_if_with_outer_values_over_changing_shapes():
     assert any(n.op_type == "If" for n in sess.program.graph.nodes)
 
 
-def loop_model() -> onnx.ModelProto:
-    """A Loop of M iterations: acc = acc * 0.5 + x (x an outer value), scan output acc each step."""
+def _loop_of(body_nodes: list, constant: tuple[str, float]) -> onnx.ModelProto:
+    """Loop(M, "", acc0) over ``body_nodes`` (i, cond_in, acc_in -> cond_out, acc_out, scan_out; x an
+    outer value, ``constant`` a scalar of the body): the final acc and the scanned accs."""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Mul", ["acc_in", "half"], ["h"]),
-         helper.make_node("Add", ["h", "x"], ["acc_out"]),
-         helper.make_node("Identity", ["acc_out"], ["scan_out"])],
+        body_nodes,
         "body", [helper.make_tensor_value_info("i", TP.INT64, []),
                  helper.make_tensor_value_info("cond_in", TP.BOOL, []),
                  helper.make_tensor_value_info("acc_in", TP.FLOAT, ["N"])],
         [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
          helper.make_tensor_value_info("acc_out", TP.FLOAT, ["N"]),
          helper.make_tensor_value_info("scan_out", TP.FLOAT, ["N"])],
-        initializer=[onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+        initializer=[onnx.numpy_helper.from_array(np.array(constant[1], np.float32), constant[0])])
     nodes = [helper.make_node("Loop", ["M", "", "acc0"], ["acc", "scans"], body=body)]
     g = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("M", TP.INT64, []),
                                            helper.make_tensor_value_info("acc0", TP.FLOAT, ["N"]),
@@ -56,6 +54,14 @@ def loop_model() -> onnx.ModelProto:
                           [helper.make_tensor_value_info("acc", TP.FLOAT, ["N"]),
                            helper.make_tensor_value_info("scans", TP.FLOAT, ["T", "N"])])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def loop_model() -> onnx.ModelProto:
+    """A Loop of M iterations: acc = acc * 0.5 + x (x an outer value), scan output acc each step."""
+    return _loop_of([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                     helper.make_node("Mul", ["acc_in", "half"], ["h"]),
+                     helper.make_node("Add", ["h", "x"], ["acc_out"]),
+                     helper.make_node("Identity", ["acc_out"], ["scan_out"])], ("half", 0.5))
 
 
 def test_loop_body_reuses_its_buffers_and_outputs_stay_the_callers():
@@ -114,25 +120,10 @@ def loop_that_stops_itself() -> onnx.ModelProto:
     """Loop(M, "") whose body turns its condition false once the accumulator passes a limit: the
     spec's table says the condition is ignored in this form, onnxruntime stops on it (and models are
     made to run there)."""
-    body = helper.make_graph(
-        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
-         helper.make_node("ReduceSum", ["acc_out"], ["s"], keepdims=0),
-         helper.make_node("Less", ["s", "limit"], ["cond_out"]),
-         helper.make_node("Identity", ["acc_out"], ["scan_out"])],
-        "body", [helper.make_tensor_value_info("i", TP.INT64, []),
-                 helper.make_tensor_value_info("cond_in", TP.BOOL, []),
-                 helper.make_tensor_value_info("acc_in", TP.FLOAT, ["N"])],
-        [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TP.FLOAT, ["N"]),
-         helper.make_tensor_value_info("scan_out", TP.FLOAT, ["N"])],
-        initializer=[onnx.numpy_helper.from_array(np.array(6.0, np.float32), "limit")])
-    nodes = [helper.make_node("Loop", ["M", "", "acc0"], ["acc", "scans"], body=body)]
-    g = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("M", TP.INT64, []),
-                                           helper.make_tensor_value_info("acc0", TP.FLOAT, ["N"]),
-                                           helper.make_tensor_value_info("x", TP.FLOAT, ["N"])],
-                          [helper.make_tensor_value_info("acc", TP.FLOAT, ["N"]),
-                           helper.make_tensor_value_info("scans", TP.FLOAT, ["T", "N"])])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return _loop_of([helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+                     helper.make_node("ReduceSum", ["acc_out"], ["s"], keepdims=0),
+                     helper.make_node("Less", ["s", "limit"], ["cond_out"]),
+                     helper.make_node("Identity", ["acc_out"], ["scan_out"])], ("limit", 6.0))
 
 
 def test_a_loop_without_a_condition_input_stops_on_its_bodys_condition():
