@@ -55,6 +55,8 @@ def _compare(model, rng, shapes) -> None:
             differ = int((got != want).sum())
             assert differ == 0, (f"{ex}, A {a.shape}: {differ} of {want.size} outputs differ from onnxruntime, "
                                  f"by up to {np.abs(got - want).max()}")
+    if native.library("nbits_int8") is not None:  # the compiled runner's kernel bound to the weight (block_quant)
+        assert sessions["compiled"].stats()["bound_kernels"] == 1
 
 
 SHAPES = [(1, 1), (2, 5), (1, 1), (3, 17), (1, 40), (1, 1)]
