@@ -6,7 +6,7 @@ read back to the host as a streaming loop does (``get_next_tokens``), the same c
 runtimes (``dynashape.generate`` takes onnxruntime-genai's API); one runtime at a time, the other's
 objects deleted first. Reports tokens/s after the prompt and whether the tokens are equal.
 
-    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--folder /tmp/genai_int4]
+    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--folder /tmp/genai_int4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--folder", default="/tmp/genai_int4")
+    ap.add_argument("--json", help="write the figures here (docs/benchmarks.md reads them)")
     args = ap.parse_args()
     import onnxruntime_genai as og
     import torch
@@ -76,6 +77,15 @@ def main() -> None:
     (a, ra), (b, rb) = rows["onnxruntime-genai"], rows["dynashape"]
     print(f"onnxruntime-genai {ra:.0f} tokens/s; dynashape {rb:.0f} tokens/s ({rb / ra:.3f}x); "
           f"tokens equal: {a == b}")
+    if args.json:
+        import json
+
+        from dynashape.ops.native import cpuinfo
+        device = f"CPU {cpuinfo('model name') or 'x86'}, {os.cpu_count()} cores"
+        with open(args.json, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "device": device, "threads": 2,
+                       "precision": args.precision, "steps": args.steps,
+                       "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "tokens_equal": a == b}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -310,6 +310,14 @@ def generate_gpu(runs: list[Run]) -> list[list[str]]:
             for key, label in names.items() if (r := run.data.get(key))]
 
 
+def generate_genai(runs: list[Run]) -> list[list[str]]:
+    run = runs[0]
+    t = run.data["tokens_per_s"]
+    return [[f"{run.data['precision']} 2-layer Llama, {run.data['steps']} tokens on a fresh Model",
+             num(t["dynashape"]), num(t["onnxruntime-genai"]), ratio(t["dynashape"], t["onnxruntime-genai"]),
+             "yes" if run.data["tokens_equal"] else "**no**", run.run_cell()]]
+
+
 def static_impls(runs: list[Run]) -> list[list[str]]:
     rows = []
     for run in runs:
@@ -483,6 +491,11 @@ AREAS = [
          ["loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager", "run"], generate_gpu,
          "The 12-layer hidden-768 decoder, fp32, batch 1, 8 prompt tokens then 240, greedy, after two warm "
          "generations."),
+    Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
+         [("generate_genai_cpu_*.json", None)],
+         ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
+         generate_genai, "The builder's int4 model (MatMulNBits at accuracy level 4, GroupQueryAttention), greedy, "
+         "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's)."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
@@ -519,10 +532,6 @@ FIGURES_WITHOUT_FILE = [
      "0.457-0.474 ms (3.24-3.47x), oww_silero_vad_v4 1.12-1.13 ms (4.6-4.7x), oww_melspectrogram 0.32-0.34 ms "
      "(1.31-1.45x), romanizer_gru_enc 0.54-0.55 ms (1.27-1.28x), romanizer_gru_dec 0.45-0.46 ms (1.34-1.39x); "
      "silero's package loop 57-60 ms (2.40-2.46x)"),
-    ("2026-11-28", "generate_genai.py (writes no JSON)",
-     "CPU generation, the int4 2-layer Llama of onnxruntime-genai's builder, 200 tokens: dynashape 767-907 "
-     "tokens/s against onnxruntime-genai's 17,742-18,571 (0.044-0.05x); a steady step 0.67-0.70 ms after "
-     "GroupQueryAttention moved to C (onnxruntime-genai's ~55 us)"),
     ("2026-11-28", "new_sizes.py, 8 calls at a load of 4.6-7.4 (its JSON overwritten)",
      "dynashape 4.2-16x the faster peer (det 12.3, rec 4.2, cls 13.6, YOLOv8n 16.1): its 2-thread pool waits on "
      "busy cores"),
