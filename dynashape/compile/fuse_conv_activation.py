@@ -61,9 +61,27 @@ def _takes(conv: Node | None) -> bool:
     return w is not None and w.is_const and w.const.dim() == 4 and w.const.dtype == torch.float32
 
 
-def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str]) -> None:
+# ops that round a float to an integer step (or read one that did): where a model has any, the
+# activations a convolution feeds them keep onnxruntime's bits (ops/cpu_conv.py ORT_ACTIVATIONS)
+_INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QGemm", "QAttention", "MatMulNBits", "DynamicQuantizeLSTM",
+                          "GatherBlockQuantized", "QEmbedLayerNormalization"})
+
+
+def _quantizes(graph: Graph) -> bool:
+    """Whether the model rounds floats to integer steps anywhere (subgraphs included)."""
+    for n in graph.nodes:
+        op = n.op_type
+        if "Quantize" in op or op.startswith("QLinear") or op in _INTEGER_OPS:
+            return True
+        if any(_quantizes(sub) for sub in n.subgraphs.values()):
+            return True
+    return False
+
+
+def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str], exact: bool) -> None:
     name, scalars, algorithm = post
-    attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm}
+    attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm,
+             "act_exact": int(exact)}
     ins = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else None]
     fuse(graph, [conv] + ([act] if act is not None else []), "ConvAct", ins, attrs)
 
@@ -71,15 +89,16 @@ def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[floa
 def fuse_conv_activation(graph: Graph) -> Graph:
     if not onednn_fuses():
         return graph
+    exact = _quantizes(graph)
     for act in list(graph.nodes):
         post = _post_op(act)
         if post is None or not act.inputs or act.inputs[0] is None:
             continue
         conv = producer(act.inputs[0], "Conv")
         if _takes(conv) and only_feeds(act.inputs[0], [act], graph):
-            _fuse(graph, conv, act, post)
+            _fuse(graph, conv, act, post, exact)
     # the others without a post-op: the op's bound kernel reorders the weight once per input shape
     for conv in [n for n in graph.nodes if n.op_type == "Conv" and n.domain in _STD]:
         if _takes(conv):
-            _fuse(graph, conv, None, ("none", [], ""))
+            _fuse(graph, conv, None, ("none", [], ""), exact)
     return graph

@@ -83,8 +83,14 @@ IN_PLACE = {
     "hardtanh": lambda y, s, a: y.clamp_(s[0], s[1]),
 }
 
-# computed after the convolution by ort_math (onnxruntime's functions, bit for bit), not inside it
+# computed after the convolution by ort_math (onnxruntime's functions, bit for bit), not inside it,
+# where the model quantizes (``exact``: a value a rounding step reads must have onnxruntime's bits);
+# in a float model oneDNN's post-op applies them (one pass over the output fewer: YOLOv8n's SiLUs
+# 10-30% of its CPU time)
 ORT_ACTIVATIONS = frozenset({"sigmoid", "tanh", "swish"})
+# torch's in-place forms for a fresh product's result where the model does not need onnxruntime's bits
+FAST_IN_PLACE = {"sigmoid": lambda y, s, a: y.sigmoid_(), "tanh": lambda y, s, a: y.tanh_(),
+                 "swish": lambda y, s, a: F.silu(y, inplace=True)}
 
 
 def onednn_fuses() -> bool:
@@ -93,14 +99,14 @@ def onednn_fuses() -> bool:
     return torch.backends.mkldnn.is_available() and mk is not None and hasattr(mk, "_convolution_pointwise")
 
 
-def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
+def conv2d_act(x, w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True):
     """activation(conv2d(x, w, b, ...)): on the CPU oneDNN applies the activation to each block of
     the output while it is still in registers (one pass over the output fewer)."""
     if serves(x, w, b, padding, groups):
         return ACTIVATIONS[activation](pooled_1x1(x, w, b), scalars, algorithm)
     if (type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 4
             and w.dtype == x.dtype and (b is None or b.dtype == x.dtype)):
-        if activation in ORT_ACTIVATIONS:  # oneDNN's own sigmoid / tanh would not give onnxruntime's bits
+        if exact and activation in ORT_ACTIVATIONS:  # oneDNN's own sigmoid / tanh are not onnxruntime's bits
             y = torch.ops.mkldnn._convolution_pointwise(x, w, b, padding, stride, dilation, groups, "none", [], "")
             return ACTIVATIONS[activation](y, scalars, algorithm)
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, padding, stride, dilation, groups, activation,
@@ -194,7 +200,7 @@ def _first_sight(seen: set, shape) -> bool:
     return True
 
 
-def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm):
+def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True):
     """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
     input shape (``PackedWeight``)."""
     if not (onednn_fuses() and w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 4
@@ -206,14 +212,15 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     cin, cout = w.shape[1], w.shape[0]
     rows_by_w = [-1, None]  # (the weight's version, its [cin, cout] view or copy), made when first used
     act = ACTIVATIONS[activation]
-    act_ = IN_PLACE.get(activation, act)
+    act_ = IN_PLACE.get(activation, act) if exact else FAST_IN_PLACE.get(activation, IN_PLACE.get(activation, act))
+    ort_epilogue = exact and activation in ORT_ACTIVATIONS
     fused = torch.ops.mkldnn._convolution_pointwise
     seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
-            return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm)
+            return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm, exact)
         if pointwise and x.is_contiguous(memory_format=torch.channels_last) and (
                 x.numel() * cout < SMALL_PRODUCT
                 or (x.numel() * cout < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape))):
@@ -225,7 +232,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return act_(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
         wp = packed.get()
-        if activation in ORT_ACTIVATIONS:
+        if ort_epilogue:
             return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)
         return fused(x, wp, b, padding, stride, dilation, groups, activation, scalars,
                      algorithm)

@@ -9,6 +9,7 @@ interpreter and onnxruntime."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from dynashape.compile import pipeline
@@ -107,3 +108,31 @@ def test_switch(monkeypatch):
     assert "fuse_conv_activation" not in [n for n, _ in pipeline.device_passes("cuda")]
     monkeypatch.setenv("DYNASHAPE_FUSE_CONV_ACT", "0")
     assert "fuse_conv_activation" not in [n for n, _ in pipeline.device_passes("cpu")]
+
+
+def _conv_acts(sess) -> list:
+    return [n for spec in sess.compiled.specs for n in spec.trace.nodes if n.node.op_type == "ConvAct"]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float model", "a quantizing op after"])
+def test_a_float_model_takes_onednns_activation_and_a_quantizing_one_onnxruntimes(quantized):
+    """Sigmoid, Tanh and SiLU after a convolution are oneDNN's post-op in a float model (one pass
+    over the output fewer) and onnxruntime's own functions after it where the model rounds to integer
+    steps anywhere (a DynamicQuantizeLinear here: its scale reads the activation's bits)."""
+    b = Builder()
+    x = b.input("x", ["N", C, "H", "W"])
+    rng = np.random.default_rng(0)
+    y = b.op("Conv", x, b.const(rng.standard_normal((6, C, 3, 3))), b.const(rng.standard_normal(6)),
+             kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    out = _act(b, "SiLU", y, 17)
+    outs = [out]
+    if quantized:  # (the Builder names one output a node; DynamicQuantizeLinear has three)
+        outs.append("q")
+        b.nodes.append(onnx.helper.make_node("DynamicQuantizeLinear", [out], ["q", "q_scale", "q_zp"], name="dq"))
+    model = b.model(outs)
+    for o in model.graph.output:
+        if o.name == "q":
+            o.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    sess = check_sequence(model, _feeds(3))
+    (node,) = {id(n.node): n.node for n in _conv_acts(sess)}.values()
+    assert node.attrs["act_exact"] == int(quantized)
