@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     attention,
     block_quant,
     contrib_attention,
+    contrib_gqa,
     contrib_qattention,
     contrib_qmatmul,
     contrib_quant,

@@ -1,5 +1,6 @@
 """onnxruntime's attention contrib ops (domain ``com.microsoft``), with its CPU kernels' semantics:
-Attention, MultiHeadAttention, RotaryEmbedding and GroupQueryAttention.
+Attention, MultiHeadAttention and RotaryEmbedding, and the helpers GroupQueryAttention
+(contrib_gqa.py) and QAttention (contrib_qattention.py) share with them.
 
 DecoderMaskedMultiHeadAttention and PackedAttention have CUDA kernels only in onnxruntime and are
 not implemented. Where onnxruntime's CPU kernel refuses an input form (MultiHeadAttention's packed
@@ -9,7 +10,6 @@ there is no CPU behaviour to match.
 Masks. Attention and MultiHeadAttention turn a padding mask into an *additive* ``mask_filter_value``
 (-10000 by default), so a row whose keys are all padded still attends (the shift cancels in the
 softmax), and a causal mask into float's lowest value, exactly as onnxruntime does.
-GroupQueryAttention's keys outside the causal range or the local window get probability 0 (-inf).
 
 Precision. onnxruntime's CPU kernels compute half inputs in float32 and round the output once; on
 the CPU we do the same. On CUDA, half inputs stay half in scaled_dot_product_attention, whose
@@ -18,17 +18,11 @@ kernels accumulate and take the softmax in float32.
 
 from __future__ import annotations
 
-import array
-import ctypes
-import glob
-import os
-
 import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from ..shape import Dimension
-from . import cpu_attention, native
+from . import cpu_attention
 from .attention import _emit, _grouped, _rotary
 from .fused import SDPA_GQA
 from .registry import op
@@ -36,7 +30,6 @@ from .shapes import same_as_first
 
 MS = "com.microsoft"
 _HALF = (torch.float16, torch.bfloat16)
-
 
 # helpers ------------------------------------------------------------------------------------
 def _compute_type(x: torch.Tensor, fused: bool) -> torch.dtype:
@@ -59,11 +52,6 @@ def _merge_heads(y: torch.Tensor) -> torch.Tensor:
     """(B, N, S, H) -> (B, S, N*H)."""
     b, n, s, h = y.shape
     return y.transpose(1, 2).reshape(b, s, n * h)
-
-
-def _scalar(v):
-    """The one element of a shape-dependency value (a tensor, or a symbolic value at compile time)."""
-    return v.reshape(()).item()
 
 
 def _attend(q, k, v, bias, scale: float, *, softcap: float = 0.0, sink=None):
@@ -435,280 +423,3 @@ def _ms_rotary(input, position_ids, cos_cache, sin_cache, *, interleaved=0, num_
         raise ShapeError(f"RotaryEmbedding: head size {input.shape[3]} != {head} from the cos cache")
     pos = _positions(position_ids, b, s, "RotaryEmbedding")
     return _rotate(input, pos, cos_cache, sin_cache, heads, rd, interleaved)
-
-
-# GroupQueryAttention ------------------------------------------------------------------------
-def _gqa_infer(shapes, values, *, num_heads, kv_num_heads, **_attrs):
-    q = shapes[0]
-    key = shapes[1] if len(shapes) > 1 else None
-    past = shapes[3] if len(shapes) > 3 else None
-    if len(q) != 3:
-        raise ShapeError(f"GroupQueryAttention: query must be 3-D, got shape {tuple(q)}")
-    head = q[2] // num_heads if key is not None else q[2] // (num_heads + 2 * kv_num_heads)
-    b, s = q[0], q[1]
-    total = values[6] if len(values) > 6 else None
-    past_len = past[2] if past is not None else 0
-    if total is None:
-        present_len = total_len = Dimension.dynamic()
-    else:
-        total_len = _scalar(total)
-        # present holds max(past buffer, total): a past buffer larger than the total is kept whole
-        both_ints = isinstance(past_len, int) and isinstance(total_len, int)
-        present_len = max(total_len, past_len) if both_ints else Dimension.dynamic()
-    present = (b, kv_num_heads, present_len, head)
-    return [(b, s, num_heads * head), present, present, (b, num_heads, s, total_len)]
-
-
-def _gqa_present(past, new, start, length: int):
-    """(B, Nk, length, H): the past's first ``start[b]`` positions of each batch row, the new
-    tokens at [start[b], start[b] + S), zeros elsewhere (onnxruntime's separate present buffer)."""
-    b, nk, s, h = new.shape
-    if past is None or past.shape[2] == 0:
-        if s == length:
-            return new.contiguous()
-        present = new.new_zeros((b, nk, length, h))
-    elif past.shape[2] + s == length and type(start) is torch.Tensor and start.device.type == "cpu" \
-            and bool((start == past.shape[2]).all()):
-        return torch.cat([past, new], 2)  # every row's past is whole (a decode step): one copy
-    else:
-        present = new.new_zeros((b, nk, length, h))
-        n = min(past.shape[2], length)
-        keep = torch.arange(n, device=new.device) < start.reshape(b, 1)
-        present[:, :, :n] = torch.where(keep.reshape(b, 1, n, 1), past[:, :, :n], 0)
-    idx = (start.reshape(b, 1) + torch.arange(s, device=new.device)).reshape(b, 1, s, 1).expand(b, nk, s, h)
-    return present.scatter_(2, idx, new)
-
-
-def _l2_bytes() -> int:
-    """The CPU's level-2 cache size in bytes (what onnxruntime's GQA sizes its key blocks by), or 0."""
-    global _L2
-    if _L2 is None:
-        _L2 = 0
-        for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
-            try:
-                with open(os.path.join(d, "level")) as fl, open(os.path.join(d, "type")) as ft, \
-                        open(os.path.join(d, "size")) as fs:
-                    level, kind, size = fl.read().strip(), ft.read().strip(), fs.read().strip()
-            except OSError:
-                continue
-            if level == "2" and kind in ("Unified", "Data") and size:
-                unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1].upper(), 1)
-                try:
-                    _L2 = int(size.rstrip("KMGkmg")) * unit
-                except ValueError:
-                    _L2 = 0
-                break
-    return _L2
-
-
-_L2 = None
-_F32 = torch.float32
-
-
-def _f32_cpu(*ts) -> bool:
-    return all(type(t) is torch.Tensor and t.dtype is _F32 and t.device.type == "cpu" for t in ts)
-
-
-def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, cos_cache, sin_cache, n: int,
-             nk: int, h: int, scale: float, window: int, do_rotary: int, interleaved: int, first_prompt: bool):
-    """(output, present_key, present_value) as onnxruntime computes GroupQueryAttention on this CPU
-    (csrc/elementwise.c ort_rope_f32 and ort_gqa_attn_f32 say how), or None where that path does not
-    serve: not float32 on the CPU, a traced tensor, interleaved rotary, rotary halves MLAS's kernel
-    reads otherwise (neither below 8 nor a multiple of 8), no AVX-512F build, an unknown L2 size;
-    the torch path below serves those."""
-    b, s = q.shape[0], q.shape[1]
-    if not _f32_cpu(q, k, v) or (past_key is not None and not _f32_cpu(past_key, past_value)) or not b or not s:
-        return None
-    l2 = _l2_bytes()
-    if not l2 or q.stride(2) != 1 or k.stride(2) != 1:
-        return None
-    rope = native.function("elementwise", "ort_rope_f32", "piiiiippipp", fallbacks="ort_gqa")
-    attn = native.function("elementwise", "ort_gqa_attn_f32", "pppppdp", ctypes.c_int64, fallbacks="ort_gqa")
-    if rope is None or attn is None:
-        return None
-    pos = (start.reshape(b, 1) + torch.arange(s)).reshape(-1).contiguous()
-    if do_rotary:
-        if interleaved or not _f32_cpu(cos_cache, sin_cache) or cos_cache.dim() != 2 \
-                or tuple(sin_cache.shape) != tuple(cos_cache.shape):
-            return None
-        half = cos_cache.shape[1]
-        if 2 * half > h or (half > 8 and half % 8) or int(pos.max()) >= cos_cache.shape[0]:
-            return None
-        cos_c, sin_c = cos_cache.contiguous(), sin_cache.contiguous()
-
-        def rotate(x, heads):
-            if x.stride(0) != s * x.stride(1):
-                x = x.contiguous()
-            y = torch.empty((b, s, heads * h), dtype=_F32)
-            rope(x.data_ptr(), x.stride(1), b * s, heads, h, 2 * half, cos_c.data_ptr(), sin_c.data_ptr(), half,
-                 pos.data_ptr(), y.data_ptr())
-            return y
-
-        q, k = rotate(q, n), rotate(k, nk)
-    qc = q.contiguous()
-    kh, vh = _heads(k, nk, "GroupQueryAttention"), _heads(v, nk, "GroupQueryAttention")
-    present_k = _gqa_present(past_key, kh, start, present_len).contiguous()
-    present_v = _gqa_present(past_value, vh, start, present_len).contiguous()
-    lens = seqlens.to(torch.int64).contiguous()
-    y = torch.empty((b, s, n * h), dtype=_F32)
-    work = b * n * s * int(lens.max()) * h
-    # onnxruntime's decode splits the keys across its threads where they outnumber batch x heads
-    # (its "flash decoding", another summation order): the thread count decides its bits, and ours
-    # is the count to match (a session's intra_op_num_threads sets torch's for the call)
-    ort_threads = torch.get_num_threads()
-    threads = min(ort_threads, b * n) if work >= 1 << 16 else 1
-    params = array.array("q", (b, n, nk, s, h, present_len, int(first_prompt), window, l2 // (32 * h), threads,
-                               ort_threads))
-    if attn(params.buffer_info()[0], qc.data_ptr(), present_k.data_ptr(), present_v.data_ptr(), lens.data_ptr(),
-            float(scale), y.data_ptr()):
-        return None
-    native.count("ort_gqa_native_calls")
-    return y, present_k, present_v
-
-
-@op("GroupQueryAttention", 1, domain=MS, infer=_gqa_infer, shape_deps=(6,),
-    notes="onnxruntime's CPU semantics: prompt, decode and batch-1 continued prompt, packed QKV, rotary, "
-          "local window, softcap, smooth softmax / head_sink, attention_bias, position_ids, qk_output; quantized "
-          "KV caches, q/k norms and query_seqlens are refused; float32 on an AVX-512F CPU gives onnxruntime's bits "
-          "(non-interleaved rotary, no bias, softcap or sink)")
-def _gqa(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None, total_sequence_length=None,
-         cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
-         v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None, *, num_heads, kv_num_heads,
-         scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
-         qk_output=0, causal=1, k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=0, _n_outputs=3,
-         out=None):
-    what = "GroupQueryAttention"
-    if k_quant_type != "NONE" or v_quant_type != "NONE" or kv_cache_bit_width or k_scale is not None \
-            or v_scale is not None:
-        raise NotImplementedError(f"{what}: quantized KV caches are not supported")
-    if q_norm_weight is not None or k_norm_weight is not None or query_seqlens is not None:
-        raise NotImplementedError(f"{what}: q_norm_weight, k_norm_weight and query_seqlens are not supported")
-    if not causal and local_window_size != -1:
-        raise ShapeError(f"{what}: local_window_size must be -1 when causal is 0 (as onnxruntime)")
-    if num_heads <= 0 or kv_num_heads <= 0 or num_heads % kv_num_heads:
-        raise ShapeError(f"{what}: num_heads {num_heads} must be a positive multiple of kv_num_heads {kv_num_heads}")
-    if query.dim() != 3:
-        raise ShapeError(f"{what}: query must be 3-D, got shape {tuple(query.shape)}")
-    b, s, d = query.shape
-    if key is None:
-        if value is not None:
-            raise ShapeError(f"{what}: key and value must both be given, or both absent (packed QKV)")
-        if d % (num_heads + 2 * kv_num_heads):
-            raise ShapeError(f"{what}: packed QKV hidden size {d} does not split into {num_heads} + 2 * "
-                             f"{kv_num_heads} heads")
-        h = d // (num_heads + 2 * kv_num_heads)
-        q, k, v = query.split((num_heads * h, kv_num_heads * h, kv_num_heads * h), -1)
-    else:
-        if value is None or key.dim() != 3 or tuple(key.shape) != tuple(value.shape) or key.shape[:2] != (b, s) \
-                or d % num_heads or key.shape[2] != kv_num_heads * (d // num_heads):
-            raise ShapeError(f"{what}: key {tuple(key.shape)} and value "
-                             f"{None if value is None else tuple(value.shape)} must be ({b}, {s}, "
-                             f"{kv_num_heads} * head size {d // max(num_heads, 1)})")
-        h = d // num_heads
-        q, k, v = query, key, value
-    if (past_key is None) != (past_value is None):
-        raise ShapeError(f"{what}: past_key and past_value must both be given or both absent")
-    past_len = 0
-    if past_key is not None:
-        if past_key.dim() != 4 or tuple(past_key.shape) != tuple(past_value.shape) or past_key.shape[0] != b \
-                or past_key.shape[1] != kv_num_heads or past_key.shape[3] != h:
-            raise ShapeError(f"{what}: past_key {tuple(past_key.shape)} and past_value {tuple(past_value.shape)} "
-                             f"must both be ({b}, {kv_num_heads}, P, {h})")
-        past_len = past_key.shape[2]
-    if seqlens_k is None or total_sequence_length is None or total_sequence_length.numel() != 1:
-        raise ShapeError(f"{what}: seqlens_k and a one-element total_sequence_length are required")
-    if seqlens_k.numel() != b:
-        raise ShapeError(f"{what}: seqlens_k must be ({b},), got {tuple(seqlens_k.shape)}")
-    total = int(total_sequence_length.reshape(()).item())
-    first_prompt = s == total
-    if not first_prompt and s > 1 and b != 1:
-        raise ShapeError(f"{what}: a continued prompt ({s} new tokens after a past) needs batch size 1, got {b}")
-    if past_key is not None and total != past_len + s and total > past_len:
-        raise ShapeError(f"{what}: total_sequence_length {total} must be the past's {past_len} + {s} new tokens, or at "
-                         f"most the past buffer's length")
-    present_len = max(total, past_len)
-    dev = query.device
-    # checked where it costs no device sync (on a GPU an index out of range fails in the scatter)
-    if seqlens_k.device.type == "cpu" and b and not bool(((seqlens_k >= 0) & (seqlens_k < present_len)).all()):
-        raise ShapeError(f"{what}: seqlens_k {seqlens_k.tolist()} must lie in [0, {present_len})")
-    seqlens = seqlens_k.to(dev).reshape(b).to(torch.int64) + 1  # each row's total length
-    # where each row's new tokens go: 0 on the first prompt (padding after them), else after its past
-    start = torch.zeros_like(seqlens) if first_prompt else seqlens - s
-
-    want_qk = _n_outputs > 3 and qk_output in (1, 2)
-    if attention_bias is None and softcap <= 0 and head_sink is None and smooth_softmax != 1 and not want_qk \
-            and position_ids is None and local_window_size != 0 and causal:
-        got = _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len, cos_cache, sin_cache,
-                       num_heads, kv_num_heads, h, _scale(scale, h), local_window_size,
-                       do_rotary, rotary_interleaved, first_prompt)
-        if got is not None:
-            results = [*got, None]
-            if _n_outputs > 3:  # onnxruntime leaves the buffer unwritten
-                results[3] = query.new_zeros((b, num_heads, s, total))
-            return _emit(results, out, _n_outputs)
-
-    if do_rotary:
-        if cos_cache is None or sin_cache is None:
-            raise ShapeError(f"{what}: do_rotary needs cos_cache and sin_cache")
-        rd = 2 * cos_cache.shape[1]
-        if rd > h or tuple(sin_cache.shape) != tuple(cos_cache.shape):
-            raise ShapeError(f"{what}: cos/sin caches {tuple(cos_cache.shape)} must hold at most head size / 2 = "
-                             f"{h // 2} values a position")
-        if position_ids is not None and not first_prompt:
-            pos = position_ids.reshape(b, s)
-        elif position_ids is not None:  # onnxruntime reads a prompt's positions as one offset
-            pos = _positions(position_ids.reshape(-1)[:1], b, s, what)
-        else:
-            pos = start.reshape(b, 1) + torch.arange(s, device=dev)
-        q = _rotate(q, pos, cos_cache, sin_cache, num_heads, rd, rotary_interleaved)
-        k = _rotate(k, pos, cos_cache, sin_cache, kv_num_heads, rd, rotary_interleaved)
-    qh, kh, vh = _heads(q, num_heads, what), _heads(k, kv_num_heads, what), _heads(v, kv_num_heads, what)
-    present_k = _gqa_present(past_key, kh, start, present_len)
-    present_v = _gqa_present(past_value, vh, start, present_len)
-
-    # keys a query sees: up to its own position (capped at its row's length), within the window;
-    # its whole row without causality
-    ends = seqlens.reshape(b, 1, 1)
-    if causal:
-        ends = torch.minimum(start.reshape(b, 1, 1) + torch.arange(s, device=dev).reshape(1, s, 1) + 1, ends)
-    j = torch.arange(total, device=dev)
-    allowed = j < ends
-    if local_window_size >= 0:
-        allowed = allowed & (j >= ends - local_window_size)
-    allowed = allowed.unsqueeze(1)  # (B, 1, S, T)
-    fused = softcap <= 0 and head_sink is None and smooth_softmax != 1 and not want_qk
-    ct = _compute_type(query, fused)
-    neg = torch.tensor(float("-inf"), dtype=ct, device=dev)
-    if attention_bias is not None:
-        ab = attention_bias
-        if ab.dim() != 4 or ab.shape[0] not in (1, b) or ab.shape[1] not in (1, num_heads) or ab.shape[2] != s \
-                or ab.shape[3] < total:
-            raise ShapeError(f"{what}: attention_bias must be (batch or 1, num_heads or 1, {s}, {total}), "
-                             f"got {tuple(ab.shape)}")
-        bias = torch.where(allowed, ab[..., :total].to(ct), neg)
-    else:
-        bias = torch.where(allowed, torch.zeros((), dtype=ct, device=dev), neg)
-    sink = None
-    if head_sink is not None:
-        sink = head_sink.to(dev, torch.float32).reshape(num_heads)
-    elif smooth_softmax == 1:
-        sink = torch.zeros(num_heads, dtype=torch.float32, device=dev)
-    sc = _scale(scale, h)
-    kt, vt = present_k[:, :, :total].to(ct), present_v[:, :, :total].to(ct)
-    if local_window_size == 0:  # a window of no key: nothing attended, zeros (as onnxruntime)
-        y = qh.new_zeros(qh.shape)
-    else:
-        y = _attend(qh.to(ct), kt, vt, bias, sc, softcap=softcap, sink=sink)
-    results = [_merge_heads(y).to(query.dtype), present_k, present_v, None]
-    if _n_outputs > 3 and not want_qk:  # onnxruntime leaves the buffer unwritten
-        results[3] = query.new_zeros((b, num_heads, s, total))
-    if want_qk:
-        scores = torch.matmul(_grouped(qh.to(ct), kv_num_heads), kt.transpose(-1, -2)).reshape(b, num_heads, s, total)
-        scores = scores * sc
-        if softcap > 0:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores + bias
-        if qk_output == 2:
-            scores = _softmax(scores, sink)
-        results[3] = torch.where(allowed, scores, 0).to(query.dtype)
-    return _emit(results, out, _n_outputs)

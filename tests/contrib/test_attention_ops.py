@@ -1,4 +1,4 @@
-"""com.microsoft attention contrib ops (dynashape/ops/contrib_attention.py) against onnxruntime's
+"""com.microsoft attention contrib ops (dynashape/ops/contrib_attention.py, contrib_gqa.py) against onnxruntime's
 CPU kernels: Attention, MultiHeadAttention, RotaryEmbedding, GroupQueryAttention.
 
 Each test runs one session over a sequence of changing shapes (batch, sequence and past lengths)
