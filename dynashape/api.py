@@ -29,10 +29,12 @@ from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
+from .ops import u8s8
 from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
 from .run_settings import Precision
+from .runtime.aligned import align_multiple
 from .runtime.compiled import CompiledModel
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec
@@ -115,8 +117,13 @@ class InferenceSession:
         self._decode_graphs = decode_mode(options.get("decode_graphs"), self._static_mode, self.device)
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
         self._decode_ahead = 0 if self._deterministic else ahead_rule(options.get("decode_ahead"), self.device)
-        self._load(prepare_proto(self._read()))
-        self._prebuild()
+        self._fc_align = align_multiple(options.get("fc_align"))
+        # the session's integer products (None: the process's setting); its runs set it (request_state.py),
+        # and so does the load, whose folding of constants and builds may compute products
+        self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))
+        with u8s8.saturation(self.u8s8_saturate):
+            self._load(prepare_proto(self._read()))
+            self._prebuild()
 
     def _read(self) -> onnx.ModelProto:
         proto = load_model_proto(self._source)
@@ -147,7 +154,8 @@ class InferenceSession:
         self.compiled = (CompiledModel(run_graph, self.device, inplace_concat=self.memory.inplace_concat,
                                        static=self._static, impl_cache_size=self._impl_cache_size,
                                        decode_graphs=self._decode_graphs, kv_bucket=self._kv_bucket,
-                                       decode_ahead=self._decode_ahead, static_after=static_after)
+                                       decode_ahead=self._decode_ahead, static_after=static_after,
+                                       fc_align=self._fc_align)
                          if self.executor == "compiled" else None)
         cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
         if self.compiled is not None and cache_dir:
@@ -175,7 +183,8 @@ class InferenceSession:
             old = self._parse
             self._parse = parse
             try:
-                self._load(prepare_proto(self._read()))
+                with u8s8.saturation(self.u8s8_saturate):
+                    self._load(prepare_proto(self._read()))
             except Exception:
                 self._parse = old
                 raise
@@ -198,7 +207,8 @@ class InferenceSession:
             for d in vi.type.tensor_type.shape.dim:
                 if d.HasField("dim_param") and d.dim_param in self._unlinked:
                     d.ClearField("dim_param")
-        self._load(prepare_proto(proto))
+        with u8s8.saturation(self.u8s8_saturate):
+            self._load(prepare_proto(proto))
 
     def _prebuild(self) -> None:
         """MIGraphX's static submodules: with static impls on, every combination of the optimal

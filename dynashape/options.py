@@ -166,11 +166,29 @@ class Options:
         "a thread capturing beside the calls; while it captures, torch.cuda.synchronize() and empty_cache() "
         "elsewhere in the process wait for it (CUDA forbids them during a capture).",
         devices={"cuda": "64", "cpu": "off"})
+    fc_align: int = _opt(
+        0, "OpenVINO's FC fake alignment: static impls of a region that works row by row along the batch (a "
+           "decode step's projections) keyed by the batch rounded up to this multiple (up to 64), so one impl "
+           "serves several batch sizes; 0: off. Used only where static impls are on (runtime/aligned.py, "
+           "benchmarks/aligned.py).",
+        Expect("an int from 0 (off) to 64", lambda v: _is_int(v) and 0 <= v <= 64),  # aligned.MAX_ALIGNED
+        "fewer builds and less graph memory (decoder, batch 1-8, H200: 328 -> 181 builds, 54.5 -> 43.5 MiB), a "
+        "slower step (5% on CUDA, 14% on CPU: padded rows computed, a copy per replay).", "DYNASHAPE_FC_ALIGN")
     precompile: Any = _opt(
         "auto", "trace the likely specializations at load (every dynamic dim generic, each at 1, all at 1) so a "
                 "first call at a new shape skips the trace.", _choice("auto", True, False),
         "load time (CPU, tiny BERT: load 55 -> 389 ms, first calls 87/67 -> 6/6 ms).",
         devices={"cuda": "on", "cpu": "on only where static impls are"})
+    # ---- integer products ----
+    u8s8_saturate: Any = _opt(
+        None, "uint8 x int8 products (MatMulInteger, QLinearMatMul, the quantized com.microsoft ops): True "
+              "saturates pair sums to int16 as onnxruntime does on x86 CPUs without VNNI, bit for bit; 'auto' does "
+              "what this CPU's onnxruntime does (a one-product probe, once a process); False: the exact product "
+              "the spec defines; None: the process's setting (ops.linalg.set_u8s8_saturation, else the "
+              "variable's, else False). Holds for this session's runs only.",
+        Expect("'auto', True, False or None", lambda v: v is None or isinstance(v, bool) or v == "auto"),
+        "saturating: those products leave the native 8-bit kernels for an emulation (several times slower); "
+        "'auto': one onnxruntime session at creation, once a process.", "DYNASHAPE_U8S8_SATURATE")
     # ---- memory (docs/memory.md) ----
     allocator: Any = _opt(
         "direct", "'direct' (driver allocations), 'torch' (torch's caching allocator) or an object following "
@@ -289,15 +307,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                                   "(default 16); calls beyond run the interpreter."),
     "DYNASHAPE_CPU_DECODE_STATIC": ("operator", "calls a CPU decoder session makes before static_impls='auto' "
                                                 "builds its static impls (default 256; 0: never)."),
-    "DYNASHAPE_U8S8_SATURATE": ("operator", "'1': 8-bit products saturate pair sums to int16 as onnxruntime does on "
-                                            "x86 CPUs without VNNI; 'auto': as this CPU's onnxruntime does (default "
-                                            "'0': the exact product the spec defines; read at import)."),
     "DYNASHAPE_NATIVE": ("operator", "'0' (also 'off', 'false', 'no'): torch's kernels instead of the C ones."),
     "DYNASHAPE_CACHE": ("operator", "directory of built C kernels' cache (default $XDG_CACHE_HOME/dynashape)."),
     # ---- measurements (benchmarks/ and tests set them) ----
-    "DYNASHAPE_CONV_BUCKETS": ("experiment", "'1' (default) CUDA static impls of convolutional regions keyed by "
-                                             "batch buckets (1, 2, 4, 8, then multiples of 8); '0': one per batch "
-                                             "value."),
     "DYNASHAPE_CPU_STATIC": ("experiment", "what a CPU static impl is: 'inductor' (default: the region compiled to "
                                            "C++) or 'specialized' (its source with the key as literals; builds in "
                                            "ms, which the tests use)."),
@@ -305,9 +317,6 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                              "convolutions and keep the fastest; '0': the ops' own calls only."),
     "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": ("experiment", "cuDNN algorithms a static build times per convolution "
                                                       "(default 10; 0: all)."),
-    "DYNASHAPE_FC_ALIGN": ("experiment", "a multiple (0-64, default 0: off) that a region working row by row along "
-                                         "the batch rounds its batch up to, so one static impl serves several batch "
-                                         "sizes (benchmarks/aligned.py)."),
     "DYNASHAPE_STEP_FUSIONS": ("experiment", "'0' turns off the fusions inside a whole decode step "
                                              "(benchmarks/decode_fusions.py)."),
     "DYNASHAPE_FUSE_CONV_RELU": ("experiment", "'1' / '0' forces the Conv+Relu fusion on / off (default: on on "

@@ -28,6 +28,7 @@ from .memory import Engine
 from .memory.staging import InputStager
 from .ops import host_sync, native
 from .ops.limits import MAX_LOOP_ITERATIONS
+from .ops.u8s8 import SESSION_SATURATE
 from .ort_module import unwrap
 from .run_settings import Threads
 from .runtime.bodies import BodyKernel
@@ -136,6 +137,7 @@ class RequestState:
             return self._run_checked(output_names, feeds, run_options)
         idx = self._select(output_names)
         limit = MAX_LOOP_ITERATIONS.set(s.max_loop_iterations)
+        saturate = SESSION_SATURATE.set(s.u8s8_saturate)  # the session's integer products (ops/u8s8.py)
         try:
             threads = s.threads if s.compiled is None else s.compiled.run_threads(s.threads)
             # a feed that requires grad must not trip the kernels' out= (no_grad: ~2 us a run otherwise)
@@ -156,6 +158,7 @@ class RequestState:
             raise ExecutionError(f"run failed: {type(e).__name__}: {e}") from e
         finally:
             MAX_LOOP_ITERATIONS.reset(limit)
+            SESSION_SATURATE.reset(saturate)
         if not numpy_mode:
             return [outs[i] for i in idx]
         # the graph's output types name what a held tensor stands for (an int8 tensor of an INT4)

@@ -187,10 +187,50 @@ def _decode_ahead(tmp_path):
     assert session()._decode_ahead == 0 and session(decode_ahead=4)._decode_ahead == 4
 
 
+@effect("fc_align")
+def _fc_align(tmp_path, monkeypatch):
+    monkeypatch.delenv("DYNASHAPE_FC_ALIGN", raising=False)
+    monkeypatch.setenv("DYNASHAPE_CPU_STATIC", "specialized")  # no compile process for a check at creation
+    assert session(static_impls="sync").compiled.padded("fc", 3) is None
+    assert session(static_impls="sync", fc_align=4).compiled.padded("fc", 3) == 4  # batches 1-4: one impl
+    assert session(static_impls="off", fc_align=4).compiled.padded("fc", 3) is None  # no static impls to align
+
+
 @effect("precompile")
 def _precompile(tmp_path):
     assert "specializations_precompiled" not in session().compiled.stats
     assert session(precompile=True).compiled.stats["specializations_precompiled"] >= 1
+
+
+# ---- integer products
+def probe_model(k: int = 128):
+    """MatMulInteger of 255 (uint8) by 127 (int8, a constant) over ``k`` products: pair sums of 64770,
+    exact 255 * 127 * k, 32767 * k / 2 where pair sums saturate to int16."""
+    b = numpy_helper.from_array(np.full((k, 1), 127, np.int8), "B")
+    g = helper.make_graph([helper.make_node("MatMulInteger", ["a", "B"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TP.UINT8, ["N", k])],
+                          [helper.make_tensor_value_info("y", TP.INT32, ["N", 1])], [b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@effect("u8s8_saturate")
+def _u8s8_saturate(tmp_path):
+    from dynashape.ops import linalg
+    a = {"a": np.full((2, 128), 255, np.uint8)}
+    exact, saturated = 255 * 127 * 128, 32767 * 64
+    prev = linalg.set_u8s8_saturation(False)
+    try:
+        assert session(probe_model()).run(None, a)[0][0, 0] == exact  # None: the process's setting
+        assert session(probe_model(), u8s8_saturate=True).run(None, a)[0][0, 0] == saturated
+        assert linalg.u8s8_saturation() is False, "the session's setting holds for its runs only"
+        linalg.set_u8s8_saturation(True)
+        assert session(probe_model(), u8s8_saturate=False).run(None, a)[0][0, 0] == exact
+        ort = linalg.onnxruntime_saturates()
+        if ort is not None:  # 'auto': as this CPU's onnxruntime
+            auto = session(probe_model(), u8s8_saturate="auto").run(None, a)[0][0, 0]
+            assert auto == (saturated if ort else exact)
+    finally:
+        linalg.set_u8s8_saturation(prev)
 
 
 # ---- memory

@@ -13,10 +13,16 @@ worker thread in thread-local mode). ``capture_guard.py`` now holds torch's devi
 synchronisations (and the direct allocator's frees) during any capture of a CUDA session, so an
 async CUDA build runs on this worker (``impls/static.py`` ``detached``); ``inline=True`` remains
 for ``"sync"`` builds and prebuilding at load.
+
+A queued build runs in a copy of the submitting thread's context: the run's settings held in
+ContextVars (the session's u8s8_saturate, its loop limit) hold for the build too, as they would
+have for a build in the call.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import queue
 import threading
 import time
@@ -43,7 +49,7 @@ class CompilationContext:
         if self.mode == "sync" or inline:
             self._run(key, build, done)
             return True
-        self._queue.put((key, build, done))
+        self._queue.put((key, functools.partial(contextvars.copy_context().run, build), done))
         self._start()
         return True
 

@@ -11,13 +11,22 @@ DYNASHAPE_U8S8_SATURATE=auto) asks onnxruntime on this CPU (``onnxruntime_satura
 MatMulInteger, once a process) and follows it, so that one setting matches onnxruntime on every
 CPU instead of emulating one CPU's kernels everywhere.
 
-The switch is read by every integer product (integer_gemm.py, qgemm.py, the quantized ops); users
-reach it as ``dynashape.ops.linalg.set_u8s8_saturation``.
+The switch is read by every integer product (integer_gemm.py, qgemm.py, the quantized ops). A
+session's ``u8s8_saturate`` option (dynashape/options.py) holds for its runs only: a ContextVar set
+per run (request_state.py, as the loop limit), which a build queued by the run carries to the
+compile worker (impls/context.py), so concurrent sessions with different settings each get
+theirs. Where a session leaves it unset (None), the process's setting serves: what
+``dynashape.ops.linalg.set_u8s8_saturation`` set, else DYNASHAPE_U8S8_SATURATE (an operator's
+override of the default, read at import), else the exact product.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+
+from ..errors import OptionsError
 
 _AUTO = "auto"
 
@@ -30,6 +39,9 @@ def _setting(raw) -> bool | str:
 
 
 _U8S8_SATURATE: bool | str = _setting(os.environ.get("DYNASHAPE_U8S8_SATURATE", "0"))
+
+# the session's setting for the run in progress: True, False or "auto"; None leaves the process's
+SESSION_SATURATE: contextvars.ContextVar[bool | str | None] = contextvars.ContextVar("u8s8_saturate", default=None)
 
 # the probe: 255 x 127 over 128 products, 64 pairs of 64770 each: 4145280 exact, 64 * 32767 =
 # 2097088 where pair sums saturate to int16 (a constant B: onnxruntime packs it, as quantize_dynamic's
@@ -75,7 +87,32 @@ def set_u8s8_saturation(on) -> bool | str:
 
 
 def u8s8_saturation() -> bool:
+    session = SESSION_SATURATE.get()
+    if session is not None:
+        return bool(onnxruntime_saturates()) if session == _AUTO else session
     global _U8S8_SATURATE
     if _U8S8_SATURATE is _AUTO:  # resolved once: the probe's answer stays for the process
         _U8S8_SATURATE = bool(onnxruntime_saturates())
     return _U8S8_SATURATE
+
+
+def session_setting(value) -> bool | str | None:
+    """A session's ``u8s8_saturate`` checked at its creation: True, False, "auto" (asked of
+    onnxruntime now, once a process, so that no run waits for the probe) or None (the process's)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if value == _AUTO:
+        onnxruntime_saturates()
+        return _AUTO
+    raise OptionsError(f"u8s8_saturate={value!r}: expected 'auto', True, False or None")
+
+
+@contextlib.contextmanager
+def saturation(value: bool | str | None):
+    """The session's setting around work outside a run that may compute a product (a load's
+    folding of constants and its builds)."""
+    token = SESSION_SATURATE.set(value)
+    try:
+        yield
+    finally:
+        SESSION_SATURATE.reset(token)

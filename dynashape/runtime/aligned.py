@@ -3,33 +3,33 @@
 
 Convolutional regions (``Alignment.kind == "conv"``) on CUDA key their static impls by the batch
 rounded up to a bucket (``conv_bucket``: 1, 2, 4, 8, then every multiple of 8 up to
-``MAX_ALIGNED``), on by default with static impls (``DYNASHAPE_CONV_BUCKETS=0`` turns it off):
-a vision service's batches of any size then replay a handful of graphs, built in the background
-(``impls/static.py`` ``detached``), instead of one build per batch value, which stalled callers
-for seconds each (ResNet-50 at a random batch per call: 0.02-0.1x PyTorch eager). The buckets are
-fine where a padded image costs a real one's compute: at most 8 images are padded past 8.
+``MAX_ALIGNED``), always with static impls: a vision service's batches of any size then replay a
+handful of graphs, built in the background (``impls/static.py`` ``detached``), instead of one
+build per batch value, which stalled callers for seconds each (ResNet-50 at a random batch per
+call: 0.02-0.1x PyTorch eager). The buckets are fine where a padded image costs a real one's
+compute: at most 8 images are padded past 8.
 
 FC fake alignment (decoders' regions, ``kind == "fc"``), opt-in:
 
-A region aligned along ``S`` keys its static impls by ``S`` rounded up to a multiple of ``m``
-(``DYNASHAPE_FC_ALIGN=m``) for values up to ``MAX_ALIGNED``: one impl serves every value of the
-bucket. Off by default: measured on a 12-layer decoder whose batch changes among 1-8 (H200,
-regions serving every step, ``benchmarks/aligned.py``) it took the builds from 328 to 181, their
-time from 0.80 to 0.34 s and the graphs' memory from 54.5 to 43.5 MiB, and the steady step 5%
-slower (9.3 -> 9.8 ms: a copy of the attention's result into a padded buffer, and the host's
-work around each replay). On CPU (regions compiled by inductor, tiny decoder) builds 88 -> 51,
-their time 45 -> 39 s (inductor's cache makes a similar region's build cheap), steps 14% slower.
-Worth it where builds are what hurts: many batch sizes, each seen a few times. The request's arena is planned
-with room for the padded value of an aligned symbol, and the region's live-ins have ``S`` as
-their leading dim with fixed sizes behind it (``codegen/align.py``), so the padded view of an
-arena buffer is the real one with more rows after it, at the same address with the same strides:
-the impl is built over the group functions' views at the padded signature and replays over the
-very memory the rest of the step reads. Buffers that alias one another (a merged projection and
-the slices of it the next kernels read) alias at the padded size too. Per replay only live-ins
-from outside the arena (an attention kernel's result) are copied into a padded buffer, and the
-live-outs are handed on as their real rows; the padded rows hold whatever was there (a row-wise
-region never mixes them into real rows). What is saved is a build (a capture, its timing of
-forms) per value and the memory of one graph per value.
+A region aligned along ``S`` keys its static impls by ``S`` rounded up to a multiple of ``m`` (the
+option ``fc_align=m``, or DYNASHAPE_FC_ALIGN=m) for values up to ``MAX_ALIGNED``: one impl serves
+every value of the bucket. Off by default: measured on a 12-layer decoder whose batch changes among
+1-8 (H200, regions serving every step, ``benchmarks/aligned.py``) it took the builds from 328 to
+181, their time from 0.80 to 0.34 s and the graphs' memory from 54.5 to 43.5 MiB, and the steady
+step 5% slower (9.3 -> 9.8 ms: a copy of the attention's result into a padded buffer, and the
+host's work around each replay). On CPU (regions compiled by inductor, tiny decoder) builds 88 ->
+51, their time 45 -> 39 s (inductor's cache makes a similar region's build cheap), steps 14%
+slower. Worth it where builds are what hurts: many batch sizes, each seen a few times. The
+request's arena is planned with room for the padded value of an aligned symbol, and the region's
+live-ins have ``S`` as their leading dim with fixed sizes behind it (``codegen/align.py``), so the
+padded view of an arena buffer is the real one with more rows after it, at the same address with
+the same strides: the impl is built over the group functions' views at the padded signature and
+replays over the very memory the rest of the step reads. Buffers that alias one another (a merged
+projection and the slices of it the next kernels read) alias at the padded size too. Per replay
+only live-ins from outside the arena (an attention kernel's result) are copied into a padded
+buffer, and the live-outs are handed on as their real rows; the padded rows hold whatever was there
+(a row-wise region never mixes them into real rows). What is saved is a build (a capture, its
+timing of forms) per value and the memory of one graph per value.
 """
 
 from __future__ import annotations
@@ -41,31 +41,26 @@ import torch
 from ..errors import OptionsError
 from ..impls import CannotCapture
 
-MAX_ALIGNED = 64  # values above are not aligned: padding them would cost real compute
+MAX_ALIGNED = 64  # values above are not aligned: padding them would cost real compute (fc_align's bound, options.py)
 
 
-def align_multiple() -> int:
-    """DYNASHAPE_FC_ALIGN: the multiple a region's aligned symbol is rounded up to, 0 (the
-    default) for none. Read at session creation; a bad value is an OptionsError."""
-    text = os.environ.get("DYNASHAPE_FC_ALIGN")
-    if text is None:
-        return 0
+def align_multiple(option: int | None = None) -> int:
+    """``fc_align``: the multiple a region's aligned symbol is rounded up to, 0 (the default)
+    for none; where the session leaves it unset, DYNASHAPE_FC_ALIGN (an operator's override of
+    the default). Read at session creation; a bad value is an OptionsError naming its source."""
+    if option is not None:
+        name, text = "fc_align", option
+    else:
+        name, text = "DYNASHAPE_FC_ALIGN", os.environ.get("DYNASHAPE_FC_ALIGN")
+        if text is None:
+            return 0
     try:
-        m = int(text)
+        m = int(text) if not isinstance(text, (bool, float)) else -1
     except ValueError:
         m = -1
     if m < 0 or m > MAX_ALIGNED:
-        raise OptionsError(f"DYNASHAPE_FC_ALIGN={text!r}: expected an integer from 0 (off) to {MAX_ALIGNED}")
+        raise OptionsError(f"{name}={text!r}: expected an integer from 0 (off) to {MAX_ALIGNED}")
     return m
-
-
-def conv_buckets() -> bool:
-    """DYNASHAPE_CONV_BUCKETS: '1' (default) buckets the batch of convolutional regions, '0' keeps
-    one static impl per batch value."""
-    text = os.environ.get("DYNASHAPE_CONV_BUCKETS", "1")
-    if text not in ("0", "1"):
-        raise OptionsError(f"DYNASHAPE_CONV_BUCKETS={text!r}: expected '1' or '0'")
-    return text == "1"
 
 
 def conv_bucket(value: int) -> int | None:

@@ -34,7 +34,7 @@ from ..impls import CompilationContext, ImplCache, capture_guard, compile_proces
 from ..impls.cache import capacity_from
 from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
-from .aligned import align_multiple, aligned_value, conv_bucket, conv_buckets
+from .aligned import aligned_value, conv_bucket
 from .decode_graph import ahead_rule, bucket_rule
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class CompiledModel:
     def __init__(self, graph: Graph, device: torch.device, inputs: list[Value] | None = None,
                  inplace_concat: bool = True, static: str | None = None, impl_cache_size: int | None = None,
                  decode_graphs: bool = False, kv_bucket=None, decode_ahead: int | None = None,
-                 static_after: int = 0) -> None:
+                 static_after: int = 0, fc_align: int = 0) -> None:
         self.graph, self.device = graph, device
         # whole decode steps over KV storages of a bucketed capacity (decode_graph.py)
         self.decode_graphs, self.kv_bucket = decode_graphs, kv_bucket or bucket_rule(None)
@@ -73,9 +73,9 @@ class CompiledModel:
             cudnn_benchmark_limit()
         self.context = CompilationContext(static) if static else None
         self.disk_cache = None  # impls/disk_cache.py (cache_dir=): set by the session
-        self.align = align_multiple() if static else 0  # FC fake alignment (aligned.py)
+        self.align = fc_align if static else 0  # FC fake alignment (aligned.py; fc_align=, checked by the session)
         # convolutional regions keyed by batch buckets (aligned.py): CUDA graphs only
-        self.conv_buckets = bool(static) and device.type == "cuda" and conv_buckets()
+        self.conv_buckets = bool(static) and device.type == "cuda"
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -104,7 +104,7 @@ class CompiledModel:
 
     def padded(self, kind: str, value: int) -> int | None:
         """The value an aligned region of ``kind`` pads ``value`` to (aligned.py), None where it
-        is not aligned: convolutional regions by batch buckets, FC regions by DYNASHAPE_FC_ALIGN."""
+        is not aligned: convolutional regions by batch buckets, FC regions by fc_align."""
         if kind == "conv":
             return conv_bucket(value) if self.conv_buckets else None
         return aligned_value(value, self.align) if self.align else None

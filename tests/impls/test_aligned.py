@@ -145,8 +145,22 @@ def test_a_bad_alignment_setting_is_an_options_error(device, monkeypatch):
     monkeypatch.setenv("DYNASHAPE_FC_ALIGN", "eight")
     with pytest.raises(OptionsError, match="DYNASHAPE_FC_ALIGN"):
         dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
+    with pytest.raises(OptionsError, match="fc_align=65"):  # the option, named as given
+        dynashape.InferenceSession(mlp(), device=device, static_impls="sync", fc_align=65)
     monkeypatch.setenv("DYNASHAPE_FC_ALIGN", "0")
     sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
     for i, n in enumerate([3, 5, 3, 5]):
         sess.run(None, feeds(n, device, i))
     assert sess.stats()["static_builds"] == 2 and sess.stats().get("static_builds_aligned", 0) == 0
+
+
+def test_the_option_wins_over_the_variable(device, monkeypatch):
+    # the variable (8, set above) is an operator's override of the default; a session's fc_align wins
+    exact = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", fc_align=0)
+    monkeypatch.delenv("DYNASHAPE_FC_ALIGN")
+    aligned = dynashape.InferenceSession(mlp(), device=device, static_impls="sync", fc_align=4)
+    for i, n in enumerate([3, 2, 3, 2]):
+        exact.run(None, feeds(n, device, i))
+        aligned.run(None, feeds(n, device, i))
+    assert exact.stats()["static_builds"] == 2 and exact.stats().get("static_builds_aligned", 0) == 0
+    assert aligned.stats()["static_builds"] == 1 and aligned.stats()["static_builds_aligned"] == 1

@@ -80,3 +80,16 @@ def test_worker_keeps_order_and_runs_in_the_background():
     assert ctx.wait(5) and order == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError):
         CompilationContext("later")
+
+
+def test_a_queued_build_sees_the_submitting_runs_settings():
+    # a run's settings held in ContextVars (a session's u8s8_saturate) hold for the builds it queues
+    from dynashape.ops.u8s8 import SESSION_SATURATE, u8s8_saturation
+    ctx = CompilationContext("async")
+    seen = []
+    token = SESSION_SATURATE.set(True)
+    try:
+        ctx.submit("k", lambda: seen.append(u8s8_saturation()), lambda k, r, s: None)
+    finally:
+        SESSION_SATURATE.reset(token)
+    assert ctx.wait(5) and seen == [True]
