@@ -110,13 +110,19 @@ def feeds_of(name: str, rng) -> list[dict]:
 
 
 # the plant ------------------------------------------------------------------------------------------------
-def plant_candidates(model: onnx.ModelProto) -> list[tuple[int, str]]:
-    """(node index, initializer) pairs where a float initializer is read by that node alone (not
-    an input that may set a shape), the ones nearest the middle of the graph first."""
+def _readers(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Value name -> the indices of the nodes that read it."""
     readers: dict[str, list[int]] = {}
     for i, n in enumerate(model.graph.node):
         for x in n.input:
             readers.setdefault(x, []).append(i)
+    return readers
+
+
+def plant_candidates(model: onnx.ModelProto) -> list[tuple[int, str]]:
+    """(node index, initializer) pairs where a float initializer is read by that node alone (not
+    an input that may set a shape), the ones nearest the middle of the graph first."""
+    readers = _readers(model)
     inputs = {i.name for i in model.graph.input}
     out = []
     for t in model.graph.initializer:
@@ -171,10 +177,7 @@ def branch_plants(model: onnx.ModelProto, flat: onnx.ModelProto) -> list[tuple[i
     branch, as the branch's own initializer under the Identity's output name, in place of the
     Identity: the first value to change is then the reading node's output, inside the branch."""
     inits = {t.name: t for t in model.graph.initializer}
-    readers: dict[str, list[int]] = {}
-    for i, n in enumerate(flat.graph.node):
-        for x in n.input:
-            readers.setdefault(x, []).append(i)
+    readers = _readers(flat)
     outputs = {o.name for o in model.graph.output}
     out = []
     for n in flat.graph.node:
