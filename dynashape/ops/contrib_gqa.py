@@ -9,6 +9,8 @@ Attention's additive mask_filter_value.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import ShapeError
@@ -16,7 +18,7 @@ from ..shape import Dimension
 from .attention import _emit, _grouped
 from .contrib_attention import MS, _attend, _compute_type, _heads, _merge_heads, _positions, _rotate, _scale, _softmax
 from .cpu_gqa import _gqa_present, _ort_gqa
-from .registry import op
+from .registry import binder, op
 
 
 def _scalar(v):
@@ -191,3 +193,54 @@ def _gqa(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=
             scores = _softmax(scores, sink)
         results[3] = torch.where(allowed, scores, 0).to(query.dtype)
     return _emit(results, out, _n_outputs)
+
+
+@binder("GroupQueryAttention", MS)
+def _bind_gqa(consts, attrs):
+    """A decode step (one new token over pasts that every row fills whole), float32 on the CPU: the
+    checks such a step needs, then onnxruntime's kernel (cpu_gqa._ort_gqa) with what the op would
+    hand it. The op's general checks took ~40% of its host time a call in the builder's int4 Llama
+    (two a step); every other call, and any input the fast checks do not expect, goes to the op."""
+    plain = functools.partial(_gqa, **attrs)
+    c = list(consts) + [None] * (17 - len(consts))
+    n, nk = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+    window, rotary = attrs.get("local_window_size", -1), attrs.get("do_rotary", 0)
+    if any(x is not None for x in c[9:]) or n <= 0 or nk <= 0 or n % nk or attrs.get("_n_outputs", 3) > 3 \
+            or attrs.get("softcap", 0.0) > 0 or attrs.get("smooth_softmax", -1) == 1 or attrs.get("qk_output", 0) \
+            or not attrs.get("causal", 1) or attrs.get("rotary_interleaved", 0) or window == 0 \
+            or attrs.get("k_quant_type", "NONE") != "NONE" or attrs.get("v_quant_type", "NONE") != "NONE" \
+            or attrs.get("kv_cache_bit_width", 0):
+        return None
+    cos, sin = c[7], c[8]
+    if rotary and not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
+        return None
+    scale, n_out = attrs.get("scale", 0.0), attrs.get("_n_outputs", 3)
+
+    def kernel(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+               total_sequence_length=None, *rest, out=None):
+        args = (query, key, value, past_key, past_value, seqlens_k, total_sequence_length, *rest)
+        if past_key is None or past_value is None or type(query) is not torch.Tensor or query.dim() != 3 \
+                or query.shape[1] != 1 or type(seqlens_k) is not torch.Tensor or seqlens_k.device.type != "cpu" \
+                or past_key.dim() != 4 or total_sequence_length is None:
+            return plain(*args, out=out)
+        b, _, d = query.shape
+        p = past_key.shape[2]
+        if key is None:
+            h = d // (n + 2 * nk)
+            q, k, v = query.split((n * h, nk * h, nk * h), -1) if d == (n + 2 * nk) * h else (None, None, None)
+        else:
+            h = d // n
+            q, k, v = query, key, value
+        if q is None or d % (n if key is not None else n + 2 * nk) or k.shape != (b, 1, nk * h) \
+                or v.shape != k.shape or past_key.shape != (b, nk, p, h) or past_value.shape != past_key.shape \
+                or p < 1 or seqlens_k.numel() != b or int(total_sequence_length.reshape(())) != p + 1 \
+                or not bool((seqlens_k == p).all()):
+            return plain(*args, out=out)
+        got = _ort_gqa(q, k, v, past_key, past_value, torch.full((b,), p + 1, dtype=torch.int64),
+                       torch.full((b,), p, dtype=torch.int64), p + 1, cos, sin, n, nk, h, _scale(scale, h), window,
+                       rotary, 0, False)
+        if got is None:
+            return plain(*args, out=out)
+        return _emit([*got, None], out, n_out)
+
+    return kernel

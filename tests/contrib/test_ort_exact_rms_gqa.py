@@ -181,6 +181,8 @@ def test_gqa_decode_gives_onnxruntimes_bits_at_the_same_thread_count(case, threa
     for b, past in steps:
         feeds = _decode_feeds(rng, b, past, nk, hd, d)
         _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, batch {b}, past {past}")
+    if executor == "compiled":  # the decode steps ran the kernel bound to the constant caches (contrib_gqa)
+        assert sess.stats()["bound_kernels"] >= 1
 
 
 @pytest.mark.parametrize("threads", [1, 16])
