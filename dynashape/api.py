@@ -38,6 +38,7 @@ from .runtime.aligned import align_multiple
 from .runtime.compiled import CompiledModel
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec
+from .runtime.gc_pause import gc_paused
 from .runtime.index_feeds import IndexFeedChecks
 from .runtime.load_shapes import numel, optimal_shapes, representative_shapes, sample
 from .runtime.static_mode import deterministic_mode, for_graph, static_mode
@@ -121,7 +122,7 @@ class InferenceSession:
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
         # and so does the load, whose folding of constants and builds may compute products
         self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))
-        with u8s8.saturation(self.u8s8_saturate):
+        with u8s8.saturation(self.u8s8_saturate), gc_paused():
             self._load(prepare_proto(self._read()))
             self._prebuild()
 

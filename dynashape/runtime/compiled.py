@@ -36,6 +36,7 @@ from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from .aligned import aligned_value, conv_bucket
 from .decode_graph import ahead_rule, bucket_rule
+from .gc_pause import gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,8 @@ class CompiledModel:
             # or static impls serve, their regions replay those lines, made for their keys: data)
             memo = self.device.type == "cpu" and not self.decode_graphs and self.static is None
             try:
-                t, spec = self._traced(shapes, memo)
+                with gc_paused():
+                    t, spec = self._traced(shapes, memo)
             except MemoRefused as e:
                 if not memo:
                     raise

@@ -35,6 +35,8 @@ class Dimension:
             raise ShapeError(f"Dimension min must be >= 0, got {self.min}")
         if self.max is not None and self.max < self.min:
             raise ShapeError(f"Dimension max {self.max} is below min {self.min}")
+        if not self.optimals:  # (the common case: a model's load makes ~10,000 Dimensions)
+            return
         bad = [o for o in self.optimals if not self.contains(o)]
         if bad:
             raise ShapeError(f"optimal values {bad} lie outside the range {self.range_str()}")
@@ -48,7 +50,12 @@ class Dimension:
         if isinstance(value, Dimension):
             return value
         if value is None:
-            return Dimension()
+            return _DYNAMIC
+        if type(value) is int and 0 <= value < _FIXED_CACHE:  # immutable: one instance per small value
+            d = _FIXED.get(value)
+            if d is None:
+                d = _FIXED[value] = Dimension(value, value)
+            return d
         if isinstance(value, tuple):
             return Dimension(*value)
         if isinstance(value, str):
@@ -217,3 +224,8 @@ def is_placeholder(name: str | None) -> bool:
     """Whether a dim name means "unknown" rather than a symbol shared by the axes carrying it."""
     return name is None or bool(_PLACEHOLDER.match(name.strip()))
 
+
+
+_DYNAMIC = Dimension()  # Dimension.of(None): frozen, so one instance serves
+_FIXED: dict[int, Dimension] = {}  # Dimension.of(n) for small n
+_FIXED_CACHE = 1 << 16
