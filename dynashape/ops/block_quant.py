@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections import OrderedDict
 
@@ -150,7 +149,7 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         key = ("int8", _ident(b), _ident(scales), _ident(zero_points), K, N)
         w = _cached_weight(key, (b, scales, zero_points),
                            lambda: _nbits_packed(b, scales, zero_points, K, N, bits, block_size))
-        return _put(out, nbits_int8.matmul(a, w, bias))
+        return _put(out, nbits_int8.matmul(a, w, bias, out))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
     dtype = torch.float32 if a.device.type == "cpu" else a.dtype
     key = (_ident(b), _ident(scales), _ident(zero_points), _ident(g_idx), K, N, bits, block_size, dtype)
@@ -168,10 +167,10 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
 @binder("MatMulNBits", DOMAIN)
 def _bind_matmul_nbits(consts, attrs):
     """MatMulNBits on onnxruntime's int8-activation path (accuracy level 4, 4 bits, blocks of 32) with
-    a constant weight: the packed weight and the C function found once. The op checks its inputs,
-    builds the cache key and looks up the kernel on every call (~15 us of a call's ~35 in a CPU
-    decode step, 11 products a step in the builder's 2-layer Llama); the bound form calls the C
-    kernel straight, and the op itself where a call is not its case."""
+    a constant weight: its checks and the packed weight done once. The op checks its inputs and
+    builds the cache key on every call (~15 us of a call's ~35 in a CPU decode step, 11 products a
+    step in the builder's 2-layer Llama); the bound form goes to nbits_int8.matmul straight, and to
+    the op itself where a call is not its case."""
     c = list(consts) + [None] * (6 - len(consts))
     b, scales, zp, g_idx, bias = c[1], c[2], c[3], c[4], c[5]
     k, n, bits, block = attrs.get("K"), attrs.get("N"), attrs.get("bits", 4), attrs.get("block_size")
@@ -183,29 +182,17 @@ def _bind_matmul_nbits(consts, attrs):
     nb = -(-k // block)
     if b.numel() != n * nb * (block * bits // 8) or scales.numel() != n * nb:
         return None  # (the op raises its error at the call)
-    fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int)
-    if fn is None:
-        return None
+    if native.library("nbits_int8") is None:
+        return None  # (the op's torch path, counted there)
     w = _cached_weight(("int8", _ident(b), _ident(scales), _ident(zp), k, n), (b, scales, zp),
                        lambda: _nbits_packed(b, scales, zp, k, n, bits, block))
     b32 = None if bias is None else bias.to(torch.float32).contiguous()
-    ptrs = (w.nb, w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr(), 0 if b32 is None else b32.data_ptr())
     plain = functools.partial(_matmul_nbits, **attrs)
 
     def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
-        if type(a) is not torch.Tensor or a.dtype != torch.float32 or a.device.type != "cpu" or a.shape[-1] != k \
-                or not a.numel():
+        if type(a) is not torch.Tensor or a.dtype != torch.float32 or a.device.type != "cpu" or a.shape[-1] != k:
             return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)
-        flat = a.reshape(-1, k)
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
-        m = flat.shape[0]
-        direct = out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == m * n
-        y = out if direct else torch.empty(m, n)
-        if fn(m, n, k, ptrs[0], flat.data_ptr(), ptrs[1], ptrs[2], ptrs[3], ptrs[4], y.data_ptr()):
-            return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)  # (no memory for A's int8 copy)
-        native.count("nbits_int8_native_calls")
-        return out if direct else _put(out, y.view(*a.shape[:-1], n))
+        return _put(out, nbits_int8.matmul(a, w, b32, out))
 
     kernel.packed = w  # (keeps the packed weight with the kernel)
     return kernel

@@ -148,8 +148,10 @@ def _rows(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None) -> torch.Tenso
     return extra + out
 
 
-def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """(..., K) float32 times the packed weight: (..., N) float32, onnxruntime's bits."""
+def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., K) float32 times the packed weight: (..., N) float32, onnxruntime's bits; written into
+    ``out`` where it is a contiguous float32 tensor of the result's size (else a new tensor)."""
     lead = a.shape[:-1]
     flat = a.reshape(-1, a.shape[-1]).to(torch.float32)
     if flat.shape[0] == 0:
@@ -158,11 +160,13 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None) -> tor
     if fn is not None:
         flat = flat.contiguous()
         b = None if bias is None else bias.to(torch.float32).contiguous()
-        y = torch.empty(flat.shape[0], w.n)
-        if fn(flat.shape[0], w.n, flat.shape[1], w.nb, flat.data_ptr(), w.raw.data_ptr(), w.scale.data_ptr(),
+        m = flat.shape[0]
+        direct = out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == m * w.n
+        y = out if direct else torch.empty(m, w.n)
+        if fn(m, w.n, flat.shape[1], w.nb, flat.data_ptr(), w.raw.data_ptr(), w.scale.data_ptr(),
               w.bsum.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr()) == 0:
             native.count("nbits_int8_native_calls")
-            return y.reshape(*lead, w.n)
+            return out if direct else y.reshape(*lead, w.n)
         native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy
     return torch_matmul(flat, w, bias).reshape(*lead, w.n)
 

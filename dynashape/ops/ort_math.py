@@ -61,7 +61,7 @@ _TORCH = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": torch.nn.functio
 # elements below which one thread does the pass: ~1 ns an element, so a small tensor (a recurrent
 # model's gates: 128 to 512 at batch 1) is done before a second OpenMP thread would wake, and on a
 # busy machine waiting for it cost up to milliseconds a call (silero-vad's six gates a call)
-_THREAD_MIN_ELEMENTS = 1 << 14
+THREAD_MIN_ELEMENTS = 1 << 14
 
 
 def _apply(kind: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -80,7 +80,7 @@ def _apply(kind: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
     direct = out is not None and out.dtype == torch.float32 and out.stride() == xc.stride()
     y = out if direct else torch.empty_like(xc)
     n = xc.numel()
-    fn(xc.data_ptr(), y.data_ptr(), n, torch.get_num_threads() if n >= _THREAD_MIN_ELEMENTS else 1)
+    fn(xc.data_ptr(), y.data_ptr(), n, torch.get_num_threads() if n >= THREAD_MIN_ELEMENTS else 1)
     native.count(f"ort_{kind}_native_calls")
     if out is not None and not direct:
         return out.copy_(y)

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from . import native
+from . import native, ort_math
 from .registry import op
 from .shapes import norm_axis, same_as_first
 
@@ -48,11 +48,6 @@ def _plain(fn):
     return kernel
 
 
-# elements below which one thread does the rows (as ort_math's passes: a second OpenMP thread's wake-up
-# costs more than the work, and on a loaded machine waiting for it cost milliseconds a call)
-_THREAD_MIN_ELEMENTS = 1 << 14
-
-
 def _ort_softmax(x, dim, out):
     """onnxruntime's bits (rows along ``dim``, as it transposes a non-last axis to the end), or None
     where the C does not serve: not float32 on the CPU, a traced tensor, no AVX-512F build."""
@@ -65,7 +60,9 @@ def _ort_softmax(x, dim, out):
     xr = (x if last else x.movedim(dim, -1)).contiguous()
     y = torch.empty_like(xr)
     d = xr.shape[-1]
-    threads = torch.get_num_threads() if xr.numel() >= _THREAD_MIN_ELEMENTS else 1
+    # one thread below ort_math's threshold (a second one's wake-up costs more than the work, and on a
+    # loaded machine waiting for it cost milliseconds a call)
+    threads = torch.get_num_threads() if xr.numel() >= ort_math.THREAD_MIN_ELEMENTS else 1
     if fn(xr.data_ptr(), y.data_ptr(), xr.numel() // d, d, threads):
         return None
     native.count("ort_softmax_native_calls")
