@@ -365,8 +365,11 @@ def compare_values(g, w, rtol: float, atol: float, relative_to: str = "element")
         diff = np.where(same, 0.0, np.abs(g64 - w64))
         # an infinity or NaN that the other side does not have differs, whatever the tolerance
         # (rtol times an infinite reference would excuse anything)
-        finite = np.abs(w64[np.isfinite(w64)])
-        scale = np.abs(w64) if relative_to == "element" else (finite.max() if finite.size else 0.0)
+        if relative_to == "element":
+            scale = np.abs(w64)
+        else:
+            finite = np.abs(w64[np.isfinite(w64)])
+            scale = finite.max() if finite.size else 0.0
         bad = ~same & ((diff > atol + rtol * scale) | ~np.isfinite(g64) | ~np.isfinite(w64))
     err = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
     return err, bool(bad.any() or np.isnan(diff).any()), ""

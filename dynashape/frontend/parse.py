@@ -16,7 +16,7 @@ from ..ir import Graph, Node, Value
 from ..ir.dtypes import to_torch
 from ..shape import Dimension, PartialShape, is_placeholder
 from .options import ModelDim, ParseOptions, resolve_input_shapes
-from .validate import validate_model
+from .validate import _subgraphs, validate_model
 
 ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
 
@@ -72,10 +72,8 @@ def _names_unique(g: onnx.GraphProto, seen: set | None = None) -> bool:
             if o and o in seen:
                 return False
             seen.add(o)
-        for a in n.attribute:
-            subgraphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-            if not all(_names_unique(sg, seen) for sg in subgraphs):
-                return False
+        if not all(_names_unique(sg, seen) for sg in _subgraphs(n)):
+            return False
     return True
 
 
