@@ -20,8 +20,9 @@ SIZES = [(1, 96, 96), (1, 128, 80), (2, 96, 64), (1, 112, 120)]
 
 
 def _net():
-    """A 3x3 stem of stride 2, then two 1x1s of stride 1: one with HardSwish (oneDNN's post-op),
-    one with Sigmoid (onnxruntime's function after the convolution)."""
+    """A 3x3 stem of stride 2, then two 1x1s of stride 1: one with HardSwish, one with Sigmoid (in
+    this float model both oneDNN's post-ops, or torch's in place after a product; a quantizing model
+    keeps onnxruntime's Sigmoid: tests/compile/test_fuse_conv_activation.py)."""
     b = Builder()
     rng = np.random.default_rng(5)
     x = b.input("x", ["n", 3, "h", "w"])
