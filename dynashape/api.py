@@ -33,7 +33,7 @@ from .ops import u8s8
 from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
-from .run_settings import Precision
+from .run_settings import Precision, fp32_products
 from .runtime.aligned import align_multiple
 from .runtime.compiled import CompiledModel
 from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
@@ -94,7 +94,9 @@ class InferenceSession:
         self.memory = MemoryConfig.make(options)
         self.allocator = options.get("allocator", "direct")
         self.device_memory_limit = options.get("device_memory_limit")
-        self.precision = Precision(bool(options.get("allow_tf32", False))) if self.device.type == "cuda" else None
+        products = fp32_products(options.get("fp32_products"))
+        self.precision = Precision(bool(options.get("allow_tf32", False)), products) \
+            if self.device.type == "cuda" else None
         self._fusion = setup.flag(options.get("fusion", True), "fusion")
         self._parse = parse
         self._unlinked: set[str] = set()

@@ -26,7 +26,7 @@ from .interpreter.network import Network
 from .ir.dtypes import _PLAIN_NUMPY, HELD, to_numpy
 from .memory import Engine
 from .memory.staging import InputStager
-from .ops import host_sync, native
+from .ops import host_sync, native, split_tf32
 from .ops.limits import MAX_LOOP_ITERATIONS
 from .ops.u8s8 import SESSION_SATURATE
 from .ort_module import unwrap
@@ -185,7 +185,8 @@ class RequestState:
 
     def stats(self) -> dict:
         # native kernels (ops/native.py) and their torch fallbacks: counts of this process
-        out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters()}
+        out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters(),
+               "split_tf32_products": split_tf32.PRODUCTS[0]}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
             for body in list(self.session._bodies.values()):  # what control-flow bodies' traces counted
@@ -233,7 +234,8 @@ class RequestState:
                 "concat_bytes_copied": net["concat_bytes_copied"], "concat_past_in_place": net["concat_past_in_place"],
                 "concat_inputs_in_place": net["concat_inputs_in_place"], "concat_storages": net["concat_storages"],
                 "pool_grown_records": pool.get("grown_records", 0), "input_bytes_staged": net["input_bytes_staged"],
-                "arena_bytes": arena, "arena_plans": net["arena_plans"], "arena_grows": net["arena_grows"]}
+                "arena_bytes": arena, "arena_plans": net["arena_plans"], "arena_grows": net["arena_grows"],
+                "split_tf32_weight_bytes": split_tf32.held_bytes()}
 
 
 def feed_arg(input_feed, feeds):

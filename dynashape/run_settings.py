@@ -3,7 +3,12 @@ and the TF32 switches of CUDA products and convolutions (``allow_tf32=``)."""
 
 from __future__ import annotations
 
+import threading
+
 import torch
+
+from .errors import OptionsError
+from .ops import split_tf32
 
 
 class Threads:
@@ -28,17 +33,34 @@ class Threads:
 class Precision:
     """fp32 means fp32: cuDNN convolutions use TF32 on Ampere and later unless told otherwise,
     which moves results by ~1e-3 relative. A run turns TF32 off (unless the session allows it)
-    and restores the caller's global flags afterwards."""
+    and restores the caller's global flags afterwards. It also sets, for its thread, how float32
+    products run (``fp32_products``, ops/split_tf32.py) and the switches a build it queues applies
+    on the compile worker. One object serves a session's concurrent runs: what each restores is
+    kept per thread."""
 
-    def __init__(self, allow_tf32: bool) -> None:
+    def __init__(self, allow_tf32: bool, fp32_products: str = "auto") -> None:
         self.allow = allow_tf32
-        self.prev = None
+        self.products = fp32_products
+        self._local = threading.local()
 
     def __enter__(self):
         b = torch.backends
-        self.prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append((b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32, split_tf32.MODE.set(self.products),
+                      split_tf32.ALLOW_TF32.set(self.allow)))
         b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = self.allow
 
     def __exit__(self, *exc):
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.prev
+        cudnn, cublas, mode, allow = self._local.stack.pop()
+        split_tf32.ALLOW_TF32.reset(allow)
+        split_tf32.MODE.reset(mode)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, cublas
 
+
+def fp32_products(value) -> str:
+    """The session's ``fp32_products`` checked at its creation."""
+    if value is None:
+        return "auto"
+    if value not in split_tf32.MODES:
+        raise OptionsError(f"fp32_products={value!r}: expected one of {', '.join(map(repr, split_tf32.MODES))}")
+    return value

@@ -31,7 +31,7 @@ import time
 import torch
 
 from ..errors import OptionsError
-from ..ops import packed_linear, specialise
+from ..ops import packed_linear, specialise, split_tf32
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
 
@@ -340,14 +340,17 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     call); then the region is captured over the real live-ins, which executes nothing. An arena
     given back meanwhile (a re-plan) is never touched: the impl's key names that plan, which no
     later call asks for."""
-    with torch.cuda.device(device):
+    with torch.cuda.device(device), split_tf32.run_flags():  # the queuing run's TF32 switches
         side = _capture_stream(device)
         with torch.cuda.stream(side):
             t0 = time.perf_counter()
             scratch = tuple(_scratch(x) if isinstance(x, torch.Tensor) else x for x in ins)
             with fused_epilogues(), tuning.light(), (specialise.specialised(tuning.fastest) if timed_forms()
-                                                     else contextlib.nullcontext()):
+                                                     else contextlib.nullcontext()), split_tf32.recording() as made:
                 fn(*symvals, *scratch)
+            for x, s in zip(ins, scratch):  # the real weights' TF32 parts, made here rather than in the capture
+                if id(s) in made:
+                    split_tf32.parts(x)
             del scratch  # stream-ordered: its memory is reused on this stream after that run
             side.synchronize()  # the warm run's device work, apart from the capture's (phases below)
             t1 = time.perf_counter()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import cpu_attention, native, ort_math, small_work, tuned_gemm
+from . import cpu_attention, native, ort_math, small_work, split_tf32, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -114,6 +114,9 @@ def _linear_infer(shapes, values):
 def _linear(x, weight, bias=None, *, out=None):
     if tuned_gemm.serves(x, weight) and x.shape[-1] == weight.shape[1]:  # a static impl's build
         y = tuned_gemm.product(x.reshape(-1, x.shape[-1]), weight, True, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    if split_tf32.eligible(x, weight) and split_tf32.worth(x.numel() // weight.shape[1], *weight.shape):
+        y = split_tf32.product(x.reshape(-1, weight.shape[1]), weight, True, bias)
         return y.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import ShapeError
 from ..shape import broadcast_dims
-from . import small_work, tuned_gemm
+from . import small_work, split_tf32, tuned_gemm
 from .integer_gemm import qmatmul
 from .registry import op
 
@@ -73,6 +73,13 @@ def _matmul(a, b, *, out=None):
     if _needs_int_fallback(a):
         r = _int_matmul(a, b)
         return r if out is None else out.copy_(r)
+    if b.dim() == 2 and a.dim() >= 2 and split_tf32.eligible(a, b) and split_tf32.worth(
+            a.numel() // b.shape[0], b.shape[1], b.shape[0]):
+        o2 = out.view(-1, b.shape[1]) if out is not None and out.is_contiguous() else None
+        y = split_tf32.product(a.reshape(-1, b.shape[0]), b, False, None, o2)
+        if out is None:
+            return y.view(*a.shape[:-1], b.shape[1])
+        return out if o2 is not None else out.copy_(y.view(out.shape))
     if out is None:
         return torch.matmul(a, b)
     # torch.matmul resizes an out= of a 1-D operand's result (the unsqueezed shape) instead of
@@ -111,6 +118,10 @@ def _gemm_infer(shapes, values, *, alpha=1.0, beta=1.0, transA=0, transB=0, broa
 def _gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0, out=None):
     if transA:
         a = a.t()
+    if (alpha == 1.0 and (c is None or beta == 1.0) and split_tf32.eligible(a, b)
+            and split_tf32.worth(a.shape[0], b.shape[0] if transB else b.shape[1], a.shape[1])
+            and not tuned_gemm.serves(a, b)):  # (a static impl's build times the split among its forms)
+        return split_tf32.product(a, b, bool(transB), c, out)
     if transB:
         b = b.t()
     if c is not None and alpha == 1.0 and beta == 1.0 and tuned_gemm.serves(a, b) and c.dtype == a.dtype:

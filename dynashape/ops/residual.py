@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from . import small_work, tuned_gemm
+from . import small_work, split_tf32, tuned_gemm
 from .fused import DOMAIN, CannotServe
 from .registry import op
 
@@ -55,6 +55,12 @@ def _matmul_add(x, w, r, *, transposed=0, out=None):
     if tuned_gemm.serves(x, w):  # a static impl's build: the kernel timed fastest for this shape
         o2 = out.view(-1, n) if out is not None and out.is_contiguous() else None
         res = tuned_gemm.product(x2, w, bool(transposed), None, r2, o2)
+        if out is None:
+            return res.view(*x.shape[:-1], n)
+        return out if o2 is not None else out.copy_(res.view(*x.shape[:-1], n))
+    if split_tf32.eligible(x, w) and split_tf32.worth(x2.shape[0], n, k):
+        o2 = out.view(-1, n) if out is not None and out.is_contiguous() else None
+        res = split_tf32.product(x2, w, bool(transposed), r2, o2)
         if out is None:
             return res.view(*x.shape[:-1], n)
         return out if o2 is not None else out.copy_(res.view(*x.shape[:-1], n))

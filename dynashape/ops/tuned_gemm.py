@@ -12,13 +12,16 @@ Forms, with ``y = x @ W (+ bias) (+ residual)``, W ``[out, in]`` as Linear keeps
 - ``epilogue``: one cuBLAS call, the bias (or the residual, as addmm's C) added in its epilogue;
 - ``then_add``: the product, then the bias and the residual added in place;
 - ``c_bias``: the bias written into the output first, then one product accumulated onto it
-  (addmm's beta = 1 over a matrix C: cuBLAS's plain kernels, no bias epilogue).
+  (addmm's beta = 1 over a matrix C: cuBLAS's plain kernels, no bias epilogue);
+- ``split``: three TF32 products of the operands' parts (split_tf32.py), where the session's
+  ``fp32_products`` allows it: timed against the others ("auto"), or the only form ("split").
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import split_tf32
 from .specialise import active, choose
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,10 +48,12 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, bias=None, residu
     when ``w_out_in`` (Linear's layout), else ``[K, N]``; ``residual`` is ``[M, N]``; ``out``
     (optional) a ``[M, N]`` tensor to write."""
     cands = forms(bias, residual)
+    if split_tf32.eligible(x2, w):
+        cands = ("split",) if split_tf32.MODE.get() == "split" else cands + ("split",)
     m, k = x2.shape
     n = w.shape[0] if w_out_in else w.shape[1]
     key = ("gemm", m, n, k, x2.dtype, bias is not None, residual is not None, w_out_in, x2.stride(), w.stride(),
-           torch.backends.cuda.matmul.allow_tf32, x2.device.index)
+           torch.backends.cuda.matmul.allow_tf32, split_tf32.MODE.get(), x2.device.index)
     form = choose(key, cands, lambda f: _run(f, x2, w, w_out_in, bias, residual, None))
     return _run(form, x2, w, w_out_in, bias, residual, out)
 
@@ -61,6 +66,8 @@ def _addend(bias, residual):
 
 
 def _run(form: str, x2, w, w_out_in, bias, residual, out):
+    if form == "split":
+        return split_tf32.product(x2, w, w_out_in, _addend(bias, residual), out)
     wt = w.t() if w_out_in else w
     if form == "then_add":
         y = torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)

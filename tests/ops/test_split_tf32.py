@@ -1,0 +1,204 @@
+"""Float32 products as three TF32 products of split operands (ops/split_tf32.py, ``fp32_products=``).
+
+On the CPU: the split itself (exact, ties to even, non-finite values), the product's arithmetic
+(torch's CPU products ignore the TF32 switch, so it is the float32 product of the parts), the
+weights' parts kept and renewed, and the ops that route to it (MatMul, Gemm, Linear, MatMulAdd)
+against onnxruntime over changing shapes. On CUDA (DYNASHAPE_TEST_DEVICE=cuda): the accuracy
+against float64 next to cuBLAS's float32 kernel, and a background build taking its run's TF32
+switches rather than the process's.
+"""
+
+import gc
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper
+
+import dynashape
+from dynashape.ops import split_tf32
+
+from .harness import DEVICE
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def test_the_split_is_exact_and_its_high_part_is_tf32():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy((rng.standard_normal(4096) * 10.0 ** rng.integers(-30, 30, 4096)).astype(np.float32))
+    x[:4] = torch.tensor([1e-42, -3e-41, 3.4e38, -1.0])  # subnormals, near the largest float, exact
+    hi, lo = split_tf32.split(x)
+    assert torch.all(_bits(hi) & 0x1FFF == 0)  # 10 mantissa bits: exact in TF32
+    assert torch.equal(hi.double() + lo.double(), x.double())  # nothing lost
+    # rounded to nearest: the remainder is at most half of TF32's step at x
+    # (x = m * 2^e with m in [0.5, 1): 11 significant bits step by 2^(e - 11); subnormals by 2^-136)
+    e = torch.frexp(x.double()).exponent.clamp(min=-125)
+    step = torch.ldexp(torch.ones_like(x, dtype=torch.float64), e - 11)
+    assert torch.all(lo.double().abs() <= step / 2)
+
+
+def test_ties_go_to_even_and_non_finite_values_keep_their_value():
+    one = torch.tensor([1.0]).view(torch.int32)
+    tie_down = (one + 0x1000).view(torch.float32)  # halfway between 1 and the next TF32 (even: 1)
+    tie_up = (one + 0x3000).view(torch.float32)  # halfway between odd and even steps: up to the even one
+    hi, _ = split_tf32.split(torch.cat([tie_down, tie_up]))
+    assert hi.view(torch.int32).tolist() == [int(one), int(one) + 0x4000]
+    x = torch.tensor([float("inf"), -float("inf"), float("nan"), 2.5])
+    hi, lo = split_tf32.split(x)
+    assert hi[0] == float("inf") and hi[1] == -float("inf") and torch.isnan(hi[2]) and hi[3] == 2.5
+    assert lo.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_product_adds_the_parts_and_writes_where_it_is_told():
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal((37, 64)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((24, 64)).astype(np.float32))  # Linear's [out, in]
+    bias = torch.from_numpy(rng.standard_normal(24).astype(np.float32))
+    res = torch.from_numpy(rng.standard_normal((37, 24)).astype(np.float32))
+    want = x.double() @ w.double().t()
+    np.testing.assert_allclose(split_tf32.product(x, w, True), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(split_tf32.product(x, w, True, bias), want + bias.double(), rtol=1e-5, atol=1e-5)
+    out = torch.full((37, 24), float("nan"))
+    got = split_tf32.product(x, w.t().contiguous(), False, res, out)
+    assert got.data_ptr() == out.data_ptr()
+    np.testing.assert_allclose(out, want + res.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_weights_parts_are_kept_renewed_when_written_and_dropped_with_it():
+    w = torch.randn(32, 16)
+    base = split_tf32.held_bytes()
+    hi, lo = split_tf32.parts(w)
+    assert split_tf32.parts(w)[0] is hi  # made once
+    assert split_tf32.held_bytes() == base + 2 * w.numel() * 4
+    w.mul_(3.0)  # update_weights writing in place: the parts follow
+    hi2, lo2 = split_tf32.parts(w)
+    assert hi2 is not hi and torch.equal(hi2.double() + lo2.double(), w.double())
+    del w, hi, lo, hi2, lo2
+    gc.collect()
+    assert split_tf32.held_bytes() == base
+
+
+def _products_model() -> onnx.ModelProto:
+    """x @ W1 + b (Linear), then @ W2 + residual (MatMulAdd), a Gemm with transB, a bare MatMul."""
+    rng = np.random.default_rng(2)
+    init = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) / 4, n)
+            for n, s in (("w1", (16, 16)), ("b1", (16,)), ("w2", (16, 16)), ("w3", (12, 16)), ("b3", (12,)),
+                         ("w4", (12, 8)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h1"]),
+             helper.make_node("MatMul", ["h1", "w2"], ["m2"]), helper.make_node("Add", ["m2", "x"], ["h2"]),
+             helper.make_node("Gemm", ["h2", "w3", "b3"], ["h3"], transB=1),
+             helper.make_node("MatMul", ["h3", "w4"], ["y"])]
+    g = helper.make_graph(nodes, "products", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 16])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8])], init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("mode", ["split", "auto", "ieee"])
+def test_the_ops_route_their_products_by_the_runs_setting(monkeypatch, mode):
+    """On the CPU no product is eligible (no TF32 there): the test lets CPU tensors be, so that the
+    routing of each op is what is checked, the CUDA test below checks the real thing."""
+    monkeypatch.setattr(split_tf32, "eligible", lambda x, w: split_tf32.MODE.get() != "ieee"
+                        and x.dtype == torch.float32 and w.dtype == torch.float32)
+    model = _products_model()
+    sess = dynashape.InferenceSession(model.SerializeToString(), static_impls="off")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    token = split_tf32.MODE.set(mode)
+    try:
+        before = split_tf32.PRODUCTS[0]
+        for n in (5, 1, 33, 7, 64):
+            x = rng.standard_normal((n, 16)).astype(np.float32)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        used = split_tf32.PRODUCTS[0] - before
+    finally:
+        split_tf32.MODE.reset(token)
+    # "split": every product of every call; "auto": none of these small ones; "ieee": none
+    assert used == (4 * 5 if mode == "split" else 0), used
+    assert sess.stats()["split_tf32_products"] == split_tf32.PRODUCTS[0]
+
+
+def test_auto_splits_large_products_only():
+    token = split_tf32.MODE.set("auto")
+    try:
+        assert not split_tf32.worth(1024, 768, 768) and split_tf32.worth(4096, 768, 3072)
+    finally:
+        split_tf32.MODE.reset(token)
+
+
+def test_a_bad_setting_is_refused_by_name():
+    model = _products_model().SerializeToString()
+    with pytest.raises(dynashape.errors.OptionsError, match="fp32_products"):
+        dynashape.InferenceSession(model, fp32_products="fast")
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="DYNASHAPE_TEST_DEVICE=cuda runs it")
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n", [(4096, 768, 3072), (3000, 3072, 768), (257, 100, 33)])
+def test_as_accurate_as_cublas_float32(m, k, n):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = torch.randn(m, k, device=DEVICE)
+    w = torch.randn(n, k, device=DEVICE) / k ** 0.5
+    want = x.double() @ w.double().t()
+    token = split_tf32.MODE.set("split")
+    try:
+        got = split_tf32.product(x, w, True)
+    finally:
+        split_tf32.MODE.reset(token)
+    err = float((got.double() - want).norm() / want.norm())
+    ieee = float(((x @ w.t()).double() - want).norm() / want.norm())
+    assert not torch.backends.cuda.matmul.allow_tf32  # the switch restored
+    assert err <= max(2 * ieee, 2e-7), (err, ieee)
+
+
+@cuda
+def test_a_session_splits_under_its_setting_and_matches_the_float32_product():
+    model = _products_model()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((20000, 16)).astype(np.float32)
+    outs = {}
+    for mode in ("split", "ieee"):
+        sess = dynashape.InferenceSession(model.SerializeToString(), device=DEVICE, fp32_products=mode,
+                                          static_impls="off")
+        before = split_tf32.PRODUCTS[0]
+        outs[mode] = sess.run(None, {"x": x})[0]
+        assert (split_tf32.PRODUCTS[0] > before) == (mode == "split")
+    np.testing.assert_allclose(outs["split"], outs["ieee"], rtol=1e-5, atol=1e-5)
+
+
+@cuda
+def test_a_background_build_takes_its_runs_tf32_switches():
+    """torch lets cuDNN use TF32 by default: a capture on the compile worker took that until the
+    worker applied the queuing run's switches (TF32 off): its convolutions moved by ~1e-3."""
+    rng = np.random.default_rng(5)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) / 24, "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 64, 32, 32])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    prev = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True  # torch's default
+    try:
+        sess = dynashape.InferenceSession(model.SerializeToString(), device=DEVICE, static_impls="async")
+        x = rng.standard_normal((4, 64, 32, 32)).astype(np.float32)
+        want = torch.nn.functional.conv2d(torch.relu(torch.nn.functional.conv2d(
+            torch.from_numpy(x).double(), torch.from_numpy(onnx.numpy_helper.to_array(w)).double(), padding=1)),
+            torch.from_numpy(onnx.numpy_helper.to_array(w)).double(), padding=1).numpy()
+        for _ in range(6):
+            sess.run(None, {"x": x})
+            sess.compiled.context.wait(60)
+        st = sess.stats()
+        assert st["static_hits"] >= 1, st
+        got = sess.run(None, {"x": x})[0]
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+        assert torch.backends.cudnn.allow_tf32  # the application's setting untouched
+    finally:
+        torch.backends.cudnn.allow_tf32 = prev
