@@ -8,9 +8,12 @@ while its TF32 kernels run 4-6x faster but keep 10 mantissa bits (~3e-4 relative
 the dropped ``x_lo @ w_lo`` is ~2^-22 of the product and TF32's rounding of the remainders about as
 small, so the sum is as close to the exact product as cuBLAS's float32 kernel is (float32's own
 rounding is 2^-24 per operation, summed over K). Measured on an H200 against float64
-(``benchmarks/tf32x3_forms.py``): the three products in separate calls, each accumulated onto the
-last in float32 (cuBLAS's beta = 1), keep that accuracy; one call over the parts concatenated along
-K does not (~1e-5: small and large terms share a tensor-core accumulator), so three calls it is.
+(``benchmarks/tf32x3_forms.py``, ``benchmarks/split_tf32_error.py``): the tensor cores' float32
+accumulation is not float32's rounding: a TF32 product of exact TF32 parts is off by 6e-7 at K = 256
+and 8.4e-6 at K = 4096 (cuBLAS's float32 kernel: 3-7e-7), growing with K. So the large product
+``x_hi @ w_hi`` runs in pieces of at most ``CHUNK`` along K, each added onto the result in float32
+(cuBLAS's beta = 1): 1.2e-6 at any K. The two small products go in one call over the parts
+concatenated along K (``[x_lo | x_hi] @ [w_hi; w_lo]``): their accumulation error is 2^-11 smaller.
 Time: BERT-base's products at 3,072-12,288 tokens 0.55-0.75x cuBLAS's float32 time; at a few hundred
 rows three launches lose, so the dynamic path splits only products of at least ``AUTO_MACS``
 multiply-adds and a static impl's build times the split against the other forms (tuned_gemm.py).
@@ -64,17 +67,33 @@ def worth(m: int, n: int, k: int) -> bool:
 def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hi, lo)``: ``hi`` = x rounded to the nearest TF32 value (ties to even), ``lo = x - hi``;
     a non-finite x keeps its value in ``hi`` and 0 in ``lo`` (inf - inf would be NaN)."""
-    if triton is not None and x.is_cuda and x.is_contiguous() and x.numel() > 0:
-        return _split_triton(x)
+    n = x.numel()
+    buf = _split(x.reshape(-1), 1, n, 2 * n, n, 0)
+    return buf[:n].view(x.shape), buf[n:].view(x.shape)
+
+
+def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_at: int) -> torch.Tensor:
+    """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer: row r's parts at
+    ``r * row_stride + lo_at`` and ``r * row_stride + hi_at``."""
+    x = x.contiguous()
+    buf = torch.empty(rows * row_stride, dtype=x.dtype, device=x.device)
+    if triton is not None and x.is_cuda and x.numel() > 0:
+        block = 2048
+        _split_kernel[(triton.cdiv(x.numel(), block),)](x, buf, x.numel(), k, row_stride, lo_at, hi_at,
+                                                        BLOCK=block, num_warps=8)
+        return buf
     bits = x.view(torch.int32)
     hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
     lo = torch.where(torch.isfinite(x), x - hi, 0.0)
-    return hi, lo
+    grid = buf.view(rows, row_stride)
+    grid[:, lo_at:lo_at + k] = lo.view(rows, k)
+    grid[:, hi_at:hi_at + k] = hi.view(rows, k)
+    return buf
 
 
 if triton is not None:
     @triton.jit
-    def _split_kernel(x_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < n
         x = tl.load(x_ptr + offs, mask=keep, other=0.0)
@@ -82,36 +101,41 @@ if triton is not None:
         hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & -8192).to(tl.float32, bitcast=True)
         finite = tl.abs(x) < float("inf")
         lo = tl.where(finite, x - hi, 0.0)
-        tl.store(hi_ptr + offs, hi, mask=keep)
-        tl.store(lo_ptr + offs, lo, mask=keep)
+        row = offs // k
+        at = row * row_stride + (offs - row * k)
+        tl.store(out_ptr + at + lo_at, lo, mask=keep)
+        tl.store(out_ptr + at + hi_at, hi, mask=keep)
 
 
-def _split_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    hi, lo = torch.empty_like(x), torch.empty_like(x)
-    n = x.numel()
-    block = 2048
-    _split_kernel[(triton.cdiv(n, block),)](x, hi, lo, n, BLOCK=block, num_warps=8)
-    return hi, lo
+def split_rows(x2: torch.Tensor) -> torch.Tensor:
+    """An activation ``[M, K]`` as ``[M, 2K]``: each row's remainders, then its TF32 parts."""
+    m, k = x2.shape
+    return _split(x2, m, k, 2 * k, 0, k).view(m, 2 * k)
 
 
 # ---- a weight's parts, made once ---------------------------------------------------------------
 PRODUCTS = [0]  # split products run in this process (stats' split_tf32_products)
-_PARTS: dict[int, tuple] = {}  # id(weight) -> (weakref, version, hi, lo)
+_PARTS: dict[tuple, tuple] = {}  # (id(weight), layout) -> (weakref, version, parts)
 _LOCK = threading.Lock()
 
 
-def parts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight's ``(hi, lo)`` (contiguous, of w's shape), made on its first use and again if it is
-    written in place (``update_weights``); dropped with the weight. ``w`` is the tensor the session
-    holds (a view made per call would be a new object each time)."""
-    key = id(w)
+def parts(w: torch.Tensor, w_out_in: bool) -> torch.Tensor:
+    """The weight's parts as one ``[2K, N]`` matrix, its TF32 parts in rows ``:K`` and the
+    remainders in rows ``K:`` (``w`` is ``[N, K]`` when ``w_out_in``, else ``[K, N]``). Made on the
+    weight's first use and again if it is written in place (``update_weights``); dropped with the
+    weight. ``w`` is the tensor the session holds (a view made per call is a new object each time)."""
+    key = (id(w), w_out_in)
     with _LOCK:
         got = _PARTS.get(key)
         if got is not None and got[0]() is w and got[1] == w._version:
-            return got[2], got[3]
-    hi, lo = split(w.contiguous())
+            return got[2]
+    a, b = w.shape
+    if w_out_in:  # [N, K] rows as [hi | lo]: its transpose is [hi; lo] over K
+        cat = _split(w, a, b, 2 * b, b, 0).view(a, 2 * b).t()
+    else:  # [K, N] as [hi; lo]
+        cat = _split(w, 1, a * b, 2 * a * b, a * b, 0).view(2 * a, b)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
-        return hi, lo  # made by the graph on each replay: memory of its pool is nothing to keep
+        return cat  # made by the graph on each replay: memory of its pool is nothing to keep
     made = getattr(_RECORD, "made", None)
     if made is not None:
         made.add(key)
@@ -121,8 +145,8 @@ def parts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             _PARTS.pop(key, None)
 
     with _LOCK:
-        _PARTS[key] = (weakref.ref(w, forget), w._version, hi, lo)
-    return hi, lo
+        _PARTS[key] = (weakref.ref(w, forget), w._version, cat)
+    return cat
 
 
 _RECORD = threading.local()
@@ -130,7 +154,7 @@ _RECORD = threading.local()
 
 @contextlib.contextmanager
 def recording():
-    """The ids of the tensors whose parts were made in this thread meanwhile: a background build
+    """The keys ``(id(weight), layout)`` of the parts made in this thread meanwhile: a background build
     warms its region on scratch copies of the weights (impls/static.py ``detached``), then makes the
     real weights' parts before the capture, which would otherwise split them on every replay."""
     prev, _RECORD.made = getattr(_RECORD, "made", None), set()
@@ -143,26 +167,7 @@ def recording():
 def held_bytes() -> int:
     """Bytes of the weights' parts held now (memory_stats' ``split_tf32_weight_bytes``)."""
     with _LOCK:
-        return sum(2 * v[2].numel() * v[2].element_size() for v in _PARTS.values())
-
-
-@contextlib.contextmanager
-def run_flags():
-    """The queuing run's TF32 switches (cuDNN's and cuBLAS's) around a build on the compile worker,
-    restored afterwards; nothing where no run queued it. Without this a background capture took
-    whatever the process had: torch's default lets cuDNN use TF32, so a captured convolution
-    could differ from the dynamic path's by ~1e-3."""
-    allow = ALLOW_TF32.get()
-    if allow is None:
-        yield
-        return
-    b = torch.backends
-    prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
-    b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
+        return sum(v[2].numel() * v[2].element_size() for v in _PARTS.values())
 
 
 @contextlib.contextmanager
@@ -176,23 +181,30 @@ def _tf32():
 
 
 # ---- the product --------------------------------------------------------------------------------
+CHUNK = 512  # K per TF32 product of the large parts (see the module docstring)
+
+
 def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ W (+ addend)`` as three TF32 products accumulated in float32. ``w`` is the
-    weight as the session holds it (its parts are kept): ``[N, K]`` when ``w_out_in`` (Linear's
+    """``x2 [M, K] @ W (+ addend)`` from TF32 products of the parts, accumulated in float32. ``w`` is
+    the weight as the session holds it (its parts are kept): ``[N, K]`` when ``w_out_in`` (Linear's
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
     PRODUCTS[0] += 1
-    w_hi, w_lo = parts(w)
-    if w_out_in:
-        w_hi, w_lo = w_hi.t(), w_lo.t()
-    x_hi, x_lo = split(x2.contiguous())
+    k = x2.shape[1]
+    w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
+    x_cat = split_rows(x2)  # [x_lo | x_hi]
+    x_hi, w_hi = x_cat[:, k:], w_cat[:k]
     with _tf32():
-        # the small terms first, the large last: each call adds onto the last in float32
+        # x_lo @ w_hi + x_hi @ w_lo in one call: terms ~2^-11 of the product, whose accumulation
+        # error in the tensor cores stays far below float32's rounding of the whole
         if addend is not None:
-            y = torch.addmm(addend, x_lo, w_hi, out=out) if out is not None else torch.addmm(addend, x_lo, w_hi)
+            y = torch.addmm(addend, x_cat, w_cat, out=out) if out is not None else torch.addmm(addend, x_cat, w_cat)
         else:
-            y = torch.mm(x_lo, w_hi, out=out) if out is not None else torch.mm(x_lo, w_hi)
-        y.addmm_(x_hi, w_lo)
-        y.addmm_(x_hi, w_hi)
+            y = torch.mm(x_cat, w_cat, out=out) if out is not None else torch.mm(x_cat, w_cat)
+        # x_hi @ w_hi in pieces of at most CHUNK along K, each added onto y in float32
+        pieces = -(-k // CHUNK)
+        step = -(-k // pieces)
+        for c0 in range(0, k, step):
+            y.addmm_(x_hi[:, c0:c0 + step], w_hi[c0:c0 + step])
     return y
