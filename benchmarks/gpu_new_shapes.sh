@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|exported|split]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|exported|split|split_final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -37,12 +37,15 @@ case "${1:-final}" in
       tests/test_host_syncs.py tests/test_disk_cache.py tests/reliability/test_indices.py tests/impls/test_aligned.py
     T=430 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_h100.json" ;;
-  split)  # float32 products on TF32 tensor cores (ops/split_tf32.py): its CUDA tests; every workload (default
-          # fp32_products="auto") with a second process; BERT with fp32_products="ieee" in the same run
-    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
-      tests/impls tests/test_host_syncs.py tests/test_disk_cache.py
-    T=300 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
-      --second-process --json "$OUT/new_shapes_split.json"
-    T=100 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --only-dynashape --models-dir $M \
-      --options fp32_products=ieee --json "$OUT/new_shapes_ieee.json" ;;
+  split)  # float32 products on TF32 tensor cores (ops/split_tf32.py): its CUDA tests; BERT with fp32_products
+          # "ieee" and the default ("auto"), dynashape alone
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
+      tests/test_host_syncs.py tests/impls/test_conv_buckets.py
+    for o in fp32_products=ieee fp32_products=auto; do
+      T=100 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --only-dynashape --models-dir $M \
+        --options $o --json "$OUT/new_shapes_bert_$o.json"
+    done ;;
+  split_final)  # every workload, torch.compile side by side, then a second process with the disk cache
+    T=560 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_split.json" ;;
 esac

@@ -14,13 +14,13 @@ and 8.4e-6 at K = 4096 (cuBLAS's float32 kernel: 3-7e-7), growing with K. So the
 ``x_hi @ w_hi`` runs in pieces of at most ``CHUNK`` along K, each added onto the result in float32
 (cuBLAS's beta = 1): 1.2e-6 at any K. The two small products go in one call over the parts
 concatenated along K (``[x_lo | x_hi] @ [w_hi; w_lo]``): their accumulation error is 2^-11 smaller.
-Time: BERT-base's products at 3,072-12,288 tokens 0.55-0.75x cuBLAS's float32 time; at a few hundred
-rows three launches lose, so the dynamic path splits only products of at least ``AUTO_MACS``
-multiply-adds and a static impl's build times the split against the other forms (tuned_gemm.py).
+Time (H200): BERT-base's products at 12,288 rows take 0.49-0.65x cuBLAS's float32 time, at 6,144
+rows 0.59-0.95x; at 1,024 rows and fewer 1.5-3.3x: there the split's launches and passes lose, so the dynamic path splits only products of many rows
+(``worth``) and a static impl's build times the split against the other forms (tuned_gemm.py).
 
 Memory: a weight's two parts are made once and kept (two float32 copies beside the weight, counted
 in ``held_bytes``); an activation's parts are temporaries of the call. TF32 is switched on for
-cuBLAS around the three calls only (process-wide, as a run's ``allow_tf32`` switch is:
+cuBLAS around its calls only (process-wide, as a run's ``allow_tf32`` switch is:
 run_settings.py), and restored: convolutions and other products keep the run's setting.
 """
 
@@ -47,7 +47,7 @@ MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fp32_products", defa
 # the compile worker applies it (``run_flags``), since the switches are process-wide and the worker
 # is not inside the run that queued it
 ALLOW_TF32: contextvars.ContextVar[bool | None] = contextvars.ContextVar("allow_tf32", default=None)
-AUTO_MACS = 1 << 31  # H200: split products of 2.4-5.4e9 multiply-adds ran 1.07-1.35x faster, 1.8e9 ones 0.95x
+AUTO_ROWS = 4096  # the dynamic path's rule (``worth``)
 _MASK = -8192  # 0xFFFFE000: sign, exponent and TF32's 10 mantissa bits
 
 
@@ -59,8 +59,11 @@ def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def worth(m: int, n: int, k: int) -> bool:
-    """On the dynamic path (no timing): split where three TF32 products beat one float32 product."""
-    return MODE.get() == "split" or m * n * k >= AUTO_MACS
+    """On the dynamic path (no timing): split where it beats one float32 product. Measured on an
+    H200 at BERT-base's products (benchmarks/split_tf32_error.py): from 6,144 rows 1.05-2.0x, at
+    3,072 rows 1.27-1.48x where N >= 2K (768 -> 2304, 3072) and 0.6-0.9x otherwise, at 1,024 rows
+    and fewer 0.3-0.67x (the split's launches and passes over the operands)."""
+    return MODE.get() == "split" or m >= AUTO_ROWS or (m >= AUTO_ROWS // 2 and n >= 2 * k)
 
 
 # ---- the split ---------------------------------------------------------------------------------
@@ -168,6 +171,25 @@ def held_bytes() -> int:
     """Bytes of the weights' parts held now (memory_stats' ``split_tf32_weight_bytes``)."""
     with _LOCK:
         return sum(v[2].numel() * v[2].element_size() for v in _PARTS.values())
+
+
+@contextlib.contextmanager
+def run_flags():
+    """The queuing run's TF32 switches (cuDNN's and cuBLAS's) around a build on the compile worker,
+    restored afterwards; nothing where no run queued it. Without this a background capture took
+    whatever the process had: torch's default lets cuDNN use TF32, so a captured convolution
+    could differ from the dynamic path's by ~1e-3."""
+    allow = ALLOW_TF32.get()
+    if allow is None:
+        yield
+        return
+    b = torch.backends
+    prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+    b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
 
 
 @contextlib.contextmanager

@@ -141,9 +141,42 @@ def test_the_ops_route_their_products_by_the_runs_setting(monkeypatch, mode):
 def test_auto_splits_large_products_only():
     token = split_tf32.MODE.set("auto")
     try:
-        assert not split_tf32.worth(1024, 768, 768) and split_tf32.worth(4096, 768, 3072)
+        # (rows, N, K)
+        assert not split_tf32.worth(1024, 3072, 768) and not split_tf32.worth(3072, 768, 768)
+        assert not split_tf32.worth(3072, 768, 3072) and split_tf32.worth(3072, 2304, 768)
+        assert split_tf32.worth(4096, 768, 768)
     finally:
         split_tf32.MODE.reset(token)
+
+
+def test_a_run_sets_the_products_setting_and_a_background_build_takes_its_switches():
+    """Precision (run_settings.py) sets, for its thread, fp32_products and the TF32 switches a build
+    it queues applies on the compile worker (split_tf32.run_flags); the worker restores the
+    process's switches afterwards. torch's own default lets cuDNN use TF32."""
+    import contextvars
+
+    from dynashape.run_settings import Precision
+
+    b = torch.backends
+    prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+    b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = True, False
+    seen = []
+    try:
+        with Precision(False, "split"):
+            assert split_tf32.MODE.get() == "split" and not b.cudnn.allow_tf32
+            queued = contextvars.copy_context()  # what CompilationContext.submit carries to the worker
+        assert split_tf32.MODE.get() == "ieee" and b.cudnn.allow_tf32  # the run's end restores
+
+        def build():
+            with split_tf32.run_flags():
+                seen.append((b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32, split_tf32.MODE.get()))
+        queued.run(build)
+        assert seen == [(False, False, "split")]
+        assert b.cudnn.allow_tf32 and not b.cuda.matmul.allow_tf32  # the process's again
+        with split_tf32.run_flags():  # no run queued this: the process's switches untouched
+            assert b.cudnn.allow_tf32
+    finally:
+        b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
 
 
 def test_a_bad_setting_is_refused_by_name():
@@ -197,8 +230,10 @@ def test_a_background_build_takes_its_runs_tf32_switches():
     worker applied the queuing run's switches (TF32 off): its convolutions moved by ~1e-3."""
     rng = np.random.default_rng(5)
     w = onnx.numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) / 24, "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c0"], pads=[1, 1, 1, 1])]
+    for i in range(1, 4):
+        nodes += [helper.make_node("Relu", [f"c{i - 1}"], [f"r{i}"]),
+                  helper.make_node("Conv", [f"r{i}", "w"], [f"c{i}" if i < 3 else "y"], pads=[1, 1, 1, 1])]
     g = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 64, 32, 32])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -207,15 +242,17 @@ def test_a_background_build_takes_its_runs_tf32_switches():
     try:
         sess = dynashape.InferenceSession(model.SerializeToString(), device=DEVICE, static_impls="async")
         x = rng.standard_normal((4, 64, 32, 32)).astype(np.float32)
-        want = torch.nn.functional.conv2d(torch.relu(torch.nn.functional.conv2d(
-            torch.from_numpy(x).double(), torch.from_numpy(onnx.numpy_helper.to_array(w)).double(), padding=1)),
-            torch.from_numpy(onnx.numpy_helper.to_array(w)).double(), padding=1).numpy()
-        for _ in range(6):
+        wt = torch.from_numpy(onnx.numpy_helper.to_array(w).copy()).double()
+        want = torch.nn.functional.conv2d(torch.from_numpy(x).double(), wt, padding=1)
+        for _ in range(3):
+            want = torch.nn.functional.conv2d(torch.relu(want), wt, padding=1)
+        want = want.numpy()
+        for _ in range(8):
             sess.run(None, {"x": x})
             sess.compiled.context.wait(60)
-        st = sess.stats()
-        assert st["static_hits"] >= 1, st
         got = sess.run(None, {"x": x})[0]
+        st = sess.stats()
+        assert st["static_hits"] >= 1, {k: v for k, v in st.items() if "static" in k or "build" in k}
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
         assert torch.backends.cudnn.allow_tf32  # the application's setting untouched
     finally:
