@@ -29,7 +29,7 @@ from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
-from .ops import u8s8
+from .ops import split_tf32, u8s8
 from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
@@ -97,6 +97,8 @@ class InferenceSession:
         products = fp32_products(options.get("fp32_products"))
         self.precision = Precision(bool(options.get("allow_tf32", False)), products) \
             if self.device.type == "cuda" else None
+        if self.precision is not None and products != "ieee":
+            split_tf32.warm(self.device)  # its kernel compiled at load, not in the first call that splits
         self._fusion = setup.flag(options.get("fusion", True), "fusion")
         self._parse = parse
         self._unlinked: set[str] = set()

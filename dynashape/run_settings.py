@@ -44,17 +44,16 @@ class Precision:
         self._local = threading.local()
 
     def __enter__(self):
-        b = torch.backends
         stack = self._local.__dict__.setdefault("stack", [])
-        stack.append((b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32, split_tf32.MODE.set(self.products),
-                      split_tf32.ALLOW_TF32.set(self.allow)))
-        b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = self.allow
+        cm = split_tf32.switches(self.allow)
+        cm.__enter__()
+        stack.append((cm, split_tf32.MODE.set(self.products), split_tf32.ALLOW_TF32.set(self.allow)))
 
     def __exit__(self, *exc):
-        cudnn, cublas, mode, allow = self._local.stack.pop()
+        cm, mode, allow = self._local.stack.pop()
         split_tf32.ALLOW_TF32.reset(allow)
         split_tf32.MODE.reset(mode)
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, cublas
+        cm.__exit__(None, None, None)
 
 
 def fp32_products(value) -> str:

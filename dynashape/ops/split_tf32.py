@@ -12,10 +12,12 @@ rounding is 2^-24 per operation, summed over K). Measured on an H200 against flo
 accumulation is not float32's rounding: a TF32 product of exact TF32 parts is off by 6e-7 at K = 256
 and 8.4e-6 at K = 4096 (cuBLAS's float32 kernel: 3-7e-7), growing with K. So the large product
 ``x_hi @ w_hi`` runs in pieces of at most ``CHUNK`` along K, each added onto the result in float32
-(cuBLAS's beta = 1): 1.2e-6 at any K. The two small products go in one call over the parts
+(cuBLAS's beta = 1): 1.2e-6 at any K with pieces of 512; ``CHUNK`` (1024) trades a little of
+that for speed. The two small products go in one call over the parts
 concatenated along K (``[x_lo | x_hi] @ [w_hi; w_lo]``): their accumulation error is 2^-11 smaller.
 Time (H200): BERT-base's products at 12,288 rows take 0.49-0.65x cuBLAS's float32 time, at 6,144
-rows 0.59-0.95x; at 1,024 rows and fewer 1.5-3.3x: there the split's launches and passes lose, so the dynamic path splits only products of many rows
+rows 0.59-0.95x; at 1,024 rows and fewer 1.5-3.3x: there the split's launches and passes lose,
+so the dynamic path splits only products of many rows
 (``worth``) and a static impl's build times the split against the other forms (tuned_gemm.py).
 
 Memory: a weight's two parts are made once and kept (two float32 copies beside the weight, counted
@@ -95,7 +97,9 @@ def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_a
 
 
 if triton is not None:
-    @triton.jit
+    # one compile for every size and layout (a specialisation per divisibility of the ints would
+    # compile again at new shapes: a call's stall)
+    @triton.jit(do_not_specialize=["n", "k", "row_stride", "lo_at", "hi_at"])
     def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < n
@@ -108,6 +112,12 @@ if triton is not None:
         at = row * row_stride + (offs - row * k)
         tl.store(out_ptr + at + lo_at, lo, mask=keep)
         tl.store(out_ptr + at + hi_at, hi, mask=keep)
+
+
+def warm(device: torch.device) -> None:
+    """Compile the split's kernel now (a session's load), not in the first call that splits."""
+    if triton is not None and device.type == "cuda":
+        split(torch.ones(4, device=device))
 
 
 def split_rows(x2: torch.Tensor) -> torch.Tensor:
@@ -173,23 +183,42 @@ def held_bytes() -> int:
         return sum(v[2].numel() * v[2].element_size() for v in _PARTS.values())
 
 
+_SWITCHES = threading.Lock()
+_HOLDERS = [0, None]  # runs and builds inside ``switches`` now; the application's switches saved by the first
+
+
+@contextlib.contextmanager
+def switches(allow: bool):
+    """cuDNN's and cuBLAS's TF32 switches set to ``allow`` for a run (run_settings.Precision) or a
+    build on the compile worker (``run_flags``). They are process-wide: the application's values
+    come back when the last run or build inside ends, not when the first does (a run that ends
+    while its queued build captures would otherwise hand the capture the application's TF32)."""
+    b = torch.backends
+    with _SWITCHES:
+        if _HOLDERS[0] == 0:
+            _HOLDERS[1] = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+        _HOLDERS[0] += 1
+        b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        with _SWITCHES:
+            _HOLDERS[0] -= 1
+            if _HOLDERS[0] == 0:
+                b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = _HOLDERS[1]
+
+
 @contextlib.contextmanager
 def run_flags():
-    """The queuing run's TF32 switches (cuDNN's and cuBLAS's) around a build on the compile worker,
-    restored afterwards; nothing where no run queued it. Without this a background capture took
-    whatever the process had: torch's default lets cuDNN use TF32, so a captured convolution
-    could differ from the dynamic path's by ~1e-3."""
+    """The queuing run's TF32 switches around a build on the compile worker; nothing where no run
+    queued it. Without this a background capture took whatever the process had: torch's default
+    lets cuDNN use TF32, so a captured convolution differed from the dynamic path's by ~1e-3."""
     allow = ALLOW_TF32.get()
     if allow is None:
         yield
         return
-    b = torch.backends
-    prev = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
-    b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
-    try:
+    with switches(allow):
         yield
-    finally:
-        b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
 
 
 @contextlib.contextmanager
@@ -203,7 +232,10 @@ def _tf32():
 
 
 # ---- the product --------------------------------------------------------------------------------
-CHUNK = 512  # K per TF32 product of the large parts (see the module docstring)
+# K per TF32 product of the large parts (see the module docstring). BERT-base at a random (batch, seq)
+# on every call, H200 (benchmarks/split_tf32_variants.py): pieces of 512: 1.16x eager over the last
+# 50 calls, error 3.2e-6; 1024: 1.40x, 5.9e-6; no pieces: 1.48x, 1.1e-5; cuBLAS float32: 1.05x, 1.2e-6
+CHUNK = 1024
 
 
 def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Tensor | None = None,
@@ -225,7 +257,7 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
         else:
             y = torch.mm(x_cat, w_cat, out=out) if out is not None else torch.mm(x_cat, w_cat)
         # x_hi @ w_hi in pieces of at most CHUNK along K, each added onto y in float32
-        pieces = -(-k // CHUNK)
+        pieces = -(-k // CHUNK) if CHUNK else 1
         step = -(-k // pieces)
         for c0 in range(0, k, step):
             y.addmm_(x_hi[:, c0:c0 + step], w_hi[c0:c0 + step])

@@ -175,6 +175,15 @@ def test_a_run_sets_the_products_setting_and_a_background_build_takes_its_switch
         assert b.cudnn.allow_tf32 and not b.cuda.matmul.allow_tf32  # the process's again
         with split_tf32.run_flags():  # no run queued this: the process's switches untouched
             assert b.cudnn.allow_tf32
+        # a run that ends while its build still captures: the build keeps its switches until it ends
+        run = Precision(False, "auto")
+        run.__enter__()
+        build = split_tf32.switches(False)
+        build.__enter__()
+        run.__exit__(None, None, None)
+        assert not b.cudnn.allow_tf32
+        build.__exit__(None, None, None)
+        assert b.cudnn.allow_tf32 and not b.cuda.matmul.allow_tf32
     finally:
         b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
 
