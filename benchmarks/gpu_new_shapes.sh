@@ -45,7 +45,8 @@ case "${1:-final}" in
       T=100 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --only-dynashape --models-dir $M \
         --options $o --json "$OUT/new_shapes_bert_$o.json"
     done ;;
-  split_final)  # every workload, torch.compile side by side, then a second process with the disk cache
-    T=560 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+  split_final)  # the split's CUDA tests; every workload, torch.compile side by side, then a second process
+    DYNASHAPE_TEST_DEVICE=cuda T=40 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py
+    T=530 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_split.json" ;;
 esac

@@ -95,7 +95,7 @@ def test_rows_are_split_in_place_of_a_wider_matrix():
 
 
 def test_the_large_product_is_added_in_pieces_along_k():
-    x, w = torch.randn(9, 1100), torch.randn(1100, 6)  # K 1100: three pieces of 367
+    x, w = torch.randn(9, 2100), torch.randn(2100, 6)  # K 2100: three pieces of 700 (CHUNK 1024)
     np.testing.assert_allclose(split_tf32.product(x, w, False), x.double() @ w.double(), rtol=1e-5, atol=1e-4)
 
 
@@ -213,9 +213,9 @@ def test_within_a_few_times_cublas_float32s_error(m, k, n):
     err = float((got.double() - want).norm() / want.norm())
     ieee = float(((x @ w.t()).double() - want).norm() / want.norm())
     assert not torch.backends.cuda.matmul.allow_tf32  # the switch restored
-    # pieces of K <= 512: ~1.2e-6 at any K (cuBLAS float32 3-7e-7; one TF32 product of the parts
+    # pieces of K <= 1024: ~2e-6 at any K (cuBLAS float32 3-7e-7; one TF32 product of the parts
     # over K = 3072: 6e-6, TF32 itself 3e-4)
-    assert err <= max(4 * ieee, 1.5e-6), (err, ieee)
+    assert err <= max(8 * ieee, 3e-6), (err, ieee)
 
 
 @cuda
