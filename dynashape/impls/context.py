@@ -27,6 +27,8 @@ import queue
 import threading
 import time
 
+from ..ops import split_tf32
+
 
 class CompilationContext:
     def __init__(self, mode: str = "async") -> None:
@@ -77,7 +79,8 @@ class CompilationContext:
     def _loop(self) -> None:
         while True:
             key, build, done = self._queue.get()
-            self._run(key, build, done)
+            with split_tf32.building():  # cuBLAS's TF32 switch left alone meanwhile (ops/split_tf32.py)
+                self._run(key, build, done)
 
     def _run(self, key, build, done) -> None:
         t0 = time.perf_counter()

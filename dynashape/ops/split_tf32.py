@@ -54,10 +54,11 @@ _MASK = -8192  # 0xFFFFE000: sign, exponent and TF32's 10 mantissa bits
 
 
 def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the split may serve ``x @ w``: a run that asks for it, float32 CUDA operands, and
-    TF32 not already allowed (then cuBLAS's own TF32 product is what the caller asked for)."""
+    """Whether the split may serve ``x @ w``: a run that asks for it, float32 CUDA operands, TF32
+    not already allowed (then cuBLAS's own TF32 product is what the caller asked for), and not on
+    the compile worker (``building``)."""
     return (MODE.get() != "ieee" and x.is_cuda and x.dtype == torch.float32 and w.dtype == torch.float32
-            and not torch.backends.cuda.matmul.allow_tf32)
+            and not torch.backends.cuda.matmul.allow_tf32 and not getattr(_WORKER, "on", False))
 
 
 def worth(m: int, n: int, k: int) -> bool:
@@ -183,29 +184,81 @@ def held_bytes() -> int:
         return sum(v[2].numel() * v[2].element_size() for v in _PARTS.values())
 
 
-_SWITCHES = threading.Lock()
-_HOLDERS = [0, None]  # runs and builds inside ``switches`` now; the application's switches saved by the first
+# ---- cuBLAS's and cuDNN's TF32 switches are process-wide ----------------------------------------
+# A run sets them (run_settings.Precision), a build on the compile worker sets its run's
+# (``run_flags``), and a split product turns cuBLAS's on for its calls. Another thread's float32
+# cuBLAS call inside that window would run as TF32, and a capture would keep it in its graph (seen:
+# BERT-base's cycling shapes 5.4e-4 off eager while the worker captured, 1.4e-6 before). So a
+# product splits only while its run is the one run or build inside (else it takes cuBLAS's float32
+# product, counted as ``split_tf32_skipped``), the compile worker never splits, and a run or build
+# that begins waits for the split products launching (a window of ~0.1 ms of host time) to end.
+# Code outside dynashape's runs in other threads is not covered: such an application should set
+# fp32_products="ieee".
+_SWITCHES = threading.Condition()
+_HOLDERS = [0, None]  # runs and builds inside now; the application's switches saved by the first
+_OPEN = [0]  # split products launching now
+_WORKER = threading.local()
+SKIPPED = [0]
+
+
+def _enter(allow: bool | None) -> None:
+    b = torch.backends
+    with _SWITCHES:
+        _SWITCHES.wait_for(lambda: _OPEN[0] == 0)
+        if _HOLDERS[0] == 0:
+            _HOLDERS[1] = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+        _HOLDERS[0] += 1
+        if allow is not None:
+            b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
+
+
+def _exit() -> None:
+    b = torch.backends
+    with _SWITCHES:
+        _HOLDERS[0] -= 1
+        if _HOLDERS[0] == 0:
+            b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = _HOLDERS[1]
 
 
 @contextlib.contextmanager
 def switches(allow: bool):
     """cuDNN's and cuBLAS's TF32 switches set to ``allow`` for a run (run_settings.Precision) or a
-    build on the compile worker (``run_flags``). They are process-wide: the application's values
-    come back when the last run or build inside ends, not when the first does (a run that ends
-    while its queued build captures would otherwise hand the capture the application's TF32)."""
-    b = torch.backends
-    with _SWITCHES:
-        if _HOLDERS[0] == 0:
-            _HOLDERS[1] = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
-        _HOLDERS[0] += 1
-        b.cudnn.allow_tf32 = b.cuda.matmul.allow_tf32 = allow
+    build (``run_flags``); the application's values come back when the last run or build inside
+    ends, not when the first does (a run that ends while its queued build captures would otherwise
+    hand the capture the application's TF32)."""
+    _enter(allow)
     try:
         yield
     finally:
-        with _SWITCHES:
-            _HOLDERS[0] -= 1
-            if _HOLDERS[0] == 0:
-                b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = _HOLDERS[1]
+        _exit()
+
+
+@contextlib.contextmanager
+def building():
+    """A build on a compile worker (impls/context.py): it never splits, and no run splits meanwhile."""
+    _WORKER.on = True
+    _enter(None)
+    try:
+        yield
+    finally:
+        _exit()
+        _WORKER.on = False
+
+
+def _open() -> bool:
+    with _SWITCHES:
+        if _HOLDERS[0] > 1:
+            SKIPPED[0] += 1
+            return False
+        _OPEN[0] += 1
+        return True
+
+
+def _close() -> None:
+    with _SWITCHES:
+        _OPEN[0] -= 1
+        if not _OPEN[0]:
+            _SWITCHES.notify_all()
 
 
 @contextlib.contextmanager
@@ -244,6 +297,18 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
     the weight as the session holds it (its parts are kept): ``[N, K]`` when ``w_out_in`` (Linear's
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
+    if not _open():  # another run or a build is inside: cuBLAS's float32 product
+        wt = w.t() if w_out_in else w
+        if addend is not None:
+            return torch.addmm(addend, x2, wt, out=out) if out is not None else torch.addmm(addend, x2, wt)
+        return torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)
+    try:
+        return _split_product(x2, w, w_out_in, addend, out)
+    finally:
+        _close()
+
+
+def _split_product(x2, w, w_out_in, addend, out):
     PRODUCTS[0] += 1
     k = x2.shape[1]
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]

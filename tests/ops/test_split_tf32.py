@@ -188,6 +188,34 @@ def test_a_run_sets_the_products_setting_and_a_background_build_takes_its_switch
         b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = prev
 
 
+def test_a_product_splits_only_as_the_one_run_inside_and_a_run_waits_for_its_launches(monkeypatch):
+    """cuBLAS's TF32 switch is process-wide: a split product turns it on, so it runs only while its
+    run is the one run or build inside; a run that begins meanwhile waits for its launches."""
+    import threading
+    import time
+
+    from dynashape.run_settings import Precision
+
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    skipped, products = split_tf32.SKIPPED[0], split_tf32.PRODUCTS[0]
+    with Precision(False, "split"):
+        split_tf32.product(x, w, False)
+        assert split_tf32.PRODUCTS[0] == products + 1
+        with split_tf32.building():  # a compile worker's build: cuBLAS's float32 product meanwhile
+            np.testing.assert_allclose(split_tf32.product(x, w, False), x @ w, rtol=1e-5, atol=1e-5)
+        assert split_tf32.PRODUCTS[0] == products + 1 and split_tf32.SKIPPED[0] == skipped + 1
+        assert split_tf32._open()  # a product's launches in flight ...
+        entered = []
+        other = threading.Thread(target=lambda: Precision(False, "auto").__enter__() or entered.append(1))
+        other.start()
+        time.sleep(0.2)
+        assert not entered  # ... hold another run's start
+        split_tf32._close()
+        other.join(5)
+        assert entered
+        split_tf32._exit()  # (the other thread's run, ended here)
+
+
 def test_a_bad_setting_is_refused_by_name():
     model = _products_model().SerializeToString()
     with pytest.raises(dynashape.errors.OptionsError, match="fp32_products"):
