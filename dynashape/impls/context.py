@@ -21,6 +21,7 @@ have for a build in the call.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import queue
@@ -79,13 +80,15 @@ class CompilationContext:
     def _loop(self) -> None:
         while True:
             key, build, done = self._queue.get()
-            with split_tf32.building():  # cuBLAS's TF32 switch left alone meanwhile (ops/split_tf32.py)
-                self._run(key, build, done)
+            self._run(key, build, done, worker=True)
 
-    def _run(self, key, build, done) -> None:
+    def _run(self, key, build, done, worker: bool = False) -> None:
         t0 = time.perf_counter()
         try:
-            result = build()
+            # on the worker: no split TF32 product anywhere meanwhile (ops/split_tf32.py), and the
+            # switches put back before the build is reported done (a wait() returns after that)
+            with split_tf32.building() if worker else contextlib.nullcontext():
+                result = build()
         except Exception as e:  # noqa: BLE001  a build that fails is a refusal, reported by done()
             result = e
         try:
