@@ -113,6 +113,21 @@ def _allow_tf32(tmp_path):
                                           device="cuda").precision.allow
 
 
+@effect("fp32_products")
+def _fp32_products(tmp_path):
+    from dynashape.ops import split_tf32
+    from dynashape.run_settings import Precision, fp32_products
+    assert fp32_products(None) == "auto" and fp32_products("ieee") == "ieee"
+    with Precision(False, "split"):  # what a CUDA session's runs set (tests/ops/test_split_tf32.py runs it)
+        assert split_tf32.MODE.get() == "split"
+    assert split_tf32.MODE.get() == "ieee"
+    with pytest.raises(dynashape.errors.OptionsError, match="fp32_products"):
+        session(fp32_products="fp16")
+    if torch.cuda.is_available():
+        assert dynashape.InferenceSession(add_chain(2), dynashape.SessionOptions(fp32_products="ieee"),
+                                          device="cuda").precision.products == "ieee"
+
+
 @effect("threads", "intra_op_num_threads")
 def _threads(tmp_path, monkeypatch):
     seen = []
