@@ -49,7 +49,7 @@ def openvino_model(model: onnx.ModelProto, threads: int):
         return None
     core = ov.Core()
     m = core.read_model(model.SerializeToString(), b"")
-    return core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": threads})
+    return core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
 
 
 def cuda_chain_part(n: int, calls: int, rounds: int, device: str) -> tuple[list, dict]:

@@ -336,6 +336,9 @@ def _ops(**kw) -> int:
 @_int_high_opt
 @click.option("--compare", default="", metavar="RT[,RT]",
               help="also time these runtimes on the same feeds: onnxruntime, openvino, torch-eager")
+@click.option("--ov-precision", default="f32", show_default=True, metavar="f32|bf16|f16",
+              help="OpenVINO's INFERENCE_PRECISION_HINT for --compare openvino: f32 computes as the others do "
+                   "(its CPU default is bf16 where the CPU has AMX or AVX-512 BF16)")
 @click.option("--torch-module", metavar="MODULE:FACTORY", default=None,
               help="for --compare torch-eager: a function returning the torch module the ONNX file was exported "
                    "from (e.g. mypkg.models:build); it is called with the inputs in the model's order")

@@ -155,3 +155,16 @@ def test_bench_compare_torch_eager_with_the_module(model, shapes, tmp_path, monk
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     assert doc["runtimes"]["torch-eager"]["calls"] == 8 and doc["runtimes"]["dynashape"]["calls"] == 8
+
+
+def test_openvino_computes_in_float32_unless_asked(model):
+    """OpenVINO's CPU plugin defaults to bf16 on CPUs with AMX or AVX-512 BF16: the comparison asks
+    for f32, as onnxruntime and dynashape compute (``--ov-precision`` changes it)."""
+    from types import SimpleNamespace
+
+    ov = pytest.importorskip("openvino")
+    for asked, want in ((None, ov.Type.f32), ("bf16", ov.Type.bf16)):
+        args = SimpleNamespace(model=model, threads=1, ov_precision=asked, device="cpu")
+        _, (_, compiled, _) = bench._make_runtime("openvino", args, None)
+        got = compiled.get_property("INFERENCE_PRECISION_HINT")
+        assert got == want or (want == ov.Type.bf16 and got == ov.Type.f32), got  # (bf16 only where the CPU has it)
