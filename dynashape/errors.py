@@ -148,6 +148,12 @@ class ConversationLostError(DynashapeError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class KVCapacityError(DynashapeError, MemoryError):
+    """A request whose prompt plus its longest answer needs more KV blocks than the paged KV pool
+    holds (dynashape/paged): refused when it arrives, before any block is taken; the message gives
+    the blocks it needs and the pool's size."""
+
+
 def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exception:
     """``e`` as the error of a node: a dynashape error keeps its type (so ``except
     IndexOutOfRangeError`` works) with the node named in front; anything else becomes an

@@ -1,0 +1,195 @@
+"""Continuous batching over the paged KV pool: which conversations step together.
+
+Each step takes every running conversation's next token (a decode row each) and then spends what
+is left of a token budget on prompts in chunks, so that a long prompt never holds the others'
+tokens back for more than a chunk (vLLM's chunked prefill; TGI's waiting-served ratio plays the
+same part). A conversation joins as soon as its first chunk fits and leaves when it stops. When a
+running conversation needs a block and none is free, the newest running one is preempted: its
+blocks are given back and it waits again at the front, to be recomputed from its prompt and the
+tokens it made so far (vLLM's recompute preemption; no host copy of its blocks). A conversation
+that could not fit even alone is refused when it arrives (KVCapacityError).
+
+The scheduler does no arithmetic on tensors: ``plan()`` says what the step computes and where the
+new positions' keys and values go (``slots``), the model runs the step, ``commit()`` takes the
+tokens it produced. Rows are padded to a bucket (``bucket``) so that one CUDA graph per bucket
+serves a step of any size.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from .blocks import BlockPool
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A conversation: its prompt, the tokens made so far, and how many positions are in the pool."""
+
+    key: object
+    prompt: list[int]
+    max_new: int
+    eos: int | None = None
+    out: list[int] = field(default_factory=list)
+    computed: int = 0          # positions whose keys and values are in the pool
+    state: str = "waiting"     # waiting, running, done, aborted
+    preemptions: int = 0
+    order: int = 0             # arrival order: the newest running one is preempted first
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.out
+
+    @property
+    def longest(self) -> int:
+        """Positions it may hold: its prompt and every token it may make but the last (never fed back)."""
+        return len(self.prompt) + max(self.max_new - 1, 0)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.out) >= self.max_new or (self.eos is not None and bool(self.out) and self.out[-1] == self.eos)
+
+
+@dataclass
+class Row:
+    """One conversation's part of a step: its positions ``start:end`` (token ids ``tokens``), the
+    pool slots they are written to, and whether the step's last row of it yields a new token."""
+
+    seq: Sequence
+    start: int
+    end: int
+    tokens: list[int]
+    slots: torch.Tensor
+    samples: bool
+
+
+@dataclass
+class Plan:
+    rows: list[Row]
+    preempted: list[Sequence]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.end - r.start for r in self.rows)
+
+    @property
+    def decode_rows(self) -> int:
+        return sum(1 for r in self.rows if r.end - r.start == 1 and r.start > 0)
+
+
+def bucket(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest bucket holding ``n`` rows (n itself beyond the largest)."""
+    return next((b for b in buckets if b >= n), n)
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, max_rows: int = 64, token_budget: int = 512, chunk: int = 256) -> None:
+        if max_rows < 1 or token_budget < 1 or chunk < 1:
+            raise ValueError(f"max_rows={max_rows}, token_budget={token_budget}, chunk={chunk}: expected >= 1")
+        self.pool, self.max_rows, self.token_budget, self.chunk = pool, max_rows, token_budget, chunk
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._order = itertools.count()
+        self.stats = {"steps": 0, "preemptions": 0, "refused": 0, "aborted": 0, "finished": 0}
+
+    # ---- arrivals and departures -------------------------------------------------------------
+    def add(self, seq: Sequence) -> Sequence:
+        """Queue a conversation; KVCapacityError (nothing queued) if it could never fit."""
+        try:
+            self.pool.check_fits(seq.key, seq.longest)
+        except Exception:
+            self.stats["refused"] += 1
+            raise
+        seq.order, seq.state = next(self._order), "waiting"
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, key) -> bool:
+        """A client gone: its conversation leaves and its blocks are free at once."""
+        for queue in (self.running, self.waiting):
+            for s in queue:
+                if s.key == key:
+                    queue.remove(s)
+                    self.pool.release(key)
+                    s.state = "aborted"
+                    self.stats["aborted"] += 1
+                    return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # ---- a step ------------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        """The next step's rows: every running conversation's next position first (preempting the
+        newest ones when blocks run out), then prompt chunks within the token budget."""
+        rows: list[Row] = []
+        preempted: list[Sequence] = []
+        budget = self.token_budget
+        for seq in sorted(self.running, key=lambda s: s.order):
+            if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows:
+                continue
+            n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
+            while not self.pool.can_grow(seq.key, n):
+                victim = max((s for s in self.running if s.state == "running"), key=lambda s: s.order)
+                self._preempt(victim, preempted)
+                if victim is seq:
+                    break
+            if seq.state != "running":
+                continue
+            rows.append(self._row(seq, n))
+            budget -= n
+        for seq in list(self.waiting):  # arrival order; the preempted ones went to the front
+            if budget <= 0 or len(rows) >= self.max_rows:
+                break
+            n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
+            if not self.pool.can_grow(seq.key, n):
+                break  # a new prompt never evicts a running conversation; later ones wait their turn
+            self.waiting.remove(seq)
+            seq.state = "running"
+            self.running.append(seq)
+            rows.append(self._row(seq, n))
+            budget -= n
+        self.stats["steps"] += 1
+        return Plan(rows, preempted)
+
+    def _row(self, seq: Sequence, n: int) -> Row:
+        start = seq.computed
+        slots = self.pool.grow(seq.key, n)
+        end = start + n
+        return Row(seq, start, end, seq.tokens[start:end], slots, samples=end == len(seq.tokens))
+
+    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        self.pool.release(seq.key)
+        self.running.remove(seq)
+        seq.computed, seq.state = 0, "waiting"
+        seq.preemptions += 1
+        self.stats["preemptions"] += 1
+        self.waiting.insert(0, seq)
+        preempted.append(seq)
+
+    def commit(self, plan: Plan, sampled: dict) -> list[Sequence]:
+        """After the model ran ``plan``: ``sampled[key]`` is the token each sampling row made. The
+        positions become computed, the tokens are appended; the conversations that stop leave
+        (their blocks freed) and are returned."""
+        done = []
+        for r in plan.rows:
+            seq = r.seq
+            if seq.state != "running":
+                continue  # aborted meanwhile: its blocks are gone already
+            seq.computed = r.end
+            if r.samples:
+                seq.out.append(int(sampled[seq.key]))
+                if seq.finished:
+                    self.running.remove(seq)
+                    self.pool.release(seq.key)
+                    seq.state = "done"
+                    self.stats["finished"] += 1
+                    done.append(seq)
+        return done
