@@ -31,6 +31,7 @@ from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
 from .fuse_residual import fuse_matmul_add, fuse_norm_linear, fuse_silu_mul
 from .fuse_rotary import fuse_rotary
+from .fuse_squeeze_excite import fuse_squeeze_excite
 from .inline_if import inline_constant_if
 from .linear_layout import linear_layout_pass
 from .program import Program
@@ -115,7 +116,8 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     packed = [("cpu_packed_linear", cpu_packed_linear)] if cpu else []
     # oneDNN's convolution with its activation as a post-op (CPU); DYNASHAPE_FUSE_CONV_ACT=0 turns it off
     if cpu and os.environ.get("DYNASHAPE_FUSE_CONV_ACT", "1") != "0":
-        conv = [*conv, ("fuse_conv_activation", fuse_conv_activation)]
+        conv = [*conv, ("fuse_conv_activation", fuse_conv_activation),
+                ("fuse_squeeze_excite", fuse_squeeze_excite)]  # after: it reads the ConvAct nodes
     return [("linear_layout", linear_layout_pass(device)), *residual, *packed, ("remove_dead_nodes", remove_dead_nodes),
             ("channels_last", channels_last_pass(device)), *conv]
 

@@ -40,6 +40,7 @@ from . import (  # noqa: F401
     sequence,
     signal,
     softmax,
+    squeeze_excite,
     strings,
     tensor,
     tensor_copies,
