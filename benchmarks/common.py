@@ -71,3 +71,26 @@ def gone() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def cuda_event_ms(f: Callable, sets: tuple | list = ((),), reps: int = 25, warmup: int = 3) -> float:
+    """Median device time of ``f(*args)`` in ms by CUDA events, the argument sets rotated (inputs
+    that fit in the cache would otherwise time the cache)."""
+    import torch
+    for i in range(warmup):
+        f(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        f(*sets[i % len(sets)])
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def rel_err(got, ref) -> float:
+    """||got - ref|| / ||ref|| in float64 (``ref`` float64 already, or made so)."""
+    return float((got.double() - ref.double()).norm() / ref.double().norm())

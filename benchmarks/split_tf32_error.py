@@ -5,16 +5,13 @@ this is the tensor cores' accumulation alone), ``split_tf32.product``'s error an
 Then at BERT-base's products: the time of ``split_tf32.product`` against cuBLAS float32 (CUDA
 events, medians, the weight's parts made before).
 
-    python benchmarks/split_tf32_error.py
+    python -m benchmarks.split_tf32_error
 """
 
 import torch
 
+from benchmarks.common import cuda_event_ms, rel_err
 from dynashape.ops import split_tf32
-
-
-def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
 
 
 def main():
@@ -26,10 +23,10 @@ def main():
         xh, xl = split_tf32.split(x)
         wh, wl = split_tf32.split(w)
         torch.backends.cuda.matmul.allow_tf32 = True
-        acc = rel(xh @ wh, xh.double() @ wh.double())
+        acc = rel_err(xh @ wh, xh.double() @ wh.double())
         torch.backends.cuda.matmul.allow_tf32 = False
-        sp = rel(split_tf32.product(x, w, False), ref)
-        ieee = rel(x @ w, ref)
+        sp = rel_err(split_tf32.product(x, w, False), ref)
+        ieee = rel_err(x @ w, ref)
         print(f"K {k:5d}  tf32 accumulation of exact parts {acc:.2e}  split product {sp:.2e}  cuBLAS fp32 {ieee:.2e}",
               flush=True)
     for m in (512, 1024, 3072, 6144, 12288):
@@ -38,24 +35,10 @@ def main():
             x = torch.randn(m, k, device="cuda")
             w = torch.randn(n, k, device="cuda") / k ** 0.5
             split_tf32.parts(w, True)
-            t_split = timed(lambda x=x, w=w: split_tf32.product(x, w, True))
-            t_ieee = timed(lambda x=x, w=w: x @ w.t())
+            t_split = cuda_event_ms(lambda x=x, w=w: split_tf32.product(x, w, True))
+            t_ieee = cuda_event_ms(lambda x=x, w=w: x @ w.t())
             row.append(f"{k}->{n} {t_ieee:.3f}/{t_split:.3f} ms (x{t_ieee / t_split:.2f})")
         print(f"M {m:5d}  fp32/split: " + "  ".join(row), flush=True)
-
-
-def timed(f, reps=20):
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
 
 
 if __name__ == "__main__":

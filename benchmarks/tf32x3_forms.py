@@ -12,18 +12,19 @@ Shapes: BERT-base's products (tokens x 768 -> 768/2304/3072, 3072 -> 768) and Re
 convolutions at batch 32 (NHWC). Times are medians of CUDA events over rotated inputs; errors are
 ||out - ref|| / ||ref|| against a float64 result.
 
-    python benchmarks/tf32x3_forms.py [--json out.json]
+    python -m benchmarks.tf32x3_forms [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.common import cuda_event_ms, rel_err
 
 MASK = -8192  # 0xFFFFE000: sign, exponent and the 10 mantissa bits TF32 keeps
 
@@ -36,26 +37,6 @@ def hi_lo(t: torch.Tensor):
 def tf32(on: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = on
     torch.backends.cudnn.allow_tf32 = on
-
-
-def timed_ms(f, sets, reps=25) -> float:
-    for s in sets[:2]:
-        f(*s)
-    torch.cuda.synchronize()
-    ts = []
-    for i in range(reps):
-        s = sets[i % len(sets)]
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        f(*s)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return statistics.median(ts)
-
-
-def rel(c: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((c.double() - ref).norm() / ref.norm())
 
 
 # ---- products ------------------------------------------------------------------------------------
@@ -115,9 +96,9 @@ def product_rows() -> list:
             r = {"M": tokens, "K": k, "N": n}
             for name, f in PRODUCTS.items():
                 tf32(name == "tf32" or name.startswith(("three", "concat")))
-                r[name + "_ms"] = timed_ms(f, sets)
+                r[name + "_ms"] = cuda_event_ms(f, sets, warmup=2)
                 if name != "split_only":
-                    r[name + "_err"] = rel(f(a, w, wp), ref)
+                    r[name + "_err"] = rel_err(f(a, w, wp), ref)
             tf32(False)
             rows.append(r)
             print(f"mm {tokens:6d}x{k:4d}x{n:4d} " + "  ".join(
@@ -165,8 +146,8 @@ def conv_rows() -> list:
             r = {"batch": batch, "hw": hw, "cin": cin, "cout": cout, "k": ks, "stride": stride}
             for name, f in (("fp32", fp32), ("tf32", fp32), ("three", three), ("concat", concat)):
                 tf32(name != "fp32")
-                r[name + "_ms"] = timed_ms(f, sets)
-                r[name + "_err"] = rel(f(x, w, wp), ref)
+                r[name + "_ms"] = cuda_event_ms(f, sets, warmup=2)
+                r[name + "_err"] = rel_err(f(x, w, wp), ref)
             tf32(False)
             rows.append(r)
             print(f"conv b{batch} {hw}x{hw} {cin}->{cout} k{ks}s{stride} " + "  ".join(

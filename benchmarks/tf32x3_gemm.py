@@ -7,19 +7,20 @@ fp32's own rounding. This measures, at the products of BERT-base (tokens x 768 -
 and ResNet-50's 1x1 convolutions at batch 32 (NHWC rows x Cin -> Cout): time of torch.mm strict
 fp32, torch.mm TF32, and the Triton tf32x3 kernel; and each one's error against a float64 product.
 
-    python benchmarks/tf32x3_gemm.py [--json out.json]
+    python -m benchmarks.tf32x3_gemm [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import triton
 import triton.language as tl
+
+from benchmarks.common import cuda_event_ms, rel_err
 
 CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
            for bm, bn, bk, w, s in [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
@@ -53,24 +54,6 @@ def triton_mm(a: torch.Tensor, b: torch.Tensor, prec: str = "tf32x3") -> torch.T
     return c
 
 
-def timed_ms(f, reps=30) -> float:
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        f()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
-
-
-def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((c.double() - ref).norm() / ref.norm())
-
-
 def shapes() -> list:
     out = []
     for tokens in (512, 3072, 12288):
@@ -91,15 +74,15 @@ def main() -> None:
         b = torch.randn(K, N, device="cuda") / K ** 0.5
         ref = a.double() @ b.double()
         torch.backends.cuda.matmul.allow_tf32 = False
-        fp32 = timed_ms(lambda a=a, b=b: a @ b)
+        fp32 = cuda_event_ms(lambda a=a, b=b: a @ b, reps=30)
         e32 = rel_err(a @ b, ref)
         torch.backends.cuda.matmul.allow_tf32 = True
-        tf32 = timed_ms(lambda a=a, b=b: a @ b)
+        tf32 = cuda_event_ms(lambda a=a, b=b: a @ b, reps=30)
         etf = rel_err(a @ b, ref)
         torch.backends.cuda.matmul.allow_tf32 = False
-        x3 = timed_ms(lambda a=a, b=b: triton_mm(a, b))
+        x3 = cuda_event_ms(lambda a=a, b=b: triton_mm(a, b))
         ex3 = rel_err(triton_mm(a, b), ref)
-        ieee = timed_ms(lambda a=a, b=b: triton_mm(a, b, "ieee"))
+        ieee = cuda_event_ms(lambda a=a, b=b: triton_mm(a, b, "ieee"))
         r = {"model": model, "M": M, "K": K, "N": N, "fp32_ms": fp32, "tf32_ms": tf32, "tf32x3_ms": x3,
              "triton_ieee_ms": ieee, "err_fp32": e32, "err_tf32": etf, "err_tf32x3": ex3,
              "tflops_fp32": 2 * M * N * K / fp32 / 1e9, "tflops_tf32x3": 2 * M * N * K / x3 / 1e9}
