@@ -7,8 +7,10 @@ models PyPI packages ship) apply two 1x1 convolutions to a 1x1 image after a glo
 matrix product of the (N, C) rows, which ``addmm`` does in ~5 us (PaddleOCR's direction
 classifier has 18 of them a call: 42 us each as convolutions). Everything else is torch's conv2d.
 
-(A depthwise kernel in C was tried and dropped: it beat oneDNN only below ~3M multiply-adds, by
-~20 us a layer, and the models measured did not move beyond this machine's noise.)
+A depthwise convolution in C was tried twice against oneDNN at repeated shapes and dropped (it
+won only below ~3M multiply-adds, by ~20 us a layer). At a shape new to the convolution it is kept
+(``csrc/depthwise.c``): there oneDNN first builds a primitive (0.1-0.3 ms), which the C loop does
+not need; PP-OCRv4 det at 96-160 pixel images, each new: 15-19 -> 10-14 ms a call.
 """
 
 from __future__ import annotations
@@ -188,16 +190,42 @@ class PackedWeight:
         return self.packed
 
 
-def _first_sight(seen: set, shape) -> bool:
+def _first_sight(seen: set, shape, counted: str | None = NEW_SHAPE_PRODUCTS) -> bool:
     """Whether ``shape`` is new to the convolution that keeps ``seen`` (then remembered, and the
-    call counted as NEW_SHAPE_PRODUCTS)."""
+    call counted as ``counted``)."""
     if shape in seen:
         return False
     if len(seen) >= SEEN_SHAPES:
         seen.clear()
     seen.add(shape)
-    native.count(NEW_SHAPE_PRODUCTS)
+    if counted:
+        native.count(counted)
     return True
+
+
+# the activations the C depthwise pass applies (csrc/depthwise.c)
+DEPTHWISE_ACTS = {"none": 0, "relu": 1, "hardswish": 2}
+NEW_SHAPE_DEPTHWISE = "conv_depthwise_new_shape_c"
+
+
+def _depthwise(x, w, b, stride, padding, act: int, cache: list):
+    """A depthwise convolution of channels-last ``x`` in C (csrc/depthwise.c), or None where the C
+    kernel cannot be built (counted as ``depthwise_torch_fallbacks``: oneDNN serves)."""
+    fn = native.function("depthwise", "dw_conv_nhwc", "ppppiiiiiiiiiiiiii", fallbacks="depthwise")
+    if fn is None:
+        return None
+    if cache[0] != w._version:
+        cache[:] = [w._version, w.detach()[:, 0].permute(1, 2, 0).contiguous()]  # [kh][kw][c]
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2], w.shape[3]
+    (sh, sw), (ph, pw) = stride, padding
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+    y = torch.empty((n, c, ho, wo), dtype=x.dtype, memory_format=torch.channels_last)
+    bc = b.contiguous() if b is not None else None
+    fn(x.data_ptr(), y.data_ptr(), cache[1].data_ptr(), bc.data_ptr() if bc is not None else None, n, h, wd, c, kh, kw,
+       sh, sw, ph, pw, ho, wo, act, torch.get_num_threads())
+    native.count(NEW_SHAPE_DEPTHWISE)
+    return y
 
 
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True):
@@ -216,6 +244,10 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     ort_epilogue = exact and activation in ORT_ACTIVATIONS
     fused = torch.ops.mkldnn._convolution_pointwise
     seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
+    dw_act = DEPTHWISE_ACTS.get(activation)
+    depthwise = (dw_act is not None and groups > 1 and w.shape[1] == 1 and w.shape[0] == groups
+                 and all(d == 1 for d in dilation) and len(padding) == 2 and not isinstance(padding, str))
+    dw_weight = [-1, None]  # (the weight's version, its [kh][kw][c] copy), made when first used
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
@@ -231,6 +263,11 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return act_(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
+        if depthwise and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == groups \
+                and x.numel() * w.shape[2] * w.shape[3] < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape, None):
+            y = _depthwise(x, w, b, stride, padding, dw_act, dw_weight)
+            if y is not None:
+                return y
         wp = packed.get()
         if ort_epilogue:
             return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)

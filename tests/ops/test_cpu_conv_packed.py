@@ -42,7 +42,8 @@ def _reorders() -> int:
                                               (48, 64, 1, 2, 1, 1)])
 def test_one_reorder_per_weight_over_new_sizes(cin, cout, k, s, g, d):
     """Every call at a new size (and batch) takes the one reordered copy: one explicit reorder in
-    all, the only one torch's profiler sees, and the values of torch's convolution."""
+    all, the only one torch's profiler sees, and the values of torch's convolution (a depthwise one
+    runs in C at a new size and reorders nothing)."""
     torch.manual_seed(5)
     w, b = torch.randn(cout, cin // g, k, k), torch.randn(cout)
     p = [d * (k // 2)] * 2
@@ -54,9 +55,11 @@ def test_one_reorder_per_weight_over_new_sizes(cin, cout, k, s, g, d):
             x = torch.randn(n, cin, h, wd).contiguous(memory_format=torch.channels_last)
             want = F.relu(torch.conv2d(x, w, b, s, p, d, g))
             torch.testing.assert_close(kernel(x, w, b), want, rtol=1e-4, atol=1e-4)
-    assert _reorders() - before == 1
+    # a depthwise convolution at a new size runs in C (csrc/depthwise.c): no reorder at all
+    expect = 0 if g > 1 and not native.why("depthwise") else 1
+    assert _reorders() - before == expect
     seen = [e.key for e in prof.key_averages() if "reorder_convolution_weight" in e.key]
-    assert [e.count for e in prof.key_averages() if e.key in seen] == [1], seen
+    assert [e.count for e in prof.key_averages() if e.key in seen] == ([1] if expect else []), seen
 
 
 def test_a_written_weight_is_reordered_again():
