@@ -75,11 +75,9 @@ def _matmul(a, b, *, out=None):
         return r if out is None else out.copy_(r)
     if b.dim() == 2 and a.dim() >= 2 and split_tf32.eligible(a, b) and split_tf32.worth(
             a.numel() // b.shape[0], b.shape[1], b.shape[0]):
-        o2 = out.view(-1, b.shape[1]) if out is not None and out.is_contiguous() else None
-        y = split_tf32.product(a.reshape(-1, b.shape[0]), b, False, None, o2)
-        if out is None:
-            return y.view(*a.shape[:-1], b.shape[1])
-        return out if o2 is not None else out.copy_(y.view(out.shape))
+        a2 = a.reshape(-1, b.shape[0])
+        return tuned_gemm.rows_into(out, a.shape[:-1], b.shape[1],
+                                    lambda o2: split_tf32.product(a2, b, False, None, o2))
     if out is None:
         return torch.matmul(a, b)
     # torch.matmul resizes an out= of a 1-D operand's result (the unsqueezed shape) instead of

@@ -53,17 +53,11 @@ def _matmul_add(x, w, r, *, transposed=0, out=None):
     k, n = wt.shape
     x2, r2 = x.reshape(-1, k), r.reshape(-1, n)
     if tuned_gemm.serves(x, w):  # a static impl's build: the kernel timed fastest for this shape
-        o2 = out.view(-1, n) if out is not None and out.is_contiguous() else None
-        res = tuned_gemm.product(x2, w, bool(transposed), None, r2, o2)
-        if out is None:
-            return res.view(*x.shape[:-1], n)
-        return out if o2 is not None else out.copy_(res.view(*x.shape[:-1], n))
+        return tuned_gemm.rows_into(out, x.shape[:-1], n,
+                                    lambda o2: tuned_gemm.product(x2, w, bool(transposed), None, r2, o2))
     if split_tf32.eligible(x, w) and split_tf32.worth(x2.shape[0], n, k):
-        o2 = out.view(-1, n) if out is not None and out.is_contiguous() else None
-        res = split_tf32.product(x2, w, bool(transposed), r2, o2)
-        if out is None:
-            return res.view(*x.shape[:-1], n)
-        return out if o2 is not None else out.copy_(res.view(*x.shape[:-1], n))
+        return tuned_gemm.rows_into(out, x.shape[:-1], n,
+                                    lambda o2: split_tf32.product(x2, w, bool(transposed), r2, o2))
     if out is not None and out.is_contiguous():
         torch.addmm(r2, x2, wt, out=out.view(-1, n))
         return out

@@ -285,6 +285,14 @@ def _tf32():
 
 
 # ---- the product --------------------------------------------------------------------------------
+def addmm(addend: torch.Tensor | None, x2: torch.Tensor, wt: torch.Tensor, out: torch.Tensor | None = None):
+    """``x2 @ wt (+ addend)`` in one BLAS call, written into ``out`` where given (torch's mm and
+    addmm take no ``out=None``)."""
+    if addend is None:
+        return torch.mm(x2, wt) if out is None else torch.mm(x2, wt, out=out)
+    return torch.addmm(addend, x2, wt) if out is None else torch.addmm(addend, x2, wt, out=out)
+
+
 # K per TF32 product of the large parts (see the module docstring). BERT-base at a random (batch, seq)
 # on every call, H200 (benchmarks/split_tf32_variants.py): pieces of 512: 1.16x eager over the last
 # 50 calls, error 3.2e-6; 1024: 1.40x, 5.9e-6; no pieces: 1.48x, 1.1e-5; cuBLAS float32: 1.05x, 1.2e-6
@@ -298,10 +306,7 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
     if not _open():  # another run or a build is inside: cuBLAS's float32 product
-        wt = w.t() if w_out_in else w
-        if addend is not None:
-            return torch.addmm(addend, x2, wt, out=out) if out is not None else torch.addmm(addend, x2, wt)
-        return torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)
+        return addmm(addend, x2, w.t() if w_out_in else w, out)
     try:
         return _split_product(x2, w, w_out_in, addend, out)
     finally:
@@ -317,10 +322,7 @@ def _split_product(x2, w, w_out_in, addend, out):
     with _tf32():
         # x_lo @ w_hi + x_hi @ w_lo in one call: terms ~2^-11 of the product, whose accumulation
         # error in the tensor cores stays far below float32's rounding of the whole
-        if addend is not None:
-            y = torch.addmm(addend, x_cat, w_cat, out=out) if out is not None else torch.addmm(addend, x_cat, w_cat)
-        else:
-            y = torch.mm(x_cat, w_cat, out=out) if out is not None else torch.mm(x_cat, w_cat)
+        y = addmm(addend, x_cat, w_cat, out)
         # x_hi @ w_hi in pieces of at most CHUNK along K, each added onto y in float32
         pieces = -(-k // CHUNK) if CHUNK else 1
         step = -(-k // pieces)

@@ -44,15 +44,12 @@ def _squeeze_excite(x, w1, b1=None, w2=None, b2=None, *, act1="relu", gate="hard
         return _torch(x, w1, b1, w2, b2, act1, gate, alpha, beta)
     n, c, h, w = x.shape
     cr = w1.shape[0]
-    y = out if (type(out) is torch.Tensor and out.shape == x.shape and out.stride() == x.stride()
-                and out.dtype == x.dtype) else torch.empty_like(x)
+    x, y = native.dense_pair(x, out, x.dtype)  # (x is dense: itself; y out where it is laid out as x)
     w1c, w2c = w1.reshape(cr, c).contiguous(), w2.reshape(c, cr).contiguous()
     b1c = b1.contiguous() if b1 is not None else None
     b2c = b2.contiguous() if b2 is not None else None
     scratch = torch.empty(max(n, 1) * (2 * c + cr), dtype=torch.float32)
-    sn, sc, sh, sw = x.stride()
-    if h * w > 1 and sh != w * sw:  # pixels not at one stride (never for the layouts above)
-        return _torch(x, w1, b1, w2, b2, act1, gate, alpha, beta)
+    sn, sc, _, sw = x.stride()  # dense NCHW or channels-last: the pixels lie at one stride, sw
     threads = torch.get_num_threads()
     fn(x.data_ptr(), y.data_ptr(), n, h * w, c, cr, sn, sw, sc, w1c.data_ptr(),
        b1c.data_ptr() if b1c is not None else None, w2c.data_ptr(), b2c.data_ptr() if b2c is not None else None,

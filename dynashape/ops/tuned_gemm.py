@@ -70,7 +70,7 @@ def _run(form: str, x2, w, w_out_in, bias, residual, out):
         return split_tf32.product(x2, w, w_out_in, _addend(bias, residual), out)
     wt = w.t() if w_out_in else w
     if form == "then_add":
-        y = torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)
+        y = split_tf32.addmm(None, x2, wt, out)
         if bias is not None:
             y.add_(bias)
         if residual is not None:
@@ -81,6 +81,15 @@ def _run(form: str, x2, w, w_out_in, bias, residual, out):
         y = out if out is not None else torch.empty(x2.shape[0], wt.shape[1], dtype=x2.dtype, device=x2.device)
         y.copy_(c)
         return torch.addmm(y, x2, wt, out=y)
-    if c is None:  # epilogue
-        return torch.mm(x2, wt, out=out) if out is not None else torch.mm(x2, wt)
-    return torch.addmm(c, x2, wt, out=out) if out is not None else torch.addmm(c, x2, wt)
+    return split_tf32.addmm(c, x2, wt, out)  # epilogue
+
+
+def rows_into(out: torch.Tensor | None, lead: tuple, n: int, product) -> torch.Tensor:
+    """A product of rows ``[M, n]`` for a result of shape ``lead + (n,)``: ``product(o2)`` writes
+    into ``o2``, the ``[M, n]`` view of ``out`` where ``out`` is contiguous (else it returns a new
+    result, copied into ``out`` where there is one)."""
+    o2 = out.view(-1, n) if out is not None and out.is_contiguous() else None
+    res = product(o2)
+    if out is None:
+        return res.view(*lead, n)
+    return out if o2 is not None else out.copy_(res.view(*lead, n))
