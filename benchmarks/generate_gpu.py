@@ -1,14 +1,14 @@
 """A streaming greedy loop on the GPU: every token read back to the host, as a chat front end does.
 
 The 12-layer hidden-768 Llama-style decoder of benchmarks/decode.py (``small``, fp32, random
-weights, batch 1): a prompt of 8 tokens, then ``--steps`` tokens. Timed after a first generation
+weights, ``--batch`` rows in ``--dtype``): a prompt of 8 tokens, then ``--steps`` tokens. Timed after a first generation
 (loads, first calls, builds): PyTorch eager of the same module (``.item()`` a step); a plain
 dynashape session loop (argmax on the device, ``.item()`` a step, the present fed back as the
 past); ``dynashape.generate`` (onnxruntime-genai's API: ``generate_next_token`` then
 ``get_next_tokens`` a step). Tokens/s over the steps after the prompt, the slowest step against
 the median, and a cProfile of the generate loop's host side (``--profile``).
 
-    python benchmarks/generate_gpu.py [--steps 240] [--profile]
+    python benchmarks/generate_gpu.py [--steps 240] [--profile] [--dtype float32] [--batch 1]
 """
 
 from __future__ import annotations
@@ -49,27 +49,29 @@ def steps_of(loop) -> list[float]:
 
 def eager_loop(model, prompt, steps, dev):
     cfg = model.cfg
-    past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
-    ids = torch.tensor(prompt, device=dev)[None]
+    b, dt = len(prompt), llama.dtype_of(cfg)
+    past = [torch.zeros(b, cfg["kv_heads"], 0, cfg["head_dim"], device=dev, dtype=dt) for _ in range(2 * cfg["layers"])]
+    ids = torch.tensor(prompt, device=dev)
     with torch.no_grad():
         for _ in range(steps):
             out = model(ids, *past)
-            tok = int(out[0][0, -1].argmax())
+            tok = out[0][:, -1].argmax(-1)
             past = list(out[1:])
-            ids = torch.tensor([[tok]], device=dev)
-            yield tok
+            yield tok.tolist()[0]  # every row's token read back, as a streaming loop does
+            ids = tok[:, None]
 
 
 def session_loop(sess, cfg, prompt, steps, dev):
     names = llama.input_names(cfg)
-    past = [torch.zeros(1, cfg["kv_heads"], 0, cfg["head_dim"], device=dev) for _ in range(2 * cfg["layers"])]
-    ids = torch.tensor(prompt, device=dev)[None]
+    b, dt = len(prompt), llama.dtype_of(cfg)
+    past = [torch.zeros(b, cfg["kv_heads"], 0, cfg["head_dim"], device=dev, dtype=dt) for _ in range(2 * cfg["layers"])]
+    ids = torch.tensor(prompt, device=dev)
     for _ in range(steps):
         out = sess.run(None, dict(zip(names, [ids, *past])))
-        tok = int(out[0][0, -1].argmax())
+        tok = out[0][:, -1].argmax(-1)
         past = out[1:]
-        ids = torch.tensor([[tok]], device=dev)
-        yield tok
+        yield tok.tolist()[0]
+        ids = tok[:, None]
 
 
 def generate_loop(model, prompt, steps):
@@ -80,13 +82,14 @@ def generate_loop(model, prompt, steps):
     while not gen.is_done():
         gen.generate_next_token()
         yield int(gen.get_next_tokens()[0])
+    model.last_stats = gen.request.stats()
 
 
-def summary(name: str, times: list[float]) -> dict:
+def summary(name: str, times: list[float], batch: int) -> dict:
     rest = times[1:]  # after the prompt's step
     med = statistics.median(rest)
-    r = {"tokens_per_s": len(rest) / sum(rest), "median_step_ms": med * 1e3, "slowest_vs_median": max(rest) / med,
-         "first_step_ms": times[0] * 1e3}
+    r = {"tokens_per_s": batch * len(rest) / sum(rest), "median_step_ms": med * 1e3,
+         "slowest_vs_median": max(rest) / med, "first_step_ms": times[0] * 1e3}
     print(f"{name:28s} {r['tokens_per_s']:8.0f} tokens/s  median step {r['median_step_ms']:.3f} ms  slowest "
           f"{r['slowest_vs_median']:.1f}x median  prompt step {r['first_step_ms']:.1f} ms", flush=True)
     return r
@@ -96,22 +99,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
-    cfg = CONFIGS["small"]
+    cfg = {**CONFIGS["small"], "dtype": args.dtype}
     path = llama.model_path(cfg)
     folder = Path(tempfile.mkdtemp())
     shutil.copy(path, folder / "model.onnx")
     (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"},
                                                                      "eos_token_id": -1, "context_length": 256}}))
-    prompt = np.random.default_rng(0).integers(0, cfg["vocab"], 8).tolist()
+    prompt = np.random.default_rng(0).integers(0, cfg["vocab"], (args.batch, 8)).tolist()
     res, tokens = {}, {}
     m = llama.build(cfg).to(dev)
     for _ in range(2):
         t = steps_of(eager_loop(m, prompt, args.steps, dev))
-    res["eager"] = summary("eager (.item() a step)", t)
+    res["eager"] = summary("eager (.item() a step)", t, args.batch)
     m = None
     gc.collect()
     sess = dynashape.InferenceSession(str(path), device="cuda")
@@ -119,7 +124,7 @@ def main() -> None:
     for _ in range(3):  # loads, first calls, background builds
         toks = []
         t = steps_of(tok for tok in session_loop(sess, cfg, prompt, args.steps, dev) if not toks.append(tok))
-    res["session"] = summary("dynashape session loop", t)
+    res["session"] = summary("dynashape session loop", t, args.batch)
     tokens["session"] = toks
     sess = None
     gc.collect()
@@ -127,7 +132,9 @@ def main() -> None:
     for _ in range(3):
         toks = []
         t = steps_of(tok for tok in generate_loop(model, prompt, args.steps) if not toks.append(tok))
-    res["generate"] = summary("dynashape.generate", t)
+    res["generate"] = summary("dynashape.generate", t, args.batch)
+    res["generate"]["stats"] = {k: v for k, v in model.last_stats.items() if k.startswith("decode_")}
+    print(res["generate"]["stats"])
     tokens["generate"] = toks
     print("generate's tokens equal the session loop's:", tokens["generate"] == tokens["session"][:len(toks)])
     if args.profile:
@@ -139,7 +146,8 @@ def main() -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(30)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), **res}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "dtype": args.dtype,
+                       "batch": args.batch, **res}, f, indent=1)
 
 
 if __name__ == "__main__":

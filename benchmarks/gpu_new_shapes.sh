@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|exported|split|split_final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|lean|exported|split|split_final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -22,6 +22,14 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=260 run python3 -m pytest -q -p no:warnings -rfE tests/test_generate.py \
       tests/test_if_warm.py tests/test_subgraphs.py tests/impls/test_conv_buckets.py tests/test_host_syncs.py
     T=300 run python3 benchmarks/generate_gpu.py --steps 240 --json "$OUT/generate_gpu.json" ;;
+  lean)  # the lean step (runtime/bound_step.py): the CUDA tests of generate and the decode graphs; the streaming
+         # loop's figures and host profile; where a whole step's GPU time goes
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_generate.py \
+      tests/impls/test_decode_graphs.py
+    T=150 run python3 benchmarks/generate_gpu.py --steps 240 --profile --json "$OUT/generate_gpu.json"
+    T=100 run python3 benchmarks/generate_gpu.py --steps 240 --dtype bfloat16 --json "$OUT/generate_gpu_bf16.json"
+    T=100 run python3 benchmarks/generate_gpu.py --steps 240 --batch 16 --json "$OUT/generate_gpu_b16.json"
+    T=100 run python3 benchmarks/profile_decode.py --layers 12 ;;
   exported)  # the exporters' models and NMS on CUDA; the host CPU's GQA bits; the streaming step's host time
     DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings -rfE tests/zoo/test_exported.py \
       tests/test_subgraphs.py tests/ops/test_signal.py -k "not stft"

@@ -165,6 +165,17 @@ class RequestState:
         g_outs = self.session.program.graph.outputs
         return [_to_numpy(outs[i], g_outs[i].elem_type) for i in idx]
 
+    def bound_step(self, feeds: dict, presents: dict):
+        """The decode step of the last run bound for a loop that calls it again with the next
+        token (runtime/bound_step.py: the KV kept in the step's storages, no run's host work), or
+        None when that run's step was not a whole-step graph's. ``feeds``: the run's feeds (device
+        tensors); ``presents``: past input name -> the present the run returned for it."""
+        s, runner = self.session, self.runner
+        if runner is None or s._overridable or s._deciders or self.program is not s.program:
+            return None
+        st = runner.last_state
+        return st.step.bind(self, feeds, presents) if st is not None and st.step is not None else None
+
     def _select(self, output_names) -> list[int]:
         if isinstance(output_names, str):  # one name, not its letters
             output_names = [output_names]

@@ -181,6 +181,43 @@ def test_append_tokens_after_steps_continues_the_cache(folder):
     assert whole.get_sequence(0)[-1] == seq[-1]
 
 
+def test_the_lean_step_serves_decode_steps_and_hands_the_kv_back_to_runs(folder, device, tmp_path):
+    """With whole-step graphs (on CPU too with decode_graphs="on") a decode step after the first is
+    served by the bound step (runtime/bound_step.py): no run, the KV kept in the step's storages.
+    It declines at each bucket's end (kv_bucket=16: every 16 tokens), where a run takes the KV
+    back as pasts and binds again, and for appended tokens; the tokens stay the reference's."""
+    for cfg, path in ((CFG, folder), ({**CFG, "mask_input": True}, tmp_path)):
+        if path is tmp_path:
+            shutil.copy(llama.model_path(cfg), tmp_path / "model.onnx")
+        model = Model(path, device=device, decode_graphs="on", kv_bucket=16)
+        p = prompt(2, 5, 9)
+        g = generate(model, p, max_length=5 + 40)
+        want = reference_greedy(p, 40, cfg)
+        assert np.array_equal(np.stack([g.get_sequence(r)[5:] for r in range(2)]), want)
+        st = g.request.stats()
+        assert st["decode_bound_steps"] >= 30, st
+        assert 2 <= st["decode_bound_declines"] <= 6, st  # bucket ends at 16, 32 and the first decode step
+        assert st["decode_graph_replays"] >= st["decode_bound_steps"]
+    # appended tokens after bound steps: a run serves them, over the KV the bound steps wrote
+    model = Model(folder, device=device, decode_graphs="on", kv_bucket=16)
+    p = prompt(1, 4, 5)
+    g = Generator(model, GeneratorParams(model))
+    g.append_tokens(p)
+    for _ in range(6):
+        g.generate_next_token()
+    g.append_tokens(np.array([[11, 12]]))
+    for _ in range(3):
+        g.generate_next_token()
+    seq = g.get_sequence(0)
+    assert g.request.stats()["decode_bound_steps"] >= 4
+    plain = Model(folder, device=device, decode_graphs="off")
+    whole = Generator(plain, GeneratorParams(plain))
+    whole.append_tokens(seq[None, :-3])
+    for _ in range(3):
+        whole.generate_next_token()
+    np.testing.assert_array_equal(whole.get_sequence(0), seq)
+
+
 def test_logits_processors_follow_their_definitions():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
     pen = penalise_repeats(logits, torch.tensor([[0, 1]]), 2.0)

@@ -91,6 +91,7 @@ class Generator:
         self._seq_dev: torch.Tensor | None = None
         self._pending: torch.Tensor | None = None  # the tokens chosen last, not yet run
         self.past: list[torch.Tensor] = []
+        self.bound = None  # the lean step (runtime/bound_step.py) while the last run was a whole-step graph's
         self.fed = 0  # tokens the KV cache holds
         self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
         s = params.search
@@ -175,12 +176,24 @@ class Generator:
             feeds[io.position_ids] = self._pos_dev[:, self.fed:total]
         if io.use_cache_branch is not None:
             feeds[io.use_cache_branch] = torch.tensor([self.fed > 0], device=self.dev)
+        if self.bound is not None:  # the lean step: the KV stays in the step's storages
+            out = self.bound(feeds)
+            if out is not None:
+                self.logits = out[io.logits][:, -1, :]
+                self.fed, self._pending = total, None
+                return
+            kv = self.bound.presents()  # a run serves this step: the KV as pasts again
+            self.past, self.bound = [kv[n] for n in io.past], None
         feeds.update(zip(io.past, self.past))
         out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
         self.logits = out[io.logits][:, -1, :]
         self.past = [out[n] for n in io.present]
         self.fed = total
         self._pending = None
+        if io.past:
+            self.bound = self.request.bound_step(feeds, dict(zip(io.past, self.past)))
+            if self.bound is not None:
+                self.past = []  # held by the bound step; a view kept here would hold the storages too
 
     def generate_next_token(self) -> None:
         if not self.started:

@@ -38,6 +38,7 @@ import torch
 from ..errors import OptionsError
 from ..impls import CannotCapture
 from ..impls.static import CudaGraphImpl
+from .bound_step import BoundStep
 
 MAX_RETIRES = 4  # storages given up in a row per key before the whole-step path pauses (beam search)
 PAUSE_RUNS = 64  # how many runs it then leaves to the dynamic path before it tries again
@@ -194,9 +195,26 @@ class DecodeGraphs:
         self.ahead = model.decode_ahead
         self.next: dict[tuple, _Bucket] = {}  # key -> the next bucket, its impl built ahead
         self.pool: ThreadPoolExecutor | None = None  # one thread: captures in order, one cuBLAS handle
+        self.last_key: tuple | None = None  # the key whose bucket served the last run (None: no bucket did)
+
+    def bind(self, request, feeds: dict, presents: dict) -> BoundStep | None:
+        """The last run's step bound for a decode loop (bound_step.py), or None when no bucket's
+        impl served it or ``presents`` (past input name -> the present the run returned for it)
+        are not the bucket's storages at their length."""
+        key = self.last_key
+        b = self.buckets.get(key) if key is not None else None
+        if b is None or b.impl is None:
+            return None
+        names = request._input_names
+        for k, s, a in zip(self.past_pos, b.storages, self.axes):
+            p = presents.get(names[k])
+            if not isinstance(p, torch.Tensor) or p.data_ptr() != s.data_ptr() or p.shape[a] != b.filled:
+                return None
+        return BoundStep(self, key, b, request, feeds)
 
     # ---- a step ------------------------------------------------------------------------------
     def __call__(self, sig: tuple, inputs: tuple):
+        self.last_key = None
         if self.state.runner.bound:  # io_binding's preallocated outputs: the dynamic path writes them
             self.stats["decode_graph_bound_runs"] += 1
             return None
@@ -252,6 +270,7 @@ class DecodeGraphs:
             b.handed = True
         presents = [s.narrow(a, 0, total) for s, a in zip(b.storages, self.axes)]
         b.shapes = [p.shape for p in presents]  # what the next step's pasts are when they are these
+        self.last_key = key
         return tuple(presents[j] if kind == "kv" else outs[j] for kind, j in self.plan.results)
 
     @staticmethod
