@@ -6,7 +6,8 @@ read back to the host as a streaming loop does (``get_next_tokens``), the same c
 runtimes (``dynashape.generate`` takes onnxruntime-genai's API); one runtime at a time, the other's
 objects deleted first. Reports tokens/s after the prompt and whether the tokens are equal.
 
-    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--folder /tmp/genai_int4] [--json PATH]
+    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--size tiny|small] [--folder /tmp/genai_int4]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -24,13 +25,18 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def build(folder: Path, precision: str) -> Path:
+# ~110M parameters: the 12-layer hidden-768 decoder of the GPU runs, as the builder writes it
+SIZES = {"tiny": {}, "small": dict(vocab=32000, hidden=768, intermediate=2048, layers=12, heads=12, kv_heads=4)}
+
+
+def build(folder: Path, precision: str, size: str = "tiny") -> Path:
     from benchmarks.real_models_specs import generator
     out = folder / "out"
     if (out / "genai_config.json").exists():
         return out
     g = generator()
     g.LLAMA["max_positions"] = 1024
+    g.LLAMA.update(SIZES[size])
     g.make_llama_checkpoint(folder / "hf")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder / "hf"), "-o",
@@ -60,6 +66,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--folder", default="/tmp/genai_int4")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny: the zoo's 2-layer Llama; small: ~110M")
     ap.add_argument("--json", help="write the figures here (docs/benchmarks.md reads them)")
     args = ap.parse_args()
     import onnxruntime_genai as og
@@ -67,7 +74,7 @@ def main() -> None:
 
     import dynashape.generate as dg
     torch.set_num_threads(2)
-    out = build(Path(args.folder), args.precision)
+    out = build(Path(args.folder), args.precision, args.size)
     prompt = np.random.default_rng(0).integers(4, 256, 8).astype(np.int32)
     rows = {}
     for name, mod in (("onnxruntime-genai", og), ("dynashape", dg)):
@@ -84,7 +91,7 @@ def main() -> None:
         device = f"CPU {cpuinfo('model name') or 'x86'}, {os.cpu_count()} cores"
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "device": device, "threads": 2,
-                       "precision": args.precision, "steps": args.steps,
+                       "precision": args.precision, "size": args.size, "steps": args.steps,
                        "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "tokens_equal": a == b}, f, indent=1)
 
 

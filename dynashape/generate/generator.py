@@ -226,6 +226,12 @@ class Generator:
         self.length += 1
         self._pending = tok[:, None]
         self.logits = None
+        if self.bound is not None and not self.is_done():
+            # the next step starts now rather than in the next call: the device runs it while the
+            # caller handles this token (streams it, detokenizes), and the next call only chooses.
+            # Nothing the caller can do in between changes that step: appended tokens come after
+            # this token in the cache, as they would after a lazy run
+            self._run(self._pending)
 
     def is_done(self) -> bool:
         if not self.started:

@@ -91,24 +91,53 @@ def quantize_a(a: torch.Tensor, k_blocks: int) -> tuple[torch.Tensor, torch.Tens
 
 
 class PackedB:
-    """The weight as the kernel reads it, built once per weight: raw 4-bit values in the lanes'
-    orders, the scales, and the block sums' factor -(zero point * scale)."""
+    """The weight as the kernel reads it, built once per weight: raw 4-bit values (with AVX-512
+    VNNI: packed two a byte in the lanes' order, the C kernel's ``lanes``), the scales, and the
+    block sums' factor -(zero point * scale). The torch path's float operands are made when it
+    first runs (four bytes a value: never where the C kernel serves)."""
 
     def __init__(self, raw: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> None:
         n, nb, _ = raw.shape  # raw: (N, blocks, 32) values 0..15
         self.n, self.nb, self.groups = n, nb, nb // GROUP
-        q = raw.to(torch.float32)
-        g = self.groups
-        # (groups, 16, 8, N) and (rest, 8, 4, N): right operands of the lane matmuls
-        self.grouped = q[:, :g * GROUP].reshape(n, g, GROUP * BLOCK)[:, :, _ORDER].reshape(n, g, 16, 8) \
-            .permute(1, 2, 3, 0).contiguous()
-        self.rest = q[:, g * GROUP:].reshape(n, nb - g * GROUP, 8, 4).permute(1, 2, 3, 0).contiguous()
         self.scale = scales.to(torch.float32).reshape(n, nb).contiguous()
         zp = torch.full_like(self.scale, 8.0) if zero_points is None else zero_points.to(torch.float32)
         self.bsum = -(zp * self.scale)  # (N, blocks)
         self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
-        self.nbytes = sum(t.numel() * t.element_size()
-                          for t in (self.grouped, self.rest, self.scale, self.bsum, self.raw))
+        self.lanes = self.tail = self.bsum_t = None
+        self._torch: tuple | None = None
+        pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
+        has = native.function("nbits_int8", "nbits_int8_has_lanes", "", ctypes.c_int)
+        if pack is not None and has is not None and has():
+            self.lanes = torch.empty(n, self.groups, 64, dtype=torch.uint8)
+            pack(n, nb, self.raw.data_ptr(), self.lanes.data_ptr())
+            self.tail = self.raw[:, self.groups * GROUP * BLOCK:].contiguous()
+            self.bsum_t = self.bsum.t().contiguous()
+            self.raw = None  # the lanes and the tail hold every value
+        self.nbytes = sum(t.numel() * t.element_size() for t in
+                          (self.scale, self.bsum, self.raw, self.lanes, self.tail, self.bsum_t) if t is not None)
+
+    def values(self) -> torch.Tensor:
+        """(N, blocks * 32) the raw values 0..15, one a byte."""
+        if self.raw is not None:
+            return self.raw
+        n, g = self.n, self.groups
+        lanes = self.lanes.reshape(n, g, 64)
+        vals = torch.empty(n, g, GROUP * BLOCK, dtype=torch.uint8)
+        first, last = _ORDER.reshape(16, 2, 4)[:, 0].reshape(-1), _ORDER.reshape(16, 2, 4)[:, 1].reshape(-1)
+        vals[:, :, first] = lanes & 15
+        vals[:, :, last] = lanes >> 4
+        return torch.cat([vals.reshape(n, -1), self.tail], 1)
+
+    def torch_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(groups, 16, 8, N) and (rest, 8, 4, N) float32: right operands of the lane matmuls."""
+        if self._torch is None:
+            n, nb, g = self.n, self.nb, self.groups
+            q = self.values().reshape(n, nb, BLOCK).to(torch.float32)
+            grouped = q[:, :g * GROUP].reshape(n, g, GROUP * BLOCK)[:, :, _ORDER].reshape(n, g, 16, 8) \
+                .permute(1, 2, 3, 0).contiguous()
+            rest = q[:, g * GROUP:].reshape(n, nb - g * GROUP, 8, 4).permute(1, 2, 3, 0).contiguous()
+            self._torch = (grouped, rest)
+        return self._torch
 
 
 def _fold(x: torch.Tensor, n_full: int) -> torch.Tensor:
@@ -126,17 +155,18 @@ def _fold(x: torch.Tensor, n_full: int) -> torch.Tensor:
 def _rows(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None) -> torch.Tensor:
     q, sa, asum = quantize_a(a, w.nb)
     m, g = a.shape[0], w.groups
+    grouped, rest = w.torch_operands()
     comb = sa.t().unsqueeze(-1) * w.scale.t().unsqueeze(1)  # (blocks, M, N) = scale_a * scale_b
     acc = torch.zeros(16, m, w.n)
     if g:
         qa = q[:, :g * GROUP].reshape(m, g, GROUP * BLOCK)[:, :, _ORDER].reshape(m, g, 16, 8).permute(1, 2, 0, 3)
-        part = torch.matmul(qa, w.grouped)  # (groups, 16, M, N), exact integers
+        part = torch.matmul(qa, grouped)  # (groups, 16, M, N), exact integers
         for i in range(g):
             acc = fma32(part[i], comb[GROUP * i + _LANE_BLOCK], acc)
     acc = acc[:8] + acc[8:]
     if w.nb > g * GROUP:
         qa = q[:, g * GROUP:].reshape(m, w.nb - g * GROUP, 8, 4).permute(1, 2, 0, 3)
-        part = torch.matmul(qa, w.rest)  # (rest, 8, M, N)
+        part = torch.matmul(qa, rest)  # (rest, 8, M, N)
         for i in range(part.shape[0]):
             acc = fma32(part[i], comb[g * GROUP + i].unsqueeze(0), acc)
     out = _fold(acc, w.n - w.n % 4)
@@ -156,15 +186,20 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
     flat = a.reshape(-1, a.shape[-1]).to(torch.float32)
     if flat.shape[0] == 0:
         return torch.zeros(*lead, w.n)
-    fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
+    if w.lanes is not None:
+        fn = native.function("nbits_int8", "nbits_int8_gemm_lanes", "iiiippppppp", ctypes.c_int)
+        operands = (w.lanes.data_ptr(), w.tail.data_ptr(), w.scale.data_ptr(), w.bsum_t.data_ptr())
+    else:
+        fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
+        operands = (w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr())
     if fn is not None:
         flat = flat.contiguous()
         b = None if bias is None else bias.to(torch.float32).contiguous()
         m = flat.shape[0]
         direct = out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == m * w.n
         y = out if direct else torch.empty(m, w.n)
-        if fn(m, w.n, flat.shape[1], w.nb, flat.data_ptr(), w.raw.data_ptr(), w.scale.data_ptr(),
-              w.bsum.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr()) == 0:
+        if fn(m, w.n, flat.shape[1], w.nb, flat.data_ptr(), *operands, 0 if b is None else b.data_ptr(),
+              y.data_ptr()) == 0:
             native.count("nbits_int8_native_calls")
             return out if direct else y.reshape(*lead, w.n)
         native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy

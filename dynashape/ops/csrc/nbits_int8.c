@@ -115,3 +115,178 @@ int nbits_int8_gemm(int64_t m_count, int64_t n_count, int64_t k, int64_t nb, con
     free(sa);
     return 0;
 }
+
+/* ---- the same bits with AVX-512 VNNI, over weights packed in the lanes' order ----------------
+ * The integer sums of a lane are exact in any order, so the weights are stored as each lane reads
+ * them: per output and group of 4 blocks, 64 bytes whose low nibbles are the lanes' first 4
+ * positions and high nibbles their last 4 (lane j: bytes 4j..4j+3); the activations are put in
+ * the same order once per row. Two dpbusd give the 16 lanes' sums, and the float side is the
+ * scalar kernel's, lane by lane: s = scale_a * scale_b rounded, then one fused multiply-add into
+ * the lane; the folds are scalar in the scalar kernel's order, and the block sums' chain
+ * (fused multiply-adds in block order) runs 16 outputs at a time. */
+
+int nbits_int8_has_lanes(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* lanes (N, groups, 64) from raw (N, nb * 32) one value a byte */
+void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint8_t* lanes) {
+    int64_t groups = nb / 4;
+    for (int64_t n = 0; n < n_count; n++)
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t* w = raw + n * nb * BLK;
+            uint8_t* o = lanes + (n * groups + g) * 64;
+            for (int j = 0; j < 16; j++) {
+                int64_t b = 4 * g + lane_block(j);
+                for (int t = 0; t < 4; t++)
+                    o[4 * j + t] = (uint8_t)((w[b * BLK + lane_pos(j, t)] & 15) | ((w[b * BLK + lane_pos(j, t + 4)] & 15) << 4));
+            }
+        }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+/* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
+ * value a byte; bsum_t (nb, N): the block sums' factors, block-major. */
+int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t nb, const float* a,
+                          const uint8_t* lanes, const uint8_t* tail, const float* bscale, const float* bsum_t,
+                          const float* bias, float* y) {
+    int64_t groups = nb / 4, rest = nb - 4 * groups;
+    int8_t* q = malloc((size_t)(m_count * nb * BLK));
+    int8_t* ql = malloc((size_t)(m_count * groups * 128 + 64));
+    float* sa = malloc(sizeof(float) * (size_t)(m_count * nb * 2));
+    if (!q || !ql || !sa) {
+        free(q);
+        free(ql);
+        free(sa);
+        return -1;
+    }
+    float* asum = sa + m_count * nb;
+    for (int64_t m = 0; m < m_count; m++) {
+        const int8_t* x = q + m * nb * BLK;
+        quantize_row(a + m * k, k, nb, q + m * nb * BLK, sa + m * nb, asum + m * nb);
+        for (int64_t g = 0; g < groups; g++) {
+            int8_t* o = ql + (m * groups + g) * 128;
+            for (int j = 0; j < 16; j++) {
+                int64_t b = 4 * g + lane_block(j);
+                for (int t = 0; t < 4; t++) {
+                    o[4 * j + t] = x[b * BLK + lane_pos(j, t)];
+                    o[64 + 4 * j + t] = x[b * BLK + lane_pos(j, t + 4)];
+                }
+            }
+        }
+    }
+    const __m512i lane_blk = _mm512_set_epi32(3, 3, 1, 1, 3, 3, 1, 1, 2, 2, 0, 0, 2, 2, 0, 0);
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(8));
+    /* scale_a of each lane's block, per row and group: the same for every output */
+    float* sa16 = aligned_alloc(64, sizeof(float) * (size_t)(m_count * groups * 16 + 16));
+    if (!sa16) {
+        free(q);
+        free(ql);
+        free(sa);
+        return -1;
+    }
+    for (int64_t m = 0; m < m_count; m++)
+        for (int64_t g = 0; g < groups; g++)
+            _mm512_store_ps(sa16 + (m * groups + g) * 16,
+                            _mm512_permutexvar_ps(lane_blk, _mm512_castps128_ps512(_mm_loadu_ps(sa + m * nb + 4 * g))));
+    int64_t chunks = (n_count + 15) / 16, n_full = n_count - n_count % 4;
+#pragma omp parallel for schedule(static) if (m_count * n_count * k >= (1 << 18))
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t n0 = 16 * c, cnt = n_count - n0 < 16 ? n_count - n0 : 16;
+        for (int64_t m = 0; m < m_count; m++) {
+            const float* s_a = sa + m * nb;
+            const float* s16 = sa16 + m * groups * 16;
+            const int8_t* xl = ql + m * groups * 128;
+            const int8_t* x = q + m * nb * BLK;
+            float acc8[16][8], out[16];
+            /* four outputs at a time: four independent chains of fused multiply-adds */
+            for (int64_t i0 = 0; i0 < cnt; i0 += 4) {
+                int u = cnt - i0 < 4 ? (int)(cnt - i0) : 4;
+                __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                for (int64_t g = 0; g < groups; g++) {
+                    __m512i x1 = _mm512_loadu_si512((const void*)(xl + g * 128));
+                    __m512i x2 = _mm512_loadu_si512((const void*)(xl + g * 128 + 64));
+                    __m512 sag = _mm512_load_ps(s16 + g * 16);
+#pragma GCC unroll 4
+                    for (int v = 0; v < 4; v++) {
+                        if (v >= u) break;
+                        int64_t n = n0 + i0 + v;
+                        __m512i packed = _mm512_loadu_si512((const void*)(lanes + (n * groups + g) * 64));
+                        __m512i lo = _mm512_and_si512(packed, nib);
+                        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+                        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x1);
+                        d = _mm512_dpbusd_epi32(d, hi, x2);
+                        __m512 s4b = _mm512_castps128_ps512(_mm_loadu_ps(bscale + n * nb + 4 * g));
+                        __m512 s = _mm512_mul_ps(sag, _mm512_permutexvar_ps(lane_blk, s4b));
+                        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[v]);
+                    }
+                }
+                for (int v = 0; v < u; v++)
+                    _mm256_storeu_ps(acc8[i0 + v], _mm256_add_ps(_mm512_castps512_ps256(acc[v]),
+                                                                  _mm512_extractf32x8_ps(acc[v], 1)));
+            }
+            for (int64_t i = 0; i < cnt && rest; i++) {  /* the blocks after the last group */
+                int64_t n = n0 + i;
+                const uint8_t* wt = tail + n * rest * BLK;
+                for (int64_t r = 0; r < rest; r++) {
+                    int64_t b = 4 * groups + r;
+                    float s = s_a[b] * bscale[n * nb + b];
+                    for (int l = 0; l < 8; l++) {
+                        int32_t dd = 0;
+                        for (int t = 0; t < 4; t++)
+                            dd += (int32_t)x[b * BLK + 4 * l + t] * (int32_t)wt[r * BLK + 4 * l + t];
+                        acc8[i][l] = fmaf((float)dd, s, acc8[i][l]);
+                    }
+                }
+            }
+            const float* as = asum + m * nb;
+            float* yr = y + m * n_count + n0;
+            if (cnt == 16 && n0 + 16 <= n_full) {  /* the folds, 16 outputs at a time, in the scalar order */
+                const float* base = &acc8[0][0];
+                __m512 a0 = _mm512_i32gather_ps(col, base + 0, 4), a1 = _mm512_i32gather_ps(col, base + 1, 4);
+                __m512 a2 = _mm512_i32gather_ps(col, base + 2, 4), a3 = _mm512_i32gather_ps(col, base + 3, 4);
+                __m512 a4 = _mm512_i32gather_ps(col, base + 4, 4), a5 = _mm512_i32gather_ps(col, base + 5, 4);
+                __m512 a6 = _mm512_i32gather_ps(col, base + 6, 4), a7 = _mm512_i32gather_ps(col, base + 7, 4);
+                __m512 lo4 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), a2), a3);
+                __m512 hi4 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), a6), a7);
+                __m512 o = _mm512_add_ps(lo4, hi4);
+                if (bias) o = _mm512_add_ps(o, _mm512_loadu_ps(bias + n0));
+                __m512 e = _mm512_setzero_ps();
+                for (int64_t b = 0; b < nb; b++)
+                    e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_loadu_ps(bsum_t + b * n_count + n0), e);
+                _mm512_storeu_ps(yr, _mm512_add_ps(e, o));
+                continue;
+            }
+            for (int64_t i = 0; i < cnt; i++) {
+                int64_t n = n0 + i;
+                const float* a8 = acc8[i];
+                float o;
+                if (n < n_full) {
+                    float lo4 = ((a8[0] + a8[1]) + a8[2]) + a8[3];
+                    float hi4 = ((a8[4] + a8[5]) + a8[6]) + a8[7];
+                    o = lo4 + hi4;
+                } else {
+                    o = ((a8[0] + a8[4]) + (a8[2] + a8[6])) + ((a8[1] + a8[5]) + (a8[3] + a8[7]));
+                }
+                out[i] = bias ? o + bias[n] : o;
+                float e = 0.0f;
+                for (int64_t b = 0; b < nb; b++) e = fmaf(as[b], bsum_t[b * n_count + n], e);
+                yr[i] = e + out[i];
+            }
+        }
+    }
+    free(sa16);
+    free(q);
+    free(ql);
+    free(sa);
+    return 0;
+}
+#endif
