@@ -17,7 +17,7 @@ from ..errors import ShapeError
 from ..shape import Dimension
 from .attention import _emit, _grouped
 from .contrib_attention import MS, _attend, _compute_type, _heads, _merge_heads, _positions, _rotate, _scale, _softmax
-from .cpu_gqa import _gqa_present, _ort_gqa
+from .cpu_gqa import _gqa_present, _ort_gqa, decode_step
 from .registry import binder, op
 
 
@@ -236,9 +236,7 @@ def _bind_gqa(consts, attrs):
                 or p < 1 or seqlens_k.numel() != b or int(total_sequence_length.reshape(())) != p + 1 \
                 or not bool((seqlens_k == p).all()):
             return plain(*args, out=out)
-        got = _ort_gqa(q, k, v, past_key, past_value, torch.full((b,), p + 1, dtype=torch.int64),
-                       torch.full((b,), p, dtype=torch.int64), p + 1, cos, sin, n, nk, h, _scale(scale, h), window,
-                       rotary, 0, False)
+        got = decode_step(q, k, v, past_key, past_value, p, cos, sin, n, nk, h, _scale(scale, h), window, rotary)
         if got is None:
             return plain(*args, out=out)
         return _emit([*got, None], out, n_out)

@@ -121,3 +121,43 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
         return None
     native.count("ort_gqa_native_calls")
     return y, present_k, present_v
+
+
+def decode_step(q, k, v, past_key, past_value, p: int, cos_cache, sin_cache, n: int, nk: int, h: int, scale: float,
+                window: int, do_rotary: int):
+    """``_ort_gqa`` for a decode step whose rows all hold ``p`` past positions and take one token
+    (contrib_gqa.py's bound kernel): the rotary, the presents and the attention in one C call
+    (csrc/elementwise.c ort_gqa_decode_f32), the same bits; None where that path does not serve."""
+    b = q.shape[0]
+    if not _f32_cpu(q, k, v, past_key, past_value) or not b or q.stride(2) != 1 or k.stride(2) != 1 \
+            or v.stride(2) != 1 or not past_key.is_contiguous() or not past_value.is_contiguous():
+        return None
+    l2 = _l2_bytes()
+    fn = native.function("elementwise", "ort_gqa_decode_f32", "ppipipipppppppdp",
+                         ctypes.c_int64, fallbacks="ort_gqa")
+    if not l2 or fn is None:
+        return None
+    half = 0
+    if do_rotary:
+        if not _f32_cpu(cos_cache, sin_cache) or cos_cache.dim() != 2 or not cos_cache.is_contiguous() \
+                or not sin_cache.is_contiguous() or tuple(sin_cache.shape) != tuple(cos_cache.shape):
+            return None
+        half = cos_cache.shape[1]
+        if 2 * half > h or (half > 8 and half % 8) or p >= cos_cache.shape[0]:
+            return None
+    present_k = torch.empty((b, nk, p + 1, h), dtype=_F32)
+    present_v = torch.empty((b, nk, p + 1, h), dtype=_F32)
+    qrot = torch.empty((b, n * h), dtype=_F32)
+    y = torch.empty((b, 1, n * h), dtype=_F32)
+    ort_threads = torch.get_num_threads()
+    threads = min(ort_threads, b * n) if b * n * (p + 1) * h >= 1 << 16 else 1
+    params = array.array("q", (b, n, nk, h, p, 1 if do_rotary else 0, 2 * half, half, 0, window,
+                               l2 // (32 * h), threads, ort_threads))
+    none = 0
+    if fn(params.buffer_info()[0], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+          past_key.data_ptr(), past_value.data_ptr(), cos_cache.data_ptr() if half else none,
+          sin_cache.data_ptr() if half else none, present_k.data_ptr(), present_v.data_ptr(), qrot.data_ptr(),
+          float(scale), y.data_ptr()):
+        return None
+    native.count("ort_gqa_native_calls")
+    return y, present_k, present_v

@@ -100,21 +100,34 @@ class PackedB:
         n, nb, _ = raw.shape  # raw: (N, blocks, 32) values 0..15
         self.n, self.nb, self.groups = n, nb, nb // GROUP
         self.scale = scales.to(torch.float32).reshape(n, nb).contiguous()
-        zp = torch.full_like(self.scale, 8.0) if zero_points is None else zero_points.to(torch.float32)
-        self.bsum = -(zp * self.scale)  # (N, blocks)
+        self.zp = None if zero_points is None else zero_points.to(torch.float32).reshape(n, nb)
         self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
         self.lanes = self.tail = self.bsum_t = None
         self._torch: tuple | None = None
+        self._bsum: torch.Tensor | None = None
         pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
         has = native.function("nbits_int8", "nbits_int8_has_lanes", "", ctypes.c_int)
         if pack is not None and has is not None and has():
             self.lanes = torch.empty(n, self.groups, 64, dtype=torch.uint8)
             pack(n, nb, self.raw.data_ptr(), self.lanes.data_ptr())
             self.tail = self.raw[:, self.groups * GROUP * BLOCK:].contiguous()
-            self.bsum_t = self.bsum.t().contiguous()
+            # zero points of 8 (none given): the kernel makes the factors from the scales
+            self.bsum_t = None if zero_points is None else self.bsum.t().contiguous()
             self.raw = None  # the lanes and the tail hold every value
+        else:
+            self._bsum = self.bsum
         self.nbytes = sum(t.numel() * t.element_size() for t in
-                          (self.scale, self.bsum, self.raw, self.lanes, self.tail, self.bsum_t) if t is not None)
+                          (self.scale, self.zp, self._bsum, self.raw, self.lanes, self.tail, self.bsum_t)
+                          if t is not None)
+
+    @property
+    def bsum(self) -> torch.Tensor:
+        """(N, blocks) the block sums' factors -(zero point * scale) (zero point 8 where none is given);
+        kept where the scalar kernel reads them."""
+        if self._bsum is not None:
+            return self._bsum
+        zp = torch.full_like(self.scale, 8.0) if self.zp is None else self.zp
+        return -(zp * self.scale)
 
     def values(self) -> torch.Tensor:
         """(N, blocks * 32) the raw values 0..15, one a byte."""
@@ -188,7 +201,8 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
         return torch.zeros(*lead, w.n)
     if w.lanes is not None:
         fn = native.function("nbits_int8", "nbits_int8_gemm_lanes", "iiiippppppp", ctypes.c_int)
-        operands = (w.lanes.data_ptr(), w.tail.data_ptr(), w.scale.data_ptr(), w.bsum_t.data_ptr())
+        operands = (w.lanes.data_ptr(), w.tail.data_ptr(), w.scale.data_ptr(),
+                    0 if w.bsum_t is None else w.bsum_t.data_ptr())
     else:
         fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
         operands = (w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr())

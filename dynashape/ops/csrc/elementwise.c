@@ -658,3 +658,60 @@ int64_t ort_gqa_attn_f32(const int64_t *p, const float *q, const float *k, const
     return 2;
 #endif
 }
+
+/* A decode step of GroupQueryAttention in one call (contrib_gqa.py's bound kernel): every row has
+ * the same past length P and one new token. The rotary of q and k (ort_rope_f32, at position P),
+ * the presents (the past's P positions, then the new key and value), then ort_gqa_attn_f32 over
+ * them: the calls the op's Python made one by one, the same bits.
+ * p: B, N, Nk, H, P, rotary (0/1), rotary dim, cos/sin half width, then ort_gqa_attn_f32's
+ * first_prompt, local_window, kv_block, threads, ort_threads; q, k, v rows (B) with row strides
+ * qs, ks, vs (elements); past_k/past_v (B, Nk, P, H); present_k/present_v (B, Nk, P + 1, H);
+ * qrot (B, N * H) scratch; out (B, N * H). Returns ort_gqa_attn_f32's code (0: done). */
+int64_t ort_gqa_decode_f32(const int64_t *p, const float *q, int64_t qs, const float *k, int64_t ks,
+                           const float *v, int64_t vs, const float *past_k, const float *past_v,
+                           const float *cos_c, const float *sin_c, float *present_k, float *present_v,
+                           float *qrot, double scale, float *out) {
+    const int64_t B = p[0], N = p[1], Nk = p[2], H = p[3], P = p[4], rotary = p[5], rd = p[6], half_c = p[7];
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)(2 * B));
+    float *krot = malloc(sizeof(float) * (size_t)(B * Nk * H + 1));
+    if (!pos || !krot) {
+        free(pos);
+        free(krot);
+        return 4;
+    }
+    int64_t *lens = pos + B;
+    for (int64_t b = 0; b < B; b++) {
+        pos[b] = P;
+        lens[b] = P + 1;
+    }
+    const float *qr = q, *kr = k;
+    int64_t qrow = qs, krow = ks;
+    if (rotary) {
+        ort_rope_f32(q, qs, B, N, H, rd, cos_c, sin_c, half_c, pos, qrot);
+        ort_rope_f32(k, ks, B, Nk, H, rd, cos_c, sin_c, half_c, pos, krot);
+        qr = qrot, kr = krot, qrow = N * H, krow = Nk * H;
+    } else {
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < N * H; i++) qrot[b * N * H + i] = q[b * qs + i];
+        qr = qrot, qrow = N * H;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < Nk; j++) {
+            const size_t past = (size_t)(P * H), head = (size_t)((b * Nk + j) * (P + 1) * H);
+            const float *pk = past_k + (b * Nk + j) * P * H, *pv = past_v + (b * Nk + j) * P * H;
+            for (size_t i = 0; i < past; i++) {
+                present_k[head + i] = pk[i];
+                present_v[head + i] = pv[i];
+            }
+            for (int64_t h = 0; h < H; h++) {
+                present_k[head + past + h] = kr[b * krow + j * H + h];
+                present_v[head + past + h] = v[b * vs + j * H + h];
+            }
+        }
+    int64_t ap[11] = {B, N, Nk, 1, H, P + 1, p[8], p[9], p[10], p[11], p[12]};
+    (void)qrow;
+    int64_t rc = ort_gqa_attn_f32(ap, qr, present_k, present_v, lens, scale, out);
+    free(pos);
+    free(krot);
+    return rc;
+}

@@ -152,7 +152,9 @@ void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint
 #include <immintrin.h>
 
 /* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
- * value a byte; bsum_t (nb, N): the block sums' factors, block-major. */
+ * value a byte; bsum_t (nb, N): the block sums' factors, block-major, or NULL where every zero
+ * point is 8: the factor -(8 * scale) is then exact and made from the scales (a quarter less to
+ * read: a decode step's products are bound by memory). */
 int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t nb, const float* a,
                           const uint8_t* lanes, const uint8_t* tail, const float* bscale, const float* bsum_t,
                           const float* bias, float* y) {
@@ -260,8 +262,18 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
                 __m512 o = _mm512_add_ps(lo4, hi4);
                 if (bias) o = _mm512_add_ps(o, _mm512_loadu_ps(bias + n0));
                 __m512 e = _mm512_setzero_ps();
-                for (int64_t b = 0; b < nb; b++)
-                    e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_loadu_ps(bsum_t + b * n_count + n0), e);
+                if (bsum_t) {
+                    for (int64_t b = 0; b < nb; b++)
+                        e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_loadu_ps(bsum_t + b * n_count + n0), e);
+                } else {
+                    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
+                                                                             3, 2, 1, 0), _mm512_set1_epi32((int)nb));
+                    const __m512 minus8 = _mm512_set1_ps(-8.0f);
+                    for (int64_t b = 0; b < nb; b++) {
+                        __m512 sb = _mm512_i32gather_ps(rows, bscale + n0 * nb + b, 4);
+                        e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_mul_ps(minus8, sb), e);
+                    }
+                }
                 _mm512_storeu_ps(yr, _mm512_add_ps(e, o));
                 continue;
             }
@@ -278,7 +290,8 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
                 }
                 out[i] = bias ? o + bias[n] : o;
                 float e = 0.0f;
-                for (int64_t b = 0; b < nb; b++) e = fmaf(as[b], bsum_t[b * n_count + n], e);
+                for (int64_t b = 0; b < nb; b++)
+                    e = fmaf(as[b], bsum_t ? bsum_t[b * n_count + n] : -8.0f * bscale[n * nb + b], e);
                 yr[i] = e + out[i];
             }
         }
