@@ -236,7 +236,8 @@ def _bind_gqa(consts, attrs):
                 or p < 1 or seqlens_k.numel() != b or int(total_sequence_length.reshape(())) != p + 1 \
                 or not bool((seqlens_k == p).all()):
             return plain(*args, out=out)
-        got = decode_step(q, k, v, past_key, past_value, p, cos, sin, n, nk, h, _scale(scale, h), window, rotary)
+        got = decode_step(q, k, v, past_key, past_value, p, cos, sin, n, nk, h, _scale(scale, h), window, rotary,
+                          out if isinstance(out, (tuple, list)) else None)
         if got is None:
             return plain(*args, out=out)
         return _emit([*got, None], out, n_out)

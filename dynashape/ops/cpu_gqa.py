@@ -124,10 +124,11 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
 
 
 def decode_step(q, k, v, past_key, past_value, p: int, cos_cache, sin_cache, n: int, nk: int, h: int, scale: float,
-                window: int, do_rotary: int):
+                window: int, do_rotary: int, out=None):
     """``_ort_gqa`` for a decode step whose rows all hold ``p`` past positions and take one token
     (contrib_gqa.py's bound kernel): the rotary, the presents and the attention in one C call
-    (csrc/elementwise.c ort_gqa_decode_f32), the same bits; None where that path does not serve."""
+    (csrc/elementwise.c ort_gqa_decode_f32), the same bits, written into ``out`` (the output and the
+    presents' buffers) where they fit; None where that path does not serve."""
     b = q.shape[0]
     if not _f32_cpu(q, k, v, past_key, past_value) or not b or q.stride(2) != 1 or k.stride(2) != 1 \
             or v.stride(2) != 1 or not past_key.is_contiguous() or not past_value.is_contiguous():
@@ -145,10 +146,11 @@ def decode_step(q, k, v, past_key, past_value, p: int, cos_cache, sin_cache, n: 
         half = cos_cache.shape[1]
         if 2 * half > h or (half > 8 and half % 8) or p >= cos_cache.shape[0]:
             return None
-    present_k = torch.empty((b, nk, p + 1, h), dtype=_F32)
-    present_v = torch.empty((b, nk, p + 1, h), dtype=_F32)
+    y, present_k, present_v = (out[i] if out is not None and len(out) > i else None for i in range(3))
+    y = native.buffer(y, (b, 1, n * h), _F32)
+    present_k = native.buffer(present_k, (b, nk, p + 1, h), _F32)
+    present_v = native.buffer(present_v, (b, nk, p + 1, h), _F32)
     qrot = torch.empty((b, n * h), dtype=_F32)
-    y = torch.empty((b, 1, n * h), dtype=_F32)
     ort_threads = torch.get_num_threads()
     threads = min(ort_threads, b * n) if b * n * (p + 1) * h >= 1 << 16 else 1
     params = array.array("q", (b, n, nk, h, p, 1 if do_rotary else 0, 2 * half, half, 0, window,

@@ -40,12 +40,14 @@ detects them (this is the order of the CPU these were measured on).
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
 from . import native
 
 BLOCK = 32
+_F32 = torch.float32
 GROUP = 4  # blocks per 16-lane step
 _ROWS_ELEMS = 1 << 24  # partial sums held at once (float32): rows are done in chunks beyond it
 
@@ -102,7 +104,7 @@ class PackedB:
         self.scale = scales.to(torch.float32).reshape(n, nb).contiguous()
         self.zp = None if zero_points is None else zero_points.to(torch.float32).reshape(n, nb)
         self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
-        self.lanes = self.tail = self.bsum_t = None
+        self.lanes = self.tail = self.bsum_t = self.call = None
         self._torch: tuple | None = None
         self._bsum: torch.Tensor | None = None
         pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
@@ -114,6 +116,11 @@ class PackedB:
             # zero points of 8 (none given): the kernel makes the factors from the scales
             self.bsum_t = None if zero_points is None else self.bsum.t().contiguous()
             self.raw = None  # the lanes and the tail hold every value
+            call = native.function("nbits_int8", "nbits_int8_lanes_call", "iippppiippp", ctypes.c_int)
+            # the weight's arguments bound once: a decode step makes ~60 of these calls
+            self.call = None if call is None else functools.partial(
+                call, n, nb, self.lanes.data_ptr(), self.tail.data_ptr(), self.scale.data_ptr(),
+                0 if self.bsum_t is None else self.bsum_t.data_ptr())
         else:
             self._bsum = self.bsum
         self.nbytes = sum(t.numel() * t.element_size() for t in
@@ -195,6 +202,14 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """(..., K) float32 times the packed weight: (..., N) float32, onnxruntime's bits; written into
     ``out`` where it is a contiguous float32 tensor of the result's size (else a new tensor)."""
+    k = a.shape[-1]
+    if w.call is not None and type(out) is torch.Tensor and a.dtype is _F32 and out.dtype is _F32 and a.numel() \
+            and out.numel() == a.numel() // k * w.n and a.is_contiguous() and out.is_contiguous() \
+            and (bias is None or (bias.dtype is _F32 and bias.is_contiguous())):
+        # a bound call's usual case: float32 rows in, the runtime's buffer out
+        if w.call(k, a.numel() // k, a.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr()) == 0:
+            native.count("nbits_int8_native_calls")
+            return out
     lead = a.shape[:-1]
     flat = a.reshape(-1, a.shape[-1]).to(torch.float32)
     if flat.shape[0] == 0:

@@ -150,6 +150,9 @@ void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
+#ifndef PF
+#define PF 16
+#endif
 
 /* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
  * value a byte; bsum_t (nb, N): the block sums' factors, block-major, or NULL where every zero
@@ -222,6 +225,10 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
                         if (v >= u) break;
                         int64_t n = n0 + i0 + v;
                         __m512i packed = _mm512_loadu_si512((const void*)(lanes + (n * groups + g) * 64));
+                        /* the weights stream from memory once a step: ask for them PF outputs ahead */
+                        _mm_prefetch((const char*)(lanes + ((n + PF) * groups + g) * 64), _MM_HINT_T0);
+                        if (g < (nb + 15) / 16)  /* the scales: a cache line for every 16 blocks */
+                            _mm_prefetch((const char*)(bscale + (n + PF) * nb + 16 * g), _MM_HINT_T0);
                         __m512i lo = _mm512_and_si512(packed, nib);
                         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
                         __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x1);
@@ -301,5 +308,13 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
     free(ql);
     free(sa);
     return 0;
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* nbits_int8_gemm_lanes with the weight's arguments first: Python binds them once a weight */
+int nbits_int8_lanes_call(int64_t n_count, int64_t nb, const uint8_t* lanes, const uint8_t* tail, const float* bscale,
+                          const float* bsum_t, int64_t k, int64_t m_count, const float* a, const float* bias, float* y) {
+    return nbits_int8_gemm_lanes(m_count, n_count, k, nb, a, lanes, tail, bscale, bsum_t, bias, y);
 }
 #endif
