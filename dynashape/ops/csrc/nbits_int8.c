@@ -153,6 +153,9 @@ void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint
 #ifndef PF
 #define PF 16
 #endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 
 /* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
  * value a byte; bsum_t (nb, N): the block sums' factors, block-major, or NULL where every zero
@@ -226,7 +229,7 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
                         int64_t n = n0 + i0 + v;
                         __m512i packed = _mm512_loadu_si512((const void*)(lanes + (n * groups + g) * 64));
                         /* the weights stream from memory once a step: ask for them PF outputs ahead */
-                        _mm_prefetch((const char*)(lanes + ((n + PF) * groups + g) * 64), _MM_HINT_T0);
+                        _mm_prefetch((const char*)(lanes + ((n + PF) * groups + g) * 64), PF_HINT);
                         if (g < (nb + 15) / 16)  /* the scales: a cache line for every 16 blocks */
                             _mm_prefetch((const char*)(bscale + (n + PF) * nb + 16 * g), _MM_HINT_T0);
                         __m512i lo = _mm512_and_si512(packed, nib);
