@@ -17,7 +17,7 @@ from ..errors import ShapeError
 from ..shape import Dimension
 from .attention import _emit, _grouped
 from .contrib_attention import MS, _attend, _compute_type, _heads, _merge_heads, _positions, _rotate, _scale, _softmax
-from .cpu_gqa import _gqa_present, _ort_gqa, decode_step
+from .cpu_gqa import DecodeStep, _gqa_present, _ort_gqa
 from .registry import binder, op
 
 
@@ -215,6 +215,7 @@ def _bind_gqa(consts, attrs):
     if rotary and not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
         return None
     scale, n_out = attrs.get("scale", 0.0), attrs.get("_n_outputs", 3)
+    step = DecodeStep(n, nk, cos, sin, functools.partial(_scale, scale), window, rotary)
 
     def kernel(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
                total_sequence_length=None, *rest, out=None):
@@ -225,21 +226,20 @@ def _bind_gqa(consts, attrs):
             return plain(*args, out=out)
         b, _, d = query.shape
         p = past_key.shape[2]
-        if key is None:
-            h = d // (n + 2 * nk)
-            q, k, v = query.split((n * h, nk * h, nk * h), -1) if d == (n + 2 * nk) * h else (None, None, None)
-        else:
-            h = d // n
-            q, k, v = query, key, value
-        if q is None or d % (n if key is not None else n + 2 * nk) or k.shape != (b, 1, nk * h) \
-                or v.shape != k.shape or past_key.shape != (b, nk, p, h) or past_value.shape != past_key.shape \
-                or p < 1 or seqlens_k.numel() != b or int(total_sequence_length.reshape(())) != p + 1 \
-                or not bool((seqlens_k == p).all()):
+        h = d // (n + 2 * nk) if key is None else d // n
+        if key is not None and (key.shape != (b, 1, nk * h) or value is None or value.shape != key.shape):
             return plain(*args, out=out)
-        got = decode_step(q, k, v, past_key, past_value, p, cos, sin, n, nk, h, _scale(scale, h), window, rotary,
-                          out if isinstance(out, (tuple, list)) else None)
+        # every row's past is whole (seqlens_k = p, the total p + 1): read as Python ints, not
+        # compared on tensors (each a few microseconds a call)
+        if past_key.shape != (b, nk, p, h) or past_value.shape != past_key.shape or p < 1 \
+                or seqlens_k.numel() != b or total_sequence_length.numel() != 1 \
+                or int(total_sequence_length) != p + 1 or any(x != p for x in seqlens_k.tolist()):
+            return plain(*args, out=out)
+        got = step(query, key, value, past_key, past_value, p, out if isinstance(out, (tuple, list)) else None)
         if got is None:
             return plain(*args, out=out)
+        if isinstance(out, (tuple, list)) and n_out == 3 and all(o is r for o, r in zip(out, got)):
+            return tuple(out)  # written in place
         return _emit([*got, None], out, n_out)
 
     return kernel

@@ -123,43 +123,62 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
     return y, present_k, present_v
 
 
-def decode_step(q, k, v, past_key, past_value, p: int, cos_cache, sin_cache, n: int, nk: int, h: int, scale: float,
-                window: int, do_rotary: int, out=None):
+
+class DecodeStep:
     """``_ort_gqa`` for a decode step whose rows all hold ``p`` past positions and take one token
     (contrib_gqa.py's bound kernel): the rotary, the presents and the attention in one C call
-    (csrc/elementwise.c ort_gqa_decode_f32), the same bits, written into ``out`` (the output and the
-    presents' buffers) where they fit; None where that path does not serve."""
-    b = q.shape[0]
-    if not _f32_cpu(q, k, v, past_key, past_value) or not b or q.stride(2) != 1 or k.stride(2) != 1 \
-            or v.stride(2) != 1 or not past_key.is_contiguous() or not past_value.is_contiguous():
-        return None
-    l2 = _l2_bytes()
-    fn = native.function("elementwise", "ort_gqa_decode_f32", "ppipipipppppppdp",
-                         ctypes.c_int64, fallbacks="ort_gqa")
-    if not l2 or fn is None:
-        return None
-    half = 0
-    if do_rotary:
-        if not _f32_cpu(cos_cache, sin_cache) or cos_cache.dim() != 2 or not cos_cache.is_contiguous() \
-                or not sin_cache.is_contiguous() or tuple(sin_cache.shape) != tuple(cos_cache.shape):
+    (csrc/elementwise.c ort_gqa_decode_f32), the same bits, written into the runtime's buffers where
+    they fit. What does not change between calls (the function, the caches, the cache sizes) is
+    bound once: on a 2-core machine each torch call around the C one costs a few microseconds, and
+    a decode step makes one of these per layer. ``__call__`` is None where this path does not serve."""
+
+    def __init__(self, n: int, nk: int, cos_cache, sin_cache, scale_of, window: int, do_rotary: int) -> None:
+        self.n, self.nk, self.scale_of, self.window = n, nk, scale_of, window
+        self.fn = native.function("elementwise", "ort_gqa_decode_f32", "ppipipipppppppdp", ctypes.c_int64,
+                                  fallbacks="ort_gqa")
+        self.l2 = _l2_bytes()
+        self.half = self.rows = 0
+        self.cos = self.sin = 0
+        self.ok = self.fn is not None and self.l2 > 0
+        if do_rotary:
+            if not _f32_cpu(cos_cache, sin_cache) or cos_cache.dim() != 2 or not cos_cache.is_contiguous() \
+                    or not sin_cache.is_contiguous() or tuple(sin_cache.shape) != tuple(cos_cache.shape):
+                self.ok = False
+                return
+            self.half, self.rows = cos_cache.shape[1], cos_cache.shape[0]
+            self.cos, self.sin = cos_cache.data_ptr(), sin_cache.data_ptr()
+            self.caches = (cos_cache, sin_cache)  # (their memory stays while the pointers are held)
+
+    def __call__(self, query, key, value, past_key, past_value, p: int, out):
+        """``query`` (B, 1, D): packed q|k|v when ``key`` is None; the pasts (B, Nk, p, H)."""
+        n, nk = self.n, self.nk
+        b, _, d = query.shape
+        h = d // (n + 2 * nk) if key is None else d // n
+        if not self.ok or query.dtype is not _F32 or past_key.dtype is not _F32 or past_value.dtype is not _F32 \
+                or query.stride(2) != 1 or not past_key.is_contiguous() or not past_value.is_contiguous() \
+                or (self.half and (2 * self.half > h or (self.half > 8 and self.half % 8) or p >= self.rows)):
             return None
-        half = cos_cache.shape[1]
-        if 2 * half > h or (half > 8 and half % 8) or p >= cos_cache.shape[0]:
+        base, row = query.data_ptr(), query.stride(0)
+        if key is None:
+            if d != (n + 2 * nk) * h:
+                return None
+            qp, kp, vp, ks, vs = base, base + 4 * n * h, base + 4 * (n + nk) * h, row, row
+        else:
+            if not _f32_cpu(key, value) or key.stride(2) != 1 or value.stride(2) != 1 or d != n * h:
+                return None
+            qp, kp, vp, ks, vs = base, key.data_ptr(), value.data_ptr(), key.stride(0), value.stride(0)
+        y, present_k, present_v = (out[i] if out is not None and len(out) > i else None for i in range(3))
+        y = native.buffer(y, (b, 1, n * h), _F32)
+        present_k = native.buffer(present_k, (b, nk, p + 1, h), _F32)
+        present_v = native.buffer(present_v, (b, nk, p + 1, h), _F32)
+        qrot = torch.empty((b, n * h), dtype=_F32)
+        ort_threads = torch.get_num_threads()
+        threads = min(ort_threads, b * n) if b * n * (p + 1) * h >= 1 << 16 else 1
+        params = array.array("q", (b, n, nk, h, p, 1 if self.half else 0, 2 * self.half, self.half, 0, self.window,
+                                   self.l2 // (32 * h), threads, ort_threads))
+        if self.fn(params.buffer_info()[0], qp, row, kp, ks, vp, vs, past_key.data_ptr(), past_value.data_ptr(),
+                   self.cos, self.sin, present_k.data_ptr(), present_v.data_ptr(), qrot.data_ptr(),
+                   self.scale_of(h), y.data_ptr()):
             return None
-    y, present_k, present_v = (out[i] if out is not None and len(out) > i else None for i in range(3))
-    y = native.buffer(y, (b, 1, n * h), _F32)
-    present_k = native.buffer(present_k, (b, nk, p + 1, h), _F32)
-    present_v = native.buffer(present_v, (b, nk, p + 1, h), _F32)
-    qrot = torch.empty((b, n * h), dtype=_F32)
-    ort_threads = torch.get_num_threads()
-    threads = min(ort_threads, b * n) if b * n * (p + 1) * h >= 1 << 16 else 1
-    params = array.array("q", (b, n, nk, h, p, 1 if do_rotary else 0, 2 * half, half, 0, window,
-                               l2 // (32 * h), threads, ort_threads))
-    none = 0
-    if fn(params.buffer_info()[0], q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-          past_key.data_ptr(), past_value.data_ptr(), cos_cache.data_ptr() if half else none,
-          sin_cache.data_ptr() if half else none, present_k.data_ptr(), present_v.data_ptr(), qrot.data_ptr(),
-          float(scale), y.data_ptr()):
-        return None
-    native.count("ort_gqa_native_calls")
-    return y, present_k, present_v
+        native.count("ort_gqa_native_calls")
+        return y, present_k, present_v

@@ -97,16 +97,20 @@ def test_skip_simplified_layer_norm_gives_onnxruntimes_bits(h, bias, skip_rank, 
     assert native.counters().get("skip_ln_native_calls", 0) > before
 
 
-def _gqa_model(n, nk, hd, max_pos, rotary_dim, window):
-    d = (n + 2 * nk) * hd
+def _gqa_model(n, nk, hd, max_pos, rotary_dim, window, rotary=1, separate=False):
+    """One GroupQueryAttention node; ``separate``: query, key and value as three inputs (qkv, k, v),
+    else packed in qkv."""
+    d = n * hd if separate else (n + 2 * nk) * hd
     inv = 1.0 / (10000 ** (np.arange(0, rotary_dim, 2) / rotary_dim))
     ang = np.arange(max_pos)[:, None] * inv[None]
-    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "sk", "tl", "cos", "sin"],
+    kv = ["k", "v"] if separate else ["", ""]
+    node = helper.make_node("GroupQueryAttention", ["qkv", *kv, "pk", "pv", "sk", "tl", "cos", "sin"],
                             ["y", "prk", "prv"], domain=MS, num_heads=n, kv_num_heads=nk, scale=float(hd ** -0.5),
-                            local_window_size=window, do_rotary=1, rotary_interleaved=0)
+                            local_window_size=window, do_rotary=rotary, rotary_interleaved=0)
+    extra = [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["b", "s", nk * hd]) for x in kv if x]
     g = helper.make_graph(
         [node], "gqa",
-        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["b", "s", d]),
+        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["b", "s", d]), *extra,
          helper.make_tensor_value_info("pk", TensorProto.FLOAT, ["b", nk, "p", hd]),
          helper.make_tensor_value_info("pv", TensorProto.FLOAT, ["b", nk, "p", hd]),
          helper.make_tensor_value_info("sk", TensorProto.INT32, ["b"]),
@@ -183,6 +187,24 @@ def test_gqa_decode_gives_onnxruntimes_bits_at_the_same_thread_count(case, threa
         _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"{threads} threads, batch {b}, past {past}")
     if executor == "compiled":  # the decode steps ran the kernel bound to the constant caches (contrib_gqa)
         assert sess.stats()["bound_kernels"] >= 1
+
+
+@pytest.mark.parametrize("rotary, separate", [(0, False), (1, True), (0, True)])
+def test_gqa_decode_steps_without_rotary_or_with_separate_kv_give_onnxruntimes_bits(rotary, separate):
+    """The bound decode step (cpu_gqa.DecodeStep: rotary, presents and attention in one C call) on
+    the op's other forms: no rotary, and key and value as inputs of their own."""
+    n, nk, hd = 4, 2, 32
+    model, d = _gqa_model(n, nk, hd, 64, hd, -1, rotary=rotary, separate=separate)
+    sess, ref = dynashape.InferenceSession(model), _ort(model)
+    rng = np.random.default_rng(7 + rotary + 2 * separate)
+    before = native.counters().get("ort_gqa_native_calls", 0)
+    for b, past in [(1, 3), (1, 4), (2, 9), (1, 30)]:
+        feeds = _decode_feeds(rng, b, past, nk, hd, d)
+        if separate:
+            feeds.update(k=rng.standard_normal((b, 1, nk * hd)).astype(np.float32),
+                         v=rng.standard_normal((b, 1, nk * hd)).astype(np.float32))
+        _assert_bits(sess.run(None, feeds), ref.run(None, feeds), f"batch {b}, past {past}")
+    assert native.counters().get("ort_gqa_native_calls", 0) >= before + 4
 
 
 @pytest.mark.parametrize("threads", [1, 16])
