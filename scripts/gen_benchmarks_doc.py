@@ -331,12 +331,18 @@ def generate_gpu(runs: list[Run]) -> list[list[str]]:
             for key, label in names.items() if (r := run.data.get(key))]
 
 
+GENAI_SIZES = {"tiny": "2-layer hidden-64 Llama", "small": "12-layer hidden-768 Llama (~110M)"}
+
+
 def generate_genai(runs: list[Run]) -> list[list[str]]:
-    run = runs[0]
-    t = run.data["tokens_per_s"]
-    return [[f"{run.data['precision']} 2-layer Llama, {run.data['steps']} tokens on a fresh Model",
-             num(t["dynashape"]), num(t["onnxruntime-genai"]), ratio(t["dynashape"], t["onnxruntime-genai"]),
-             "yes" if run.data["tokens_equal"] else "**no**", run.run_cell()]]
+    rows = []
+    for run in runs:
+        t, size = run.data["tokens_per_s"], run.data.get("size", "tiny")
+        rows.append([f"{run.data['precision']} {GENAI_SIZES.get(size, size)}, {run.data['steps']} tokens on a fresh "
+                     "Model", num(t["dynashape"]), num(t["onnxruntime-genai"]),
+                     ratio(t["dynashape"], t["onnxruntime-genai"]), "yes" if run.data["tokens_equal"] else "**no**",
+                     run.run_cell()])
+    return rows
 
 
 def static_impls(runs: list[Run]) -> list[list[str]]:
@@ -532,10 +538,12 @@ AREAS = [
          "The 12-layer hidden-768 decoder, fp32, batch 1, 8 prompt tokens then 240, greedy, after two warm "
          "generations."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
-         [("generate_genai_cpu_*.json", None)],
+         [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None)],
          ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
          generate_genai, "The builder's int4 model (MatMulNBits at accuracy level 4, GroupQueryAttention), greedy, "
-         "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's)."),
+         "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's); "
+         "one runtime at a time. The small model's row is the last of three runs in a row (1.27x, 1.07x, 1.10x; "
+         "this machine's spread: onnxruntime-genai 144-238 tokens/s on that folder over the day)."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
