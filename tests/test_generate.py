@@ -269,3 +269,37 @@ def test_the_generate_command_streams_the_greedy_text(folder, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.strip() == Tokenizer(d).decode(want).strip()
     assert "tokens/s" in err
+
+
+def test_a_finished_generator_lends_its_request_and_rebuilds_its_cache_if_asked_to_go_on(folder, device):
+    """A model's next Generator takes the request of a finished one (the whole-step graphs its runs
+    built come with it: no new build), or of a collected one; the finished one, asked to go on
+    (append_tokens), rebuilds its cache from its tokens: its next tokens are a fresh generator's."""
+    model = Model(folder, device=device, decode_graphs="on", kv_bucket=64)
+    p1, p2 = prompt(1, 5, 21), prompt(1, 5, 22)
+    g1 = generate(model, p1, max_length=30)
+    req = g1.request
+    builds = req.stats()["decode_graph_builds"]
+    g2 = generate(model, p2, max_length=30)
+    assert g2.request is req and g1.request is None
+    assert req.stats()["decode_graph_builds"] == builds  # the graphs of the first generation served
+    np.testing.assert_array_equal(g2.get_sequence(0)[5:], reference_greedy(p2, 25)[0])
+    # g1 goes on: its cache is rebuilt from its 30 tokens, then the appended ones run
+    g1.params.set_search_options(max_length=40)
+    g1.append_tokens(np.array([[7, 8]]))
+    for _ in range(3):
+        g1.generate_next_token()
+    seq = g1.get_sequence(0)
+    fresh = Generator(model, GeneratorParams(model))
+    fresh.params.set_search_options(max_length=40)
+    fresh.append_tokens(seq[None, :-3])
+    for _ in range(3):
+        fresh.generate_next_token()
+    np.testing.assert_array_equal(fresh.get_sequence(0), seq)
+    # a collected generator's request is the next one's
+    held = fresh.request
+    del fresh
+    import gc
+    gc.collect()
+    g3 = Generator(model, GeneratorParams(model))
+    assert g3.request is held

@@ -9,6 +9,9 @@ own EOS and then take the pad token; the generation is done when every row is, o
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 import torch
 
@@ -39,6 +42,29 @@ class Model:
                                         "the folder's config does not give them (num_key_value_heads, head_size)")
         self.device = self.session.device
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # requests the next Generators take over (see Generator.__init__): those of generators that
+        # were collected, and finished generators that lend theirs
+        self._lock = threading.Lock()
+        self._idle: list = []
+        self._lent: list = []  # weak references to finished generators holding a request
+
+    def _request(self):
+        """A request for a new generator: an idle one, else a finished generator's (which gives up
+        its cache: it rebuilds it from its tokens if it is asked to go on), else a new one. A
+        request keeps what its runs built (the whole-step graphs of each batch size and bucket),
+        so a model's second generation starts on graphs the first captured."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            while self._lent:
+                g = self._lent.pop()()
+                if g is not None and g._lending:
+                    return g._give_request()
+        return self.session.create_infer_request()
+
+    def _return(self, request) -> None:
+        with self._lock:
+            self._idle.append(request)
 
     @property
     def device_type(self) -> str:
@@ -76,7 +102,12 @@ class GeneratorParams:
 class Generator:
     def __init__(self, model: Model, params: GeneratorParams) -> None:
         self.model, self.params, self.io = model, params, model.io
-        self.request = model.session.create_infer_request()
+        self.request = model._request()
+        self._lending = False  # finished, and its request offered to the model's next generator
+        # the request goes back to the model when this generator is collected (the holder below
+        # is what the finalizer reads: a generator that gave its request away empties it)
+        self._holder = [self.request]
+        weakref.finalize(self, _give_back, model, self._holder)
         self.dev = model.device
         # every token so far on the host (the caller reads each one anyway), left padding included
         self.host = np.zeros((0, 0), dtype=np.int64)
@@ -168,6 +199,8 @@ class Generator:
     def _run(self, ids: torch.Tensor) -> None:
         """The model over ``ids`` [batch, n] after the cached tokens: the last position's logits, the KV."""
         io = self.io
+        if self._lending or self.request is None:
+            self._keep_request()
         feeds = {io.input_ids: ids}
         total = self.fed + ids.shape[1]
         if io.attention_mask is not None:
@@ -226,12 +259,47 @@ class Generator:
         self.length += 1
         self._pending = tok[:, None]
         self.logits = None
-        if self.bound is not None and not self.is_done():
+        if self.is_done():
+            self._lend()
+        elif self.bound is not None:
             # the next step starts now rather than in the next call: the device runs it while the
             # caller handles this token (streams it, detokenizes), and the next call only chooses.
             # Nothing the caller can do in between changes that step: appended tokens come after
             # this token in the cache, as they would after a lazy run
             self._run(self._pending)
+
+    # ---- the request, lent to the model's next generator once this one is done ----------------------
+    def _lend(self) -> None:
+        if not self._lending and self.request is not None:
+            self._lending = True
+            with self.model._lock:
+                self.model._lent.append(weakref.ref(self))
+
+    def _give_request(self):
+        """(the model's lock held) This generator's request for another one: its cache goes with it."""
+        req, self.request, self._lending = self.request, None, False
+        self._holder.clear()
+        self.bound, self.past, self.logits = None, [], None
+        return req
+
+    def _keep_request(self) -> None:
+        """Asked to go on after it was done: keep its request, or, if another generator took it, take
+        one and rebuild the cache from the tokens it holds."""
+        with self.model._lock:
+            kept = self._lending and self.request is not None
+            self._lending = False
+        if kept:
+            return
+        self.request = self.model._request()
+        self._holder.append(self.request)
+        fed, self.fed = self.fed, 0
+        kv = KV_DTYPES.get(self.io.kv_type, torch.float32)
+        b = self.host.shape[0]
+        self.past = [torch.zeros(b, self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=self.dev)
+                     for _ in self.io.past]
+        pending = self._pending
+        self._run(torch.from_numpy(self.host[:, :fed].copy()).to(self.dev))
+        self._pending = pending
 
     def is_done(self) -> bool:
         if not self.started:
@@ -252,3 +320,9 @@ class Generator:
         if self.logits is None:
             self._run(self._pending)
         return self.logits.float().cpu().numpy()
+
+
+def _give_back(model: Model, holder: list) -> None:
+    """A collected generator's request goes back to its model (none if it gave it away)."""
+    for req in holder:
+        model._return(req)
