@@ -416,7 +416,9 @@ class DecodeGraphs:
         except CannotCapture as e:
             self.off[key] = None
             self._refuse(key, f"cannot be captured: {e}")
-            return e.first  # the step ran for real before the capture failed: its results
+            # the step ran for real before the capture failed: its results; a capture without that
+            # run (warm=False) has none, and the dynamic path serves the step
+            return e.first or None
         except Exception as e:  # noqa: BLE001  the dynamic path runs the step and names a failing node
             self.off[key] = None
             self._refuse(key, f"failed: {type(e).__name__}: {e}")
