@@ -76,7 +76,7 @@ def session_loop(sess, cfg, prompt, steps, dev):
 
 def generate_loop(model, prompt, steps):
     params = dg.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + steps)
+    params.set_search_options(max_length=len(prompt[0]) + steps)
     gen = dg.Generator(model, params)
     gen.append_tokens(np.asarray(prompt))
     while not gen.is_done():
