@@ -154,6 +154,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "dtype": args.dtype,
+                       "steps": args.steps,
                        "batch": args.batch, **res}, f, indent=1)
 
 

@@ -107,7 +107,7 @@ def newest(pattern: str, exclude: str | None = None) -> Run:
 def num(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 999.5 else f"{x:.3g}"
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -322,13 +322,23 @@ def decode_graphs(runs: list[Run]) -> list[list[str]]:
 
 
 def generate_gpu(runs: list[Run]) -> list[list[str]]:
-    run = runs[0]
-    eager = run.data["eager"]["tokens_per_s"]
     names = {"eager": "PyTorch eager, `.item()` a step", "session": "dynashape session loop (argmax, `.item()` a step)",
              "generate": "dynashape.generate (onnxruntime-genai's API)"}
-    return [[label, num(r["tokens_per_s"]), f"{r['median_step_ms']:.2f}", f"{r['slowest_vs_median']:.1f}",
-             bold_if(ratio(r["tokens_per_s"], eager), key != "eager"), run.run_cell()]
-            for key, label in names.items() if (r := run.data.get(key))]
+    rows = []
+    for run in runs:
+        d = run.data
+        eager = d["eager"]["tokens_per_s"]
+        steps = d.get("steps") or (240 if "1024" not in run.base else 1016)
+        what = f"{d.get('dtype', 'float32')}, batch {d.get('batch', 1)}, {steps} tokens"
+        for key, label in names.items():
+            r = d.get(key)
+            if not r:
+                continue
+            same = r.get("tokens_equal_to_eager")
+            rows.append([what if key == "eager" else "", label, num(r["tokens_per_s"]), f"{r['median_step_ms']:.2f}",
+                         f"{r['slowest_vs_median']:.1f}", bold_if(ratio(r["tokens_per_s"], eager), key != "eager"),
+                         "" if same is None else f"{same:.2f}", run.run_cell()])
+    return rows
 
 
 GENAI_SIZES = {"tiny": "2-layer hidden-64 Llama", "small": "12-layer hidden-768 Llama (~110M)"}
@@ -533,10 +543,16 @@ AREAS = [
          "Greedy decode of 256 tokens after a 16-token prompt, the median of the rounds after a warm-up; the "
          "compiled peer is the module rewritten gpt-fast style under `torch.compile(mode=\"reduce-overhead\")`. "
          "Where several runs measured a row, the later file in the script's list holds it."),
-    Area("GPU: generation, every token read back", "generate_gpu.py", [("generate_gpu_*.json", None)],
-         ["loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager", "run"], generate_gpu,
-         "The 12-layer hidden-768 decoder, fp32, batch 1, 8 prompt tokens then 240, greedy, after two warm "
-         "generations."),
+    Area("GPU: generation, every token read back", "generate_gpu.py",
+         [("generate_gpu_h200_*.json", None), ("generate_gpu_1024_h200_*.json", None),
+          ("generate_gpu_bf16_h200_*.json", None), ("generate_gpu_b16_h200_*.json", None)],
+         ["run of", "loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager",
+          "tokens equal to eager", "run"], generate_gpu,
+         "The 12-layer hidden-768 decoder, 8 prompt tokens then the tokens named, greedy, every row's token read "
+         "back to the host each step, after two warm generations (a new Generator each: the model's next "
+         "generator takes the finished one's request and its graphs). `dynashape.generate` runs its steps "
+         "through the lean step (runtime/bound_step.py) and starts each step before the caller reads the last "
+         "token."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None)],
          ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
