@@ -215,9 +215,10 @@ class DecodeGraphs:
     # ---- a step ------------------------------------------------------------------------------
     def __call__(self, sig: tuple, inputs: tuple):
         self.last_key = None
-        if self.state.runner.bound:  # io_binding's preallocated outputs: the dynamic path writes them
+        if self.state.runner.bound:
+            # io_binding's preallocated outputs: the step serves, and the binding copies its
+            # outputs in (as onnxruntime writes a bound present: the whole of it, every step)
             self.stats["decode_graph_bound_runs"] += 1
-            return None
         key = tuple(sig[i] for i in self.kpos)
         if key in self.off:
             self.stats["decode_graph_off_runs"] += 1

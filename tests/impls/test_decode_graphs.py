@@ -294,21 +294,35 @@ def test_a_longer_prefill_does_not_disturb_the_decode_graphs(path, eager, device
     assert sess.stats()["decode_graph_builds"] == builds  # same key, same bucket: the same graph
 
 
-def test_io_binding_outputs_are_written_by_the_dynamic_path(path, eager, device):
+def test_io_binding_decode_steps_are_served_by_the_graphs(path, eager, device):
+    """onnxruntime's IOBinding decode loop: inputs bound, the logits and presents bound to the
+    caller's preallocated tensors, the presents fed back as the next pasts. The whole-step graph
+    serves each step (the binding copies its outputs in), and every output is eager's."""
     sess = _session(path, device)
     _decode(sess, eager, device, 4, seed=5)
-    ids = torch.randint(0, 1000, (2, 1))  # a decode step: the specialization with a whole-step function
-    past = [torch.randn(2, 2, 6, 16) for _ in range(4)]
-    b = sess.io_binding()
-    b.bind_input_tensor("input_ids", ids.to(device))
-    for name, p in zip(NAMES[1:], past):
-        b.bind_input_tensor(name, p.to(device))
-    logits = torch.empty(2, 1, 1000, device=device)
-    b.bind_output_tensor("logits", logits)
-    sess.run_with_iobinding(b)
-    ref, _ = _eager_step(eager, ids, past)
-    torch.testing.assert_close(logits.cpu(), ref, atol=2e-5, rtol=1e-4)
-    assert sess.stats()["decode_graph_bound_runs"] >= 1
+    replays = sess.stats().get("decode_graph_replays", 0)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 1000, (2, 1), generator=g)
+    past = [torch.randn(2, 2, 6, 16, generator=g) for _ in range(4)]
+    dpast = [p.to(device) for p in past]
+    for _step in range(6):
+        b = sess.io_binding()
+        b.bind_input_tensor("input_ids", ids.to(device))
+        for name, p in zip(NAMES[1:], dpast):
+            b.bind_input_tensor(name, p)
+        logits = torch.empty(2, 1, 1000, device=device)
+        b.bind_output_tensor("logits", logits)
+        presents = [torch.empty(2, 2, past[0].shape[2] + 1, 16, device=device) for _ in range(4)]
+        for name, p in zip(llama.output_names()[1:], presents):
+            b.bind_output_tensor(name, p)
+        sess.run_with_iobinding(b)
+        ref, past = _eager_step(eager, ids, past)
+        torch.testing.assert_close(logits.cpu(), ref, atol=2e-5, rtol=1e-4)
+        for got, want in zip(presents, past):
+            torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-4)
+        dpast, ids = presents, ref[:, -1:].argmax(-1)
+    st = sess.stats()
+    assert st["decode_graph_bound_runs"] >= 6 and st["decode_graph_replays"] >= replays + 5
 
 
 # ---- decoders that take an attention_mask (as HF optimum exports them) --------------------------
