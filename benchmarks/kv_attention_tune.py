@@ -1,6 +1,5 @@
-"""Time the decode attention over KV storages (ops/kv_attention.py), split over blocks of keys or
-in one pass, per block size and warps, against its torch form, each as 100 calls replayed from one
-CUDA graph.
+"""Time the decode attention over KV storages (ops/kv_attention.py) per block size and warps,
+against its torch form, each as 100 calls replayed from one CUDA graph.
 
     python benchmarks/kv_attention_tune.py
 """
@@ -18,8 +17,7 @@ from dynashape.ops import kv_attention as ka  # noqa: E402
 
 
 def main() -> None:
-    print("dtype batch cap | torch us | form (block, warps): us")
-    saved_form = ka.SINGLE_MAX, ka.BLOCK_N, ka.NUM_WARPS
+    print("dtype batch cap | torch us | (block, warps): us")
     for dt in (torch.float32, torch.bfloat16):
         for b, cap in ((1, 256), (1, 1024), (16, 256)):
             q = torch.randn(b, 12, 1, 64, device="cuda", dtype=dt)
@@ -36,13 +34,10 @@ def main() -> None:
             base = timed(call, reps=100)
             ka.triton = saved
             row = []
-            for form, single_max in (("split", 0), ("one pass", 1 << 20)):
-                ka.SINGLE_MAX = single_max
-                for block in (32, 64, 128):
-                    for warps in (2, 4):
-                        ka.BLOCK_N, ka.NUM_WARPS = block, warps
-                        row.append(f"{form} ({block},{warps}): {timed(call, reps=100):.2f}")
-            ka.SINGLE_MAX, ka.BLOCK_N, ka.NUM_WARPS = saved_form
+            for block in (16, 32, 64, 128):
+                for warps in (1, 2, 4):
+                    ka.BLOCK_N, ka.NUM_WARPS = block, warps
+                    row.append(f"({block},{warps}): {timed(call, reps=100):.2f}")
             print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | " + "  ".join(row), flush=True)
 
 

@@ -9,20 +9,16 @@ capacity: what it holds beyond the length does not matter), ``mask`` broadcast t
 [b, heads, s, capacity] is added to the scores (``kind`` 'add'), or says which keys are seen
 ('keep') or not ('drop'). The query heads that share a KV head are that head's rows.
 
-On CUDA with Triton: up to ``SINGLE_MAX`` keys of capacity, one program per (batch, KV head)
-walks the blocks of 64 keys up to the length with an online softmax; beyond, split-K ("flash
-decoding"): one program per (batch, KV head, block of 64 keys) computes its block's softmax
-numerator and running max, a second kernel combines the blocks; blocks beyond the length return
-at once, so the work follows the length, not the capacity. torch's fused attention kernels
-parallelise over heads and query blocks, which a decode step has few of (measured on an H200,
-12 heads / 4 KV heads, 256 keys: 30 us for the memory-efficient kernel, ~15 us for two batched
-products and a softmax). Elsewhere: the batched products, masked by ``neg`` (0 for the keys
-written, -inf beyond).
+On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, block of 64
+keys) computes its block's softmax numerator and running max, a second kernel combines the
+blocks; blocks beyond the length return at once, so the work follows the length, not the
+capacity. torch's fused attention kernels parallelise over heads and query blocks, which a decode
+step has few of (measured on an H200, 12 heads / 4 KV heads, 256 keys: 30 us for the
+memory-efficient kernel, ~15 us for two batched products and a softmax). Elsewhere: the batched
+products, masked by ``neg`` (0 for the keys written, -inf beyond).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -34,10 +30,6 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BLOCK_N = 64  # keys per program of the split kernel (benchmarks/kv_attention_tune.py)
 NUM_WARPS = 4
-# storages of at most this many keys take the one-pass kernel (a program per batch row and KV head
-# walks the blocks with an online softmax: no partials written, no second kernel); longer ones are
-# split over programs. A graph is captured per capacity, so the choice is made once per bucket.
-SINGLE_MAX = int(os.environ.get("DYNASHAPE_KV_SINGLE_MAX", "256"))
 
 
 def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind: str = "add"):
@@ -74,21 +66,13 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1):
     block_dv = max(16, triton.next_power_of_2(dv))
     if q3.stride(-1) != 1:
         q3 = q3.contiguous()
+    part = torch.empty((bh, splits, block_r, block_dv), dtype=torch.float32, device=q3.device)
+    mx = torch.empty((bh, splits, block_r), dtype=torch.float32, device=q3.device)
+    den = torch.empty_like(mx)
     out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
     ieee = q3.dtype == torch.float32
     has_mask = bias is not None
     sb = bias.stride() if has_mask else (0, 0, 0, 0)
-    if cap <= SINGLE_MAX:
-        with torch.cuda.device(q3.device):
-            _single[(bh,)](q3, k, v, length, out, bias if has_mask else out, n_new, scale, kvh, rows, d, dv,
-                           q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0),
-                           v.stride(1), v.stride(2), out.stride(0), out.stride(1), s, *sb, HAS_MASK=has_mask,
-                           BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                           BLOCK_DV=block_dv, IEEE=ieee, num_warps=NUM_WARPS)
-        return out
-    part = torch.empty((bh, splits, block_r, block_dv), dtype=torch.float32, device=q3.device)
-    mx = torch.empty((bh, splits, block_r), dtype=torch.float32, device=q3.device)
-    den = torch.empty_like(mx)
     with torch.cuda.device(q3.device):  # Triton launches on the current device: make it q's (cuda:1)
         _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, n_new, scale, kvh, rows,
                                d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
@@ -146,57 +130,6 @@ if triton is not None:
         tl.store(MX + base + rows, m)
         tl.store(DEN + base + rows, tl.sum(p, axis=1))
         tl.store(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :], acc)
-
-    @triton.jit(do_not_specialize=["n_new", "sk0", "sk1", "sv0", "sv1", "sb0", "sb1", "sb2"])
-    def _single(Q, K, V, LEN, OUT, B, n_new, scale, KVH, R, D, DV,
-                sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, so0, so1, S, sb0, sb1, sb2, sb3,
-                HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
-        """_partial and _combine in one program per (batch, KV head): the blocks up to the length in
-        turn, the softmax kept online (running max, denominator and sum rescaled per block)."""
-        bh = tl.program_id(0)
-        b = bh // KVH
-        h = bh % KVH
-        length = tl.load(LEN) + n_new
-        rows = tl.arange(0, BLOCK_R)
-        d = tl.arange(0, BLOCK_D)
-        dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
-                    other=0.0)
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        den = tl.zeros([BLOCK_R], tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-        for start in range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            valid = n < length
-            kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None],
-                         mask=valid[None, :] & (d[:, None] < D), other=0.0)
-            if IEEE:
-                sc = tl.dot(q, kt, input_precision="ieee")
-            else:
-                sc = tl.dot(q, kt)
-            sc = tl.where(valid[None, :], sc * scale, float("-inf"))
-            if HAS_MASK:  # row r is query r % S of query head h * (R // S) + r // S
-                hq = h * (R // S) + rows // S
-                bias = tl.load(B + b * sb0 + hq[:, None] * sb1 + (rows % S)[:, None] * sb2 + n[None, :] * sb3,
-                               mask=(rows[:, None] < R) & valid[None, :], other=0.0)
-                sc = sc + bias
-            m_new = tl.maximum(m, tl.max(sc, axis=1))
-            base = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet adds 0
-            alpha = tl.exp(m - base)
-            p = tl.exp(sc - base[:, None])
-            vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :],
-                         mask=valid[:, None] & (dv[None, :] < DV), other=0.0)
-            if IEEE:
-                pv = tl.dot(p, vv, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(vv.dtype), vv)
-            den = den * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
-        out = acc / den[:, None]
-        tl.store(OUT + bh * so0 + rows[:, None] * so1 + dv[None, :], out.to(OUT.dtype.element_ty),
-                 mask=(rows[:, None] < R) & (dv[None, :] < DV))
 
     @triton.jit(do_not_specialize=["SPLITS"])
     def _combine(PART, MX, DEN, OUT, R, DV, SPLITS, so0, so1, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):

@@ -1,7 +1,6 @@
 """The decode step's attention over KV storages (ops/kv_attention.py): every query sees the
 first ``length + n_new`` keys and nothing beyond, whatever the storage holds there; on CUDA the
-Triton kernels (split over blocks of keys, or one pass over them) against the same attention in
-plain torch."""
+Triton kernels (split over blocks of keys) against the same attention in plain torch."""
 
 from __future__ import annotations
 
@@ -46,13 +45,11 @@ def test_torch_form_sees_only_the_keys_written(b, h, kvh, s, cap, past, monkeypa
     torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("single_max", [0, 1 << 20])  # every capacity split, or every one in one pass
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES)
-def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype, single_max, monkeypatch):
+def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype):
     if not torch.cuda.is_available() or ka.triton is None:
         pytest.skip("the Triton kernels need CUDA and triton")
-    monkeypatch.setattr(ka, "SINGLE_MAX", single_max)
     q, k, v, length, neg, total = _case("cuda", dtype, b, h, kvh, s, cap, past)
     out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -101,14 +98,12 @@ def test_a_key_mask_is_applied_and_ignored_beyond_the_length(b, h, kvh, s, cap, 
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("single_max", [0, 1 << 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", ["add", "keep"])
 @pytest.mark.parametrize("b,h,kvh,s,cap,past", MASKED_CASES)
-def test_triton_kernels_apply_a_key_mask(b, h, kvh, s, cap, past, kind, dtype, single_max, monkeypatch):
+def test_triton_kernels_apply_a_key_mask(b, h, kvh, s, cap, past, kind, dtype):
     if not torch.cuda.is_available() or ka.triton is None:
         pytest.skip("the Triton kernels need CUDA and triton")
-    monkeypatch.setattr(ka, "SINGLE_MAX", single_max)
     q, k, v, length, neg, mask, ref = _masked_case("cuda", dtype, b, h, kvh, s, cap, past, kind)
     out = ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, kind)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
