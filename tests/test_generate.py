@@ -164,21 +164,33 @@ def test_max_length_stops_and_a_step_after_the_end_is_a_typed_error(folder):
         Generator(model, GeneratorParams(model)).append_tokens([[1, 2, 3], [4, 5]])
 
 
+def append_mid_generation(model, before: int, after: int) -> tuple[np.ndarray, dict]:
+    """The sequence of a generator given a prompt, ``before`` steps, two appended tokens, then
+    ``after`` steps, and its request's stats."""
+    g = Generator(model, GeneratorParams(model))
+    g.append_tokens(prompt(1, 4, 5))
+    for _ in range(before):
+        g.generate_next_token()
+    g.append_tokens(np.array([[11, 12]]))
+    for _ in range(after):
+        g.generate_next_token()
+    return g.get_sequence(0), g.request.stats()
+
+
+def continued_alone(model, seq: np.ndarray, steps: int) -> np.ndarray:
+    """The sequence of a fresh generator given ``seq`` but its last ``steps`` tokens, then ``steps`` steps."""
+    whole = Generator(model, GeneratorParams(model))
+    whole.append_tokens(seq[None, :-steps])
+    for _ in range(steps):
+        whole.generate_next_token()
+    return whole.get_sequence(0)
+
+
 def test_append_tokens_after_steps_continues_the_cache(folder):
     """Tokens appended mid-generation join after the last chosen one, as one longer prompt would."""
     model = Model(folder)
-    p = prompt(1, 4, 5)
-    g = Generator(model, GeneratorParams(model))
-    g.append_tokens(p)
-    for _ in range(3):
-        g.generate_next_token()
-    g.append_tokens(np.array([[11, 12]]))
-    g.generate_next_token()
-    seq = g.get_sequence(0)
-    whole = Generator(model, GeneratorParams(model))
-    whole.append_tokens(seq[None, :-1])
-    whole.generate_next_token()
-    assert whole.get_sequence(0)[-1] == seq[-1]
+    seq, _ = append_mid_generation(model, 3, 1)
+    np.testing.assert_array_equal(continued_alone(model, seq, 1), seq)
 
 
 def test_the_lean_step_serves_decode_steps_and_hands_the_kv_back_to_runs(folder, device, tmp_path):
@@ -200,22 +212,9 @@ def test_the_lean_step_serves_decode_steps_and_hands_the_kv_back_to_runs(folder,
         assert st["decode_graph_replays"] >= st["decode_bound_steps"]
     # appended tokens after bound steps: a run serves them, over the KV the bound steps wrote
     model = Model(folder, device=device, decode_graphs="on", kv_bucket=16)
-    p = prompt(1, 4, 5)
-    g = Generator(model, GeneratorParams(model))
-    g.append_tokens(p)
-    for _ in range(6):
-        g.generate_next_token()
-    g.append_tokens(np.array([[11, 12]]))
-    for _ in range(3):
-        g.generate_next_token()
-    seq = g.get_sequence(0)
-    assert g.request.stats()["decode_bound_steps"] >= 4
-    plain = Model(folder, device=device, decode_graphs="off")
-    whole = Generator(plain, GeneratorParams(plain))
-    whole.append_tokens(seq[None, :-3])
-    for _ in range(3):
-        whole.generate_next_token()
-    np.testing.assert_array_equal(whole.get_sequence(0), seq)
+    seq, st = append_mid_generation(model, 6, 3)
+    assert st["decode_bound_steps"] >= 4
+    np.testing.assert_array_equal(continued_alone(Model(folder, device=device, decode_graphs="off"), seq, 3), seq)
 
 
 def test_logits_processors_follow_their_definitions():

@@ -20,6 +20,13 @@ static int lane_pos(int j, int i) {
     return 4 * r + i % 4;
 }
 
+/* The 8 lanes of an output summed: MLAS's order for the columns in groups of 4 (``full``), its
+ * one-column horizontal sum for the N % 4 columns left. */
+static inline float fold8(const float* a, int full) {
+    if (full) return (((a[0] + a[1]) + a[2]) + a[3]) + (((a[4] + a[5]) + a[6]) + a[7]);
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 /* One row of A: q (int8 values, zeros past K), the block scales and scale * sum(q). */
 static void quantize_row(const float* a, int64_t k, int64_t nb, int8_t* q, float* scale, float* asum) {
     for (int64_t b = 0; b < nb; b++) {
@@ -95,14 +102,7 @@ int nbits_int8_gemm(int64_t m_count, int64_t n_count, int64_t k, int64_t nb, con
                     acc[l] = fmaf((float)d, s, acc[l]);
                 }
             }
-            float out;
-            if (n < n_full) {
-                float lo = ((acc[0] + acc[1]) + acc[2]) + acc[3];
-                float hi = ((acc[4] + acc[5]) + acc[6]) + acc[7];
-                out = lo + hi;
-            } else {
-                out = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-            }
+            float out = fold8(acc, n < n_full);
             if (bias) out += bias[n];
             float extra = 0.0f;
             const float* bs = bsum + n * nb;
@@ -289,15 +289,7 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
             }
             for (int64_t i = 0; i < cnt; i++) {
                 int64_t n = n0 + i;
-                const float* a8 = acc8[i];
-                float o;
-                if (n < n_full) {
-                    float lo4 = ((a8[0] + a8[1]) + a8[2]) + a8[3];
-                    float hi4 = ((a8[4] + a8[5]) + a8[6]) + a8[7];
-                    o = lo4 + hi4;
-                } else {
-                    o = ((a8[0] + a8[4]) + (a8[2] + a8[6])) + ((a8[1] + a8[5]) + (a8[3] + a8[7]));
-                }
+                float o = fold8(acc8[i], n < n_full);
                 out[i] = bias ? o + bias[n] : o;
                 float e = 0.0f;
                 for (int64_t b = 0; b < nb; b++)
