@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--folder", default="/tmp/genai_int4")
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny: the zoo's 2-layer Llama; small: ~110M")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each runtime, alternating which goes first; "
+                    "the medians are reported (this machine's load drifts within minutes)")
     ap.add_argument("--json", help="write the figures here (docs/benchmarks.md reads them)")
     args = ap.parse_args()
     import onnxruntime_genai as og
@@ -76,14 +78,19 @@ def main() -> None:
     torch.set_num_threads(2)
     out = build(Path(args.folder), args.precision, args.size)
     prompt = np.random.default_rng(0).integers(4, 256, 8).astype(np.int32)
-    rows = {}
-    for name, mod in (("onnxruntime-genai", og), ("dynashape", dg)):
-        greedy(mod, out, prompt, 16)  # loads, first calls
-        rows[name] = greedy(mod, out, prompt, args.steps)
-        gc.collect()
-    (a, ra), (b, rb) = rows["onnxruntime-genai"], rows["dynashape"]
-    print(f"onnxruntime-genai {ra:.0f} tokens/s; dynashape {rb:.0f} tokens/s ({rb / ra:.3f}x); "
-          f"tokens equal: {a == b}")
+    runtimes = [("onnxruntime-genai", og), ("dynashape", dg)]
+    tokens, rates = {}, {name: [] for name, _ in runtimes}
+    for r in range(args.rounds):
+        for name, mod in (runtimes if r % 2 == 0 else runtimes[::-1]):
+            greedy(mod, out, prompt, 16)  # loads, first calls
+            tokens[name], rate = greedy(mod, out, prompt, args.steps)
+            rates[name].append(rate)
+            gc.collect()
+    a, b = tokens["onnxruntime-genai"], tokens["dynashape"]
+    ra, rb = (float(np.median(rates[n])) for n in ("onnxruntime-genai", "dynashape"))
+    ratios = [y / x for x, y in zip(rates["onnxruntime-genai"], rates["dynashape"])]
+    print(f"onnxruntime-genai {ra:.0f} tokens/s; dynashape {rb:.0f} tokens/s ({rb / ra:.3f}x, rounds "
+          f"{' '.join(f'{x:.2f}' for x in ratios)}); tokens equal: {a == b}")
     if args.json:
         import json
 
@@ -92,7 +99,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "device": device, "threads": 2,
                        "precision": args.precision, "size": args.size, "steps": args.steps,
-                       "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "tokens_equal": a == b}, f, indent=1)
+                       "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "rounds": rates,
+                       "tokens_equal": a == b}, f, indent=1)
 
 
 if __name__ == "__main__":
