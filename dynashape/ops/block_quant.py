@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 
 from ..errors import ShapeError
-from . import native, nbits_int8
+from . import native, nbits_int8, nbits_triton
 from .qlinear_arith import DOMAIN, _put
 from .registry import COMPUTED, binder, op
 from .shapes import norm_axis
@@ -116,7 +116,8 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
-    notes="bits 2, 4, 8; weights dequantized once and cached by tensor identity, one float matmul; "
+    notes="bits 2, 4, 8; on CUDA 4 bits read packed by a Triton kernel (no dequantized copy); elsewhere "
+          "weights dequantized once and cached by tensor identity, one float matmul; "
           "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
           "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
 def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
@@ -150,6 +151,12 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         w = _cached_weight(key, (b, scales, zero_points),
                            lambda: _nbits_packed(b, scales, zero_points, K, N, bits, block_size))
         return _put(out, nbits_int8.matmul(a, w, bias, out))
+    if nbits_triton.serves(a, bits, block_size, g_idx, K) and (
+            zero_points is None or zero_points.dtype == torch.uint8 or zero_points.numel() == N * nb):
+        # CUDA: the packed weight read as it is, no dequantized copy (nbits_triton.py)
+        x = _int8_blocks(a, block_size).to(a.dtype) if accuracy_level == 4 else a
+        native.count("nbits_packed_cuda_calls")
+        return _put(out, nbits_triton.matmul(x, b, scales, zero_points, bias, K, N, block_size))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
     dtype = torch.float32 if a.device.type == "cpu" else a.dtype
     key = (_ident(b), _ident(scales), _ident(zero_points), _ident(g_idx), K, N, bits, block_size, dtype)

@@ -1,0 +1,102 @@
+"""MatMulNBits with 4-bit weights on CUDA, read packed (issue 38: "a Triton GEMV/GEMM that reads
+the packed weights, no dequantized copy of the weights in memory").
+
+A weight of N x K 4-bit values is N * K / 2 bytes; its dequantized copy in float16 is four times
+that, in float32 eight times, and a decode step reads every weight once: the copy costs memory and
+bandwidth. Here one Triton kernel reads the bytes as the model stores them (two values a byte, the
+low nibble first), the block scales and the zero points (4-bit packed, or in the scales' type, or
+8 when none is given), makes each block's weights in float32 in registers,
+``(q - zero point) * scale``, rounds them to A's type (as a dequantized copy in that type would
+hold them) and accumulates ``A @ W^T`` in float32 (float32 A: IEEE products, no TF32). A program
+computes a block of 16 outputs for up to 64 rows of A; longer A takes more programs along the
+rows (each reads the weight again: a prompt's product, bound by its arithmetic). accuracy_level 4
+quantizes A to int8 blocks first (block_quant.py), as the other paths do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # CI has no GPU and no triton: the dequantized path serves there
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+BLOCK_N = 16
+BLOCK_K = 256  # values of K a step of a program's loop (a multiple of every block size served)
+
+
+def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
+    """Whether the packed kernel computes this product: 4 bits, a block size that divides BLOCK_K,
+    no g_idx, float A on CUDA with triton."""
+    return (triton is not None and a.is_cuda and bits == 4 and g_idx is None and 16 <= block_size <= BLOCK_K
+            and BLOCK_K % block_size == 0 and a.dtype in (torch.float32, torch.float16, torch.bfloat16) and k > 0)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+           bias: torch.Tensor | None, k: int, n: int, block_size: int) -> torch.Tensor:
+    """(..., K) A times the packed (N, blocks, block_size / 2) weight: (..., N) in A's type."""
+    lead = a.shape[:-1]
+    x = a.reshape(-1, k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    nb = -(-k // block_size)
+    w = b.reshape(n, -1)
+    if not w.is_contiguous():
+        w = w.contiguous()
+    s = scales.reshape(n, nb)
+    z = None if zero_points is None else zero_points.reshape(n, -1)
+    y = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0:
+        return y.reshape(*lead, n)
+    block_m = 16 if m <= 16 else 64
+    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(m, block_m))
+    with torch.cuda.device(a.device):
+        _nbits4[grid](x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k, nb,
+                      x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
+                      HAS_Z=z is not None, Z_PACKED=z is not None and z.dtype == torch.uint8,
+                      HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                      BS=block_size, IEEE=a.dtype == torch.float32, num_warps=4)
+    return y.reshape(*lead, n)
+
+
+if triton is not None:
+    @triton.jit
+    def _nbits4(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
+                HAS_Z: tl.constexpr, Z_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        nmask, mmask = n < N, m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        half = tl.arange(0, BLOCK_K // 2)
+        blk = tl.arange(0, BLOCK_K // BS)
+        kk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kb = k0 // 2 + half
+            packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
+                             other=0)
+            q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
+            bi = k0 // BS + blk
+            bmask = nmask[:, None] & (bi[None, :] < NB)
+            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+            if HAS_Z:
+                if Z_PACKED:  # two 4-bit zero points a byte, the low nibble first
+                    zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
+                    z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
+                else:
+                    z = tl.load(Z + n[:, None] * szn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+            else:
+                z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
+            w = ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+            x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
+                        other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        if HAS_BIAS:
+            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])

@@ -1,0 +1,73 @@
+"""MatMulNBits with 4-bit weights on CUDA read packed (ops/nbits_triton.py): equal to the product by
+the dequantized weight (block_quant._nbits_weight) within the accumulation's rounding, for float32
+and float16 A, block sizes 16-128, K not a multiple of the block, zero points packed, in the scales'
+type or absent, a bias, 1 to 70 rows; and no dequantized copy of the weight is kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import dynashape
+from dynashape.ops import block_quant, native, nbits_triton
+
+MS = "com.microsoft"
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or nbits_triton.triton is None,
+                                reason="the packed kernel needs CUDA and triton")
+
+
+def _weights(rng, k, n, bs, zp_kind):
+    nb = -(-k // bs)
+    b = torch.from_numpy(rng.integers(0, 256, (n, nb, bs // 2), dtype=np.uint8))
+    scales = torch.from_numpy((rng.uniform(0.005, 0.05, (n, nb))).astype(np.float32))
+    if zp_kind == "packed":
+        zp = torch.from_numpy(rng.integers(0, 256, (n, (nb + 1) // 2), dtype=np.uint8))
+    elif zp_kind == "float":
+        zp = torch.from_numpy(rng.uniform(6, 10, (n, nb)).astype(np.float32))
+    else:
+        zp = None
+    return b, scales, zp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("k, n, bs", [(64, 7, 32), (96, 48, 32), (200, 300, 64), (768, 130, 128), (80, 16, 16)])
+@pytest.mark.parametrize("zp_kind", ["none", "packed", "float"])
+def test_the_packed_kernel_equals_the_product_by_the_dequantized_weight(k, n, bs, zp_kind, dtype):
+    rng = np.random.default_rng(k + n + bs)
+    b, scales, zp = _weights(rng, k, n, bs, zp_kind)
+    dev = torch.device("cuda")
+    b, scales = b.to(dev), scales.to(dev, dtype)
+    zp = None if zp is None else zp.to(dev, dtype if zp.dtype != torch.uint8 else torch.uint8)
+    bias = torch.randn(n, device=dev, dtype=dtype)
+    w = block_quant._nbits_weight(b, scales, zp, None, k, n, 4, bs, torch.float32).to(dtype)
+    for m in (1, 5, 70):
+        a = torch.randn(m, k, device=dev, dtype=dtype)
+        got = nbits_triton.matmul(a, b, scales, zp, bias, k, n, bs)
+        want = (a.double() @ w.double().t() + bias.double()).to(dtype)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_a_model_runs_the_packed_kernel_and_keeps_no_dequantized_weight():
+    rng = np.random.default_rng(3)
+    k, n, bs = 256, 96, 32
+    b, scales, zp = _weights(rng, k, n, bs, "packed")
+    node = helper.make_node("MatMulNBits", ["a", "b", "s", "z"], ["y"], domain=MS, K=k, N=n, bits=4, block_size=bs)
+    g = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                          [numpy_helper.from_array(b.numpy(), "b"), numpy_helper.from_array(scales.numpy(), "s"),
+                           numpy_helper.from_array(zp.numpy(), "z")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    sess = dynashape.InferenceSession(model.SerializeToString(), device="cuda")
+    cpu = dynashape.InferenceSession(model.SerializeToString())
+    before_calls = native.counters().get("nbits_packed_cuda_calls", 0)
+    before_bytes = block_quant._DEQUANT_BYTES[0]
+    for m in (1, 3, 17):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        got = sess.run(None, {"a": torch.from_numpy(a).cuda()})[0].cpu().numpy()
+        np.testing.assert_allclose(got, cpu.run(None, {"a": a})[0], atol=1e-4, rtol=1e-4)
+    assert native.counters()["nbits_packed_cuda_calls"] >= before_calls + 3
+    assert block_quant._DEQUANT_BYTES[0] == before_bytes
