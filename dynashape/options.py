@@ -338,6 +338,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_CPU_PACKED_WEIGHTS": ("experiment", "'1' / '0' / 'auto' (default: on except on Intel CPUs): "
                                                    "products by large constant fp32 weights through oneDNN with the "
                                                    "weight packed once."),
+    "DYNASHAPE_NBITS_PACKED": ("operator", "'1': MatMulNBits with 4-bit weights and float16/bfloat16 A on CUDA "
+                                           "reads the packed weight (a quarter of the dequantized copy's memory; "
+                                           "slower on large layers today, benchmarks/nbits_cuda.py)."),
     # ---- the system's ----
     "XDG_CACHE_HOME": ("system", "the standard cache root, under which dynashape/native holds built C kernels "
                                  "(default ~/.cache)."),

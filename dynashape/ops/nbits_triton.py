@@ -11,9 +11,18 @@ hold them) and accumulates ``A @ W^T`` in float32 (float32 A: IEEE products, no 
 computes a block of 16 outputs for up to 64 rows of A; longer A takes more programs along the
 rows (each reads the weight again: a prompt's product, bound by its arithmetic). accuracy_level 4
 quantizes A to int8 blocks first (block_quant.py), as the other paths do.
+
+Not the default yet (``DYNASHAPE_NBITS_PACKED=1`` turns it on, float16 and bfloat16 A only):
+measured on an H200 (benchmarks/nbits_cuda.py, eight weights in turn) it is as fast as cuBLAS over
+the dequantized copy on the 110M model's layers (3.6 against 3.3 us at 768x2048) but 1.5-2.1x
+slower on a 1B model's (16.3 against 10.6 us at 2048x8192, 28.5 against 13.6 at 8192x2048): a
+program's 16 outputs and the products padded to 16 rows leave the memory system idle; and 6-16x
+slower for float32 A (IEEE products emulated). It trades that for a quarter of the memory.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -25,13 +34,15 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BLOCK_N = 16
 BLOCK_K = 256  # values of K a step of a program's loop (a multiple of every block size served)
+ENABLED = os.environ.get("DYNASHAPE_NBITS_PACKED", "0") == "1"
 
 
 def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
-    """Whether the packed kernel computes this product: 4 bits, a block size that divides BLOCK_K,
-    no g_idx, float A on CUDA with triton."""
-    return (triton is not None and a.is_cuda and bits == 4 and g_idx is None and 16 <= block_size <= BLOCK_K
-            and BLOCK_K % block_size == 0 and a.dtype in (torch.float32, torch.float16, torch.bfloat16) and k > 0)
+    """Whether the packed kernel computes this product: turned on, 4 bits, a block size that divides
+    BLOCK_K, no g_idx, float16 or bfloat16 A on CUDA with triton."""
+    return (ENABLED and triton is not None and a.is_cuda and bits == 4 and g_idx is None
+            and 16 <= block_size <= BLOCK_K and BLOCK_K % block_size == 0
+            and a.dtype in (torch.float16, torch.bfloat16) and k > 0)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
