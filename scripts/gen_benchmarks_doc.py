@@ -348,8 +348,12 @@ def generate_genai(runs: list[Run]) -> list[list[str]]:
     rows = []
     for run in runs:
         t, size = run.data["tokens_per_s"], run.data.get("size", "tiny")
+        rounds = run.data.get("rounds")
+        how = "" if not rounds else (
+            f" (median of {len(rounds['dynashape'])} rounds, alternating which runtime goes first; per round "
+            + ", ".join(f"{y / x:.2f}x" for x, y in zip(rounds["onnxruntime-genai"], rounds["dynashape"])) + ")")
         rows.append([f"{run.data['precision']} {GENAI_SIZES.get(size, size)}, {run.data['steps']} tokens on a fresh "
-                     "Model", num(t["dynashape"]), num(t["onnxruntime-genai"]),
+                     f"Model{how}", num(t["dynashape"]), num(t["onnxruntime-genai"]),
                      ratio(t["dynashape"], t["onnxruntime-genai"]), "yes" if run.data["tokens_equal"] else "**no**",
                      run.run_cell()])
     return rows
@@ -558,8 +562,8 @@ AREAS = [
          ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
          generate_genai, "The builder's int4 model (MatMulNBits at accuracy level 4, GroupQueryAttention), greedy, "
          "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's); "
-         "one runtime at a time. The small model's row is the last of three runs in a row (1.27x, 1.07x, 1.10x; "
-         "this machine's spread: onnxruntime-genai 144-238 tokens/s on that folder over the day)."),
+         "one runtime at a time (this machine's spread: onnxruntime-genai 144-238 tokens/s on the small model's "
+         "folder over the day)."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
