@@ -6,7 +6,8 @@ read back to the host as a streaming loop does (``get_next_tokens``), the same c
 runtimes (``dynashape.generate`` takes onnxruntime-genai's API); one runtime at a time, the other's
 objects deleted first. Reports tokens/s after the prompt and whether the tokens are equal.
 
-    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--size tiny|small] [--folder /tmp/genai_int4]
+    python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--size tiny|small] [--arch llama|qwen2|phi3]
+        [--folder /tmp/genai_int4]
         [--json PATH]
 """
 
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 SIZES = {"tiny": {}, "small": dict(vocab=32000, hidden=768, intermediate=2048, layers=12, heads=12, kv_heads=4)}
 
 
-def build(folder: Path, precision: str, size: str = "tiny") -> Path:
+def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama") -> Path:
     from benchmarks.real_models_specs import generator
     out = folder / "out"
     if (out / "genai_config.json").exists():
@@ -37,7 +38,7 @@ def build(folder: Path, precision: str, size: str = "tiny") -> Path:
     g = generator()
     g.LLAMA["max_positions"] = 1024
     g.LLAMA.update(SIZES[size])
-    g.make_llama_checkpoint(folder / "hf")
+    g.make_llama_checkpoint(folder / "hf", arch)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder / "hf"), "-o",
                         str(out), "-p", precision, "-e", "cpu", "-c", str(folder / "cache")],
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--folder", default="/tmp/genai_int4")
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny: the zoo's 2-layer Llama; small: ~110M")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "phi3"], default="llama",
+                    help="the transformers architecture the builder converts")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each runtime, alternating which goes first; "
                     "the medians are reported (this machine's load drifts within minutes)")
     ap.add_argument("--json", help="write the figures here (docs/benchmarks.md reads them)")
@@ -76,7 +79,7 @@ def main() -> None:
 
     import dynashape.generate as dg
     torch.set_num_threads(2)
-    out = build(Path(args.folder), args.precision, args.size)
+    out = build(Path(args.folder), args.precision, args.size, args.arch)
     prompt = np.random.default_rng(0).integers(4, 256, 8).astype(np.int32)
     runtimes = [("onnxruntime-genai", og), ("dynashape", dg)]
     tokens, rates = {}, {name: [] for name, _ in runtimes}
@@ -98,7 +101,7 @@ def main() -> None:
         device = f"CPU {cpuinfo('model name') or 'x86'}, {os.cpu_count()} cores"
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "device": device, "threads": 2,
-                       "precision": args.precision, "size": args.size, "steps": args.steps,
+                       "precision": args.precision, "size": args.size, "arch": args.arch, "steps": args.steps,
                        "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "rounds": rates,
                        "tokens_equal": a == b}, f, indent=1)
 

@@ -341,7 +341,8 @@ def generate_gpu(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
-GENAI_SIZES = {"tiny": "2-layer hidden-64 Llama", "small": "12-layer hidden-768 Llama (~110M)"}
+GENAI_SIZES = {"tiny": "2-layer hidden-64", "small": "12-layer hidden-768 (~110M)"}
+GENAI_ARCHS = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi-3"}
 
 
 def generate_genai(runs: list[Run]) -> list[list[str]]:
@@ -349,11 +350,12 @@ def generate_genai(runs: list[Run]) -> list[list[str]]:
     for run in runs:
         t, size = run.data["tokens_per_s"], run.data.get("size", "tiny")
         rounds = run.data.get("rounds")
-        how = "" if not rounds else (
+        how = "" if not rounds or len(rounds["dynashape"]) < 2 else (
             f" (median of {len(rounds['dynashape'])} rounds, alternating which runtime goes first; per round "
             + ", ".join(f"{y / x:.2f}x" for x, y in zip(rounds["onnxruntime-genai"], rounds["dynashape"])) + ")")
-        rows.append([f"{run.data['precision']} {GENAI_SIZES.get(size, size)}, {run.data['steps']} tokens on a fresh "
-                     f"Model{how}", num(t["dynashape"]), num(t["onnxruntime-genai"]),
+        arch = GENAI_ARCHS.get(run.data.get("arch", "llama"), run.data.get("arch"))
+        rows.append([f"{run.data['precision']} {GENAI_SIZES.get(size, size)} {arch}, {run.data['steps']} tokens on a "
+                     f"fresh Model{how}", num(t["dynashape"]), num(t["onnxruntime-genai"]),
                      ratio(t["dynashape"], t["onnxruntime-genai"]), "yes" if run.data["tokens_equal"] else "**no**",
                      run.run_cell()])
     return rows
@@ -558,7 +560,9 @@ AREAS = [
          "through the lean step (runtime/bound_step.py) and starts each step before the caller reads the last "
          "token."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
-         [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None)],
+         [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None),
+          ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),
+          ("generate_genai_cpu_qwen2_fp32_*.json", None), ("generate_genai_cpu_phi3_fp32_*.json", None)],
          ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
          generate_genai, "The builder's int4 model (MatMulNBits at accuracy level 4, GroupQueryAttention), greedy, "
          "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's); "

@@ -829,19 +829,26 @@ def llama_io() -> tuple[list[str], list[str]]:
     return ["input_ids", "attention_mask", *past], ["logits", *present]
 
 
-def make_llama_checkpoint(d: Path) -> None:
-    """A transformers Llama checkpoint (random weights) and a word-level tokenizer, both local: the
-    builder loads the config with AutoConfig and the tokenizer with AutoTokenizer from the folder."""
+def make_llama_checkpoint(d: Path, arch: str = "llama") -> None:
+    """A transformers checkpoint of a Llama-style architecture (``arch``: llama, qwen2 or phi3; random
+    weights, LLAMA's sizes) and a word-level tokenizer, both local: the builder loads the config with
+    AutoConfig and the tokenizer with AutoTokenizer from the folder."""
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     _seed()
     c = LLAMA
-    cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
-                      num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                      num_key_value_heads=c["kv_heads"], max_position_embeddings=c["max_positions"],
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    LlamaForCausalLM(cfg).eval().save_pretrained(str(d))
+    config_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                             "phi3": ("Phi3Config", "Phi3ForCausalLM")}[arch]
+    cfg = getattr(transformers, config_cls)(
+        vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
+        num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+        max_position_embeddings=c["max_positions"], bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False,
+        # Phi-3 mini's plain rotary (the builder's long-RoPE form wants scaling factors)
+        **({"original_max_position_embeddings": c["max_positions"]} if arch == "phi3" else {}))
+    getattr(transformers, model_cls)(cfg).eval().save_pretrained(str(d))
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, c["vocab"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
