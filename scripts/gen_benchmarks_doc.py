@@ -567,7 +567,8 @@ AREAS = [
          generate_genai, "The builder's int4 model (MatMulNBits at accuracy level 4, GroupQueryAttention), greedy, "
          "one prompt of 8 tokens, the same API calls on both (`dynashape.generate` takes onnxruntime-genai's); "
          "one runtime at a time (this machine's spread: onnxruntime-genai 144-238 tokens/s on the small model's "
-         "folder over the day)."),
+         "folder over the day). The Qwen2 and Phi-3 rows are runs for the tokens' equality, timed while the "
+         "machine also ran the test suite."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
