@@ -122,6 +122,7 @@ class Generator:
         self._seq_dev: torch.Tensor | None = None
         self._pending: torch.Tensor | None = None  # the tokens chosen last, not yet run
         self.past: list[torch.Tensor] = []
+        self._branch: tuple | None = None  # optimum's use_cache_branch values on the device
         self.bound = None  # the lean step (runtime/bound_step.py) while the last run was a whole-step graph's
         self.fed = 0  # tokens the KV cache holds
         self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
@@ -207,8 +208,10 @@ class Generator:
             feeds[io.attention_mask] = self._mask_dev[:, :total]
         if io.position_ids is not None:
             feeds[io.position_ids] = self._pos_dev[:, self.fed:total]
-        if io.use_cache_branch is not None:
-            feeds[io.use_cache_branch] = torch.tensor([self.fed > 0], device=self.dev)
+        if io.use_cache_branch is not None:  # the two values made once: no copy to the device a step
+            if self._branch is None:
+                self._branch = (torch.tensor([False], device=self.dev), torch.tensor([True], device=self.dev))
+            feeds[io.use_cache_branch] = self._branch[self.fed > 0]
         if self.bound is not None:  # the lean step: the KV stays in the step's storages
             out = self.bound(feeds)
             if out is not None:
