@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import ShapeError
 from .blocks import BlockPool
 
 
@@ -32,7 +33,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, keys: list, q_
     _, _, bs, kvh, d = pool.k.shape
     heads = q.shape[1]
     if heads % kvh:
-        raise ValueError(f"{heads} query heads over {kvh} kv heads")
+        raise ShapeError(f"paged_attention: {heads} query heads over {kvh} KV heads (expected a multiple)")
     group = heads // kvh
     kf, vf = pool.k[layer].view(-1, kvh, d), pool.v[layer].view(-1, kvh, d)
     out = torch.empty_like(q)

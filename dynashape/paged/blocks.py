@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import KVCapacityError
+from ..errors import KVCapacityError, OptionsError
 
 
 def blocks_for_memory(free_bytes: int, headroom: float, block_size: int, layers: int, kv_heads: int,
@@ -28,7 +28,7 @@ def blocks_for_memory(free_bytes: int, headroom: float, block_size: int, layers:
     """How many blocks fit in ``free_bytes`` keeping ``headroom`` (a fraction, e.g. 0.1) of it for
     activations and everything else."""
     if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom={headroom!r}: expected a fraction in [0, 1)")
+        raise OptionsError(f"headroom={headroom!r}: expected a fraction in [0, 1)")
     per_block = 2 * layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
     return int(free_bytes * (1.0 - headroom)) // per_block
 
@@ -47,7 +47,7 @@ class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a pool of {num_blocks} blocks of {block_size} positions")
+            raise OptionsError(f"a pool of {num_blocks} blocks of {block_size} positions: expected at least one of one")
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)

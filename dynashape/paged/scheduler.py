@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import OptionsError
 from .blocks import BlockPool
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -90,7 +91,7 @@ def bucket(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
 class Scheduler:
     def __init__(self, pool: BlockPool, max_rows: int = 64, token_budget: int = 512, chunk: int = 256) -> None:
         if max_rows < 1 or token_budget < 1 or chunk < 1:
-            raise ValueError(f"max_rows={max_rows}, token_budget={token_budget}, chunk={chunk}: expected >= 1")
+            raise OptionsError(f"max_rows={max_rows}, token_budget={token_budget}, chunk={chunk}: expected >= 1")
         self.pool, self.max_rows, self.token_budget, self.chunk = pool, max_rows, token_budget, chunk
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []

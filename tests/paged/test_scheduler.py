@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dynashape import errors
 from dynashape.errors import KVCapacityError
 from dynashape.paged import BlockPool, Scheduler, Sequence, blocks_for_memory, paged_attention, write_kv
 from dynashape.paged.scheduler import bucket
@@ -173,7 +174,7 @@ def test_blocks_are_taken_as_positions_grow_and_slots_address_them():
 def test_pool_size_from_free_memory_and_row_buckets():
     per_block = 2 * 2 * 16 * 4 * 64 * 2  # k and v, 2 layers, 16 positions, 4 heads of 64, bf16
     assert blocks_for_memory(100 * per_block, 0.1, 16, 2, 4, 64, torch.bfloat16) == 90
-    with pytest.raises(ValueError):
+    with pytest.raises(errors.OptionsError, match="headroom"):
         blocks_for_memory(1, 1.0, 16, 2, 4, 64, torch.float32)
     assert [bucket(n) for n in (1, 3, 5, 33, 64, 300)] == [1, 4, 8, 64, 64, 300]
 
