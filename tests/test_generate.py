@@ -18,6 +18,7 @@ import torch
 from dynashape import errors
 from dynashape.generate import Generator, GeneratorParams, Model, Tokenizer
 from dynashape.generate.folder import read_folder
+from dynashape.generate.generator import IDLE_MAX
 from dynashape.generate.sampling import penalise_repeats, top_k_top_p
 from tests.models import llama
 
@@ -302,3 +303,8 @@ def test_a_finished_generator_lends_its_request_and_rebuilds_its_cache_if_asked_
     gc.collect()
     g3 = Generator(model, GeneratorParams(model))
     assert g3.request is held
+    # the model keeps at most IDLE_MAX requests of collected generators (the rest let go)
+    many = [Generator(model, GeneratorParams(model)) for _ in range(5)]
+    del many, g3
+    gc.collect()
+    assert 1 <= len(model._idle) <= IDLE_MAX

@@ -21,6 +21,7 @@ from .sampling import next_tokens
 
 KV_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16}
 DEFAULT_MAX_LENGTH = 2048
+IDLE_MAX = 2  # requests of collected generators a Model keeps for its next ones
 
 
 class Model:
@@ -63,8 +64,11 @@ class Model:
         return self.session.create_infer_request()
 
     def _return(self, request) -> None:
+        """A collected generator's request, kept for the next one; beyond IDLE_MAX kept, it is let go
+        (its buffers and KV storages with it)."""
         with self._lock:
-            self._idle.append(request)
+            if len(self._idle) < IDLE_MAX:
+                self._idle.append(request)
 
     @property
     def device_type(self) -> str:
