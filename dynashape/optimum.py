@@ -23,6 +23,7 @@ import torch
 
 from .errors import InputError, OptionsError
 from .generate import Generator, GeneratorParams, Model
+from .generate.generator import empty_past, positions
 
 _PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 
@@ -95,7 +96,7 @@ class ORTModelForCausalLM:
         if flat and len(flat) != len(io.past):
             raise InputError(f"past_key_values: {len(flat)} tensors, the decoder takes {len(io.past)}")
         if not flat:
-            flat = [torch.zeros(b, io.kv_heads, 0, io.head_dim, dtype=_kv_dtype(io), device=dev) for _ in io.past]
+            flat = empty_past(io, b, dev)
         past = flat[0].shape[2] if flat else 0
         mask = (torch.ones(b, past + n, dtype=torch.int64, device=dev) if attention_mask is None
                 else torch.as_tensor(attention_mask).to(dev, torch.int64))
@@ -104,7 +105,7 @@ class ORTModelForCausalLM:
             feeds[io.attention_mask] = mask
         if io.position_ids is not None:
             if position_ids is None:  # transformers' rule: the count of the mask's ones before, from 0
-                position_ids = (mask.cumsum(1) - 1).clamp_(min=0)[:, -n:]
+                position_ids = positions(mask)[:, -n:]
             feeds[io.position_ids] = torch.as_tensor(position_ids).to(dev, torch.int64)
         if io.use_cache_branch is not None:
             feeds[io.use_cache_branch] = torch.tensor([past > 0], device=dev)
@@ -189,11 +190,6 @@ def _rows(ids: torch.Tensor, attention_mask) -> list | np.ndarray:
                              "(tokenizer.padding_side = 'left') as transformers' generate expects")
         rows.append(ids[r, first:].numpy())
     return rows
-
-
-def _kv_dtype(io) -> torch.dtype:
-    from .generate.generator import KV_DTYPES
-    return KV_DTYPES.get(io.kv_type, torch.float32)
 
 
 def _config(folder: Path):

@@ -24,6 +24,18 @@ DEFAULT_MAX_LENGTH = 2048
 IDLE_MAX = 2  # requests of collected generators a Model keeps for its next ones
 
 
+def empty_past(io, batch: int, device) -> list[torch.Tensor]:
+    """The KV inputs of a first run: ``batch`` rows of no positions, in the decoder's KV type."""
+    kv = KV_DTYPES.get(io.kv_type, torch.float32)
+    return [torch.zeros(batch, io.kv_heads, 0, io.head_dim, dtype=kv, device=device) for _ in io.past]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of an attention mask, as transformers makes them: the count of ones before,
+    from 0 (left padding stays at 0)."""
+    return (mask.cumsum(1) - 1).clamp_(min=0)
+
+
 class Model:
     """A decoder folder (onnxruntime-genai's builder, optimum) or .onnx file on ``device``;
     ``session_options`` go to dynashape.InferenceSession."""
@@ -151,9 +163,7 @@ class Generator:
             self.done_rows = np.zeros(b, dtype=bool)
             self.host = np.full((b, 0), self.pad, dtype=np.int64)
             self.host_mask = np.zeros((b, 0), dtype=bool)
-            kv = KV_DTYPES.get(self.io.kv_type, torch.float32)
-            self.past = [torch.zeros(b, self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=self.dev)
-                         for _ in self.io.past]
+            self.past = empty_past(self.io, b, self.dev)
         elif b != self.host.shape[0]:
             raise InputError(f"append_tokens: {b} rows, the generator has {self.host.shape[0]}")
         elif self._pending is not None:
@@ -177,7 +187,7 @@ class Generator:
         if self.io.attention_mask is not None or self.io.position_ids is not None:
             m = torch.from_numpy(self.host_mask.astype(np.int64))
             self._mask_dev = m.to(self.dev)
-            self._pos_dev = (m.cumsum(1) - 1).clamp_(min=0).to(self.dev)
+            self._pos_dev = positions(m).to(self.dev)
         if self._seq_dev is not None:
             self._seq_dev = torch.from_numpy(self.host).to(self.dev)
 
@@ -300,10 +310,7 @@ class Generator:
         self.request = self.model._request()
         self._holder.append(self.request)
         fed, self.fed = self.fed, 0
-        kv = KV_DTYPES.get(self.io.kv_type, torch.float32)
-        b = self.host.shape[0]
-        self.past = [torch.zeros(b, self.io.kv_heads, 0, self.io.head_dim, dtype=kv, device=self.dev)
-                     for _ in self.io.past]
+        self.past = empty_past(self.io, self.host.shape[0], self.dev)
         pending = self._pending
         self._run(torch.from_numpy(self.host[:, :fed].copy()).to(self.dev))
         self._pending = pending

@@ -66,6 +66,15 @@ def _f32_cpu(*ts) -> bool:
     return all(type(t) is torch.Tensor and t.dtype is _F32 and t.device.type == "cpu" for t in ts)
 
 
+def _threads(b: int, n: int, work_per_head: int) -> tuple[int, int]:
+    """(threads of ours, onnxruntime's intra-op count) for the attention C call. onnxruntime's decode
+    splits the keys across its threads where they outnumber batch x heads (its "flash decoding",
+    another summation order): the thread count decides its bits, and ours is the count to match (a
+    session's intra_op_num_threads sets torch's for the call)."""
+    ort_threads = torch.get_num_threads()
+    return (min(ort_threads, b * n) if b * n * work_per_head >= 1 << 16 else 1), ort_threads
+
+
 def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, cos_cache, sin_cache, n: int,
              nk: int, h: int, scale: float, window: int, do_rotary: int, interleaved: int, first_prompt: bool):
     """(output, present_key, present_value) as onnxruntime computes GroupQueryAttention on this CPU
@@ -108,12 +117,7 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
     present_v = _gqa_present(past_value, vh, start, present_len).contiguous()
     lens = seqlens.to(torch.int64).contiguous()
     y = torch.empty((b, s, n * h), dtype=_F32)
-    work = b * n * s * int(lens.max()) * h
-    # onnxruntime's decode splits the keys across its threads where they outnumber batch x heads
-    # (its "flash decoding", another summation order): the thread count decides its bits, and ours
-    # is the count to match (a session's intra_op_num_threads sets torch's for the call)
-    ort_threads = torch.get_num_threads()
-    threads = min(ort_threads, b * n) if work >= 1 << 16 else 1
+    threads, ort_threads = _threads(b, n, s * int(lens.max()) * h)
     params = array.array("q", (b, n, nk, s, h, present_len, int(first_prompt), window, l2 // (32 * h), threads,
                                ort_threads))
     if attn(params.buffer_info()[0], qc.data_ptr(), present_k.data_ptr(), present_v.data_ptr(), lens.data_ptr(),
@@ -121,7 +125,6 @@ def _ort_gqa(q, k, v, past_key, past_value, seqlens, start, present_len: int, co
         return None
     native.count("ort_gqa_native_calls")
     return y, present_k, present_v
-
 
 
 class DecodeStep:
@@ -172,8 +175,7 @@ class DecodeStep:
         present_k = native.buffer(present_k, (b, nk, p + 1, h), _F32)
         present_v = native.buffer(present_v, (b, nk, p + 1, h), _F32)
         qrot = torch.empty((b, n * h), dtype=_F32)
-        ort_threads = torch.get_num_threads()
-        threads = min(ort_threads, b * n) if b * n * (p + 1) * h >= 1 << 16 else 1
+        threads, ort_threads = _threads(b, n, (p + 1) * h)
         params = array.array("q", (b, n, nk, h, p, 1 if self.half else 0, 2 * self.half, self.half, 0, self.window,
                                    self.l2 // (32 * h), threads, ort_threads))
         if self.fn(params.buffer_info()[0], qp, row, kp, ks, vp, vs, past_key.data_ptr(), past_value.data_ptr(),

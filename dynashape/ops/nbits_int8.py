@@ -116,7 +116,7 @@ class PackedB:
             # zero points of 8 (none given): the kernel makes the factors from the scales
             self.bsum_t = None if zero_points is None else self.bsum.t().contiguous()
             self.raw = None  # the lanes and the tail hold every value
-            call = native.function("nbits_int8", "nbits_int8_lanes_call", "iippppiippp", ctypes.c_int)
+            call = native.function("nbits_int8", "nbits_int8_gemm_lanes", "iippppiippp", ctypes.c_int)
             # the weight's arguments bound once: a decode step makes ~60 of these calls
             self.call = None if call is None else functools.partial(
                 call, n, nb, self.lanes.data_ptr(), self.tail.data_ptr(), self.scale.data_ptr(),
@@ -214,25 +214,29 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
     flat = a.reshape(-1, a.shape[-1]).to(torch.float32)
     if flat.shape[0] == 0:
         return torch.zeros(*lead, w.n)
-    if w.lanes is not None:
-        fn = native.function("nbits_int8", "nbits_int8_gemm_lanes", "iiiippppppp", ctypes.c_int)
-        operands = (w.lanes.data_ptr(), w.tail.data_ptr(), w.scale.data_ptr(),
-                    0 if w.bsum_t is None else w.bsum_t.data_ptr())
+    if w.call is not None:  # the VNNI kernel, the weight's arguments bound (PackedB)
+        fn = w.call
+    elif w.raw is not None:
+        scalar = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
+        fn = None if scalar is None else functools.partial(_scalar_call, scalar, w)
     else:
-        fn = native.function("nbits_int8", "nbits_int8_gemm", "iiiipppppp", ctypes.c_int, fallbacks="nbits_int8")
-        operands = (w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr())
+        fn = None
     if fn is not None:
         flat = flat.contiguous()
         b = None if bias is None else bias.to(torch.float32).contiguous()
         m = flat.shape[0]
         direct = out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == m * w.n
         y = out if direct else torch.empty(m, w.n)
-        if fn(m, w.n, flat.shape[1], w.nb, flat.data_ptr(), *operands, 0 if b is None else b.data_ptr(),
-              y.data_ptr()) == 0:
+        if fn(flat.shape[1], m, flat.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr()) == 0:
             native.count("nbits_int8_native_calls")
             return out if direct else y.reshape(*lead, w.n)
         native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy
     return torch_matmul(flat, w, bias).reshape(*lead, w.n)
+
+
+def _scalar_call(fn, w: PackedB, k: int, m: int, a: int, bias: int, y: int) -> int:
+    """The scalar C kernel called as PackedB.call is (K, rows, then pointers)."""
+    return fn(m, w.n, k, w.nb, a, w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr(), bias, y)
 
 
 def torch_matmul(flat: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -684,16 +684,16 @@ int64_t ort_gqa_decode_f32(const int64_t *p, const float *q, int64_t qs, const f
         pos[b] = P;
         lens[b] = P + 1;
     }
-    const float *qr = q, *kr = k;
-    int64_t qrow = qs, krow = ks;
+    /* q goes to the attention as (B, N * H) rows: rotated into qrot, or copied there */
+    const float *kr = k;
+    int64_t krow = ks;
     if (rotary) {
         ort_rope_f32(q, qs, B, N, H, rd, cos_c, sin_c, half_c, pos, qrot);
         ort_rope_f32(k, ks, B, Nk, H, rd, cos_c, sin_c, half_c, pos, krot);
-        qr = qrot, kr = krot, qrow = N * H, krow = Nk * H;
+        kr = krot, krow = Nk * H;
     } else {
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < N * H; i++) qrot[b * N * H + i] = q[b * qs + i];
-        qr = qrot, qrow = N * H;
     }
     for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < Nk; j++) {
@@ -709,8 +709,7 @@ int64_t ort_gqa_decode_f32(const int64_t *p, const float *q, int64_t qs, const f
             }
         }
     int64_t ap[11] = {B, N, Nk, 1, H, P + 1, p[8], p[9], p[10], p[11], p[12]};
-    (void)qrow;
-    int64_t rc = ort_gqa_attn_f32(ap, qr, present_k, present_v, lens, scale, out);
+    int64_t rc = ort_gqa_attn_f32(ap, qrot, present_k, present_v, lens, scale, out);
     free(pos);
     free(krot);
     return rc;

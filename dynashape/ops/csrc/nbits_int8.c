@@ -160,9 +160,10 @@ void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint
 /* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
  * value a byte; bsum_t (nb, N): the block sums' factors, block-major, or NULL where every zero
  * point is 8: the factor -(8 * scale) is then exact and made from the scales (a quarter less to
- * read: a decode step's products are bound by memory). */
-int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t nb, const float* a,
-                          const uint8_t* lanes, const uint8_t* tail, const float* bscale, const float* bsum_t,
+ * read: a decode step's products are bound by memory). The weight's arguments come first: Python
+ * binds them once a weight (PackedB.call). */
+int nbits_int8_gemm_lanes(int64_t n_count, int64_t nb, const uint8_t* lanes, const uint8_t* tail,
+                          const float* bscale, const float* bsum_t, int64_t k, int64_t m_count, const float* a,
                           const float* bias, float* y) {
     int64_t groups = nb / 4, rest = nb - 4 * groups;
     int8_t* q = malloc((size_t)(m_count * nb * BLK));
@@ -303,13 +304,5 @@ int nbits_int8_gemm_lanes(int64_t m_count, int64_t n_count, int64_t k, int64_t n
     free(ql);
     free(sa);
     return 0;
-}
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-/* nbits_int8_gemm_lanes with the weight's arguments first: Python binds them once a weight */
-int nbits_int8_lanes_call(int64_t n_count, int64_t nb, const uint8_t* lanes, const uint8_t* tail, const float* bscale,
-                          const float* bsum_t, int64_t k, int64_t m_count, const float* a, const float* bias, float* y) {
-    return nbits_int8_gemm_lanes(m_count, n_count, k, nb, a, lanes, tail, bscale, bsum_t, bias, y);
 }
 #endif
