@@ -199,6 +199,17 @@ def first_call_ratio(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def conv_dense(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for r in run.data["rows"]:
+        rows.append([f"{r['batch']}x{r['cin']}x{r['height']}x{r['width']} -> {r['cout']}, {r['kernel']}x{r['kernel']} "
+                     f"s{r['stride']}, {r['activation']}", num(r["onednn_first_us"]), num(r["onednn_repeat_us"]),
+                     num(r["c_us"]),
+                     bold_if(ratio(r["onednn_repeat_us"], r["c_us"]), r["c_us"] <= r["onednn_repeat_us"]),
+                     f"{r['onednn_gflops']:.0f} / {r['c_gflops']:.0f}", run.run_cell()])
+    return rows
+
+
 def _steady_ms(rt: dict | None) -> float | None:
     if not rt or rt.get("status") != "ok" or rt.get("steady_median_over_shapes_s") is None:
         return None
@@ -513,6 +524,13 @@ AREAS = [
          ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
           "first calls: dynashape / onnxruntime", "repeats: dynashape / onnxruntime", "run"], first_call_ratio,
          "12 new sizes after a warm-up size, each called 4 times with fresh inputs; process CPU time."),
+    Area("CPU: dense convolutions, the C tile against oneDNN", "conv_dense.py", [("conv_dense_cpu_*.json", None)],
+         ["layer (channels-last input)", "oneDNN first call us", "oneDNN repeat us", "C tile us",
+          "speed-up (oneDNN repeat / C)", "GFLOP/s: oneDNN / C", "run"], conv_dense,
+         "One layer at a time, 2 threads; oneDNN with its weight reordered once (the first call builds the primitive "
+         "for the size), the C tile (ops/csrc/conv_nhwc.c) with its packed weight; median call. Since 2026-11-28 "
+         "the runtime runs every dense float32 convolution through the C tile on an AVX-512 CPU (at a size new to "
+         "the convolution elsewhere)."),
     Area("CPU: models shipped in PyPI wheels (issue 8's 15)", "real_models.py",
          [("real_models_pypi15_cpu_*.json", "before")],
          ["model", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x the faster peer", "x onnxruntime",

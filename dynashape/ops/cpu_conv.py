@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import native, ort_math
+from . import cpu_conv_dense, native, ort_math
 
 
 def conv2d(x, w, b, stride, padding, dilation, groups):
@@ -228,6 +228,20 @@ def _depthwise(x, w, b, stride, padding, act: int, cache: list):
     return y
 
 
+# a dense convolution at a shape that comes back, from this many multiply-adds, is oneDNN's: there
+# its primitive exists and its kernels are faster than the tile's on large layers (in the models,
+# repeated shapes, one process, the two paths alternated: PP-OCRv4 rec at 16x3x48x320, its 240 ->
+# 240 1x1s of 0.9G multiply-adds, 143 ms with oneDNN's against 163; YOLOv8n at 640x640 49 against
+# 51); below, the tile is faster in the model (YOLOv8n 320x320: 16.2 against 18.1 ms; 160x224: 7.9
+# against 8.7; PP-OCRv4 det 320x480: 24.8 against 26.2), where oneDNN's call costs 30-90 us before
+# any arithmetic and the weights of many layers pass through the caches in turn
+DENSE_ONEDNN_MACS = 1 << 27
+# ... and at a shape new to it from this many: oneDNN's primitive costs 0.6-2 ms to build, the tile
+# loses 5-25% of the kernel's time on large layers (PP-OCRv4 rec's 240 -> 240 1x1 at 36x12x152,
+# 3.8G multiply-adds: 34 ms against 27-28 ms, the first call included)
+DENSE_NEW_SHAPE_MACS = 1 << 29
+
+
 def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True):
     """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
     input shape (``PackedWeight``)."""
@@ -248,11 +262,23 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     depthwise = (dw_act is not None and groups > 1 and w.shape[1] == 1 and w.shape[0] == groups
                  and all(d == 1 for d in dilation) and len(padding) == 2 and not isinstance(padding, str))
     dw_weight = [-1, None]  # (the weight's version, its [kh][kw][c] copy), made when first used
+    dense_act = cpu_conv_dense.ACTS.get(activation)
+    dense = (groups == 1 and dense_act is not None and not ort_epilogue and len(padding) == 2
+             and not isinstance(padding, str) and len(stride) == 2 and len(dilation) == 2)
+    alpha = float(scalars[0]) if activation == "leaky_relu" and scalars else 0.0
+    tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, dense_act, alpha) if dense else None
+    macs_per_input = cout * w.shape[2] * w.shape[3]  # a call's multiply-adds: x.numel() * this / strides
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
             return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm, exact)
+        macs = x.numel() * macs_per_input // (stride[0] * stride[1]) if dense else 0
+        if dense and ((cpu_conv_dense.everywhere() and macs < DENSE_ONEDNN_MACS)
+                      or (macs < DENSE_NEW_SHAPE_MACS and _first_sight(seen, x.shape, None))):
+            y = tile(x)
+            if y is not None:
+                return y
         if pointwise and x.is_contiguous(memory_format=torch.channels_last) and (
                 x.numel() * cout < SMALL_PRODUCT
                 or (x.numel() * cout < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape))):

@@ -9,11 +9,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynashape.ops import cpu_conv, native
+from dynashape.ops import cpu_conv, cpu_conv_dense, native
 from dynashape.ops.cpu_conv import NEW_SHAPE_PRODUCTS, onednn_fuses
 from tests.compile.test_fusion import FUSED, Builder, check_sequence, fused_ops, randn
 
 pytestmark = pytest.mark.skipif(not onednn_fuses(), reason="torch without oneDNN's fused convolution")
+
+
+@pytest.fixture(autouse=True)
+def _without_the_c_tile(monkeypatch):
+    """Where csrc/conv_nhwc.c serves dense convolutions (tests/ops/test_cpu_conv_dense.py) it takes
+    these calls first; this file tests the paths that serve without it (no C compiler, or a CPU
+    without AVX-512 at a shape that comes back)."""
+    monkeypatch.setattr(cpu_conv_dense, "ACTS", {})
 
 # (n, h, w): the 1x1s see (n, 16, h/2, w/2), above cpu_conv.SMALL_PRODUCT (a product at every shape)
 SIZES = [(1, 96, 96), (1, 128, 80), (2, 96, 64), (1, 112, 120)]

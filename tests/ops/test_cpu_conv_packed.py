@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dynashape.ops import cpu_conv, native
+from dynashape.ops import cpu_conv, cpu_conv_dense, native
 
 pytestmark = pytest.mark.skipif(not cpu_conv.onednn_fuses(), reason="torch without oneDNN's fused convolution")
 
@@ -43,7 +43,7 @@ def _reorders() -> int:
 def test_one_reorder_per_weight_over_new_sizes(cin, cout, k, s, g, d):
     """Every call at a new size (and batch) takes the one reordered copy: one explicit reorder in
     all, the only one torch's profiler sees, and the values of torch's convolution (a depthwise one
-    runs in C at a new size and reorders nothing)."""
+    or dense one runs in C at a new size and reorders nothing)."""
     torch.manual_seed(5)
     w, b = torch.randn(cout, cin // g, k, k), torch.randn(cout)
     p = [d * (k // 2)] * 2
@@ -55,8 +55,10 @@ def test_one_reorder_per_weight_over_new_sizes(cin, cout, k, s, g, d):
             x = torch.randn(n, cin, h, wd).contiguous(memory_format=torch.channels_last)
             want = F.relu(torch.conv2d(x, w, b, s, p, d, g))
             torch.testing.assert_close(kernel(x, w, b), want, rtol=1e-4, atol=1e-4)
-    # a depthwise convolution at a new size runs in C (csrc/depthwise.c): no reorder at all
-    expect = 0 if g > 1 and not native.why("depthwise") else 1
+    # a depthwise convolution at a new size runs in C (csrc/depthwise.c), a dense one too
+    # (csrc/conv_nhwc.c): no reorder at all
+    in_c = not native.why("depthwise") if g > 1 else (not native.why("conv_nhwc") and native.library("conv_nhwc"))
+    expect = 0 if in_c else 1
     assert _reorders() - before == expect
     seen = [e.key for e in prof.key_averages() if "reorder_convolution_weight" in e.key]
     assert [e.count for e in prof.key_averages() if e.key in seen] == ([1] if expect else []), seen
@@ -91,7 +93,10 @@ def test_what_it_does_not_take_goes_to_conv2d_act(monkeypatch):
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_small_pointwise_convolution_is_a_product_of_pixel_rows(monkeypatch, bias):
     """A 1x1 of stride 1 below SMALL_PRODUCT multiply-adds on a channels-last input: the rows of its
-    pixels by the weight (oneDNN's fixed cost is most of such a call), the activation after."""
+    pixels by the weight (oneDNN's fixed cost is most of such a call), the activation after. (Where
+    the C tile of csrc/conv_nhwc.c serves dense convolutions it takes these first: it is turned
+    off here to test the path that serves without it.)"""
+    monkeypatch.setattr(cpu_conv_dense, "ACTS", {})
     torch.manual_seed(3)
     w, b = torch.randn(12, 8, 1, 1), (torch.randn(12) if bias else None)
     kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [0, 0], [1, 1], 1, "hardswish", [], "")
@@ -112,7 +117,8 @@ def test_a_small_pointwise_convolution_is_a_product_of_pixel_rows(monkeypatch, b
     assert len(products) == 4
 
 
-def test_a_written_weight_is_read_again_by_the_small_product():
+def test_a_written_weight_is_read_again_by_the_small_product(monkeypatch):
+    monkeypatch.setattr(cpu_conv_dense, "ACTS", {})  # the product's path, not the C tile's
     torch.manual_seed(4)
     w, b = torch.randn(6, 4, 1, 1).contiguous(memory_format=torch.channels_last), torch.randn(6)
     kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [0, 0], [1, 1], 1, "none", [], "")

@@ -1,0 +1,110 @@
+"""Dense float32 convolutions on the CPU in C (``csrc/conv_nhwc.c``), for any input size with nothing
+built per size.
+
+Why not oneDNN, torch's CPU convolution: it builds a primitive (kernels JIT-compiled for the
+shapes) for every input size a convolution meets, 0.6-3.6 ms a layer on this project's 2-core
+Xeon, and then costs 30-90 us a call before any arithmetic. A detection or OCR service sees a new
+image size on most calls, and small images where the fixed cost is most of the work (YOLOv8n at
+96x96: 7.8 ms a call against onnxruntime's 1.9 before this path; its MLAS kernels take any shape).
+The C tile (a register block of output pixels x 32 output channels fed by broadcast input values,
+the form of MLAS's and XNNPACK's direct convolutions) needs only its weight packed once; on an
+AVX-512 CPU it runs within 5-12% of oneDNN's kernels on large layers and faster on small ones
+(``benchmarks/conv_dense.py``). Which path serves a call is ``ops/cpu_conv.py``'s choice
+(``bound_conv2d_act``): the tile at a shape new to the convolution and, on AVX-512, at small ones;
+oneDNN for large shapes that come back.
+
+Per call the Python side does what a shape needs once per shape: the C arguments of each input
+shape (and thread count) are kept in one int64 array, so a call is a dictionary lookup, the output's
+allocation and one foreign call (~5 us of host time where the first form took ~12).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from . import native
+
+# the activations the tile applies (csrc/conv_nhwc.c ``act``): the float models' ones (onnxruntime's
+# bits are not asked of them; under ``exact`` ORT_ACTIVATIONS take oneDNN's path and ort_math)
+ACTS = {"none": 0, "relu": 1, "hardswish": 2, "swish": 3, "sigmoid": 4, "leaky_relu": 5}
+COUNTER = "conv_dense_c"
+_LANES = 16
+
+
+@functools.cache
+def everywhere() -> bool:
+    """Whether the tile serves a convolution's small shapes when they come back, not only the shapes
+    new to it: on an AVX-512 CPU (its 32 vector registers hold the 24 accumulators of a 12-pixel
+    tile). With 16 registers the tile is a quarter of that and oneDNN's kernels are faster at any
+    shape that comes back."""
+    return "avx512f" in native.cpuinfo("flags").split()
+
+
+def pixel_stride(x) -> int | None:
+    """The floats between two pixels of ``x`` where its pixels are rows of channels in memory
+    (channels-last, or a channel slice of a channels-last image: YOLO's C2f blocks split their
+    channels in two), else None."""
+    n, c, h, w = x.shape
+    s0, s1, s2, s3 = x.stride()
+    if (s1 != 1 and c > 1) or s3 < c or (s2 != w * s3 and h > 1) or (s0 != h * w * s3 and n > 1):
+        return None
+    return s3
+
+
+class DenseConv:
+    """One convolution's tile: its weight packed ([oc / 16][kh][kw][c][16], made at the first call
+    and again after a write to the weight), its bias, and the C arguments per input shape."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, stride, padding, dilation, act: int,
+                 alpha: float = 0.0) -> None:
+        self.w, self.version, self.packed = w.detach(), -1, None
+        self.b = b.detach().contiguous() if b is not None else None
+        self.conv = tuple(stride) + tuple(padding) + tuple(dilation)
+        self.act, self.alpha = act, alpha
+        self.plans: dict = {}
+
+    def weight(self, pack) -> torch.Tensor:
+        if self.packed is None or self.w._version != self.version:
+            oc, c, kh, kw = self.w.shape
+            wc = self.w.contiguous()
+            self.packed = torch.empty(-(-oc // _LANES) * kh * kw * c * _LANES, dtype=torch.float32)
+            pack(wc.data_ptr(), self.packed.data_ptr(), oc, c, kh, kw)
+            self.version = self.w._version
+        return self.packed
+
+    def _plan(self, x, xs: int, threads: int):
+        n, c, h, wd = x.shape
+        oc, _, kh, kw = self.w.shape
+        sh, sw, ph, pw, dh, dw = self.conv
+        ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        args = (ctypes.c_int64 * 20)(n, h, wd, c, xs, oc, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oc, self.act,
+                                     threads, 0)
+        if len(self.plans) >= 256:  # sizes that never repeat: forget them all at once
+            self.plans.clear()
+        plan = self.plans[(x.shape, xs, threads)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc), args)
+        return plan
+
+    def __call__(self, x):
+        """The convolution and activation of ``x`` (float32, 4-D, on the CPU), channels-last; None
+        where the C kernel cannot be built (counted as ``conv_dense_torch_fallbacks``) or its
+        padded copy could not be allocated: the caller's oneDNN path serves."""
+        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppd", ctypes.c_int64, fallbacks="conv_dense")
+        if run is None:
+            return None
+        wp = self.weight(native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii"))
+        xs = pixel_stride(x)
+        if xs is None:
+            x = x.contiguous(memory_format=torch.channels_last)
+            xs = x.shape[1]
+        threads = torch.get_num_threads()
+        plan = self.plans.get((x.shape, xs, threads)) or self._plan(x, xs, threads)
+        y = torch.empty_strided(plan[0], plan[1], dtype=torch.float32)
+        b = self.b
+        if run(x.data_ptr(), y.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
+               ctypes.addressof(plan[2]), self.alpha):
+            return None
+        native.count(COUNTER)
+        return y
