@@ -5,7 +5,9 @@ registers (a post-op; ``ops/cpu_conv.py conv2d_act``): one pass over the output,
 fewer. Measured on this project's CPU (2 threads, channels-last, 6 x 64 x 24 x 160): a depthwise
 3x3 with its HardSwish 226 us fused against 176 + 103 separately. Taken: Relu, Sigmoid, Tanh,
 HardSwish, HardSigmoid (1/6, 1/2, as MobileNetV3 writes it), LeakyRelu, Clip of constant bounds,
-and fuse_activations' SiLU and GELU (erf and tanh forms). Runs after ``channels_last``, which
+and fuse_activations' SiLU and GELU (erf and tanh forms); in a float model a Mul and/or Add of
+one-element constants after the activation too (``post_affine``: PP-LCNetV3's learnable affine
+blocks, two more passes over each feature map of the OCR models otherwise). Runs after ``channels_last``, which
 looks for Conv nodes; the activation's output keeps its layout. The convolutions left without an
 activation become ``ConvAct`` too, with none: the op's bound kernel keeps oneDNN's reordered copies
 of the weight (``ops/cpu_conv.py PackedWeight``), which torch's ``conv2d`` makes at every call.
@@ -78,12 +80,47 @@ def _quantizes(graph: Graph) -> bool:
     return False
 
 
+def _scalar_operand(node: Node, v) -> float | None:
+    """The one-element constant ``node`` (a Mul or Add of the standard domain) combines ``v`` with."""
+    if node.domain not in _STD or len(node.inputs) != 2 or node.inputs.count(v) != 1:
+        return None
+    other = node.inputs[1] if node.inputs[0] is v else node.inputs[0]
+    return scalar(other)
+
+
+def _affine_after(v, graph: Graph) -> tuple[list[Node], float, float] | None:
+    """``scale * v + shift`` by a Mul and/or an Add of one-element constants that alone read ``v``
+    (the learnable affine blocks PP-LCNetV3 puts after each activation: two passes over a feature map
+    each): the nodes, the scale and the shift."""
+    nodes, scale, shift = [], 1.0, 0.0
+    for op in ("Mul", "Add"):
+        if len(v.users) != 1 or any(v is o for o in graph.outputs) or v.users[0].op_type != op:
+            continue
+        k = _scalar_operand(v.users[0], v)
+        if k is None:
+            continue
+        if op == "Mul":
+            scale = k
+        else:
+            shift = k
+        nodes.append(v.users[0])
+        v = v.users[0].outputs[0]
+    return (nodes, scale, shift) if nodes else None
+
+
 def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str], exact: bool) -> None:
     name, scalars, algorithm = post
     attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm,
              "act_exact": int(exact)}
     ins = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else None]
-    fuse(graph, [conv] + ([act] if act is not None else []), "ConvAct", ins, attrs)
+    nodes = [conv] + ([act] if act is not None else [])
+    # a float model's affine after the activation joins the convolution (a quantizing model keeps
+    # onnxruntime's two roundings: the tile computes scale * y + shift in one)
+    affine = _affine_after(nodes[-1].outputs[0], graph) if act is not None and not exact else None
+    if affine is not None:
+        nodes += affine[0]
+        attrs["post_affine"] = [affine[1], affine[2]]
+    fuse(graph, nodes, "ConvAct", ins, attrs)
 
 
 def fuse_conv_activation(graph: Graph) -> Graph:

@@ -90,19 +90,22 @@ def _conv_add_relu(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
     return own()
 
 
-def _conv_act_infer(shapes, values, activation=None, act_scalars=None, act_algorithm=None, act_exact=None, **attrs):
+def _conv_act_infer(shapes, values, activation=None, act_scalars=None, act_algorithm=None, act_exact=None,
+                    post_affine=None, **attrs):
     return _conv_infer(shapes[:2], values[:2], **attrs)
 
 
 @op("ConvAct", 1, DOMAIN, infer=_conv_act_infer, writes_out=False,
-    notes="activation(conv(x, w, b)) of a 2-D float convolution, oneDNN's post-op on the CPU (fuse_conv_activation)")
-def _conv_act(x, w, b=None, *, activation="relu", act_scalars=(), act_algorithm="", act_exact=1, auto_pad="NOTSET",
-              dilations=None, group=1, kernel_shape=None, pads=None, strides=None, out=None):
+    notes="activation(conv(x, w, b)), then scale * y + shift where post_affine is set, of a 2-D float "
+          "convolution: oneDNN's post-op or the C tile on the CPU (fuse_conv_activation)")
+def _conv_act(x, w, b=None, *, activation="relu", act_scalars=(), act_algorithm="", act_exact=1, post_affine=None,
+              auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None, out=None):
     fn, x, s, p, d = conv_plan(x, w, kernel_shape, strides, dilations, pads, auto_pad)
     scalars = [float(v) for v in act_scalars]
+    post = cpu_conv.affine_in_place(tuple(post_affine) if post_affine else None)
     if x.dim() != 4:
-        return cpu_conv.ACTIVATIONS[activation](fn(x, w, b, s, p, d, group), scalars, act_algorithm)
-    return cpu_conv.conv2d_act(x, w, b, s, p, d, group, activation, scalars, act_algorithm, bool(act_exact))
+        return post(cpu_conv.ACTIVATIONS[activation](fn(x, w, b, s, p, d, group), scalars, act_algorithm))
+    return post(cpu_conv.conv2d_act(x, w, b, s, p, d, group, activation, scalars, act_algorithm, bool(act_exact)))
 
 
 @binder("ConvAct", DOMAIN)
@@ -122,4 +125,6 @@ def _bind_conv_act(consts, attrs):
     b = consts[2] if len(consts) > 2 and isinstance(consts[2], torch.Tensor) else None
     if len(consts) > 2 and consts[2] is not None and b is None:
         return None  # a computed bias
-    return cpu_conv.bound_conv2d_act(w, b, s, p, d, g, act, scalars, alg, bool(attrs.get("act_exact", 1)))
+    affine = attrs.get("post_affine")
+    return cpu_conv.bound_conv2d_act(w, b, s, p, d, g, act, scalars, alg, bool(attrs.get("act_exact", 1)),
+                                     tuple(affine) if affine else None)

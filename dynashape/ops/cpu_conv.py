@@ -242,9 +242,20 @@ DENSE_ONEDNN_MACS = 1 << 27
 DENSE_NEW_SHAPE_MACS = 1 << 29
 
 
-def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True):
+def affine_in_place(affine: tuple[float, float] | None):
+    """``y -> scale * y + shift`` written over ``y`` in one pass (the identity for None)."""
+    if affine is None:
+        return lambda y: y
+    scale, shift = affine
+    shift_t = torch.tensor(shift, dtype=torch.float32)
+    return lambda y: torch.add(shift_t, y, alpha=scale, out=y)
+
+
+def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalars, algorithm, exact: bool = True,
+                     affine: tuple[float, float] | None = None):
     """conv2d_act for one convolution's constant weight and bias: the weight reordered once for every
-    input shape (``PackedWeight``)."""
+    input shape (``PackedWeight``); then ``scale * y + shift`` where ``affine`` is given (the C tile
+    applies it to its registers, the other paths over their result)."""
     if not (onednn_fuses() and w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 4
             and (b is None or b.dtype == w.dtype)):
         return None
@@ -266,13 +277,15 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     dense = (groups == 1 and dense_act is not None and not ort_epilogue and len(padding) == 2
              and not isinstance(padding, str) and len(stride) == 2 and len(dilation) == 2)
     alpha = float(scalars[0]) if activation == "leaky_relu" and scalars else 0.0
-    tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, dense_act, alpha) if dense else None
+    tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, dense_act, alpha, affine) if dense else None
+    post = affine_in_place(affine)
     macs_per_input = cout * w.shape[2] * w.shape[3]  # a call's multiply-adds: x.numel() * this / strides
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
-            return conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm, exact)
+            return post(conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm,
+                                   exact))
         macs = x.numel() * macs_per_input // (stride[0] * stride[1]) if dense else 0
         if dense and ((cpu_conv_dense.everywhere() and macs < DENSE_ONEDNN_MACS)
                       or (macs < DENSE_NEW_SHAPE_MACS and _first_sight(seen, x.shape, None))):
@@ -288,17 +301,16 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
                 rows_by_w[:] = [w._version, w.detach().reshape(cout, cin).t()]
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
-            return act_(y, scalars, algorithm).view(n, h, wd, cout).permute(0, 3, 1, 2)
+            return post(act_(y, scalars, algorithm)).view(n, h, wd, cout).permute(0, 3, 1, 2)
         if depthwise and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == groups \
                 and x.numel() * w.shape[2] * w.shape[3] < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape, None):
             y = _depthwise(x, w, b, stride, padding, dw_act, dw_weight)
             if y is not None:
-                return y
+                return post(y)
         wp = packed.get()
         if ort_epilogue:
-            return act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm)
-        return fused(x, wp, b, padding, stride, dilation, groups, activation, scalars,
-                     algorithm)
+            return post(act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm))
+        return post(fused(x, wp, b, padding, stride, dilation, groups, activation, scalars, algorithm))
     return kernel
 
 

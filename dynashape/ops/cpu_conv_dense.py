@@ -59,11 +59,13 @@ class DenseConv:
     and again after a write to the weight), its bias, and the C arguments per input shape."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, stride, padding, dilation, act: int,
-                 alpha: float = 0.0) -> None:
+                 alpha: float = 0.0, affine: tuple[float, float] | None = None) -> None:
         self.w, self.version, self.packed = w.detach(), -1, None
         self.b = b.detach().contiguous() if b is not None else None
         self.conv = tuple(stride) + tuple(padding) + tuple(dilation)
-        self.act, self.alpha = act, alpha
+        self.act, self.affine = act, int(affine is not None)
+        scale, shift = affine if affine is not None else (1.0, 0.0)
+        self.floats = (ctypes.c_double * 3)(alpha, scale, shift)
         self.plans: dict = {}
 
     def weight(self, pack) -> torch.Tensor:
@@ -81,17 +83,17 @@ class DenseConv:
         sh, sw, ph, pw, dh, dw = self.conv
         ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         args = (ctypes.c_int64 * 20)(n, h, wd, c, xs, oc, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oc, self.act,
-                                     threads, 0)
+                                     threads, self.affine)
         if len(self.plans) >= 256:  # sizes that never repeat: forget them all at once
             self.plans.clear()
         plan = self.plans[(x.shape, xs, threads)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc), args)
         return plan
 
     def __call__(self, x):
-        """The convolution and activation of ``x`` (float32, 4-D, on the CPU), channels-last; None
+        """The convolution, activation and affine of ``x`` (float32, 4-D, on the CPU), channels-last; None
         where the C kernel cannot be built (counted as ``conv_dense_torch_fallbacks``) or its
         padded copy could not be allocated: the caller's oneDNN path serves."""
-        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppd", ctypes.c_int64, fallbacks="conv_dense")
+        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppp", ctypes.c_int64, fallbacks="conv_dense")
         if run is None:
             return None
         wp = self.weight(native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii"))
@@ -104,7 +106,7 @@ class DenseConv:
         y = torch.empty_strided(plan[0], plan[1], dtype=torch.float32)
         b = self.b
         if run(x.data_ptr(), y.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
-               ctypes.addressof(plan[2]), self.alpha):
+               ctypes.addressof(plan[2]), ctypes.addressof(self.floats)):
             return None
         native.count(COUNTER)
         return y

@@ -136,3 +136,42 @@ def test_a_float_model_takes_onednns_activation_and_a_quantizing_one_onnxruntime
     sess = check_sequence(model, _feeds(3))
     (node,) = {id(n.node): n.node for n in _conv_acts(sess)}.values()
     assert node.attrs["act_exact"] == int(quantized)
+
+
+def _affine_model(after: list[tuple[str, float]], group=1, k=3, also_out=False):
+    """Conv -> HardSwish -> Mul/Add by one-element constants (PP-LCNetV3's learnable affine blocks) ->
+    a padded 3x3 convolution (into which fold_conv_input_affine cannot fold the affine: its border
+    reads the padding's zeros, not ``shift``)."""
+    b = Builder()
+    x = b.input("x", ["n", C, "h", "w"])
+    rng = np.random.default_rng(9)
+    y = b.op("HardSwish", b.op("Conv", x, b.const(rng.standard_normal((C if group > 1 else 8, C // group, k, k)) * 0.4),
+                               b.const(rng.standard_normal(C if group > 1 else 8)), kernel_shape=[k, k],
+                               pads=[k // 2] * 4, group=group))
+    z = y
+    for op, v in after:
+        z = b.op(op, z, b.const(v)) if op == "Mul" else b.op(op, b.const(v), z)  # either operand order
+    out = b.op("Conv", z, b.const(rng.standard_normal((6, C if group > 1 else 8, 3, 3)) * 0.3), kernel_shape=[3, 3],
+               pads=[1, 1, 1, 1])
+    return b.model([out] + ([y] if also_out else []))
+
+
+@pytest.mark.parametrize("after,group,k", [([("Mul", 1.7), ("Add", -0.3)], 1, 3), ([("Mul", 0.6), ("Add", 2.0)], 1, 1),
+                                          ([("Add", 0.25)], 1, 3), ([("Mul", -1.2), ("Add", 0.5)], C, 3)])
+def test_the_affine_after_the_activation_joins_the_convolution(after, group, k):
+    """On every path of the bound kernel (the C tile at these new sizes, a depthwise one in C, oneDNN
+    once a shape repeats: SHAPES ends with its first) the values are onnxruntime's. (A Mul alone
+    folds into the next convolution's weight before: fold_conv_input_affine.)"""
+    sess = check_sequence(_affine_model(after, group, k), _feeds(6))
+    ran = [n.node.op_type for n in sess.compiled.specs[0].trace.nodes]
+    assert ran == ["ConvAct", "ConvAct"], ran
+    first = [n.node for n in _conv_acts(sess) if n.node.attrs.get("activation") == "hardswish"][0]
+    scale = dict(after).get("Mul", 1.0)
+    shift = dict(after).get("Add", 0.0)
+    assert first.attrs["post_affine"] == pytest.approx([scale, shift])
+
+
+def test_an_affine_whose_input_is_read_elsewhere_stays():
+    sess = check_sequence(_affine_model([("Mul", 1.5), ("Add", 0.1)], also_out=True), _feeds(6))
+    ran = [n.node.op_type for n in sess.compiled.specs[0].trace.nodes]
+    assert ran.count("Mul") == 1 and ran.count("Add") == 1, ran

@@ -32,8 +32,8 @@ def _dense_calls() -> int:
 @given(cin=st.integers(1, 40), cout=st.integers(1, 70), k=st.sampled_from([(1, 1), (3, 3), (5, 5), (1, 3), (3, 1)]),
        s=st.integers(1, 3), p=st.integers(0, 2), d=st.integers(1, 2), n=st.integers(1, 3), h=st.integers(1, 30),
        w=st.integers(1, 30), act=st.sampled_from(sorted(REF)), last=st.booleans(), bias=st.booleans(),
-       seed=st.integers(0, 1000))
-def test_equals_torch(cin, cout, k, s, p, d, n, h, w, act, last, bias, seed):
+       affine=st.one_of(st.none(), st.tuples(st.floats(-3, 3), st.floats(-3, 3))), seed=st.integers(0, 1000))
+def test_equals_torch(cin, cout, k, s, p, d, n, h, w, act, last, bias, affine, seed):
     kh, kw = k
     if h + 2 * p < d * (kh - 1) + 1 or w + 2 * p < d * (kw - 1) + 1:
         return  # no output pixel: torch refuses the shape too
@@ -44,10 +44,12 @@ def test_equals_torch(cin, cout, k, s, p, d, n, h, w, act, last, bias, seed):
     if last:
         x = x.contiguous(memory_format=torch.channels_last)
     alpha = [0.1] if act == "leaky_relu" else []
-    kernel = cpu_conv.bound_conv2d_act(wt, b, [s, s], [p, p], [d, d], 1, act, alpha, "", exact=False)
+    kernel = cpu_conv.bound_conv2d_act(wt, b, [s, s], [p, p], [d, d], 1, act, alpha, "", exact=False, affine=affine)
     before = _dense_calls()
     y = kernel(x, wt, b)
     want = REF[act](F.conv2d(x, wt, b, s, p, d), 0.1)
+    if affine is not None:  # scale * y + shift after the activation (PP-LCNetV3's affine blocks)
+        want = want * affine[0] + affine[1]
     torch.testing.assert_close(y, want, rtol=2e-5, atol=2e-5)
     pooled = kh == kw == 1 and h == w == 1 and p == 0  # a squeeze-excitation 1x1 of a 1x1 image: addmm's
     assert _dense_calls() - before == (0 if pooled else 1)

@@ -15,7 +15,8 @@
  * channels_last; a wider pixel: a channel slice of a larger image, as YOLO's C2f blocks split theirs),
  * y [n][ho][wo] pixels of ``ystride`` floats of which the first ``oc`` are written;
  * wp: the weight packed by conv_nhwc_pack: [oc / L][kh][kw][c][L] (L = 16 lanes, zero-filled past oc).
- * act: 0 none, 1 relu, 2 hardswish, 3 silu (x * sigmoid(x)), 4 sigmoid, 5 leaky relu (alpha).
+ * act: 0 none, 1 relu, 2 hardswish, 3 silu (x * sigmoid(x)), 4 sigmoid, 5 leaky relu (alpha); then, where
+ * ``affine``, scale * y + shift (the learnable affine blocks PP-LCNetV3 puts after its activations).
  *
  * Written with GCC's vector extensions: 16 floats a vector, one AVX-512 register, two AVX2 ones.
  */
@@ -114,7 +115,8 @@ typedef struct {
     const float *wp;
     const float *b;
     int64_t h, w, c, xstride, oc, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, ystride, act;
-    float alpha;
+    float alpha, scale, shift; /* leaky relu's slope; scale * activation + shift where ``affine`` */
+    int64_t affine;
 } conv_t;
 
 /* The tile: R pixels from ox0 of output row oy of image i, VB channel blocks from block ob; every
@@ -158,7 +160,8 @@ static void store(const conv_t *p, int64_t i, int64_t oy, int64_t ox0, int64_t o
     for (int64_t k = 0; k < r; k++) {
         float *yp = p->y + ((i * p->ho + oy) * p->wo + ox0 + k) * p->ystride;
         for (int64_t v = 0; v < vb; v++) {
-            const v16 a = activate(acc[k * row + v], p->act, p->alpha);
+            v16 a = activate(acc[k * row + v], p->act, p->alpha);
+            if (p->affine) a = a * splat(p->scale) + splat(p->shift);
             const int64_t o = (ob + v) * L;
             if (o + L <= p->oc) {
                 memcpy(yp + o, &a, sizeof a);
@@ -238,7 +241,7 @@ int64_t conv_nhwc_f32(const float *x, float *y, const float *wp, const float *b,
                       int64_t c, int64_t xstride, int64_t oc, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw,
                       int64_t dh, int64_t dw, int64_t ho, int64_t wo, int64_t ystride, int64_t act, double alpha,
-                      int64_t threads) {
+                      int64_t threads, int64_t affine, double scale, double shift) {
     /* the rows and columns the taps reach, from -ph / -pw */
     const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1, wpx = (wo - 1) * sw + (kw - 1) * dw + 1;
     float *xpad = NULL;
@@ -249,7 +252,7 @@ int64_t conv_nhwc_f32(const float *x, float *y, const float *wp, const float *b,
         x = xpad, h = hh, w = ww, xstride = c;
     }
     const conv_t p = {x, y, wp, b, h, w, c, xstride, oc, kh, kw, sh, sw, 0, 0, dh, dw, ho, wo, ystride, act,
-                      (float)alpha};
+                      (float)alpha, (float)scale, (float)shift, affine};
     const int64_t blocks = (oc + L - 1) / L, pairs = (blocks + 1) / 2;
     const int64_t work = n * ho * pairs;
     const double macs = (double)n * ho * wo * oc * c * kh * kw;
@@ -269,9 +272,9 @@ int64_t conv_nhwc_f32(const float *x, float *y, const float *wp, const float *b,
 }
 
 /* conv_nhwc_f32 with its integer arguments in one array, in its order (n, h, w, c, xstride, oc, kh, kw,
- * sh, sw, ph, pw, dh, dw, ho, wo, ystride, act, threads): one foreign argument where there were 19
- * (ops/cpu_conv_dense.py keeps the array of each input shape). */
-int64_t conv_nhwc_run(const float *x, float *y, const float *wp, const float *b, const int64_t *a, double alpha) {
+ * sh, sw, ph, pw, dh, dw, ho, wo, ystride, act, threads, affine) and its float ones in another (alpha,
+ * scale, shift): two foreign arguments where there were 23 (ops/cpu_conv_dense.py keeps the arrays). */
+int64_t conv_nhwc_run(const float *x, float *y, const float *wp, const float *b, const int64_t *a, const double *f) {
     return conv_nhwc_f32(x, y, wp, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                         a[13], a[14], a[15], a[16], a[17], alpha, a[18]);
+                         a[13], a[14], a[15], a[16], a[17], f[0], a[18], a[19], f[1], f[2]);
 }
