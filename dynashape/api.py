@@ -40,7 +40,7 @@ from .runtime.decode_graph import ahead_rule, bucket_rule, decode_mode
 from .runtime.feeds import FeedChecker, InputSpec
 from .runtime.gc_pause import gc_paused
 from .runtime.index_feeds import IndexFeedChecks
-from .runtime.load_shapes import numel, optimal_shapes, representative_shapes, sample
+from .runtime.load_shapes import aligned_shapes, numel, optimal_shapes, representative_shapes, sample
 from .runtime.static_mode import deterministic_mode, for_graph, static_mode
 from .session_options import resolve as _session_options
 from .shape import PartialShape
@@ -167,12 +167,18 @@ class InferenceSession:
             self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)
             self.compiled.disk_cache.load()
         # (a CPU decoder's static impls come after its first calls: nothing is traced at load)
-        if self.compiled is not None and setup.precompile_wanted(self._options.get("precompile", "auto"),
-                                                     None if static_after else self._static):
+        mode = setup.precompile_wanted(self._options.get("precompile", "auto"), None if static_after else self._static)
+        if self.compiled is not None and mode is not None:
             # the specializations that shapes to come will most likely need (every dynamic dim at a
-            # generic value, each at 1, all at 1), traced now: a first call at a new shape then
-            # finds its generated code ready
-            self.compiled.precompile(representative_shapes(self._specs))
+            # generic value, each at 1, all at 1; "generic": the first only), traced now: a first
+            # call at a new shape then finds its generated code ready. Where the model refuses them
+            # all (a detector's image sides must be multiples of its stride), the same with image
+            # sides at multiples of 32
+            shapes = representative_shapes(self._specs)
+            aligned = aligned_shapes(self._specs, shapes)
+            if mode == "generic":
+                shapes, aligned = shapes[:1], aligned[:1]
+            self.compiled.precompile(shapes, retry=aligned)
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
 

@@ -186,9 +186,11 @@ class Options:
         "slower step (5% on CUDA, 14% on CPU: padded rows computed, a copy per replay).", "DYNASHAPE_FC_ALIGN")
     precompile: Any = _opt(
         "auto", "trace the likely specializations at load (every dynamic dim generic, each at 1, all at 1) so a "
-                "first call at a new shape skips the trace.", _choice("auto", True, False),
-        "load time (CPU, tiny BERT: load 55 -> 389 ms, first calls 87/67 -> 6/6 ms).",
-        devices={"cuda": "on", "cpu": "on only where static impls are"})
+                "first call at a new shape skips the trace; where the model refuses those shapes, the same with "
+                "the sides of images (dims past the second axis) at multiples of 32.", _choice("auto", True, False),
+        "load time (CPU, tiny BERT: load 55 -> 389 ms, first calls 87/67 -> 6/6 ms; the generic one only, "
+        "YOLOv8n: load 142 -> 215 ms, first call at 608x640 171 -> 88 ms).",
+        devices={"cuda": "on", "cpu": "the generic specialization only (all where static impls are)"})
     # ---- integer products ----
     u8s8_saturate: Any = _opt(
         None, "uint8 x int8 products (MatMulInteger, QLinearMatMul, the quantized com.microsoft ops): True "

@@ -30,13 +30,16 @@ def deciders(proto, options: dict, executor: str, device) -> tuple:
     return tuple(out)
 
 
-def precompile_wanted(value, static: str | None) -> bool:
-    """``precompile``: 'auto' traces the likely specializations at load when static impls are on
-    (CUDA by default), where a first call at a new shape should not pay a trace; True / False."""
+def precompile_wanted(value, static: str | None) -> str | None:
+    """``precompile``: which specializations are traced at load. 'auto': all the likely ones where
+    static impls are on (CUDA by default: a first call at a new shape should not pay a trace), only
+    the generic one elsewhere (one trace at load, ~0.1 s: the first call of a CPU session then runs
+    the generated code, as onnxruntime's first call runs its kernels); True: all; False: none.
+    Returns "all", "generic" or None."""
     if value == "auto":
-        return static is not None
+        return "all" if static is not None else "generic"
     if isinstance(value, bool):
-        return value
+        return "all" if value else None
     raise OptionsError(f"precompile={value!r}: expected 'auto', True or False")
 
 

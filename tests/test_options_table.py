@@ -254,8 +254,10 @@ def test_precompile_traces_at_load_and_is_validated():
                           [helper.make_tensor_value_info("x", TP.FLOAT, ["N", "S"])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, ["N", "S"])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    lazy = dynashape.InferenceSession(m)
+    lazy = dynashape.InferenceSession(m, precompile=False)
     assert len(lazy.compiled.specs) == 0
+    generic = dynashape.InferenceSession(m)  # "auto" on the CPU: the generic specialization only
+    assert len(generic.compiled.specs) == 1 and generic.compiled.stats["specializations_precompiled"] == 1
     eager = dynashape.InferenceSession(m, precompile=True)
     traced = eager.compiled.stats["shape_program_traces"]
     assert traced >= 1 and eager.compiled.stats["specializations_precompiled"] >= 2
@@ -265,3 +267,30 @@ def test_precompile_traces_at_load_and_is_validated():
     assert eager.compiled.stats["shape_program_traces"] == traced
     with pytest.raises(OptionsError, match="precompile"):
         dynashape.InferenceSession(m, precompile="sometimes")
+
+
+def test_precompile_retries_image_sides_at_multiples_of_32():
+    """A model whose sides must be multiples of its stride refuses the generic primes: the sides are
+    traced again at 32 times them, and a call at another multiple of 32 runs without a trace."""
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    # a 2x2 pool of stride 2, twice, then the input's quarter-size Resize back, added: the sides
+    # must be multiples of 4 for the shapes to match
+    scales = helper.make_tensor("sc", TP.FLOAT, [4], [1.0, 1.0, 4.0, 4.0])
+    nodes = [helper.make_node("MaxPool", ["x"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["p1"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Resize", ["p2", "", "sc"], ["r"], mode="nearest"),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 2, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], [scales])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = dynashape.InferenceSession(m)
+    st = sess.compiled.stats
+    assert st["precompile_failures"] == 1 and st["specializations_precompiled"] == 1
+    traced = st["shape_program_traces"]
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 2, 64, 96)).astype(np.float32)
+    import onnxruntime as ort
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want)
+    assert sess.compiled.stats["shape_program_traces"] == traced

@@ -132,12 +132,18 @@ class CompiledModel:
     def const_host(v: Value):
         return v.const
 
-    def precompile(self, shapes_list: list[tuple]) -> None:
+    def precompile(self, shapes_list: list[tuple], retry: list[tuple] = ()) -> None:
         """Trace and generate the specializations of these input shapes now, at load (as
         onnxruntime and OpenVINO compile at load): a first call at a new shape then finds its
-        code ready. Not in the background: a trace holds the specializations' lock, and a first
-        call waiting for it was measured slower than the trace it needed (BERT-base on an H100
-        host: 0.6 s against 0.3 s)."""
+        code ready; ``retry`` where the model refused every one of them. Not in the background: a
+        trace holds the specializations' lock, and a first call waiting for it was measured slower
+        than the trace it needed (BERT-base on an H100 host: 0.6 s against 0.3 s)."""
+        failures = self.stats["precompile_failures"]
+        self._precompile(shapes_list)
+        if retry and self.stats["precompile_failures"] - failures == len(shapes_list):
+            self._precompile(retry)
+
+    def _precompile(self, shapes_list) -> None:
         for shapes in shapes_list:
             t0 = time.perf_counter()
             try:

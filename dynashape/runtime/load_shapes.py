@@ -70,6 +70,32 @@ def representative_shapes(specs: list[InputSpec]) -> list[tuple]:
     return [tuple(shape_of(spec, env) for spec in specs) for env in combos]
 
 
+# the stride of the vision models' deepest feature maps (YOLO, PP-OCR's detector: 32), for
+# aligned_shapes
+IMAGE_ALIGN = 32
+
+
+def aligned_shapes(specs: list[InputSpec], shapes: list[tuple]) -> list[tuple]:
+    """``shapes`` with the dynamic dims past the second axis of inputs of rank 3 or more (an image's
+    sides, a spectrogram's frames) multiplied by IMAGE_ALIGN, within their ranges: what a model
+    whose sides must be multiples of its stride accepts where the primes of representative_shapes
+    are refused (a value of 1 stays 1)."""
+    out = []
+    for shape in shapes:
+        row = []
+        for spec, dims in zip(specs, shape):
+            new = list(dims)
+            if spec.shape is not None and len(dims) >= 3:
+                for a in range(2, len(dims)):
+                    d = spec.shape[a]
+                    if not d.is_static and dims[a] > 1:
+                        v = dims[a] * IMAGE_ALIGN
+                        new[a] = v if d.max is None or v <= d.max else dims[a]
+            row.append(tuple(new))
+        out.append(tuple(row))
+    return out
+
+
 def numel(shape: tuple) -> int:
     n = 1
     for d in shape:
