@@ -6,6 +6,7 @@ from ..compile import affine
 from ..ir import Node
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt
+from .dead_locals import drop_dead
 from .guards import accepts_source
 from .regions import Region, partition
 from .spec_code import Group
@@ -140,6 +141,7 @@ class Assembly:
                 out.extend(self.step.prep.splitlines() + [""])
         # run
         params = ", ".join(param_list)
+        run_at = len(out)
         out.append(f"def run(st{', ' if params else ''}{params}):")
         for d in self.t.input_dims:
             if d.defines:
@@ -170,12 +172,25 @@ class Assembly:
                     put(line, it.node if k >= it.setup else None)
         results = self.results
         put(f"return ({', '.join(results)}{',' if len(results) == 1 else ''})")
+        out, line_nodes = _with_dels(out, run_at, line_nodes)
         out.append("")
         # accepts: last, with every guard the code's making asked (the step plan's included)
         source, self.accepted_guards = accepts_source(self.t, self.symvar, self.input_symbols, self._symname)
         out.extend(source)
         out.append("")
         return "\n".join(out) + "\n", line_nodes, groups
+
+
+def _with_dels(out: list[str], run_at: int, line_nodes: dict[int, Node]) -> tuple[list[str], dict[int, Node]]:
+    """``run``'s body (from ``out[run_at + 1]`` on) with its dead tensor locals deleted
+    (dead_locals.py), and ``line_nodes`` (1-based line numbers) moved with the lines."""
+    body, origin = drop_dead(out[run_at + 1:])
+    moved = {k: v for k, v in line_nodes.items() if k <= run_at + 1}
+    for j, i in enumerate(origin):
+        node = line_nodes.get(run_at + 2 + i) if i >= 0 else None
+        if node is not None:
+            moved[run_at + 2 + j] = node
+    return out[:run_at + 1] + body, moved
 
 
 def _tuple(names: list[str]) -> str:

@@ -96,6 +96,7 @@ def test_compiled_equals_interpreter_on_random_graphs(case):
     stats = compiled.stats()
     assert stats["compiled_runs"] == 2 * len(case.shapes)
     assert stats.get("interpreter_runs", 0) == 0
-    assert 1 <= stats["specializations"] <= len(set(case.shapes))
+    # (the generic specialization traced at load, precompile's CPU default, may serve none of them)
+    assert 1 <= stats["specializations"] <= len(set(case.shapes)) + stats.get("specializations_precompiled", 0)
     assert stats["shape_program_traces"] == stats["specializations"]
     assert interp.stats().get("compiled_runs", 0) == 0
