@@ -66,16 +66,22 @@ class DenseConv:
         self.act, self.affine = act, int(affine is not None)
         scale, shift = affine if affine is not None else (1.0, 0.0)
         self.floats = (ctypes.c_double * 3)(alpha, scale, shift)
+        self.floats_ptr = ctypes.addressof(self.floats)
+        self.b_ptr = self.b.data_ptr() if self.b is not None else None
+        self.packed_ptr = 0
         self.plans: dict = {}
 
-    def weight(self, pack) -> torch.Tensor:
+    def weight(self) -> int:
+        """The packed weight's address (packed at the first call and again after a write to the
+        weight)."""
         if self.packed is None or self.w._version != self.version:
             oc, c, kh, kw = self.w.shape
             wc = self.w.contiguous()
             self.packed = torch.empty(-(-oc // _LANES) * kh * kw * c * _LANES, dtype=torch.float32)
-            pack(wc.data_ptr(), self.packed.data_ptr(), oc, c, kh, kw)
+            _functions()[1](wc.data_ptr(), self.packed.data_ptr(), oc, c, kh, kw)
             self.version = self.w._version
-        return self.packed
+            self.packed_ptr = self.packed.data_ptr()
+        return self.packed_ptr
 
     def _plan(self, x, xs: int, threads: int):
         n, c, h, wd = x.shape
@@ -86,17 +92,19 @@ class DenseConv:
                                      threads, self.affine)
         if len(self.plans) >= 256:  # sizes that never repeat: forget them all at once
             self.plans.clear()
-        plan = self.plans[(x.shape, xs, threads)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc), args)
+        plan = self.plans[(x.shape, xs, threads)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc),
+                                                     ctypes.addressof(args), args)
         return plan
 
     def __call__(self, x):
         """The convolution, activation and affine of ``x`` (float32, 4-D, on the CPU), channels-last; None
         where the C kernel cannot be built (counted as ``conv_dense_torch_fallbacks``) or its
         padded copy could not be allocated: the caller's oneDNN path serves."""
-        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppp", ctypes.c_int64, fallbacks="conv_dense")
-        if run is None:
+        fns = _functions() if native.enabled() else None
+        if fns is None:
+            native.count("conv_dense_torch_fallbacks")
             return None
-        wp = self.weight(native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii"))
+        wp = self.weight()
         xs = pixel_stride(x)
         if xs is None:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -104,9 +112,20 @@ class DenseConv:
         threads = torch.get_num_threads()
         plan = self.plans.get((x.shape, xs, threads)) or self._plan(x, xs, threads)
         y = torch.empty_strided(plan[0], plan[1], dtype=torch.float32)
-        b = self.b
-        if run(x.data_ptr(), y.data_ptr(), wp.data_ptr(), b.data_ptr() if b is not None else None,
-               ctypes.addressof(plan[2]), ctypes.addressof(self.floats)):
+        if fns[0](x.data_ptr(), y.data_ptr(), wp, self.b_ptr, plan[2], self.floats_ptr):
             return None
         native.count(COUNTER)
         return y
+
+
+_FNS: list = []
+
+
+def _functions():
+    """(conv_nhwc_run, conv_nhwc_pack) of the built library, found once a process; None where it
+    cannot be built."""
+    if not _FNS:
+        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppp", ctypes.c_int64)
+        pack = native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii")
+        _FNS.append(None if run is None or pack is None else (run, pack))
+    return _FNS[0]
