@@ -240,6 +240,11 @@ DENSE_ONEDNN_MACS = 1 << 27
 # loses 5-25% of the kernel's time on large layers (PP-OCRv4 rec's 240 -> 240 1x1 at 36x12x152,
 # 3.8G multiply-adds: 34 ms against 27-28 ms, the first call included)
 DENSE_NEW_SHAPE_MACS = 1 << 29
+# a depthwise convolution's tile (cpu_conv_dense.DepthwiseConv) at a shape that comes back, below
+# this many multiply-adds (on AVX-512): 1.3-3.6x oneDNN's call at 0.1-2M (PP-LCNet's layers at small
+# crops: oneDNN's call costs ~40 us before any arithmetic), 0.95x at 2.6M, 0.3-0.7x from 5M up
+# where the tile's widened copy and its reloads of each input vector per tap cost more (2 threads)
+DEPTHWISE_TILE_MACS = 1 << 21
 
 
 def affine_in_place(affine: tuple[float, float] | None):
@@ -278,6 +283,10 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
              and not isinstance(padding, str) and len(stride) == 2 and len(dilation) == 2)
     alpha = float(scalars[0]) if activation == "leaky_relu" and scalars else 0.0
     tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, dense_act, alpha, affine) if dense else None
+    dw_tile = (cpu_conv_dense.DepthwiseConv(w, b, stride, padding, dilation, dense_act, alpha, affine)
+               if dense_act is not None and not ort_epilogue and groups > 1 and w.shape[1] == 1
+               and w.shape[0] == groups and len(padding) == 2 and not isinstance(padding, str) else None)
+    taps = w.shape[2] * w.shape[3]
     post = affine_in_place(affine)
     macs_per_input = cout * w.shape[2] * w.shape[3]  # a call's multiply-adds: x.numel() * this / strides
 
@@ -302,6 +311,13 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             wt = rows_by_w[1]
             y = torch.addmm(b, rows, wt) if b is not None else torch.mm(rows, wt)
             return post(act_(y, scalars, algorithm)).view(n, h, wd, cout).permute(0, 3, 1, 2)
+        if dw_tile is not None and x.shape[1] == groups:
+            dw_macs = x.numel() * taps // (stride[0] * stride[1])
+            if (cpu_conv_dense.everywhere() and dw_macs < DEPTHWISE_TILE_MACS) or (
+                    dw_macs < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape, None)):
+                y = dw_tile(x)
+                if y is not None:
+                    return y
         if depthwise and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == groups \
                 and x.numel() * w.shape[2] * w.shape[3] < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape, None):
             y = _depthwise(x, w, b, stride, padding, dw_act, dw_weight)

@@ -31,6 +31,7 @@ from . import native
 # bits are not asked of them; under ``exact`` ORT_ACTIVATIONS take oneDNN's path and ort_math)
 ACTS = {"none": 0, "relu": 1, "hardswish": 2, "swish": 3, "sigmoid": 4, "leaky_relu": 5}
 COUNTER = "conv_dense_c"
+DEPTHWISE_COUNTER = "conv_depthwise_c"
 _LANES = 16
 
 
@@ -112,20 +113,42 @@ class DenseConv:
         threads = torch.get_num_threads()
         plan = self.plans.get((x.shape, xs, threads)) or self._plan(x, xs, threads)
         y = torch.empty_strided(plan[0], plan[1], dtype=torch.float32)
-        if fns[0](x.data_ptr(), y.data_ptr(), wp, self.b_ptr, plan[2], self.floats_ptr):
+        if fns[self.RUN](x.data_ptr(), y.data_ptr(), wp, self.b_ptr, plan[2], self.floats_ptr):
             return None
-        native.count(COUNTER)
+        native.count(self.COUNTER)
         return y
+
+    RUN, COUNTER = 0, COUNTER
+
+
+class DepthwiseConv(DenseConv):
+    """A depthwise convolution's tile (one group per channel, ``w`` of [c, 1, kh, kw]): the channels
+    are the vector lanes, a tile is 8 pixels of 16 channels (csrc/conv_nhwc.c ``dw_nhwc_run``); the
+    weight packed as [kh][kw][c rounded up to 16]."""
+
+    RUN, COUNTER = 2, DEPTHWISE_COUNTER
+
+    def weight(self) -> int:
+        if self.packed is None or self.w._version != self.version:
+            c, _, kh, kw = self.w.shape
+            wc = self.w.contiguous()
+            self.packed = torch.empty(kh * kw * (-(-c // _LANES) * _LANES), dtype=torch.float32)
+            _functions()[3](wc.data_ptr(), self.packed.data_ptr(), c, kh, kw)
+            self.version = self.w._version
+            self.packed_ptr = self.packed.data_ptr()
+        return self.packed_ptr
 
 
 _FNS: list = []
 
 
 def _functions():
-    """(conv_nhwc_run, conv_nhwc_pack) of the built library, found once a process; None where it
-    cannot be built."""
+    """(conv_nhwc_run, conv_nhwc_pack, dw_nhwc_run, dw_nhwc_pack) of the built library, found once a
+    process; None where it cannot be built."""
     if not _FNS:
-        run = native.function("conv_nhwc", "conv_nhwc_run", "pppppp", ctypes.c_int64)
-        pack = native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii")
-        _FNS.append(None if run is None or pack is None else (run, pack))
+        fns = (native.function("conv_nhwc", "conv_nhwc_run", "pppppp", ctypes.c_int64),
+               native.function("conv_nhwc", "conv_nhwc_pack", "ppiiii"),
+               native.function("conv_nhwc", "dw_nhwc_run", "pppppp", ctypes.c_int64),
+               native.function("conv_nhwc", "dw_nhwc_pack", "ppiii"))
+        _FNS.append(None if None in fns else fns)
     return _FNS[0]

@@ -132,3 +132,25 @@ def test_a_channel_slice_of_a_channels_last_image_is_read_in_place(k, p):
     kernel = cpu_conv.bound_conv2d_act(wt, b, [1, 1], [p, p], [1, 1], 1, "relu", [], "")
     torch.testing.assert_close(kernel(x, wt, b), F.relu(F.conv2d(x.contiguous(), wt, b, 1, p)), rtol=1e-5, atol=1e-5)
     assert cpu_conv_dense.pixel_stride(torch.randn(2, 12, 9, 13)) is None  # NCHW: made channels-last first
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(1, 70), k=st.sampled_from([(3, 3), (5, 5), (3, 1)]), s=st.integers(1, 2), p=st.integers(0, 2),
+       d=st.integers(1, 2), n=st.integers(1, 2), h=st.integers(1, 20), w=st.integers(1, 20),
+       act=st.sampled_from(sorted(REF)), bias=st.booleans(),
+       affine=st.one_of(st.none(), st.tuples(st.floats(-3, 3), st.floats(-3, 3))), seed=st.integers(0, 1000))
+def test_the_depthwise_tile_equals_torch(c, k, s, p, d, n, h, w, act, bias, affine, seed):
+    """csrc/conv_nhwc.c ``dw_nhwc_run`` through cpu_conv_dense.DepthwiseConv: one group per channel,
+    channel counts that are not whole 16-lane blocks, any stride, padding and dilation."""
+    kh, kw = k
+    if h + 2 * p < d * (kh - 1) + 1 or w + 2 * p < d * (kw - 1) + 1:
+        return
+    g = torch.Generator().manual_seed(seed)
+    wt = torch.randn(c, 1, kh, kw, generator=g) / kh
+    b = torch.randn(c, generator=g) if bias else None
+    x = torch.randn(n, c, h, w, generator=g).contiguous(memory_format=torch.channels_last)
+    tile = cpu_conv_dense.DepthwiseConv(wt, b, (s, s), (p, p), (d, d), cpu_conv_dense.ACTS[act], 0.1, affine)
+    want = REF[act](F.conv2d(x, wt, b, s, p, d, c), 0.1)
+    if affine is not None:
+        want = want * affine[0] + affine[1]
+    torch.testing.assert_close(tile(x), want, rtol=2e-5, atol=2e-5)

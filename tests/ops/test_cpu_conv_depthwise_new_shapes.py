@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import dynashape
-from dynashape.ops import native
+from dynashape.ops import cpu_conv_dense, native
 from dynashape.ops.cpu_conv import NEW_SHAPE_DEPTHWISE
 
 
@@ -34,7 +34,10 @@ def _model(c, k, stride, pad, act):
 
 @pytest.mark.parametrize("c,k,stride,pad,act", [(16, 3, 1, 1, "relu"), (24, 5, 2, 2, "hardswish"),
                                                 (19, 3, 2, 0, "none"), (32, 3, 1, 1, "hardswish")])
-def test_new_shapes_in_c_and_repeats_in_onednn_match_onnxruntime(c, k, stride, pad, act):
+def test_new_shapes_in_c_and_repeats_in_onednn_match_onnxruntime(c, k, stride, pad, act, monkeypatch):
+    # the path where the vector tile (cpu_conv_dense.DepthwiseConv, test_depthwise_tile_... below) is
+    # not there to take these first
+    monkeypatch.setattr(cpu_conv_dense, "ACTS", {})
     model = _model(c, k, stride, pad, act)
     sess = dynashape.InferenceSession(model.SerializeToString())
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -46,3 +49,22 @@ def test_new_shapes_in_c_and_repeats_in_onednn_match_onnxruntime(c, k, stride, p
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
     if not native.why("depthwise"):
         assert native.counters().get(NEW_SHAPE_DEPTHWISE, 0) - before == 4  # the four new shapes, not the repeats
+
+
+@pytest.mark.parametrize("c,k,stride,pad,act", [(16, 3, 1, 1, "relu"), (24, 5, 2, 2, "hardswish"),
+                                                (19, 3, 2, 0, "none"), (40, 3, 1, 1, "hardswish")])
+def test_depthwise_tile_at_new_and_repeated_shapes_matches_onnxruntime(c, k, stride, pad, act):
+    """The vector tile (csrc/conv_nhwc.c ``dw_nhwc_run``: 16 channels a vector, channel counts that are
+    not whole blocks widened in its copy) serves new shapes, and small repeated ones on AVX-512."""
+    model = _model(c, k, stride, pad, act)
+    sess = dynashape.InferenceSession(model.SerializeToString())
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    before = native.counters().get(cpu_conv_dense.DEPTHWISE_COUNTER, 0)
+    shapes = [(1, 12, 12), (2, 9, 17), (1, 12, 12), (3, 5, 6), (2, 9, 17), (1, 40, 24)]
+    for n, h, w in shapes:
+        x = rng.standard_normal((n, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    if native.library("conv_nhwc") is not None:
+        calls = native.counters().get(cpu_conv_dense.DEPTHWISE_COUNTER, 0) - before
+        assert calls == (len(shapes) if cpu_conv_dense.everywhere() else 4)  # (all below DEPTHWISE_TILE_MACS)

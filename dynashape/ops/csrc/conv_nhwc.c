@@ -212,27 +212,31 @@ static void row(const conv_t *p, int64_t i, int64_t oy, int64_t ob, int64_t vb) 
 /* x copied into a zero border of ph rows and pw columns before (and what the taps reach after): the
  * tiles then never test a tap against the image's edges. Returns the copy (malloc) and its size. */
 static float *padded(const float *x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xstride, int64_t hp,
-                     int64_t wp, int64_t ph, int64_t pw, int64_t threads) {
-    float *xp = (float *)malloc(sizeof(float) * (size_t)(n * hp * wp * c));
+                     int64_t wp, int64_t ph, int64_t pw, int64_t cp, int64_t threads) {
+    /* pixels of cp floats: the c channels, then zeros (a depthwise tile reads whole blocks of 16) */
+    float *xp = (float *)malloc(sizeof(float) * (size_t)(n * hp * wp * cp));
     if (!xp) return NULL;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * hp * wp * c > 65536)
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * hp * wp * cp > 65536)
     for (int64_t r = 0; r < n * hp; r++) {
         const int64_t i = r / hp, y = r % hp - ph;
-        float *d = xp + r * wp * c;
+        float *d = xp + r * wp * cp;
         if (y < 0 || y >= h) {
-            memset(d, 0, sizeof(float) * (size_t)(wp * c));
+            memset(d, 0, sizeof(float) * (size_t)(wp * cp));
             continue;
         }
         const int64_t right = wp - pw - w > 0 ? wp - pw - w : 0;
-        memset(d, 0, sizeof(float) * (size_t)(pw * c));
+        memset(d, 0, sizeof(float) * (size_t)(pw * cp));
         const int64_t cols = w < wp - pw ? w : wp - pw;
         const float *src = x + (i * h + y) * w * xstride;
-        if (xstride == c) {
+        if (xstride == c && cp == c) {
             memcpy(d + pw * c, src, sizeof(float) * (size_t)(cols * c));
         } else {
-            for (int64_t k = 0; k < cols; k++) memcpy(d + (pw + k) * c, src + k * xstride, sizeof(float) * (size_t)c);
+            for (int64_t k = 0; k < cols; k++) {
+                memcpy(d + (pw + k) * cp, src + k * xstride, sizeof(float) * (size_t)c);
+                if (cp > c) memset(d + (pw + k) * cp + c, 0, sizeof(float) * (size_t)(cp - c));
+            }
         }
-        if (right) memset(d + (pw + w) * c, 0, sizeof(float) * (size_t)(right * c));
+        if (right) memset(d + (pw + w) * cp, 0, sizeof(float) * (size_t)(right * cp));
     }
     return xp;
 }
@@ -247,7 +251,7 @@ int64_t conv_nhwc_f32(const float *x, float *y, const float *wp, const float *b,
     float *xpad = NULL;
     if (ph || pw || hp > h || wpx > w) {
         const int64_t hh = hp > h + ph ? hp : h + ph, ww = wpx > w + pw ? wpx : w + pw;
-        xpad = padded(x, n, h, w, c, xstride, hh, ww, ph, pw, threads);
+        xpad = padded(x, n, h, w, c, xstride, hh, ww, ph, pw, c, threads);
         if (!xpad) return -1;
         x = xpad, h = hh, w = ww, xstride = c;
     }
@@ -277,4 +281,77 @@ int64_t conv_nhwc_f32(const float *x, float *y, const float *wp, const float *b,
 int64_t conv_nhwc_run(const float *x, float *y, const float *wp, const float *b, const int64_t *a, const double *f) {
     return conv_nhwc_f32(x, y, wp, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
                          a[13], a[14], a[15], a[16], a[17], f[0], a[18], a[19], f[1], f[2]);
+}
+
+/* ---- depthwise: one group per channel, y[c] = sum over the taps of x[c] * w[tap][c] ----
+ * Channels are the vector lanes (16 a block) and a tile is R pixels of one block: per tap, one
+ * weight vector and R input vectors into R accumulators. The input is copied into a zero border
+ * with its pixels widened to whole blocks (cp = c rounded up to 16; the copy is skipped where
+ * nothing pads and c is whole blocks). wd: [kh][kw][cp] (dw_nhwc_pack). */
+#ifdef __AVX512F__
+#define RD 8
+#else
+#define RD 4
+#endif
+
+void dw_nhwc_pack(const float *w, float *wd, int64_t c, int64_t kh, int64_t kw) {
+    const int64_t cp = (c + L - 1) / L * L;
+    for (int64_t t = 0; t < kh * kw; t++)
+        for (int64_t k = 0; k < cp; k++) wd[t * cp + k] = k < c ? w[k * kh * kw + t] : 0.0f;
+}
+
+#define DWTILE(R)                                                                                         \
+    static void dw_tile_##R(const conv_t *p, int64_t i, int64_t oy, int64_t ox0, int64_t cb) {            \
+        v16 acc[R];                                                                                       \
+        float t[L];                                                                                       \
+        for (int64_t l = 0; l < L; l++) t[l] = p->b && cb * L + l < p->oc ? p->b[cb * L + l] : 0.0f;       \
+        for (int64_t k = 0; k < R; k++) acc[k] = vload(t);                                                \
+        const int64_t px = p->xstride, xs = p->sw * px;                                                    \
+        for (int64_t ky = 0; ky < p->kh; ky++) {                                                          \
+            const int64_t iy = oy * p->sh + ky * p->dh;                                                   \
+            for (int64_t kx = 0; kx < p->kw; kx++) {                                                      \
+                const float *xr = p->x + ((i * p->h + iy) * p->w + ox0 * p->sw + kx * p->dw) * px + cb * L; \
+                const v16 wv = vload(p->wp + (ky * p->kw + kx) * px + cb * L);                            \
+                for (int64_t k = 0; k < R; k++) acc[k] += vload(xr + k * xs) * wv;                        \
+            }                                                                                             \
+        }                                                                                                 \
+        store(p, i, oy, ox0, cb, 1, R, acc, 1);                                                           \
+    }
+
+DWTILE(RD)
+DWTILE(4)
+DWTILE(2)
+DWTILE(1)
+
+static void dw_row(const conv_t *p, int64_t i, int64_t oy, int64_t cb) {
+    int64_t ox = 0;
+    for (; ox + RD <= p->wo; ox += RD) dw_tile_RD(p, i, oy, ox, cb);
+    for (; ox + 4 <= p->wo; ox += 4) dw_tile_4(p, i, oy, ox, cb);
+    for (; ox + 2 <= p->wo; ox += 2) dw_tile_2(p, i, oy, ox, cb);
+    for (; ox < p->wo; ox++) dw_tile_1(p, i, oy, ox, cb);
+}
+
+/* conv_nhwc_run's arguments (oc = c, the weight from dw_nhwc_pack). */
+int64_t dw_nhwc_run(const float *x, float *y, const float *wd, const float *b, const int64_t *a, const double *f) {
+    const int64_t n = a[0], c = a[3], xstride = a[4], kh = a[6], kw = a[7], sh = a[8], sw = a[9], ph = a[10],
+                  pw = a[11], dh = a[12], dw = a[13], ho = a[14], wo = a[15], threads = a[18];
+    int64_t h = a[1], w = a[2];
+    const int64_t cp = (c + L - 1) / L * L;
+    const int64_t hp = (ho - 1) * sh + (kh - 1) * dh + 1, wpx = (wo - 1) * sw + (kw - 1) * dw + 1;
+    float *xpad = NULL;
+    int64_t px = xstride;
+    if (ph || pw || hp > h || wpx > w || cp != c || xstride != c) {
+        const int64_t hh = hp > h + ph ? hp : h + ph, ww = wpx > w + pw ? wpx : w + pw;
+        xpad = padded(x, n, h, w, c, xstride, hh, ww, ph, pw, cp, threads);
+        if (!xpad) return -1;
+        x = xpad, h = hh, w = ww, px = cp;
+    }
+    const conv_t p = {x, y, wd, b, h, w, c, px, c, kh, kw, sh, sw, 0, 0, dh, dw, ho, wo, a[16], a[17],
+                      (float)f[0], (float)f[1], (float)f[2], a[19]};
+    const int64_t blocks = cp / L, work = n * ho * blocks;
+    const double macs = (double)n * ho * wo * c * kh * kw;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && macs > 2e5)
+    for (int64_t t = 0; t < work; t++) dw_row(&p, (t / blocks) / ho, (t / blocks) % ho, t % blocks);
+    free(xpad);
+    return 0;
 }
