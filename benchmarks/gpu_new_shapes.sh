@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|final|generate|lean|exported|split|split_final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -40,6 +40,13 @@ case "${1:-final}" in
       tests/test_disk_cache.py tests/reliability/test_indices.py
     T=330 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_check.json" ;;
+  recheck)  # after changes to the generated code (dels of dead locals) and to precompile's default: the CUDA tests
+            # of static impls, decode graphs, generate and the disk cache; every workload, dynashape and eager, and
+            # a second process
+    DYNASHAPE_TEST_DEVICE=cuda T=270 run python3 -m pytest -q -p no:warnings -rfE tests/impls tests/test_generate.py \
+      tests/test_host_syncs.py tests/test_disk_cache.py tests/compile/test_dead_locals.py
+    T=300 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_recheck.json" ;;
   final)  # the CUDA tests of this work; every workload, torch.compile side by side, then a second process
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings tests/impls/test_conv_buckets.py \
       tests/test_host_syncs.py tests/test_disk_cache.py tests/reliability/test_indices.py tests/impls/test_aligned.py

@@ -199,6 +199,17 @@ def first_call_ratio(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def small_sizes(runs: list[Run]) -> list[list[str]]:
+    run, rows = runs[0], []
+    for model, m in run.data["models"].items():
+        s = m["summary"]
+        shapes = ", ".join(f"{n}x{h}x{w}" for n, h, w in m["shapes"])
+        ms = [num(s.get(k, {}).get("sum_of_medians_ms")) for k in ("dynashape", "onnxruntime", "openvino")]
+        rows.append([model, shapes, *ms, bold_if(f"{s['x_onnxruntime']:.2f}", s["x_onnxruntime"] <= 1.3),
+                     f"{s['x_faster_peer']:.2f}", run.run_cell()])
+    return rows
+
+
 def conv_dense(runs: list[Run]) -> list[list[str]]:
     run, rows = runs[0], []
     for r in run.data["rows"]:
@@ -516,14 +527,25 @@ AREAS = [
          "Every call timed from the first, no warm-up, a new shape on (almost) every call; the runtimes in turn on "
          "the same shapes and inputs. *x*: dynashape's time / the peer's (lower is faster). OpenVINO computes in "
          "f32 from the 2026-11-28d run on (`dynashape bench --ov-precision`, default f32): before, its CPU default "
-         "computed in bf16 on this AMX Xeon. It is still 2.3x faster than onnxruntime on PP-OCRv4 rec in f32: its "
-         "1x1 convolutions (same oneDNN brgconv family as ours) take 15-22 ms where torch's take 27-29 ms "
-         "(32x240x12x120, 240 -> 240)."),
+         "computed in bf16 on this AMX Xeon. dynashape sets glibc's mmap threshold to 1 GiB in its process "
+         "(memory/host_malloc.py); the peers run after it in the same process with that setting. The session of "
+         "2026-11-28 (runs g-j): that threshold (feature maps of a batch were mapped and faulted in on every "
+         "call), dense and depthwise convolutions in C (no oneDNN primitive per size), the affine after an "
+         "activation joined to its convolution, dead locals deleted in the generated code, the generic "
+         "specialization traced at load."),
     Area("CPU: a new size's first call against its repeats", "first_call_ratio.py",
          [("first_call_ratio_cpu_*.json", None)],
          ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
           "first calls: dynashape / onnxruntime", "repeats: dynashape / onnxruntime", "run"], first_call_ratio,
          "12 new sizes after a warm-up size, each called 4 times with fresh inputs; process CPU time."),
+    Area("CPU: small images seen once before, against onnxruntime and OpenVINO", "small_sizes.py",
+         [("small_sizes_cpu_*.json", None)],
+         ["model", "shapes (batch x height x width)", "dynashape ms", "onnxruntime ms", "OpenVINO ms",
+          "x onnxruntime", "x the faster", "run"], small_sizes,
+         "Crops of 48-160 pixels (text lines 48 high, batches 1-13): each shape's first call left out (the first "
+         "pass), then three rounds over the shapes; the sum over the shapes of each shape's median call. One runtime "
+         "at a time in one process per model (dynashape first), 2 threads. Target (issue 37): within 1.3x "
+         "onnxruntime."),
     Area("CPU: dense convolutions, the C tile against oneDNN", "conv_dense.py", [("conv_dense_cpu_*.json", None)],
          ["layer (channels-last input)", "oneDNN first call us", "oneDNN repeat us", "C tile us",
           "speed-up (oneDNN repeat / C)", "GFLOP/s: oneDNN / C", "run"], conv_dense,
