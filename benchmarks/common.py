@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def interleaved(engines: dict[str, Callable[[], object]], calls: int, rounds: int, warmup: int = 3) -> dict:
@@ -94,3 +97,16 @@ def cuda_event_ms(f: Callable, sets: tuple | list = ((),), reps: int = 25, warmu
 def rel_err(got, ref) -> float:
     """||got - ref|| / ||ref|| in float64 (``ref`` float64 already, or made so)."""
     return float((got.double() - ref.double()).norm() / ref.double().norm())
+
+
+def dynashape_bench(name: str, model, args: list[str]) -> dict:
+    """``dynashape bench MODEL ARGS --json ... --no-progress`` in a process of its own (the runtimes'
+    thread pools die with it); its table printed, its JSON document returned."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "dynashape", "bench", str(model), *args, "--json", str(out), "--no-progress"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name}: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+        print(proc.stdout, flush=True)
+        return json.loads(out.read_text())

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from benchmarks.common import dynashape_bench
 from benchmarks.real_models_specs import SPECS, fetch
 
 # each model's random shape: per-range steps as in issue 37's measurements
@@ -55,17 +54,9 @@ def _input_name(path: Path) -> str:
 def run_model(name: str, a) -> dict:
     """One `dynashape bench --random-shapes` process; its JSON document."""
     path = model_path(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "dynashape", "bench", str(path), "--random-shapes",
-               ranges(name, _input_name(path)), "--calls", str(a.calls), "--seed", str(a.seed),
-               "--threads", str(a.threads), "--device", a.device, "--compare", a.compare, "--json", str(out),
-               "--no-progress"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name}: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-        print(proc.stdout, flush=True)
-        return json.loads(out.read_text())
+    return dynashape_bench(name, path, ["--random-shapes", ranges(name, _input_name(path)), "--calls", str(a.calls),
+                                        "--seed", str(a.seed), "--threads", str(a.threads), "--device", a.device,
+                                        "--compare", a.compare])
 
 
 def summarise(doc: dict) -> dict:

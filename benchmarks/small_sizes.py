@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import dynashape_bench
 from benchmarks.new_sizes import _input_name, model_path
 
 # (batch, height, width) of the crops each model sees: detectors at sides that are multiples of 32
@@ -40,15 +40,8 @@ def run_model(name: str, a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         seq = Path(tmp) / "shapes.txt"
         seq.write_text("".join(f"{inp}={n}x3x{h}x{w}\n" for n, h, w in shapes))
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "dynashape", "bench", str(path), "--shapes-file", str(seq), "--warmup", "0",
-               "-n", str(3 * len(shapes)), "--threads", str(a.threads), "--compare", a.compare, "--json", str(out),
-               "--no-progress"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name}: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-        print(proc.stdout, flush=True)
-        return json.loads(out.read_text())
+        return dynashape_bench(name, path, ["--shapes-file", str(seq), "--warmup", "0", "-n", str(3 * len(shapes)),
+                                            "--threads", str(a.threads), "--compare", a.compare])
 
 
 def summarise(doc: dict) -> dict:
