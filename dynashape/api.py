@@ -20,6 +20,7 @@ from . import deciding_inputs as deciding
 from . import session_setup as setup
 from .compat import NodeArg  # noqa: F401  dynashape.api.NodeArg, as before
 from .compile import Program, compile_graph
+from .compile.memory_plan import kv_appends
 from .errors import DimensionWarning, OptionsError, SymbolDisagreementError
 from .frontend.expose import expose
 from .frontend.options import ParseOptions
@@ -178,6 +179,8 @@ class InferenceSession:
             aligned = aligned_shapes(self._specs, shapes)
             if mode == "generic":
                 shapes, aligned = shapes[:1], aligned[:1]
+                if _decoder(g):  # a prompt (no past) and one-token steps come first, not the generic shape:
+                    shapes = aligned = []  # the trace would be load time spent for nothing (0.4 s, ~110M Llama)
             self.compiled.precompile(shapes, retry=aligned)
         self._bodies: dict[int, CompiledModel] = {}
         self._bodies_lock = threading.Lock()
@@ -382,3 +385,9 @@ class InferenceSession:
             if self._default is None:
                 self._default = InferRequest(self)
             return self._default.memory_stats()
+
+
+def _decoder(graph) -> bool:
+    """A decoder fed its KV cache: a Concat of a graph input into an output (kv_appends), or an input
+    named as the exporters name a past (``past_key_values.*``, ``past_key``, onnxruntime-genai's)."""
+    return kv_appends(graph) > 0 or any("past" in v.name.lower() for v in graph.inputs)

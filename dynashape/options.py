@@ -190,7 +190,8 @@ class Options:
                 "the sides of images (dims past the second axis) at multiples of 32.", _choice("auto", True, False),
         "load time (CPU, tiny BERT: load 55 -> 389 ms, first calls 87/67 -> 6/6 ms; the generic one only, "
         "YOLOv8n: load 142 -> 215 ms, first call at 608x640 171 -> 88 ms).",
-        devices={"cuda": "on", "cpu": "the generic specialization only (all where static impls are)"})
+        devices={"cuda": "on", "cpu": "the generic specialization only, none for a decoder fed its past (all "
+                                       "where static impls are)"})
     # ---- integer products ----
     u8s8_saturate: Any = _opt(
         None, "uint8 x int8 products (MatMulInteger, QLinearMatMul, the quantized com.microsoft ops): True "

@@ -294,3 +294,18 @@ def test_precompile_retries_image_sides_at_multiples_of_32():
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want)
     assert sess.compiled.stats["shape_program_traces"] == traced
+
+
+def test_precompile_on_the_cpu_leaves_a_decoder_alone():
+    """A decoder fed its past starts with a prompt and one-token steps, not the generic shape: the
+    CPU's default traces nothing at load for it (True still does)."""
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Concat", ["past_key", "k"], ["present_key"], axis=1)], "g",
+                          [helper.make_tensor_value_info("past_key", TP.FLOAT, [1, "P", 4]),
+                           helper.make_tensor_value_info("k", TP.FLOAT, [1, "S", 4])],
+                          [helper.make_tensor_value_info("present_key", TP.FLOAT, [1, "T", 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert "specializations_precompiled" not in dynashape.InferenceSession(m).compiled.stats
+    assert dynashape.InferenceSession(m, precompile=True).compiled.stats["specializations_precompiled"] >= 1
