@@ -274,21 +274,21 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
     ort_epilogue = exact and activation in ORT_ACTIVATIONS
     fused = torch.ops.mkldnn._convolution_pointwise
     seen: set = set()  # the input shapes oneDNN has run (or will run at their next call)
+    explicit = len(padding) == 2 and not isinstance(padding, str)  # symmetric pads, no auto_pad string
+    one_per_channel = groups > 1 and w.shape[1] == 1 and w.shape[0] == groups  # depthwise
     dw_act = DEPTHWISE_ACTS.get(activation)
-    depthwise = (dw_act is not None and groups > 1 and w.shape[1] == 1 and w.shape[0] == groups
-                 and all(d == 1 for d in dilation) and len(padding) == 2 and not isinstance(padding, str))
+    depthwise = dw_act is not None and one_per_channel and all(d == 1 for d in dilation) and explicit
     dw_weight = [-1, None]  # (the weight's version, its [kh][kw][c] copy), made when first used
-    dense_act = cpu_conv_dense.ACTS.get(activation)
-    dense = (groups == 1 and dense_act is not None and not ort_epilogue and len(padding) == 2
-             and not isinstance(padding, str) and len(stride) == 2 and len(dilation) == 2)
+    # the C tiles (cpu_conv_dense): activations of theirs, onnxruntime's bits not asked for
+    tile_act = cpu_conv_dense.ACTS.get(activation) if not ort_epilogue and explicit else None
+    dense = tile_act is not None and groups == 1
     alpha = float(scalars[0]) if activation == "leaky_relu" and scalars else 0.0
-    tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, dense_act, alpha, affine) if dense else None
-    dw_tile = (cpu_conv_dense.DepthwiseConv(w, b, stride, padding, dilation, dense_act, alpha, affine)
-               if dense_act is not None and not ort_epilogue and groups > 1 and w.shape[1] == 1
-               and w.shape[0] == groups and len(padding) == 2 and not isinstance(padding, str) else None)
+    tile = cpu_conv_dense.DenseConv(w, b, stride, padding, dilation, tile_act, alpha, affine) if dense else None
+    dw_tile = (cpu_conv_dense.DepthwiseConv(w, b, stride, padding, dilation, tile_act, alpha, affine)
+               if tile_act is not None and one_per_channel else None)
     taps = w.shape[2] * w.shape[3]
     post = affine_in_place(affine)
-    macs_per_input = cout * w.shape[2] * w.shape[3]  # a call's multiply-adds: x.numel() * this / strides
+    macs_per_input = cout * taps  # a call's multiply-adds: x.numel() * this / strides
 
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 4 \

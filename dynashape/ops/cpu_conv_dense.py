@@ -72,17 +72,22 @@ class DenseConv:
         self.packed_ptr = 0
         self.plans: dict = {}
 
+    RUN, COUNTER = 0, COUNTER  # its C function in _functions(), its counter
+
     def weight(self) -> int:
         """The packed weight's address (packed at the first call and again after a write to the
         weight)."""
         if self.packed is None or self.w._version != self.version:
-            oc, c, kh, kw = self.w.shape
-            wc = self.w.contiguous()
-            self.packed = torch.empty(-(-oc // _LANES) * kh * kw * c * _LANES, dtype=torch.float32)
-            _functions()[1](wc.data_ptr(), self.packed.data_ptr(), oc, c, kh, kw)
+            self.packed = self._pack(self.w.contiguous())
             self.version = self.w._version
             self.packed_ptr = self.packed.data_ptr()
         return self.packed_ptr
+
+    def _pack(self, w: torch.Tensor) -> torch.Tensor:
+        oc, c, kh, kw = w.shape
+        packed = torch.empty(-(-oc // _LANES) * kh * kw * c * _LANES, dtype=torch.float32)
+        _functions()[1](w.data_ptr(), packed.data_ptr(), oc, c, kh, kw)
+        return packed
 
     def _plan(self, x, xs: int, threads: int):
         n, c, h, wd = x.shape
@@ -118,8 +123,6 @@ class DenseConv:
         native.count(self.COUNTER)
         return y
 
-    RUN, COUNTER = 0, COUNTER
-
 
 class DepthwiseConv(DenseConv):
     """A depthwise convolution's tile (one group per channel, ``w`` of [c, 1, kh, kw]): the channels
@@ -128,15 +131,11 @@ class DepthwiseConv(DenseConv):
 
     RUN, COUNTER = 2, DEPTHWISE_COUNTER
 
-    def weight(self) -> int:
-        if self.packed is None or self.w._version != self.version:
-            c, _, kh, kw = self.w.shape
-            wc = self.w.contiguous()
-            self.packed = torch.empty(kh * kw * (-(-c // _LANES) * _LANES), dtype=torch.float32)
-            _functions()[3](wc.data_ptr(), self.packed.data_ptr(), c, kh, kw)
-            self.version = self.w._version
-            self.packed_ptr = self.packed.data_ptr()
-        return self.packed_ptr
+    def _pack(self, w: torch.Tensor) -> torch.Tensor:
+        c, _, kh, kw = w.shape
+        packed = torch.empty(kh * kw * (-(-c // _LANES) * _LANES), dtype=torch.float32)
+        _functions()[3](w.data_ptr(), packed.data_ptr(), c, kh, kw)
+        return packed
 
 
 _FNS: list = []
