@@ -17,18 +17,29 @@ for ``"sync"`` builds and prebuilding at load.
 A queued build runs in a copy of the submitting thread's context: the run's settings held in
 ContextVars (the session's u8s8_saturate, its loop limit) hold for the build too, as they would
 have for a build in the call.
+
+At interpreter exit the workers are stopped (``_stop_all``, registered with ``atexit``): queued
+builds are dropped and the exit waits (bounded) for the one running. A daemon thread still inside
+a CUDA capture or a cuDNN call while the interpreter and the C++ runtime tear down aborted the
+process ("terminate called without an active exception", H100 and H200, a script that returned
+while its session's builds ran).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import functools
 import queue
 import threading
 import time
+import weakref
 
 from ..ops import split_tf32
+
+EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the build running on a worker
+_contexts: weakref.WeakSet = weakref.WeakSet()
 
 
 class CompilationContext:
@@ -41,12 +52,14 @@ class CompilationContext:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
+        self._stopped = False
+        _contexts.add(self)
 
     def submit(self, key, build, done, inline: bool = False) -> bool:
         """Queue a build (False when that key is queued or building already); ``inline``: build
         in the caller's thread whatever the mode (a CUDA graph capture, see the module docstring)."""
         with self._lock:
-            if key in self._pending:
+            if key in self._pending or self._stopped:
                 return False
             self._pending.add(key)
         if self.mode == "sync" or inline:
@@ -70,6 +83,21 @@ class CompilationContext:
         with self._idle:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
+    def stop(self, timeout: float = EXIT_WAIT_S) -> bool:
+        """Take no more builds, drop the queued ones and wait up to ``timeout`` for the running
+        one; False if it still runs then."""
+        with self._lock:
+            self._stopped = True
+        while True:
+            try:
+                key, _, _ = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            with self._idle:
+                self._pending.discard(key)
+                self._idle.notify_all()
+        return self.wait(timeout)
+
     def _start(self) -> None:
         with self._lock:
             if self._worker is not None and self._worker.is_alive():
@@ -80,6 +108,11 @@ class CompilationContext:
     def _loop(self) -> None:
         while True:
             key, build, done = self._queue.get()
+            if self._stopped:  # dropped (the exit's stop raced this get)
+                with self._idle:
+                    self._pending.discard(key)
+                    self._idle.notify_all()
+                continue
             self._run(key, build, done, worker=True)
 
     def _run(self, key, build, done, worker: bool = False) -> None:
@@ -97,3 +130,11 @@ class CompilationContext:
             with self._idle:
                 self._pending.discard(key)
                 self._idle.notify_all()
+
+
+@atexit.register
+def _stop_all(contexts=None) -> None:
+    """At exit: every context's worker idle before the interpreter tears down (module docstring)."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for ctx in list(_contexts if contexts is None else contexts):
+        ctx.stop(max(0.0, deadline - time.monotonic()))

@@ -93,3 +93,35 @@ def test_a_queued_build_sees_the_submitting_runs_settings():
     finally:
         SESSION_SATURATE.reset(token)
     assert ctx.wait(5) and seen == [True]
+
+
+def test_stop_drops_queued_builds_and_waits_for_the_running_one():
+    # what the exit does (context._stop_all): nothing runs on the worker once the interpreter tears down
+    ctx = CompilationContext("async")
+    started, gate, ran = threading.Event(), threading.Event(), []
+
+    def slow():
+        started.set()
+        gate.wait(5)
+        ran.append("slow")
+    ctx.submit("slow", slow, lambda k, r, s: None)
+    for i in range(3):
+        ctx.submit(i, lambda i=i: ran.append(i), lambda k, r, s: None)
+    assert started.wait(5)
+    threading.Timer(0.05, gate.set).start()
+    assert ctx.stop(5)  # returns once the running build is done
+    assert ran == ["slow"] and ctx.pending() == 0
+    assert not ctx.submit("later", lambda: ran.append("later"), lambda k, r, s: None)
+    assert ctx.stop(0) and ran == ["slow"]
+
+
+def test_every_context_is_stopped_at_exit():
+    # (only this test's context is stopped here: the others of the test process live on)
+    from dynashape.impls import context
+    ctx = CompilationContext("async")
+    assert ctx in context._contexts
+    gate = threading.Event()
+    ctx.submit("k", lambda: gate.wait(5), lambda k, r, s: None)
+    threading.Timer(0.05, gate.set).start()
+    context._stop_all([ctx])
+    assert ctx.pending() == 0 and not ctx.submit("k2", lambda: None, lambda k, r, s: None)
