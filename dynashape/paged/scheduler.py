@@ -35,7 +35,7 @@ class Sequence:
     key: object
     prompt: list[int]
     max_new: int
-    eos: int | None = None
+    eos: int | tuple | None = None  # a token id, or ids, that end it
     out: list[int] = field(default_factory=list)
     computed: int = 0          # positions whose keys and values are in the pool
     state: str = "waiting"     # waiting, running, done, aborted
@@ -53,7 +53,11 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return len(self.out) >= self.max_new or (self.eos is not None and bool(self.out) and self.out[-1] == self.eos)
+        if len(self.out) >= self.max_new:
+            return True
+        if self.eos is None or not self.out:
+            return False
+        return self.out[-1] in self.eos if isinstance(self.eos, tuple) else self.out[-1] == self.eos
 
 
 @dataclass

@@ -9,6 +9,9 @@ Inputs: ``input_ids`` [batch, seq] and, per layer i, ``past_key_i`` / ``past_val
 Outputs: ``logits`` [batch, seq, vocab] and ``present_key_i`` / ``present_value_i``
 [batch, kv_heads, past_len + seq, head_dim] (the past with this step's keys / values appended).
 Query t of this step sees keys 0 .. past_len + t (causal also across a multi-token step).
+``mask_input``: an ``attention_mask`` [batch, past_len + seq] input (optimum's decoders);
+``position_ids`` (with it): a ``position_ids`` [batch, seq] input that places the rotary per row,
+as HF's exports take it (what a batch of rows of different lengths needs: dynashape/paged/engine.py).
 past_len is dynamic from 0 (an empty cache for the prefill step) to MAX_PAST.
 """
 
@@ -119,14 +122,19 @@ class Llama(nn.Module):
     def forward(self, input_ids, *past):
         if self.cfg.get("mask_input"):
             attention_mask, past = past[0], past[1:]
+        if self.cfg.get("position_ids"):
+            position_ids, past = past[0], past[1:]
         s = input_ids.shape[1]
         p = past[0].shape[2]
-        pos = torch.arange(s, device=input_ids.device) + p  # [s]
-        freqs = pos[:, None].float() * self.inv_freq[None, :]  # [s, d/2]
+        pos = torch.arange(s, device=input_ids.device) + p  # [s]: this step's places in the cache
+        if self.cfg.get("position_ids"):  # rotary at the caller's positions, per row (HF's position_ids)
+            freqs = position_ids[:, None, :, None].float() * self.inv_freq  # [b, 1, s, d/2]
+        else:
+            freqs = (pos[:, None].float() * self.inv_freq[None, :])[None, None]  # [1, 1, s, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         x = self.embed(input_ids)
         # rotary angles in fp32 (as HF computes them), applied in the model's dtype
-        cos, sin = emb.cos()[None, None].to(x.dtype), emb.sin()[None, None].to(x.dtype)  # [1, 1, s, d]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # [1 or b, 1, s, d]
         kpos = torch.arange(p + s, device=input_ids.device)
         mask = (kpos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, p + s]
         if self.cfg.get("mask_input"):
@@ -143,6 +151,7 @@ class Llama(nn.Module):
 
 def input_names(cfg: dict = TINY) -> list[str]:
     names = ["input_ids"] + (["attention_mask"] if cfg.get("mask_input") else [])
+    names += ["position_ids"] if cfg.get("position_ids") else []
     for i in range(cfg["layers"]):
         names += [f"past_key_{i}", f"past_value_{i}"]
     return names
@@ -173,7 +182,8 @@ def example_args(cfg: dict = TINY, batch: int = 2, seq: int = 3, past: int = 5) 
     kv = [torch.randn(batch, cfg["kv_heads"], past, cfg["head_dim"]).to(dtype_of(cfg))
           for _ in range(2 * cfg["layers"])]
     mask = [torch.ones(batch, past + seq, dtype=torch.int64)] if cfg.get("mask_input") else []
-    return (ids, *mask, *kv)
+    pos = [torch.arange(past, past + seq).repeat(batch, 1)] if cfg.get("position_ids") else []
+    return (ids, *mask, *pos, *kv)
 
 
 def export(path: Path, cfg: dict = TINY) -> None:
@@ -185,7 +195,10 @@ def export(path: Path, cfg: dict = TINY) -> None:
     # forward(input_ids, *past): the var-positional ``past`` takes one spec per tensor
     kv = tuple({0: batch, 2: past} for _ in range(2 * cfg["layers"]))
     if cfg.get("mask_input"):  # the mask's length is its own dim, as in optimum's exports
-        kv = ({0: batch, 1: torch.export.Dim("total", min=1, max=MAX_PAST + MAX_SEQ)},) + kv
+        first = ({0: batch, 1: torch.export.Dim("total", min=1, max=MAX_PAST + MAX_SEQ)},)
+        if cfg.get("position_ids"):  # [batch, seq], as optimum's decoders take them
+            first += ({0: batch, 1: seq},)
+        kv = first + kv
     dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "past": kv}
     with torch.no_grad():
         torch.onnx.export(model, example_args(cfg), str(path), dynamo=True, dynamic_shapes=dynamic_shapes,

@@ -1,0 +1,280 @@
+"""PagedEngine: an ONNX decoder's steps for many conversations at once, over the paged KV pool.
+
+The model is the exporter's graph as it is: no attention is replaced. Each step the scheduler's
+rows run as one batch (decode rows together, prompt chunks together): every row's past is
+gathered from its blocks into the dense ``past_*`` inputs the model takes, the rows of different
+lengths are told apart by the ``attention_mask`` (a row's unused past positions masked out) and
+placed by ``position_ids`` (each row's rotary at its own positions); after the run the new
+positions' keys and values are taken from the ``present_*`` outputs and written into the rows'
+blocks. So any decoder that takes a mask and per-row positions batches, whatever its attention
+looks like. Two conventions, found from the graph:
+
+- ``concat``: ``present = Concat(past, new)`` (torch.onnx, optimum, transformers): the rows' pasts
+  sit at the front of a ``P``-long past (P: the longest past, rounded up to a block), the new
+  positions after it at ``P + t``; the model must take ``position_ids`` (a model that places its
+  rotary by the past's length cannot run rows of different lengths together: refused).
+- ``gqa``: onnxruntime's GroupQueryAttention (the model builder's models): each row's past is
+  right-padded, the mask's ones count a row's positions, and the op writes a row's new positions
+  at its own length and rotates them there. Its rule that a continued prompt runs alone (batch 1)
+  is kept: such chunks run one by one.
+
+What this costs: the gather copies each row's past out of the pool once per step (the bytes are
+counted: ``stats()["gathered_bytes"]``); an attention kernel reading the block table on the device
+would read the pool in place (not built yet, docs/serving.md).
+
+Sampling is per row (greedy, or temperature / top-k / top-p / repetition penalty with a seed of
+its own); the step reads the chosen tokens back once (the scheduler's stop conditions and the
+streams need them on the host).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import InputError, InvalidModelError, OptionsError
+from ..generate.folder import decoder_io
+from ..generate.generator import KV_DTYPES, Model
+from ..generate.sampling import next_tokens
+from .blocks import BlockPool, blocks_for_memory
+from .scheduler import Scheduler, Sequence, bucket
+
+DEFAULT_HEADROOM = 0.2  # of the device's free memory, left for activations when the pool is sized from it
+CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
+
+
+@dataclass
+class Sampling:
+    """A conversation's search options (onnxruntime-genai's names)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    def check(self) -> None:
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
+            raise OptionsError(f"sampling {self}: expected temperature > 0, 0 < top_p <= 1, top_k >= 0, "
+                               "repetition_penalty > 0")
+
+
+@dataclass
+class Event:
+    """A token made for a conversation by a step; ``finished``: its last."""
+
+    key: object
+    token: int
+    finished: bool
+
+
+def _pairs(io) -> list[tuple[str, str, str, str]]:
+    """Per layer (past key, past value, present key, present value), from the KV inputs' names."""
+    by = dict(zip(io.past, io.present))
+    keys = [n for n in io.past if "key" in n]
+    out = []
+    for k in keys:
+        v = k.replace("key", "value")
+        if v not in by:
+            raise InvalidModelError(f"decoder: past input {k!r} has no value input {v!r}")
+        out.append((k, v, by[k], by[v]))
+    if 2 * len(out) != len(io.past):
+        raise InvalidModelError(f"decoder: KV inputs {io.past} do not pair as keys and values")
+    return out
+
+
+def _convention(path) -> str:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return "gqa" if any(n.op_type == "GroupQueryAttention" for n in model.graph.node) else "concat"
+
+
+class PagedEngine:
+    """``model``: a decoder folder or .onnx file (or a ``dynashape.generate.Model``). ``num_blocks``
+    of ``block_size`` positions; by default sized from the device's free memory (CUDA, keeping
+    ``headroom`` of it) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
+    scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the default on CUDA, so
+    that its shapes, and the static impls built for them, come back)."""
+
+    def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
+                 headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
+                 pad_rows: bool | None = None, **session_options) -> None:
+        self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
+        io = self.model.io
+        self.io, self.dev = io, self.model.device
+        if not io.past:
+            raise InvalidModelError("paged engine: the decoder takes no past KV inputs")
+        if io.attention_mask is None:
+            raise InvalidModelError("paged engine: the decoder takes no attention_mask; rows of different lengths "
+                                    "cannot share a step")
+        self.convention = _convention(self.model.config.onnx_path)
+        if self.convention == "concat" and io.position_ids is None:
+            raise InvalidModelError("paged engine: the decoder takes no position_ids, so it places its rotary by "
+                                    "the past's length, which rows of different lengths do not share (export it "
+                                    "with position_ids, as optimum does)")
+        self.layers = _pairs(io)
+        kv_dtype = KV_DTYPES.get(io.kv_type, torch.float32)
+        if num_blocks is None:
+            per = 2 * len(self.layers) * block_size * io.kv_heads * io.head_dim * torch.empty((), dtype=kv_dtype).element_size()
+            if self.dev.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.dev)
+                num_blocks = blocks_for_memory(free, headroom, block_size, len(self.layers), io.kv_heads,
+                                               io.head_dim, kv_dtype)
+            else:
+                num_blocks = max(1, CPU_POOL_BYTES // per)
+        self.pool = BlockPool(num_blocks, block_size, len(self.layers), io.kv_heads, io.head_dim, kv_dtype, self.dev)
+        self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk)
+        self.pad_rows = self.dev.type == "cuda" if pad_rows is None else pad_rows
+        types = {i.name: i.type for i in self.model.session.get_inputs()}
+        self._int = {n: torch.int32 if types.get(n) == "tensor(int32)" else torch.int64
+                     for n in (io.input_ids, io.attention_mask, io.position_ids) if n}
+        self.request = self.model.session.create_infer_request()
+        self.sampling: dict = {}
+        self.lock = threading.Lock()  # add / abort from other threads while steps run
+        self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0}
+
+    # ---- conversations ------------------------------------------------------------------------
+    def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None) -> None:
+        """A conversation joins (it runs from the next step on). ``eos``: a token id or ids that end
+        it; KVCapacityError if it could never fit in the pool, InputError for a bad prompt."""
+        ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        if not ids or max_new < 1:
+            raise InputError(f"conversation {key!r}: expected a prompt of at least one token and max_new >= 1, "
+                             f"got {len(ids)} tokens and max_new={max_new}")
+        s = sampling or Sampling()
+        s.check()
+        if s.do_sample:
+            s.generator = torch.Generator(device=self.dev)
+            s.generator.manual_seed(s.seed if s.seed is not None else int(torch.seed() % (1 << 63)))
+        stops = tuple(int(e) for e in np.asarray(eos).reshape(-1)) if eos is not None else ()
+        with self.lock:
+            if key in self.sampling:
+                raise InputError(f"conversation {key!r} is running already")
+            self.scheduler.add(Sequence(key, ids, int(max_new), stops or None))
+            self.sampling[key] = (s, stops)
+
+    def abort(self, key) -> bool:
+        """A client gone: the conversation leaves, its blocks freed at once."""
+        with self.lock:
+            self.sampling.pop(key, None)
+            return self.scheduler.abort(key)
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def stats(self) -> dict:
+        return {**self.scheduler.stats, **self.counters, **self.pool.stats(), "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting)}
+
+    # ---- a step -------------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        """One step of every running conversation (and prompt chunks): the tokens made."""
+        with self.lock:
+            plan = self.scheduler.plan()
+        if not plan.rows:
+            return []
+        logits: dict = {}
+        decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
+        chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
+        groups = [decode] if decode else []
+        if self.convention == "gqa":  # a continued prompt runs alone (GroupQueryAttention's rule)
+            first = [r for r in chunks if r.start == 0]
+            groups += ([first] if first else []) + [[r] for r in chunks if r.start > 0]
+        elif chunks:
+            groups.append(chunks)
+        for rows in groups:
+            logits.update(self._run(rows))
+        chosen = self._sample(plan, logits)
+        with self.lock:
+            done = self.scheduler.commit(plan, chosen)
+            for seq in done:
+                self.sampling.pop(seq.key, None)
+        ended = {s.key for s in done}
+        return [Event(k, t, k in ended) for k, t in chosen.items()]
+
+    def _run(self, rows) -> dict:
+        """The model over ``rows`` as one batch; each sampling row's last logits by key."""
+        io, bs, dev = self.io, self.pool.block_size, self.dev
+        n = len(rows)
+        b = bucket(n) if self.pad_rows and all(r.end - r.start == 1 for r in rows) else n
+        s = max(r.end - r.start for r in rows)
+        p = -(-max(r.start for r in rows) // bs) * bs  # the longest past, rounded up to a block
+        ids = np.zeros((b, s), dtype=np.int64)
+        mask = np.zeros((b, p + s), dtype=np.int64)
+        pos = np.zeros((b, s), dtype=np.int64)
+        gather = np.zeros((b, p), dtype=np.int64)  # slots of each row's past (0 where it has none: masked)
+        new_b, new_t = [], []
+        for i, r in enumerate(rows):
+            k = r.end - r.start
+            ids[i, :k] = r.tokens
+            pos[i, :k] = np.arange(r.start, r.end)
+            if r.start:
+                blocks = np.asarray(self.pool.tables[r.seq.key].blocks, dtype=np.int64)
+                past = np.arange(r.start)
+                gather[i, :r.start] = blocks[past // bs] * bs + past % bs
+            if self.convention == "gqa":  # right padding: the ones count the row's positions
+                mask[i, :r.start + k] = 1
+                base = r.start
+            else:
+                mask[i, :r.start], mask[i, p:p + k] = 1, 1
+                base = p
+            new_b += [i] * k
+            new_t += range(base, base + k)
+        for i in range(n, b):  # rows that pad a bucket: one token of their own, dropped after
+            mask[i, 0 if self.convention == "gqa" else p] = 1
+        feeds = {io.input_ids: torch.from_numpy(ids).to(dev, self._int[io.input_ids]),
+                 io.attention_mask: torch.from_numpy(mask).to(dev, self._int[io.attention_mask])}
+        if io.position_ids is not None:
+            feeds[io.position_ids] = torch.from_numpy(pos).to(dev, self._int[io.position_ids])
+        if io.use_cache_branch is not None:
+            feeds[io.use_cache_branch] = torch.tensor([p > 0], device=dev)
+        idx = torch.from_numpy(gather.reshape(-1)).to(dev)
+        h, d = self.pool.k.shape[3], self.pool.k.shape[4]
+        for layer, (pk, pv, _, _) in enumerate(self.layers):
+            for name, store in ((pk, self.pool.k), (pv, self.pool.v)):
+                flat = store[layer].view(-1, h, d)
+                feeds[name] = flat.index_select(0, idx).view(b, p, h, d).transpose(1, 2).contiguous()
+        out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
+        nb, nt = torch.tensor(new_b, device=dev), torch.tensor(new_t, device=dev)
+        slots = torch.cat([r.slots for r in rows])
+        for layer, (_, _, ok, ov) in enumerate(self.layers):
+            k_new = out[ok][nb, :, nt, :]  # [tokens, kv_heads, head_dim]
+            v_new = out[ov][nb, :, nt, :]
+            self.pool.k[layer].view(-1, h, d).index_copy_(0, slots, k_new.to(self.pool.k.dtype))
+            self.pool.v[layer].view(-1, h, d).index_copy_(0, slots, v_new.to(self.pool.v.dtype))
+        c = self.counters
+        c["runs"] += 1
+        c["rows"] += n
+        c["padded_rows"] += b - n
+        c["tokens"] += len(new_b)
+        c["gathered_bytes"] += 2 * len(self.layers) * b * p * h * d * self.pool.k.element_size()
+        logits = out[io.logits]
+        return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
+
+    def _sample(self, plan, logits: dict) -> dict:
+        """Each sampling row's next token: greedy rows in one argmax, the others with their options."""
+        keys = list(logits)
+        if not keys:
+            return {}
+        greedy = [k for k in keys if not self.sampling[k][0].do_sample and self.sampling[k][0].repetition_penalty == 1]
+        picked: dict = {}
+        if greedy:
+            picked.update(zip(greedy, torch.stack([logits[k] for k in greedy]).argmax(1)))
+        seqs = {r.seq.key: r.seq for r in plan.rows}
+        for k in keys:
+            if k in picked:
+                continue
+            s = self.sampling[k][0]
+            held = torch.tensor([seqs[k].tokens], device=self.dev) if s.repetition_penalty != 1 else None
+            picked[k] = next_tokens(logits[k][None], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
+                                    temperature=s.temperature, repetition_penalty=s.repetition_penalty,
+                                    generator=s.generator)[0]
+        values = torch.stack([picked[k] for k in keys]).tolist()  # the step's one read back
+        return dict(zip(keys, (int(v) for v in values)))

@@ -1,0 +1,143 @@
+"""PagedEngine (dynashape/paged/engine.py): the exported Llama (torch.onnx, with an attention_mask
+and position_ids as optimum's decoders take them) serving conversations that join at random steps,
+with prompts in chunks, rows of different lengths in one batch and preemption when blocks run
+out. Every conversation's greedy tokens must equal its lone run in onnxruntime (the whole prompt,
+then one token a step over its own dense past)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dynashape import errors
+from dynashape.paged.engine import PagedEngine, Sampling
+from tests.models import llama
+
+CFG = {**llama.TINY, "mask_input": True, "position_ids": True}
+
+
+@pytest.fixture(scope="module")
+def path():
+    return str(llama.model_path(CFG))
+
+
+@pytest.fixture(scope="module")
+def lone(path):
+    """Greedy tokens of one conversation alone, in onnxruntime; cached by (prompt, steps)."""
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = llama.input_names(CFG)
+    memo: dict = {}
+
+    def run(prompt: list[int], steps: int, eos: int | None = None) -> list[int]:
+        key = (tuple(prompt), steps, eos)
+        if key in memo:
+            return memo[key]
+        past = [np.zeros((1, CFG["kv_heads"], 0, CFG["head_dim"]), np.float32) for _ in range(2 * CFG["layers"])]
+        toks, out = list(prompt), []
+        new = np.asarray([prompt], np.int64)
+        while len(out) < steps:
+            n, p = new.shape[1], past[0].shape[2]
+            feeds = [new, np.ones((1, p + n), np.int64), np.arange(p, p + n, dtype=np.int64)[None], *past]
+            res = sess.run(None, dict(zip(names, feeds)))
+            t = int(res[0][0, -1].argmax())
+            out.append(t)
+            toks.append(t)
+            past = res[1:]
+            new = np.asarray([[t]], np.int64)
+            if t == eos:
+                break
+        memo[key] = out
+        return out
+    return run
+
+
+def drive(engine, arrivals: dict, max_steps: int = 2000) -> dict:
+    """Conversations ``arrivals[step] = [(key, prompt, max_new, eos), ...]`` joining at their
+    steps, run to the end; the tokens each got, by key."""
+    got: dict = {}
+    step = 0
+    while step < max_steps and (step <= max(arrivals) or not engine.idle):
+        for key, prompt, max_new, eos in arrivals.get(step, []):
+            engine.add(key, prompt, max_new, eos)
+            got[key] = []
+        for e in engine.step():
+            got[e.key].append(e.token)
+        step += 1
+    assert engine.idle, "conversations left running"
+    return got
+
+
+def conversations(seed: int, n: int, steps: int) -> dict:
+    rng = np.random.default_rng(seed)
+    arrivals: dict = {}
+    for i in range(n):
+        prompt = rng.integers(1, CFG["vocab"], rng.integers(1, 40)).tolist()
+        arrivals.setdefault(int(rng.integers(0, steps)), []).append((f"c{i}", prompt, int(rng.integers(1, 20)), None))
+    return arrivals
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed):
+    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16)
+    arrivals = conversations(seed, 10, 25)
+    got = drive(engine, arrivals)
+    for convs in arrivals.values():
+        for key, prompt, max_new, _ in convs:
+            assert got[key] == lone(prompt, max_new), key
+    st = engine.stats()
+    assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0 and st["gathered_bytes"] > 0
+
+
+def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone):
+    # 12 blocks of 8 positions for 6 conversations of up to ~60 positions: the newest are preempted
+    engine = PagedEngine(path, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32)
+    arrivals = {0: [(f"p{i}", list(range(3 + 5 * i, 20 + 5 * i)), 30, None) for i in range(6)]}
+    got = drive(engine, arrivals)
+    assert engine.stats()["preemptions"] > 0
+    for key, prompt, max_new, _ in arrivals[0]:
+        assert got[key] == lone(prompt, max_new), key
+
+
+def test_eos_per_row_abort_and_refusal(path, lone):
+    engine = PagedEngine(path, block_size=8, num_blocks=16, max_rows=4)
+    ref = lone([5, 6, 7], 12)
+    eos = ref[4]
+    want = ref[:ref.index(eos) + 1]
+    got = drive(engine, {0: [("e", [5, 6, 7], 12, eos), ("f", [9, 10], 6, None)]})
+    assert got["e"] == want and got["f"] == lone([9, 10], 6)
+    engine.add("gone", [1, 2, 3], 50)
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    assert engine.abort("gone") and engine.stats()["kv_blocks_used"] == 0 and engine.idle
+    with pytest.raises(errors.KVCapacityError, match="needs"):
+        engine.add("huge", list(range(1, 200)), 10)  # 208 positions, the pool holds 128
+    with pytest.raises(errors.InputError, match="at least one token"):
+        engine.add("empty", [], 3)
+    engine.add("after", [9, 10], 6)  # the engine serves on after the refusals
+    out = []
+    while not engine.idle:
+        out += [e.token for e in engine.step()]
+    assert out == lone([9, 10], 6)
+
+
+def test_sampling_per_row_is_reproducible_by_seed(path):
+    def sample(seed, others):
+        engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8)
+        engine.add("s", [4, 5, 6], 15, sampling=Sampling(do_sample=True, temperature=0.8, top_k=20, seed=seed))
+        for i in range(others):  # greedy rows beside it change nothing in its draws
+            engine.add(f"g{i}", [7 + i, 8], 10)
+        toks = []
+        while not engine.idle:
+            toks += [e.token for e in engine.step() if e.key == "s"]
+        return toks
+    a, b, c = sample(1, 0), sample(1, 3), sample(2, 0)
+    assert a == b and len(a) == 15 and a != c
+    with pytest.raises(errors.OptionsError, match="temperature"):
+        PagedEngine(path, num_blocks=8).add("x", [1], 2, sampling=Sampling(do_sample=True, temperature=0))
+
+
+def test_a_decoder_without_position_ids_is_refused_with_the_reason():
+    path = str(llama.model_path({**llama.TINY, "mask_input": True}))
+    with pytest.raises(errors.InvalidModelError, match="position_ids"):
+        PagedEngine(path, num_blocks=8)
