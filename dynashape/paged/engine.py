@@ -76,10 +76,12 @@ class Event:
 def _pairs(io) -> list[tuple[str, str, str, str]]:
     """Per layer (past key, past value, present key, present value), from the KV inputs' names."""
     by = dict(zip(io.past, io.present))
-    keys = [n for n in io.past if "key" in n]
     out = []
-    for k in keys:
-        v = k.replace("key", "value")
+    for k in io.past:  # the last "key" of a name names it (past_key_values.3.key, past_key_3)
+        head, sep, tail = k.rpartition("key")
+        if not sep or "value" in tail:
+            continue
+        v = head + "value" + tail
         if v not in by:
             raise InvalidModelError(f"decoder: past input {k!r} has no value input {v!r}")
         out.append((k, v, by[k], by[v]))
