@@ -177,3 +177,9 @@ def at_node(e: Exception, node_name: str, op_type: str, detail: str = "") -> Exc
 
 class GenerationError(DynashapeError, RuntimeError):
     """A generation step asked of a Generator that cannot take it (done, at max_length, no prompt)."""
+
+
+class StreamEndedError(DynashapeError, RuntimeError):
+    """A token stream of a served generation ended before its last token: its replica died, was
+    stopped, or the engine's step failed (the message says which). Only the streams of that
+    replica (or that step) end; resend the request."""

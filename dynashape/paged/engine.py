@@ -180,6 +180,8 @@ class PagedEngine:
         """One step of every running conversation (and prompt chunks): the tokens made."""
         with self.lock:
             plan = self.scheduler.plan()
+            # the rows' options as the step began: an abort from another thread meanwhile drops them
+            opts = {r.seq.key: self.sampling[r.seq.key][0] for r in plan.rows if r.seq.key in self.sampling}
         if not plan.rows:
             return []
         logits: dict = {}
@@ -193,7 +195,7 @@ class PagedEngine:
             groups.append(chunks)
         for rows in groups:
             logits.update(self._run(rows))
-        chosen = self._sample(plan, logits)
+        chosen = self._sample(plan, logits, opts)
         with self.lock:
             done = self.scheduler.commit(plan, chosen)
             for seq in done:
@@ -217,8 +219,9 @@ class PagedEngine:
             k = r.end - r.start
             ids[i, :k] = r.tokens
             pos[i, :k] = np.arange(r.start, r.end)
-            if r.start:
-                blocks = np.asarray(self.pool.tables[r.seq.key].blocks, dtype=np.int64)
+            table = self.pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
+            if r.start and table is not None:
+                blocks = np.asarray(table.blocks, dtype=np.int64)
                 past = np.arange(r.start)
                 gather[i, :r.start] = blocks[past // bs] * bs + past % bs
             if self.convention == "gqa":  # right padding: the ones count the row's positions
@@ -260,12 +263,13 @@ class PagedEngine:
         logits = out[io.logits]
         return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
 
-    def _sample(self, plan, logits: dict) -> dict:
+    def _sample(self, plan, logits: dict, opts: dict) -> dict:
         """Each sampling row's next token: greedy rows in one argmax, the others with their options."""
         keys = list(logits)
         if not keys:
             return {}
-        greedy = [k for k in keys if not self.sampling[k][0].do_sample and self.sampling[k][0].repetition_penalty == 1]
+        plain = Sampling()
+        greedy = [k for k in keys if not opts.get(k, plain).do_sample and opts.get(k, plain).repetition_penalty == 1]
         picked: dict = {}
         if greedy:
             picked.update(zip(greedy, torch.stack([logits[k] for k in greedy]).argmax(1)))
@@ -273,7 +277,7 @@ class PagedEngine:
         for k in keys:
             if k in picked:
                 continue
-            s = self.sampling[k][0]
+            s = opts[k]
             held = torch.tensor([seqs[k].tokens], device=self.dev) if s.repetition_penalty != 1 else None
             picked[k] = next_tokens(logits[k][None], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
                                     temperature=s.temperature, repetition_penalty=s.repetition_penalty,
