@@ -372,6 +372,11 @@ def _bench(**kw) -> int:
 @click.option("--name", default="model", help="the model's name in URLs")
 @click.option("--address", default=None, help="a Ray cluster to join (ray://... or auto) [default: a local one]")
 @click.option("--dry-run", is_flag=True, help="load the model, print the batching policy and options, stop")
+@click.option("--llm", is_flag=True, help="generate: OpenAI-compatible /v1/completions and /v1/chat/completions, "
+                                          "streaming, many conversations a step over a paged KV cache")
+@click.option("--block-size", type=int, default=16, help="--llm: positions per KV block")
+@click.option("--kv-blocks", type=int, default=None, help="--llm: KV blocks per replica [default: from free memory]")
+@click.option("--max-rows", type=int, default=64, help="--llm: conversations a step")
 def _serve(**kw) -> int:
     from .serve import command
     return command.main(_ns(**kw))

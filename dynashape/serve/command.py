@@ -45,6 +45,8 @@ def main(args) -> int:
     from .replica import ModelReplica
 
     con = Console(soft_wrap=True)  # lines whole, also in logs and pipes
+    if getattr(args, "llm", False):
+        return main_llm(args, con)
     opts = options(args)
     replica_keys = ("pad", "mask", "batch_symbol", "pad_multiple", "max_batch")
     # load it here first: a bad option or model is said now, not in a replica's log
@@ -70,6 +72,52 @@ def main(args) -> int:
         ray.init(address=args.address, include_dashboard=False)
     run(args.model, host=args.host, port=args.port, name=args.name, **opts)
     con.print(f"serving {args.name!r} on http://{args.host}:{args.port}/v2/models/{args.name}/infer "
+              f"({args.replicas} replicas); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        con.print("stopping")
+    finally:
+        serve.shutdown()
+    return 0
+
+
+def llm_options(args) -> dict:
+    opts = dict(replicas=args.replicas, num_cpus=args.cpus_per_replica, num_gpus=args.gpus_per_replica,
+                block_size=args.block_size, max_rows=args.max_rows)
+    if args.kv_blocks:
+        opts["num_blocks"] = args.kv_blocks
+    if args.device:
+        opts["device"] = args.device
+    return opts
+
+
+def main_llm(args, con) -> int:
+    """``dynashape serve MODEL_DIR --llm``: the decoder checked here (a model the paged engine
+    cannot run is said now, not in a replica's log), then the OpenAI-compatible app."""
+    from ..paged.engine import PagedEngine
+
+    opts = llm_options(args)
+    probe = PagedEngine(args.model, device="cpu", num_blocks=1, block_size=args.block_size)
+    con.print(f"model {args.model}: {len(probe.layers)} layers, KV {probe.io.kv_heads}x{probe.io.head_dim}, "
+              f"the {probe.convention} convention")
+    del probe
+    if args.dry_run:
+        con.print(f"would serve: {opts}")
+        return 0
+    import ray
+    from ray import serve
+
+    from .llm_app import build_llm_app
+
+    if args.address:
+        ray.init(address=args.address, include_dashboard=False)
+    elif not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_llm_app(args.model, name=args.name, **opts), name=args.name, route_prefix="/")
+    con.print(f"serving {args.name!r} on http://{args.host}:{args.port}/v1/completions "
               f"({args.replicas} replicas); Ctrl-C stops")
     try:
         while True:

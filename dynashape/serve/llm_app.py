@@ -18,10 +18,10 @@ Through the handle: ``tokens(handle, prompt_ids, max_new, ...)`` yields token id
 if the replica dies mid-stream the iteration ends with StreamEndedError, and only the streams of
 that replica end.
 
-Needs the extra ``dynashape[serve]`` (``ray[serve]``).
+Needs the extra ``dynashape[serve]`` (``ray[serve]``). No ``from __future__ import annotations``
+here: FastAPI reads the routes' annotations (``Request``) as types, not strings.
 """
 
-from __future__ import annotations
 
 import asyncio
 import json
@@ -48,6 +48,8 @@ def sampling_of(body: dict) -> Sampling:
     """OpenAI's options as a Sampling (temperature 0 or absent: greedy, OpenAI's default is 1)."""
     try:
         t = float(body.get("temperature", 0.0) or 0.0)
+        if t < 0:
+            raise ValueError(f"temperature {t}: expected >= 0 (0: greedy)")
         s = Sampling(do_sample=t > 0, temperature=t if t > 0 else 1.0, top_k=int(body.get("top_k", 0) or 0),
                      top_p=float(body.get("top_p", 1.0) or 1.0),
                      repetition_penalty=float(body.get("repetition_penalty", 1.0) or 1.0),
