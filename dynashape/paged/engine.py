@@ -107,6 +107,10 @@ class PagedEngine:
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, **session_options) -> None:
+        if device != "cuda" and not str(device or "").startswith("cuda"):
+            # a CPU build (inductor) per region key would take the cores from the steps, and the keys
+            # (rows, past, chunk) change on most steps
+            session_options.setdefault("static_impls", "off")
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
         io = self.model.io
         self.io, self.dev = io, self.model.device
@@ -140,6 +144,9 @@ class PagedEngine:
         self.sampling: dict = {}
         self.lock = threading.Lock()  # add / abort from other threads while steps run
         self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0}
+        # the pool at its fullest: the conversations it held then and what storages reserved per
+        # conversation for its prompt and longest answer would have needed for them
+        self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
 
     # ---- conversations ------------------------------------------------------------------------
     def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None) -> None:
@@ -173,7 +180,7 @@ class PagedEngine:
 
     def stats(self) -> dict:
         return {**self.scheduler.stats, **self.counters, **self.pool.stats(), "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting)}
+                "waiting": len(self.scheduler.waiting), **{f"peak_{k}": v for k, v in self.peak.items()}}
 
     # ---- a step -------------------------------------------------------------------------------
     def step(self) -> list[Event]:
@@ -182,6 +189,10 @@ class PagedEngine:
             plan = self.scheduler.plan()
             # the rows' options as the step began: an abort from another thread meanwhile drops them
             opts = {r.seq.key: self.sampling[r.seq.key][0] for r in plan.rows if r.seq.key in self.sampling}
+            if self.pool.used_blocks > self.peak["blocks"]:
+                run = self.scheduler.running
+                self.peak = {"blocks": self.pool.used_blocks, "conversations": len(run),
+                             "positions_reserved": sum(len(q.prompt) + q.max_new for q in run)}
         if not plan.rows:
             return []
         logits: dict = {}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
+#   bash benchmarks/gpu_llm.sh [load|tests]
+source "$(dirname "$0")/gpu_common.sh"
+case "${1:-load}" in
+  tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
+      tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;
+  load)  # 64 conversations, Poisson, prompts and outputs 16-512: the paged engine against one at a time;
+         # the same with static impls off
+    T=420 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 \
+      --json "$OUT/llm_load.json"
+    T=240 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --no-lone \
+      --static-impls off --json "$OUT/llm_load_static_off.json" ;;
+esac

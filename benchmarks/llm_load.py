@@ -1,0 +1,177 @@
+"""Load generator for LLM serving (issue 39): conversations arriving as a Poisson stream, served
+together by dynashape's paged engine (serve/llm.py: continuous batching over the block pool)
+against the same conversations served one at a time by dynashape.generate (the lone path: the
+decode graphs' whole-step CUDA graphs on a GPU).
+
+The model: the Llama-style decoder of benchmarks/decode_graphs.py (``--layers``, hidden 768, 12
+heads / 4 KV heads; ``--tiny``: the tests' 2-layer hidden-64 one), exported by torch.onnx with an
+attention_mask and position_ids (as optimum's decoders take them; the paged engine needs per-row
+positions). Greedy decoding, random weights.
+
+Reported: aggregate output tokens/s (every token from the first arrival to the last token), time
+to first token and inter-token latency p50/p99 (taken where the engine hands a token to its
+stream, no HTTP), and the same conversations one at a time (tokens/s, step time p50/p99); whether
+each conversation's tokens equal its lone run's; the KV pool at its fullest: the blocks used
+against what storages reserved per conversation for its prompt and longest answer would have held.
+The load runs twice on one server: a first pass on the fresh server (every call counted), then a
+second.
+
+    python benchmarks/llm_load.py --device cuda [--layers 12] [--conversations 64] [--rate 32]
+                                  [--prompt 16 512] [--output 16 512] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dynashape.generate as dg  # noqa: E402
+from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.decode_graphs import config  # noqa: E402
+from dynashape.serve.llm import LLMServer  # noqa: E402
+from tests.models import llama  # noqa: E402
+
+
+def workload(n: int, rate: float, prompt: tuple[int, int], output: tuple[int, int], vocab: int, seed: int):
+    """``n`` conversations: (arrival s, prompt ids, output tokens); arrivals a Poisson stream of ``rate``/s."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n)) if rate > 0 else np.zeros(n)
+    t -= t[0]
+    return [(float(t[i]), rng.integers(1, vocab, int(rng.integers(prompt[0], prompt[1] + 1))).tolist(),
+             int(rng.integers(output[0], output[1] + 1))) for i in range(n)]
+
+
+def pct(xs, q) -> float:
+    return float(np.percentile(xs, q)) * 1e3 if len(xs) else float("nan")
+
+
+def lone_runs(path: str, device: str, convs) -> dict:
+    """Each conversation alone, one after another (a warm-up generation first)."""
+    model = dg.Model(path, device=device)
+
+    def one(prompt, n):
+        p = dg.GeneratorParams(model)
+        p.set_search_options(max_length=len(prompt) + n)
+        g = dg.Generator(model, p)
+        g.append_tokens(np.asarray([prompt]))
+        toks, steps = [], []
+        t0 = time.perf_counter()
+        while not g.is_done():
+            g.generate_next_token()
+            toks.append(int(g.get_next_tokens()[0]))
+            t1 = time.perf_counter()
+            steps.append(t1 - t0)
+            t0 = t1
+        return toks, steps
+    one(convs[0][1], 32)
+    tokens, steps, t0 = [], [], time.perf_counter()
+    for _, prompt, n in convs:
+        toks, st = one(prompt, n)
+        tokens.append(toks)
+        steps += st[1:]  # the step after the prompt is its first token (TTFT), not an inter-token gap
+    total = time.perf_counter() - t0
+    made = sum(len(t) for t in tokens)
+    del model
+    gc.collect()
+    return {"tokens": tokens, "seconds": total, "tokens_per_s": made / total, "step_ms_p50": pct(steps, 50),
+            "step_ms_p99": pct(steps, 99)}
+
+
+def served(server: LLMServer, convs) -> dict:
+    """The conversations submitted at their arrival times; every stream read to its end."""
+    server.ttft.clear()
+    server.itl.clear()
+    streams = []
+    t0 = time.perf_counter()
+    for arrival, prompt, n in convs:
+        wait = t0 + arrival - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        streams.append(server.submit(prompt, n))
+    tokens = [list(s) for s in streams]
+    end = max(s.times[-1] for s in streams)
+    made = sum(len(t) for t in tokens)
+    st = server.stats()
+    return {"tokens": tokens, "seconds": end - t0, "tokens_per_s": made / (end - t0), "ttft_ms_p50": st["ttft_ms_p50"],
+            "ttft_ms_p99": st["ttft_ms_p99"], "itl_ms_p50": st["itl_ms_p50"], "itl_ms_p99": st["itl_ms_p99"],
+            "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--tiny", action="store_true", help="the tests' 2-layer hidden-64 decoder")
+    ap.add_argument("--conversations", type=int, default=64)
+    ap.add_argument("--rate", type=float, default=32.0, help="arrivals per second (Poisson); 0: all at once")
+    ap.add_argument("--prompt", type=int, nargs=2, default=(16, 512))
+    ap.add_argument("--output", type=int, nargs=2, default=(16, 512))
+    ap.add_argument("--max-rows", type=int, default=64)
+    ap.add_argument("--token-budget", type=int, default=1024)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-blocks", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--static-impls", default=None, help="the session option for the paged engine's session")
+    ap.add_argument("--no-lone", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    cfg = {**(llama.TINY if args.tiny else config(args.layers, "float32")), "mask_input": True, "position_ids": True}
+    path = str(llama.model_path(cfg))
+    convs = workload(args.conversations, args.rate, tuple(args.prompt), tuple(args.output), cfg["vocab"], args.seed)
+    data = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "args": vars(args),
+            "model": "tiny (2 layers, hidden 64)" if args.tiny else f"{args.layers} layers, hidden 768, fp32"}
+    lone = None if args.no_lone else lone_runs(path, args.device, convs)
+    extra = {"static_impls": args.static_impls} if args.static_impls else {}
+    server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
+                       max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
+    passes = {}
+    for name in ("first pass", "second pass"):
+        passes[name] = served(server, convs)
+    peak = server.engine.peak
+    bs = server.engine.pool.block_size
+    server.stop()
+    rows = []
+    if lone is not None:
+        rows.append(["one at a time (dynashape.generate)", f"{lone['tokens_per_s']:,.0f}", "1.00", "-", "-",
+                     f"{lone['step_ms_p50']:.2f} / {lone['step_ms_p99']:.2f}", "-", "-"])
+    for name, r in passes.items():
+        equal = sum(a == b for a, b in zip(r["tokens"], lone["tokens"])) if lone else None
+        r["equal_to_lone"] = equal
+        ratio = r["tokens_per_s"] / lone["tokens_per_s"] if lone else float("nan")
+        itl_ratio = r["itl_ms_p99"] / lone["step_ms_p99"] if lone else float("nan")
+        rows.append([f"paged engine, {name}", f"{r['tokens_per_s']:,.0f}", f"{ratio:.2f}",
+                     f"{r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f}",
+                     f"{r['stats']['rows'] / max(r['stats']['runs'], 1):.1f}",
+                     f"{r['itl_ms_p50']:.2f} / {r['itl_ms_p99']:.2f}", f"{itl_ratio:.2f}",
+                     f"{equal}/{len(convs)}" if lone else "-"])
+        r.pop("tokens")
+    if lone is not None:
+        lone.pop("tokens")
+    used = peak["blocks"] * bs
+    longest = args.prompt[1] + args.output[1]  # storages sized for the workload's longest conversation
+    data.update(lone=lone, passes=passes, peak=peak, block_size=bs,
+                reserved_over_used=peak["positions_reserved"] / used if used else None,
+                longest_over_used=peak["conversations"] * longest / used if used else None)
+    print_table(f"{data['model']}, {args.conversations} conversations, Poisson {args.rate}/s, prompts "
+                f"{args.prompt[0]}-{args.prompt[1]}, outputs {args.output[0]}-{args.output[1]} ({data['device']})",
+                ["serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "rows a run",
+                 "ITL ms p50 / p99", "ITL p99 / lone p99", "tokens equal"], rows)
+    print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "
+          f"({used} positions); storages reserved for prompt + longest answer would take "
+          f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's longest "
+          f"conversation ({longest} positions) {peak['conversations'] * longest} ({data['longest_over_used'] or 0:.2f}x)")
+    write_json(args.json, data)
+
+
+if __name__ == "__main__":
+    main()
