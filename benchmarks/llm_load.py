@@ -89,6 +89,7 @@ def served(server: LLMServer, convs) -> dict:
     """The conversations submitted at their arrival times; every stream read to its end."""
     server.ttft.clear()
     server.itl.clear()
+    before = {k: v for k, v in server.stats().items() if isinstance(v, (int, float))}
     streams = []
     t0 = time.perf_counter()
     for arrival, prompt, n in convs:
@@ -102,7 +103,12 @@ def served(server: LLMServer, convs) -> dict:
     st = server.stats()
     return {"tokens": tokens, "seconds": end - t0, "tokens_per_s": made / (end - t0), "ttft_ms_p50": st["ttft_ms_p50"],
             "ttft_ms_p99": st["ttft_ms_p99"], "itl_ms_p50": st["itl_ms_p50"], "itl_ms_p99": st["itl_ms_p99"],
-            "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))}}
+            "stats": {k: v - before.get(k, 0) if k in COUNTED else v for k, v in st.items()
+                      if isinstance(v, (int, float))}}
+
+
+COUNTED = ("steps", "runs", "rows", "padded_rows", "tokens", "gathered_bytes", "finished", "host_feed_s",
+           "host_model_s", "host_write_s", "read_s")  # counters a pass adds to
 
 
 def main() -> None:
@@ -166,6 +172,11 @@ def main() -> None:
                 f"{args.prompt[0]}-{args.prompt[1]}, outputs {args.output[0]}-{args.output[1]} ({data['device']})",
                 ["serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "rows a run",
                  "ITL ms p50 / p99", "ITL p99 / lone p99", "tokens equal"], rows)
+    for name, r in passes.items():
+        st = r["stats"]
+        print(f"{name}: host per step, ms: feeds and gather {1e3 * st['host_feed_s'] / st['steps']:.2f}, "
+              f"the model's call {1e3 * st['host_model_s'] / st['steps']:.2f}, KV written back "
+              f"{1e3 * st['host_write_s'] / st['steps']:.2f}, waiting for the tokens {1e3 * st['read_s'] / st['steps']:.2f}")
     print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "
           f"({used} positions); storages reserved for prompt + longest answer would take "
           f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's longest "

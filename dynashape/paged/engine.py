@@ -30,6 +30,7 @@ streams need them on the host).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,11 +103,12 @@ class PagedEngine:
     of ``block_size`` positions; by default sized from the device's free memory (CUDA, keeping
     ``headroom`` of it) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
     scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the default on CUDA, so
-    that its shapes, and the static impls built for them, come back)."""
+    that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
+    fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
-                 pad_rows: bool | None = None, **session_options) -> None:
+                 pad_rows: bool | None = None, past_multiple: int | None = None, **session_options) -> None:
         if device != "cuda" and not str(device or "").startswith("cuda"):
             # a CPU build (inductor) per region key would take the cores from the steps, and the keys
             # (rows, past, chunk) change on most steps
@@ -136,14 +138,23 @@ class PagedEngine:
                 num_blocks = max(1, CPU_POOL_BYTES // per)
         self.pool = BlockPool(num_blocks, block_size, len(self.layers), io.kv_heads, io.head_dim, kv_dtype, self.dev)
         self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk)
-        self.pad_rows = self.dev.type == "cuda" if pad_rows is None else pad_rows
+        cuda = self.dev.type == "cuda"
+        self.pad_rows = cuda if pad_rows is None else pad_rows
+        # on CUDA a run's shapes come from a few values (rows in buckets, the past in multiples of
+        # 256, a chunk's length in multiples of 64), so that the static impls built for them serve
+        # again; on the CPU every padded position is compute the step pays for
+        self.past_multiple = past_multiple or (256 if cuda else block_size)
+        self.chunk_multiple = 64 if cuda else 1
         types = {i.name: i.type for i in self.model.session.get_inputs()}
         self._int = {n: torch.int32 if types.get(n) == "tensor(int32)" else torch.int64
                      for n in (io.input_ids, io.attention_mask, io.position_ids) if n}
         self.request = self.model.session.create_infer_request()
         self.sampling: dict = {}
         self.lock = threading.Lock()  # add / abort from other threads while steps run
-        self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0}
+        self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0,
+                         # where a step's host time goes: feeds and the gather, the model's call, the
+                         # KV written back, the tokens' read (the step's one wait for the device)
+                         "host_feed_s": 0.0, "host_model_s": 0.0, "host_write_s": 0.0, "read_s": 0.0}
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -216,11 +227,15 @@ class PagedEngine:
 
     def _run(self, rows) -> dict:
         """The model over ``rows`` as one batch; each sampling row's last logits by key."""
+        t0 = time.perf_counter()
         io, bs, dev = self.io, self.pool.block_size, self.dev
         n = len(rows)
-        b = bucket(n) if self.pad_rows and all(r.end - r.start == 1 for r in rows) else n
+        decode = all(r.end - r.start == 1 for r in rows)
+        b = bucket(n) if self.pad_rows else n
         s = max(r.end - r.start for r in rows)
-        p = -(-max(r.start for r in rows) // bs) * bs  # the longest past, rounded up to a block
+        if not decode and self.convention == "concat":  # (GroupQueryAttention places a row's new tokens
+            s = -(-s // self.chunk_multiple) * self.chunk_multiple  # by the step's length: never padded)
+        p = -(-max(r.start for r in rows) // self.past_multiple) * self.past_multiple  # the longest past, rounded up
         ids = np.zeros((b, s), dtype=np.int64)
         mask = np.zeros((b, p + s), dtype=np.int64)
         pos = np.zeros((b, s), dtype=np.int64)
@@ -251,26 +266,33 @@ class PagedEngine:
             feeds[io.position_ids] = torch.from_numpy(pos).to(dev, self._int[io.position_ids])
         if io.use_cache_branch is not None:
             feeds[io.use_cache_branch] = torch.tensor([p > 0], device=dev)
+        # every layer's past in one gather and one copy into the [layers, rows, heads, past, dim] the
+        # model reads a layer of
+        L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
         idx = torch.from_numpy(gather.reshape(-1)).to(dev)
-        h, d = self.pool.k.shape[3], self.pool.k.shape[4]
-        for layer, (pk, pv, _, _) in enumerate(self.layers):
-            for name, store in ((pk, self.pool.k), (pv, self.pool.v)):
-                flat = store[layer].view(-1, h, d)
-                feeds[name] = flat.index_select(0, idx).view(b, p, h, d).transpose(1, 2).contiguous()
+        for j, store in enumerate((self.pool.k, self.pool.v)):
+            flat = store.view(L, -1, h, d).index_select(1, idx).view(L, b, p, h, d)
+            dense = torch.empty((L, b, h, p, d), dtype=store.dtype, device=dev)
+            dense.copy_(flat.permute(0, 1, 3, 2, 4))
+            for layer, names in enumerate(self.layers):
+                feeds[names[j]] = dense[layer]
+        t1 = time.perf_counter()
         out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
+        t2 = time.perf_counter()
         nb, nt = torch.tensor(new_b, device=dev), torch.tensor(new_t, device=dev)
         slots = torch.cat([r.slots for r in rows])
-        for layer, (_, _, ok, ov) in enumerate(self.layers):
-            k_new = out[ok][nb, :, nt, :]  # [tokens, kv_heads, head_dim]
-            v_new = out[ov][nb, :, nt, :]
-            self.pool.k[layer].view(-1, h, d).index_copy_(0, slots, k_new.to(self.pool.k.dtype))
-            self.pool.v[layer].view(-1, h, d).index_copy_(0, slots, v_new.to(self.pool.v.dtype))
+        for j, store in enumerate((self.pool.k, self.pool.v)):
+            new = torch.stack([out[names[2 + j]][nb, :, nt, :] for names in self.layers])  # [layers, tokens, h, d]
+            store.view(L, -1, h, d).index_copy_(1, slots, new.to(store.dtype))
         c = self.counters
         c["runs"] += 1
         c["rows"] += n
         c["padded_rows"] += b - n
         c["tokens"] += len(new_b)
-        c["gathered_bytes"] += 2 * len(self.layers) * b * p * h * d * self.pool.k.element_size()
+        c["gathered_bytes"] += 2 * L * b * p * h * d * self.pool.k.element_size()
+        c["host_feed_s"] += t1 - t0
+        c["host_model_s"] += t2 - t1
+        c["host_write_s"] += time.perf_counter() - t2
         logits = out[io.logits]
         return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
 
@@ -293,5 +315,7 @@ class PagedEngine:
             picked[k] = next_tokens(logits[k][None], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
                                     temperature=s.temperature, repetition_penalty=s.repetition_penalty,
                                     generator=s.generator)[0]
+        t0 = time.perf_counter()
         values = torch.stack([picked[k] for k in keys]).tolist()  # the step's one read back
+        self.counters["read_s"] += time.perf_counter() - t0
         return dict(zip(keys, (int(v) for v in values)))
