@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--kv-blocks", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static-impls", default=None, help="the session option for the paged engine's session")
+    ap.add_argument("--option", action="append", default=[], metavar="K=V", help="another session option")
     ap.add_argument("--no-lone", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -138,6 +139,7 @@ def main() -> None:
             "model": "tiny (2 layers, hidden 64)" if args.tiny else f"{args.layers} layers, hidden 768, fp32"}
     lone = None if args.no_lone else lone_runs(path, args.device, convs)
     extra = {"static_impls": args.static_impls} if args.static_impls else {}
+    extra.update(o.split("=", 1) for o in args.option)
     server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
     passes = {}

@@ -19,6 +19,7 @@ from .blocks import BlockPool
 def write_kv(pool: BlockPool, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Store new positions' keys and values ``[tokens, kv_heads, head_dim]`` at their ``slots``."""
     _, _, bs, h, d = pool.k.shape
+    slots = torch.as_tensor(slots, device=pool.k.device)
     pool.k[layer].view(-1, h, d).index_copy_(0, slots, k.to(pool.k.dtype))
     pool.v[layer].view(-1, h, d).index_copy_(0, slots, v.to(pool.v.dtype))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import KVCapacityError, OptionsError
@@ -91,9 +92,9 @@ class BlockPool:
         have = len(t.blocks) if t is not None else 0
         return self.blocks_needed(length + extra) - have <= len(self._free)
 
-    def grow(self, key, extra: int) -> torch.Tensor:
+    def grow(self, key, extra: int) -> np.ndarray:
         """Take the blocks for ``extra`` more positions of ``key`` (its table made on first use) and
-        return the new positions' slots (int64, on the pool's device). Raises KVCapacityError
+        return the new positions' slots (an int64 array, on the host). Raises KVCapacityError
         without taking anything when they do not fit (``can_grow`` asks first)."""
         t = self.tables.get(key)
         if t is None:
@@ -106,11 +107,13 @@ class BlockPool:
         for _ in range(need):
             t.blocks.append(self._free.pop())
         self.peak_used = max(self.peak_used, self.used_blocks)
-        pos = torch.arange(t.length, t.length + extra)
+        bs, start = self.block_size, t.length
         t.length += extra
-        ids = torch.tensor(t.blocks, dtype=torch.int64)
-        slots = ids[pos // self.block_size] * self.block_size + pos % self.block_size
-        return slots.to(self.k.device)
+        # on the host: a step joins its rows' slots and moves them to the device once
+        if extra == 1:  # a decode row
+            return np.array([t.blocks[start // bs] * bs + start % bs], dtype=np.int64)
+        pos = np.arange(start, start + extra)
+        return np.asarray(t.blocks, dtype=np.int64)[pos // bs] * bs + pos % bs
 
     def release(self, key) -> int:
         """Give back every block of ``key`` (ended, aborted or preempted); the blocks freed."""

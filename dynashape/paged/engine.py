@@ -40,6 +40,7 @@ from ..errors import InputError, InvalidModelError, OptionsError
 from ..generate.folder import decoder_io
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
+from ..runtime.kv_append import lend_room
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import Scheduler, Sequence, bucket
 
@@ -266,21 +267,24 @@ class PagedEngine:
             feeds[io.position_ids] = torch.from_numpy(pos).to(dev, self._int[io.position_ids])
         if io.use_cache_branch is not None:
             feeds[io.use_cache_branch] = torch.tensor([p > 0], device=dev)
-        # every layer's past in one gather and one copy into the [layers, rows, heads, past, dim] the
-        # model reads a layer of
+        # every layer's past in one gather and one copy into [layers, rows, heads, past + new, dim]: a
+        # layer's past is the start of its storage, whose room the model's KV append fills in place
         L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
         idx = torch.from_numpy(gather.reshape(-1)).to(dev)
+        nb, nt = torch.tensor(new_b, device=dev), torch.tensor(new_t, device=dev)
+        slots = torch.from_numpy(np.concatenate([r.slots for r in rows])).to(dev)
         for j, store in enumerate((self.pool.k, self.pool.v)):
             flat = store.view(L, -1, h, d).index_select(1, idx).view(L, b, p, h, d)
-            dense = torch.empty((L, b, h, p, d), dtype=store.dtype, device=dev)
-            dense.copy_(flat.permute(0, 1, 3, 2, 4))
+            dense = torch.empty((L, b, h, p + s, d), dtype=store.dtype, device=dev)
+            dense[:, :, :, :p].copy_(flat.permute(0, 1, 3, 2, 4))
             for layer, names in enumerate(self.layers):
-                feeds[names[j]] = dense[layer]
+                past = dense[layer, :, :, :p]
+                if self.convention == "concat":
+                    lend_room(past, dense[layer])
+                feeds[names[j]] = past
         t1 = time.perf_counter()
         out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
         t2 = time.perf_counter()
-        nb, nt = torch.tensor(new_b, device=dev), torch.tensor(new_t, device=dev)
-        slots = torch.cat([r.slots for r in rows])
         for j, store in enumerate((self.pool.k, self.pool.v)):
             new = torch.stack([out[names[2 + j]][nb, :, nt, :] for names in self.layers])  # [layers, tokens, h, d]
             store.view(L, -1, h, d).index_copy_(1, slots, new.to(store.dtype))

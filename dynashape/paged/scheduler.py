@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from ..errors import OptionsError
 from .blocks import BlockPool
@@ -69,7 +69,7 @@ class Row:
     start: int
     end: int
     tokens: list[int]
-    slots: torch.Tensor
+    slots: np.ndarray  # (host) where the new positions' keys and values go
     samples: bool
 
 
@@ -140,7 +140,7 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.order):
             if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows:
                 continue
-            n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
+            n = min(len(seq.prompt) + len(seq.out) - seq.computed, self.chunk, budget)
             while not self.pool.can_grow(seq.key, n):
                 victim = max((s for s in self.running if s.state == "running"), key=lambda s: s.order)
                 self._preempt(victim, preempted)
@@ -168,7 +168,12 @@ class Scheduler:
         start = seq.computed
         slots = self.pool.grow(seq.key, n)
         end = start + n
-        return Row(seq, start, end, seq.tokens[start:end], slots, samples=end == len(seq.tokens))
+        have = len(seq.prompt) + len(seq.out)
+        if n == 1 and start == have - 1 and seq.out:  # a decode row: the token made last
+            tokens = seq.out[-1:]
+        else:
+            tokens = seq.tokens[start:end]
+        return Row(seq, start, end, tokens, slots, samples=end == have)
 
     def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
         self.pool.release(seq.key)

@@ -23,6 +23,22 @@ import torch
 
 from ..memory.growth import GROWTH
 
+# storages a caller lends with its pasts (``lend_room``): (id of the root, data_ptr of the past) ->
+# (weak root, storage, filled)
+_LENT: dict = {}
+
+
+def lend_room(past: torch.Tensor, storage: torch.Tensor) -> None:
+    """Let a Concat append to ``past`` in place: ``past`` is the start of ``storage`` (same
+    address and strides) and the caller gives the room behind it along the axis to this call's
+    output (the paged engine's gathered pasts, dynashape/paged/engine.py): only the new part is
+    written, the past is not copied into a storage of our own."""
+    root = storage._base if storage._base is not None else storage
+    if len(_LENT) > 4096:
+        for k in [k for k, v in _LENT.items() if v[0]() is None]:
+            del _LENT[k]
+    _LENT[(id(root), past.data_ptr())] = (weakref.ref(root), storage, past.shape)
+
 
 class KVAppend:
     def __init__(self, axis: int, index: int, growth: str | None, engine, stats: Counter, predictor=None,
@@ -167,13 +183,27 @@ class KVAppend:
         else:
             hit = next((k for k in self.known if k[0]() is root), None)
             if hit is None:
-                return None
+                return self._lent(first, root, a, shape)
             storage = root.view(hit[1])
             filled, ptr, stride = hit[2], storage.data_ptr(), storage.stride()
         cap = storage.shape
         if (filled != first.shape[a] or cap[a] < shape[a] or first.data_ptr() != ptr or first.stride() != stride
                 or any(cap[d] != shape[d] for d in range(len(shape)) if d != a)):
             return None
+        return storage
+
+    @staticmethod
+    def _lent(first: torch.Tensor, root: torch.Tensor, a: int, shape: list) -> torch.Tensor | None:
+        """A storage lent with ``first`` (``lend_room``), taken once, when it has the room."""
+        hit = _LENT.get((id(root), first.data_ptr()))
+        if hit is None or hit[0]() is not root or hit[2] != first.shape:
+            return None
+        storage = hit[1]
+        cap = storage.shape
+        if first.stride() != storage.stride() or cap[a] < shape[a] or any(
+                cap[d] != shape[d] for d in range(len(shape)) if d != a):
+            return None
+        del _LENT[(id(root), first.data_ptr())]
         return storage
 
     def _storage_for(self, past: torch.Tensor, a: int, shape: list) -> torch.Tensor:

@@ -64,7 +64,7 @@ class Toy(torch.nn.Module):
             return {}
         tokens = torch.tensor([t for r in plan.rows for t in r.tokens])
         pos = torch.cat([torch.arange(r.start, r.end) for r in plan.rows])
-        slots = torch.cat([r.slots for r in plan.rows])
+        slots = torch.from_numpy(np.concatenate([r.slots for r in plan.rows]))
         keys, lens = [r.seq.key for r in plan.rows], [r.end - r.start for r in plan.rows]
         x = self.emb[tokens] + self.pos[pos]
 
