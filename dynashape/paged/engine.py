@@ -44,7 +44,8 @@ from ..runtime.kv_append import lend_room
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import Scheduler, Sequence, bucket
 
-DEFAULT_HEADROOM = 0.2  # of the device's free memory, left for activations when the pool is sized from it
+DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
+DEFAULT_CONTEXT = 4096  # positions a conversation may reach where the model's folder does not say
 CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
 
 
@@ -101,8 +102,9 @@ def _convention(path) -> str:
 
 class PagedEngine:
     """``model``: a decoder folder or .onnx file (or a ``dynashape.generate.Model``). ``num_blocks``
-    of ``block_size`` positions; by default sized from the device's free memory (CUDA, keeping
-    ``headroom`` of it) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
+    of ``block_size`` positions; by default room for ``max_rows`` conversations of the model's
+    context (DEFAULT_CONTEXT where its folder does not say), within the device's free memory less
+    ``headroom`` of it (CUDA) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
     scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the default on CUDA, so
     that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
     fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU)."""
@@ -114,6 +116,10 @@ class PagedEngine:
             # a CPU build (inductor) per region key would take the cores from the steps, and the keys
             # (rows, past, chunk) change on most steps
             session_options.setdefault("static_impls", "off")
+        # the whole-step decode graphs copy each fed past into capacity storages of their own per
+        # shape key (the pasts here are new tensors every step) and hold those storages: measured on
+        # an H200, 64 conversations ran out of memory with them, and as fast without (region graphs)
+        session_options.setdefault("decode_graphs", "off")
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
         io = self.model.io
         self.io, self.dev = io, self.model.device
@@ -131,12 +137,17 @@ class PagedEngine:
         kv_dtype = KV_DTYPES.get(io.kv_type, torch.float32)
         if num_blocks is None:
             per = 2 * len(self.layers) * block_size * io.kv_heads * io.head_dim * torch.empty((), dtype=kv_dtype).element_size()
+            # at most what max_rows conversations of the model's context fill: a pool of the
+            # whole free memory left the static impls' graphs and the gathered pasts too little
+            # (out of memory on an H200 with 115 GB of blocks for 64 conversations)
+            context = self.model.config.context_length or DEFAULT_CONTEXT
+            num_blocks = max_rows * -(-context // block_size)
             if self.dev.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.dev)
-                num_blocks = blocks_for_memory(free, headroom, block_size, len(self.layers), io.kv_heads,
-                                               io.head_dim, kv_dtype)
+                num_blocks = min(num_blocks, blocks_for_memory(free, headroom, block_size, len(self.layers),
+                                                               io.kv_heads, io.head_dim, kv_dtype))
             else:
-                num_blocks = max(1, CPU_POOL_BYTES // per)
+                num_blocks = min(num_blocks, max(1, CPU_POOL_BYTES // per))
         self.pool = BlockPool(num_blocks, block_size, len(self.layers), io.kv_heads, io.head_dim, kv_dtype, self.dev)
         self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk)
         cuda = self.dev.type == "cuda"

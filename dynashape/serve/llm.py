@@ -12,10 +12,12 @@ and for ``stats()``: time to first token and inter-token latency, p50 and p99.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -23,6 +25,15 @@ from ..errors import StreamEndedError
 from ..paged.engine import PagedEngine, Sampling
 
 _END = object()
+_servers: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At exit the step threads stop first: a daemon thread inside a CUDA call while the runtime
+    tears down aborts the process (seen on an H200 when a client's error ended the script)."""
+    for s in list(_servers):
+        s.stop(timeout=30)
 
 
 class TokenStream:
@@ -97,6 +108,7 @@ class LLMServer:
         self.itl: list[float] = []
         self._thread = threading.Thread(target=self._loop, name="dynashape-llm", daemon=True)
         self._thread.start()
+        _servers.add(self)
 
     def submit(self, prompt, max_new: int, sampling: Sampling | None = None, eos=None, key=None) -> TokenStream:
         """Queue a generation of up to ``max_new`` tokens after ``prompt`` (token ids); its stream."""
