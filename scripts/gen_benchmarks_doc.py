@@ -482,6 +482,30 @@ def serving(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def llm_load(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        d, a = run.data, run.data["args"]
+        load = (f"{d['model']}, {a['conversations']} conversations, "
+                + (f"Poisson {a['rate']:g}/s" if a["rate"] else "all at once")
+                + f", prompts {a['prompt'][0]}-{a['prompt'][1]}, outputs {a['output'][0]}-{a['output'][1]}")
+        lone = d.get("lone")
+        if lone:
+            rows.append([load, "one at a time (dynashape.generate)", num(lone["tokens_per_s"]), "1.00", "-",
+                         f"{num(lone['step_ms_p50'])} / {num(lone['step_ms_p99'])}", "-", "-", "-", run.run_cell()])
+        for i, (name, r) in enumerate(d["passes"].items()):
+            st = r["stats"]
+            eq = r.get("equal_to_lone")
+            rows.append(["" if lone or i else load, f"paged engine, {name}", num(r["tokens_per_s"]),
+                         bold_if(ratio(r["tokens_per_s"], lone["tokens_per_s"]), True) if lone else "-",
+                         f"{num(r['ttft_ms_p50'])} / {num(r['ttft_ms_p99'])}",
+                         f"{num(r['itl_ms_p50'])} / {num(r['itl_ms_p99'])}",
+                         num(r["itl_ms_p99"] / lone["step_ms_p99"]) if lone else "-",
+                         num(st["rows"] / max(st["runs"], 1)),
+                         f"{eq}/{a['conversations']}" if eq is not None else "-", run.run_cell()])
+    return rows
+
+
 # ---------------------------------------------------------------- the page
 
 @dataclass
@@ -632,6 +656,14 @@ AREAS = [
          [("results_concat_inplace_cpu.json", None), ("results_concat_inplace_cuda.json", None)],
          ["model", "MB copied by Concats: in place / off", "peak MB: in place / off",
           "ms at batch 1: in place / off / onnxruntime (CPU build)", "x onnxruntime (time)", "run"], concat_inplace),
+    Area("Serving LLMs: conversations batched over the paged KV cache", "llm_load.py",
+         [("llm_load_h200_*.json", None), ("llm_load_burst_h200_*.json", None), ("llm_load_cpu_*.json", None)],
+         ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
+          "ITL p99 / lone step p99", "rows a run", "tokens equal to lone", "run"], llm_load,
+         "Greedy, random weights, fp32; a first pass on the fresh server, then a second; TTFT and ITL where the engine "
+         "hands a token to its stream (no HTTP). One at a time: each conversation alone through dynashape.generate "
+         "(the whole-step decode graphs on a GPU). How the engine works and what it lacks: "
+         "[serving.md](serving.md#paged-kv-cache-and-continuous-batching)."),
     Area("Serving: replicas and shape-aware batching", "serving.py",
          [("serving_gpu_*.json", None), ("serving_cpu*.json", None)],
          ["setup", "replicas", "batching", "requests/s", "p50 ms", "p99 ms", "x one replica without batching",
