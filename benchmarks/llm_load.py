@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 
@@ -79,8 +78,6 @@ def lone_runs(path: str, device: str, convs) -> dict:
         steps += st[1:]  # the step after the prompt is its first token (TTFT), not an inter-token gap
     total = time.perf_counter() - t0
     made = sum(len(t) for t in tokens)
-    del model
-    gc.collect()
     return {"tokens": tokens, "seconds": total, "tokens_per_s": made / total, "step_ms_p50": pct(steps, 50),
             "step_ms_p99": pct(steps, 99)}
 
@@ -138,6 +135,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"), "args": vars(args),
             "model": "tiny (2 layers, hidden 64)" if args.tiny else f"{args.layers} layers, hidden 768, fp32"}
     lone = None if args.no_lone else lone_runs(path, args.device, convs)
+    gc.collect()  # the lone model's session and graphs gone before the server's
     extra = {"static_impls": args.static_impls} if args.static_impls else {}
     extra.update(o.split("=", 1) for o in args.option)
     server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
@@ -176,13 +174,15 @@ def main() -> None:
                  "ITL ms p50 / p99", "ITL p99 / lone p99", "tokens equal"], rows)
     for name, r in passes.items():
         st = r["stats"]
-        print(f"{name}: host per step, ms: feeds and gather {1e3 * st['host_feed_s'] / st['steps']:.2f}, "
-              f"the model's call {1e3 * st['host_model_s'] / st['steps']:.2f}, KV written back "
-              f"{1e3 * st['host_write_s'] / st['steps']:.2f}, waiting for the tokens {1e3 * st['read_s'] / st['steps']:.2f}")
+        per = {k: 1e3 * st[k] / st["steps"] for k in ("host_feed_s", "host_model_s", "host_write_s", "read_s")}
+        print(f"{name}: host per step, ms: feeds and gather {per['host_feed_s']:.2f}, the model's call "
+              f"{per['host_model_s']:.2f}, KV written back {per['host_write_s']:.2f}, waiting for the tokens "
+              f"{per['read_s']:.2f}")
     print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "
           f"({used} positions); storages reserved for prompt + longest answer would take "
-          f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's longest "
-          f"conversation ({longest} positions) {peak['conversations'] * longest} ({data['longest_over_used'] or 0:.2f}x)")
+          f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's "
+          f"longest conversation ({longest} positions) {peak['conversations'] * longest} "
+          f"({data['longest_over_used'] or 0:.2f}x)")
     write_json(args.json, data)
 
 

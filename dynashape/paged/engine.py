@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from ..errors import InputError, InvalidModelError, OptionsError
-from ..generate.folder import decoder_io
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
@@ -136,7 +135,8 @@ class PagedEngine:
         self.layers = _pairs(io)
         kv_dtype = KV_DTYPES.get(io.kv_type, torch.float32)
         if num_blocks is None:
-            per = 2 * len(self.layers) * block_size * io.kv_heads * io.head_dim * torch.empty((), dtype=kv_dtype).element_size()
+            item = torch.empty((), dtype=kv_dtype).element_size()
+            per = 2 * len(self.layers) * block_size * io.kv_heads * io.head_dim * item
             # at most what max_rows conversations of the model's context fill: a pool of the
             # whole free memory left the static impls' graphs and the gathered pasts too little
             # (out of memory on an H200 with 115 GB of blocks for 64 conversations)

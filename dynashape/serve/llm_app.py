@@ -171,6 +171,10 @@ class LLMDeployment:
 
         detok = self.tokenizer.create_stream() if self.tokenizer is not None else None
 
+        def event(obj: str, choice: dict) -> str:
+            body = {"id": rid, "object": obj, "created": created, "model": self.name, "choices": [choice]}
+            return f"data: {json.dumps(body)}\n\n"
+
         async def events():
             try:
                 while True:
@@ -180,10 +184,10 @@ class LLMDeployment:
                     piece = detok.decode(t) if detok is not None else ""
                     choice = {"index": 0, "token": t, "finish_reason": None}
                     choice.update({"delta": {"content": piece}} if chat else {"text": piece})
-                    yield f"data: {json.dumps({'id': rid, 'object': kind + ('.chunk' if chat else ''), 'created': created, 'model': self.name, 'choices': [choice]})}\n\n"
+                    yield event(kind + (".chunk" if chat else ""), choice)
                 end = {"index": 0, "finish_reason": stream.finish_reason}
                 end.update({"delta": {}} if chat else {"text": ""})
-                yield f"data: {json.dumps({'id': rid, 'object': kind, 'created': created, 'model': self.name, 'choices': [end]})}\n\n"
+                yield event(kind, end)
                 yield "data: [DONE]\n\n"
             except StreamEndedError as e:
                 yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'StreamEndedError'}})}\n\n"
@@ -213,8 +217,7 @@ def tokens(handle, prompt, max_new: int, **options):
 
     gen = handle.options(stream=True).generate.remote(list(prompt), max_new, options)
     try:
-        for t in gen:
-            yield t
+        yield from gen
     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
             ray.exceptions.ActorUnavailableError) as e:
         raise StreamEndedError(f"the replica serving this stream died: {type(e).__name__}") from e
