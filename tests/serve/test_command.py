@@ -31,3 +31,13 @@ def test_padding_without_mask_is_a_usage_error(capsys):
     bert = str(transformers_models.model_path("bert"))
     assert main(["serve", bert, "--pad", "input_ids=0", "--dry-run"]) == 2
     assert "needs mask=" in capsys.readouterr().err
+
+
+def test_llm_dry_run_checks_the_decoder(capsys):
+    path = str(llama.model_path({**llama.TINY, "mask_input": True, "position_ids": True}))
+    assert main(["serve", path, "--llm", "--kv-blocks", "64", "--max-rows", "8", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 layers, KV 2x16, the concat convention" in out and "'num_blocks': 64" in out and "'max_rows': 8" in out
+    # a decoder that places its rotary by the past's length cannot batch rows: said before anything starts
+    assert main(["serve", str(llama.model_path()), "--llm", "--dry-run"]) != 0
+    assert "attention_mask" in capsys.readouterr().err
