@@ -105,7 +105,7 @@ def served(server: LLMServer, convs) -> dict:
 
 
 COUNTED = ("steps", "runs", "rows", "padded_rows", "tokens", "gathered_bytes", "finished", "host_feed_s",
-           "host_model_s", "host_write_s", "read_s")  # counters a pass adds to
+           "host_model_s", "read_s", "step_graph_replays")  # counters a pass adds to
 
 
 def main() -> None:
@@ -174,10 +174,11 @@ def main() -> None:
                  "ITL ms p50 / p99", "ITL p99 / lone p99", "tokens equal"], rows)
     for name, r in passes.items():
         st = r["stats"]
-        per = {k: 1e3 * st[k] / st["steps"] for k in ("host_feed_s", "host_model_s", "host_write_s", "read_s")}
-        print(f"{name}: host per step, ms: feeds and gather {per['host_feed_s']:.2f}, the model's call "
-              f"{per['host_model_s']:.2f}, KV written back {per['host_write_s']:.2f}, waiting for the tokens "
-              f"{per['read_s']:.2f}")
+        per = {k: 1e3 * st[k] / st["steps"] for k in ("host_feed_s", "host_model_s", "read_s")}
+        print(f"{name}: host per step, ms: inputs {per['host_feed_s']:.2f}, device work launched "
+              f"{per['host_model_s']:.2f}, waiting for the tokens {per['read_s']:.2f}; step graphs "
+              f"{st.get('step_graphs', 0)}, replays {st.get('step_graph_replays', 0)}, refused "
+              f"{st.get('step_graphs_refused', 0)}")
     print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "
           f"({used} positions); storages reserved for prompt + longest answer would take "
           f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's "

@@ -50,7 +50,10 @@ class BlockPool:
         if num_blocks < 1 or block_size < 1:
             raise OptionsError(f"a pool of {num_blocks} blocks of {block_size} positions: expected at least one of one")
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (layers, num_blocks, block_size, kv_heads, head_dim)
+        # one block more, never handed out: rows that pad a batch write their keys and values there
+        # (a captured step writes every row of its bucket)
+        shape = (layers, num_blocks + 1, block_size, kv_heads, head_dim)
+        self.scratch_slot = num_blocks * block_size
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # lowest ids first: a fresh pool hands out 0, 1, 2, ... (reproducible tables in tests)

@@ -42,6 +42,7 @@ from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import Scheduler, Sequence, bucket
+from .step_graphs import StepGraphs
 
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
 DEFAULT_CONTEXT = 4096  # positions a conversation may reach where the model's folder does not say
@@ -64,6 +65,43 @@ class Sampling:
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
             raise OptionsError(f"sampling {self}: expected temperature > 0, 0 < top_p <= 1, top_k >= 0, "
                                "repetition_penalty > 0")
+
+
+@dataclass
+class Batch:
+    """A run's rows on the host: ``n`` real rows padded to ``b``, ``s`` new positions a row after a
+    ``p``-long past; the inputs' arrays, the past's slots (``gather``), where each new position sits in
+    the presents (row ``new_b``, place ``new_t``) and the pool slots it goes to."""
+
+    n: int
+    b: int
+    s: int
+    p: int
+    decode: bool
+    ids: np.ndarray
+    mask: np.ndarray
+    pos: np.ndarray
+    gather: np.ndarray
+    new_b: list
+    new_t: list
+    slots: np.ndarray
+
+    def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
+        """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
+        fixed work), the padding rows' keys and values into the pool's scratch slot."""
+        if scratch is None:
+            nb, nt, slots = self.new_b, self.new_t, self.slots
+        else:
+            nb, nt = list(range(self.b)), [self.p] * self.b
+            slots = np.concatenate([self.slots, np.full(self.b - self.n, scratch, dtype=np.int64)])
+        t = {"ids": torch.from_numpy(self.ids).to(dev, ints[io.input_ids]),
+             "mask": torch.from_numpy(self.mask).to(dev, ints[io.attention_mask]),
+             "idx": torch.from_numpy(self.gather.reshape(-1)).to(dev),
+             "nb": torch.tensor(nb, device=dev), "nt": torch.tensor(nt, device=dev),
+             "slots": torch.from_numpy(slots).to(dev), "branch": torch.tensor([self.p > 0], device=dev)}
+        if io.position_ids is not None:
+            t["pos"] = torch.from_numpy(self.pos).to(dev, ints[io.position_ids])
+        return t
 
 
 @dataclass
@@ -106,12 +144,19 @@ class PagedEngine:
     ``headroom`` of it (CUDA) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
     scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the default on CUDA, so
     that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
-    fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU)."""
+    fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU).
+    ``step_graphs``: decode runs replayed as CUDA graphs (step_graphs.py; the default on CUDA, where
+    the session's own static impls are then off)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
-                 pad_rows: bool | None = None, past_multiple: int | None = None, **session_options) -> None:
-        if device != "cuda" and not str(device or "").startswith("cuda"):
+                 pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
+                 **session_options) -> None:
+        cuda_asked = str(device or "").startswith("cuda")
+        if cuda_asked and step_graphs is not False:
+            # the step graphs capture the whole decode run; the session's own graphs would nest in them
+            session_options.setdefault("static_impls", "off")
+        if not cuda_asked:
             # a CPU build (inductor) per region key would take the cores from the steps, and the keys
             # (rows, past, chunk) change on most steps
             session_options.setdefault("static_impls", "off")
@@ -161,12 +206,15 @@ class PagedEngine:
         self._int = {n: torch.int32 if types.get(n) == "tensor(int32)" else torch.int64
                      for n in (io.input_ids, io.attention_mask, io.position_ids) if n}
         self.request = self.model.session.create_infer_request()
+        # decode runs replayed as CUDA graphs, one per (rows bucket, past bucket) (step_graphs.py)
+        self.graphs = StepGraphs(self) if cuda and step_graphs is not False and self.convention == "concat" else None
         self.sampling: dict = {}
         self.lock = threading.Lock()  # add / abort from other threads while steps run
         self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0,
-                         # where a step's host time goes: feeds and the gather, the model's call, the
-                         # KV written back, the tokens' read (the step's one wait for the device)
-                         "host_feed_s": 0.0, "host_model_s": 0.0, "host_write_s": 0.0, "read_s": 0.0}
+                         # where a step's host time goes: the inputs made, the device work launched
+                         # (gather, model, KV written back; a graph's replay), the tokens' read (the
+                         # step's one wait for the device)
+                         "host_feed_s": 0.0, "host_model_s": 0.0, "read_s": 0.0}
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -202,8 +250,10 @@ class PagedEngine:
         return self.scheduler.idle
 
     def stats(self) -> dict:
-        return {**self.scheduler.stats, **self.counters, **self.pool.stats(), "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting), **{f"peak_{k}": v for k, v in self.peak.items()}}
+        graphs = self.graphs.counters if self.graphs is not None else {}
+        return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                **{f"peak_{k}": v for k, v in self.peak.items()}}
 
     # ---- a step -------------------------------------------------------------------------------
     def step(self) -> list[Event]:
@@ -240,8 +290,28 @@ class PagedEngine:
     def _run(self, rows) -> dict:
         """The model over ``rows`` as one batch; each sampling row's last logits by key."""
         t0 = time.perf_counter()
-        io, bs, dev = self.io, self.pool.block_size, self.dev
-        n = len(rows)
+        batch = self._batch(rows)
+        graphed = self.graphs is not None and batch.decode and self.convention == "concat"
+        logits = self.graphs.run(batch) if graphed else None
+        t1 = time.perf_counter()
+        if logits is None:  # the eager step (and a graph's first run, before its capture)
+            t = batch.tensors(self.dev, self._int, self.io, scratch=None)
+            t1 = time.perf_counter()
+            logits = self.body(self.request, batch, t, self.dense(batch))
+        c = self.counters
+        c["runs"] += 1
+        c["rows"] += batch.n
+        c["padded_rows"] += batch.b - batch.n
+        c["tokens"] += len(batch.new_b)
+        c["gathered_bytes"] += 2 * len(self.layers) * batch.b * batch.p * self.pool.k[0, 0, 0].numel() \
+            * self.pool.k.element_size()
+        c["host_feed_s"] += t1 - t0
+        c["host_model_s"] += time.perf_counter() - t1
+        return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
+
+    def _batch(self, rows) -> Batch:
+        """The host side of a run: its padded sizes and the arrays its inputs are made of."""
+        bs, n = self.pool.block_size, len(rows)
         decode = all(r.end - r.start == 1 for r in rows)
         b = bucket(n) if self.pad_rows else n
         s = max(r.end - r.start for r in rows)
@@ -272,44 +342,40 @@ class PagedEngine:
             new_t += range(base, base + k)
         for i in range(n, b):  # rows that pad a bucket: one token of their own, dropped after
             mask[i, 0 if self.convention == "gqa" else p] = 1
-        feeds = {io.input_ids: torch.from_numpy(ids).to(dev, self._int[io.input_ids]),
-                 io.attention_mask: torch.from_numpy(mask).to(dev, self._int[io.attention_mask])}
-        if io.position_ids is not None:
-            feeds[io.position_ids] = torch.from_numpy(pos).to(dev, self._int[io.position_ids])
-        if io.use_cache_branch is not None:
-            feeds[io.use_cache_branch] = torch.tensor([p > 0], device=dev)
-        # every layer's past in one gather and one copy into [layers, rows, heads, past + new, dim]: a
-        # layer's past is the start of its storage, whose room the model's KV append fills in place
+        slots = np.concatenate([r.slots for r in rows])
+        return Batch(n, b, s, p, decode, ids, mask, pos, gather, new_b, new_t, slots)
+
+    def dense(self, batch: Batch) -> tuple:
+        """Storages for every layer's gathered past, keys and values: [layers, rows, heads, past + new, dim]."""
         L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
-        idx = torch.from_numpy(gather.reshape(-1)).to(dev)
-        nb, nt = torch.tensor(new_b, device=dev), torch.tensor(new_t, device=dev)
-        slots = torch.from_numpy(np.concatenate([r.slots for r in rows])).to(dev)
+        shape = (L, batch.b, h, batch.p + batch.s, d)
+        return tuple(torch.empty(shape, dtype=self.pool.k.dtype, device=self.dev) for _ in range(2))
+
+    def body(self, request, batch: Batch, t: dict, dense: tuple) -> torch.Tensor:
+        """The device work of a run: the pasts gathered, the model, the new keys and values written
+        into their blocks; the logits. Only device work and no read back: a captured step records it."""
+        io, b, p = self.io, batch.b, batch.p
+        feeds = {io.input_ids: t["ids"], io.attention_mask: t["mask"]}
+        if io.position_ids is not None:
+            feeds[io.position_ids] = t["pos"]
+        if io.use_cache_branch is not None:
+            feeds[io.use_cache_branch] = t["branch"]
+        # every layer's past in one gather and one copy into its storage: a layer's past is the start
+        # of the storage, whose room the model's KV append fills in place
+        L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
         for j, store in enumerate((self.pool.k, self.pool.v)):
-            flat = store.view(L, -1, h, d).index_select(1, idx).view(L, b, p, h, d)
-            dense = torch.empty((L, b, h, p + s, d), dtype=store.dtype, device=dev)
-            dense[:, :, :, :p].copy_(flat.permute(0, 1, 3, 2, 4))
+            flat = store.view(L, -1, h, d).index_select(1, t["idx"]).view(L, b, p, h, d)
+            dense[j][:, :, :, :p].copy_(flat.permute(0, 1, 3, 2, 4))
             for layer, names in enumerate(self.layers):
-                past = dense[layer, :, :, :p]
+                past = dense[j][layer, :, :, :p]
                 if self.convention == "concat":
-                    lend_room(past, dense[layer])
+                    lend_room(past, dense[j][layer])
                 feeds[names[j]] = past
-        t1 = time.perf_counter()
-        out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
-        t2 = time.perf_counter()
+        out = dict(zip(self.model.output_names, request.run(None, feeds)))
         for j, store in enumerate((self.pool.k, self.pool.v)):
-            new = torch.stack([out[names[2 + j]][nb, :, nt, :] for names in self.layers])  # [layers, tokens, h, d]
-            store.view(L, -1, h, d).index_copy_(1, slots, new.to(store.dtype))
-        c = self.counters
-        c["runs"] += 1
-        c["rows"] += n
-        c["padded_rows"] += b - n
-        c["tokens"] += len(new_b)
-        c["gathered_bytes"] += 2 * L * b * p * h * d * self.pool.k.element_size()
-        c["host_feed_s"] += t1 - t0
-        c["host_model_s"] += t2 - t1
-        c["host_write_s"] += time.perf_counter() - t2
-        logits = out[io.logits]
-        return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
+            new = torch.stack([out[names[2 + j]][t["nb"], :, t["nt"], :] for names in self.layers])
+            store.view(L, -1, h, d).index_copy_(1, t["slots"], new.to(store.dtype))
+        return out[io.logits]
 
     def _sample(self, plan, logits: dict, opts: dict) -> dict:
         """Each sampling row's next token: greedy rows in one argmax, the others with their options."""

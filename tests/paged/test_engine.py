@@ -78,8 +78,10 @@ def conversations(seed: int, n: int, steps: int) -> dict:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed):
-    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16)
+def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed, device):
+    # on CUDA the decode runs replay CUDA graphs (step_graphs.py), the padding rows of a bucket included
+    engine = PagedEngine(path, device=device, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16,
+                         past_multiple=16 if device.startswith("cuda") else None)
     arrivals = conversations(seed, 10, 25)
     got = drive(engine, arrivals)
     for convs in arrivals.values():
@@ -87,11 +89,13 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
             assert got[key] == lone(prompt, max_new), key
     st = engine.stats()
     assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0 and st["gathered_bytes"] > 0
+    if device.startswith("cuda"):
+        assert st["step_graph_replays"] > 0 and st["step_graphs_refused"] == 0, engine.graphs.refusals
 
 
-def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone):
+def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, device):
     # 12 blocks of 8 positions for 6 conversations of up to ~60 positions: the newest are preempted
-    engine = PagedEngine(path, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32)
+    engine = PagedEngine(path, device=device, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32)
     arrivals = {0: [(f"p{i}", list(range(3 + 5 * i, 20 + 5 * i)), 30, None) for i in range(6)]}
     got = drive(engine, arrivals)
     assert engine.stats()["preemptions"] > 0

@@ -1,0 +1,96 @@
+"""Decode steps of the paged engine as CUDA graphs, one per (rows bucket, past bucket).
+
+A decode run's device work (the pasts gathered from the blocks, the model, the new keys and values
+written back) depends on the host only through its sizes, which the engine takes from few values
+(rows padded to a bucket, the past to a multiple): so the whole run is captured once per key and
+replayed with its inputs copied into the graph's own buffers. Replayed, the model's ~12 layers cost
+one launch instead of hundreds of Python-side kernel calls.
+
+What a key holds: its own InferRequest (the request's arena is planned for that one shape, so the
+memory the graph baked in stays where it was), the input buffers, the gathered pasts' storages and
+the graph; the graphs share one memory pool (they never run at once). The first run of a key runs
+eagerly on those buffers (it is that step's result, and it warms the kernels), the capture records
+the same work without running it (CudaGraphImpl's scheme, impls/static.py). Every row of the bucket
+is written back: a padding row's keys and values go to the pool's scratch slot.
+
+A capture that fails (the model reads the device mid-run, an op CUDA cannot capture) leaves the key
+to the eager step, counted (``step_graphs_refused``) with the reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StepGraphs:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.keys: dict = {}  # (b, p) -> _Key, or a str: why it was refused
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(engine.dev)
+        self.counters = {"step_graphs": 0, "step_graph_replays": 0, "step_graphs_refused": 0, "step_graph_bytes": 0}
+        self.refusals: list[str] = []
+
+    def run(self, batch):
+        """The logits of a decode run replayed (or run then captured: the key's first run); None
+        when the key is refused (the engine runs it eagerly)."""
+        key = (batch.b, batch.p)
+        k = self.keys.get(key)
+        if isinstance(k, str):
+            return None
+        if k is None:
+            return self._first(key, batch)
+        k.fill(batch)
+        k.graph.replay()
+        self.counters["step_graph_replays"] += 1
+        return k.logits
+
+    def _first(self, key, batch):
+        eng = self.engine
+        k = _Key(eng, batch)
+        caller = torch.cuda.current_stream(eng.dev)
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            logits = eng.body(k.request, batch, k.t, k.dense)  # this step's result, eagerly
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                    k.logits = eng.body(k.request, batch, k.t, k.dense)
+            except Exception as e:  # noqa: BLE001  counted, the key stays eager
+                why = f"{type(e).__name__}: {e}"
+                self.keys[key] = why
+                self.counters["step_graphs_refused"] += 1
+                self.refusals.append(f"rows {key[0]}, past {key[1]}: {why}"[:300])
+                caller.wait_stream(self.stream)
+                return logits
+        caller.wait_stream(self.stream)
+        logits.record_stream(caller)
+        k.graph = graph
+        self.keys[key] = k
+        self.counters["step_graphs"] += 1
+        self.counters["step_graph_bytes"] += k.nbytes
+        return logits
+
+
+class _Key:
+    """A key's request, input buffers and gathered pasts' storages."""
+
+    def __init__(self, eng, batch) -> None:
+        self.request = eng.model.session.create_infer_request()
+        self.t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
+        self.dense = eng.dense(batch)
+        self.nbytes = sum(x.numel() * x.element_size() for x in (*self.t.values(), *self.dense))
+        self.graph = self.logits = None
+        self.scratch = eng.pool.scratch_slot
+
+    def fill(self, batch) -> None:
+        """This run's inputs into the graph's buffers (rows past ``batch.n`` write the scratch slot)."""
+        t, n, b = self.t, batch.n, batch.b
+        t["ids"].copy_(torch.from_numpy(batch.ids))
+        t["mask"].copy_(torch.from_numpy(batch.mask))
+        if "pos" in t:
+            t["pos"].copy_(torch.from_numpy(batch.pos))
+        t["idx"].copy_(torch.from_numpy(batch.gather.reshape(-1)))
+        t["slots"][:n].copy_(torch.from_numpy(batch.slots))
+        if n < b:
+            t["slots"][n:].fill_(self.scratch)
