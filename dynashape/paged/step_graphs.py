@@ -13,8 +13,9 @@ eagerly on those buffers (it is that step's result, and it warms the kernels), t
 the same work without running it (CudaGraphImpl's scheme, impls/static.py). Every row of the bucket
 is written back: a padding row's keys and values go to the pool's scratch slot.
 
-A capture that fails (the model reads the device mid-run, an op CUDA cannot capture) leaves the key
-to the eager step, counted (``step_graphs_refused``) with the reason.
+A capture that fails (the model reads the device mid-run, an op CUDA cannot capture) leaves its key,
+and every key not captured yet, to the eager step (a failed capture can leave the allocator's
+recording half way), counted (``step_graphs_refused``) with the reason.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ class StepGraphs:
         self.stream = torch.cuda.Stream(engine.dev)
         self.counters = {"step_graphs": 0, "step_graph_replays": 0, "step_graphs_refused": 0, "step_graph_bytes": 0}
         self.refusals: list[str] = []
+        self.broken: str | None = None  # a failed capture may leave CUDA's or torch's state half way: no more
 
     def run(self, batch):
         """The logits of a decode run replayed (or run then captured: the key's first run); None
         when the key is refused (the engine runs it eagerly)."""
         key = (batch.b, batch.p)
         k = self.keys.get(key)
-        if isinstance(k, str):
+        if isinstance(k, str) or (k is None and self.broken):
             return None
         if k is None:
             return self._first(key, batch)
@@ -58,7 +60,7 @@ class StepGraphs:
                     k.logits = eng.body(k.request, batch, k.t, k.dense)
             except Exception as e:  # noqa: BLE001  counted, the key stays eager
                 why = f"{type(e).__name__}: {e}"
-                self.keys[key] = why
+                self.keys[key] = self.broken = why
                 self.counters["step_graphs_refused"] += 1
                 self.refusals.append(f"rows {key[0]}, past {key[1]}: {why}"[:300])
                 caller.wait_stream(self.stream)

@@ -176,14 +176,17 @@ class KVAppend:
         root = first._base
         if root is None or self.growth is None:
             return None
+        lent = self._lent(first, root, a, shape)  # first: a lent root may hold several storages
+        if lent is not None:
+            return lent
         last = self.last
         if last is not None and last[0]() is root:
             storage = last[1]
             filled, ptr, stride = last[2], storage.data_ptr(), storage.stride()
         else:
             hit = next((k for k in self.known if k[0]() is root), None)
-            if hit is None:
-                return self._lent(first, root, a, shape)
+            if hit is None or root.numel() != math.prod(hit[1]):  # (a root that is more than the storage)
+                return None
             storage = root.view(hit[1])
             filled, ptr, stride = hit[2], storage.data_ptr(), storage.stride()
         cap = storage.shape
