@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=64)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--kernels", action="store_true", help="the device's kernels over 20 steps (torch.profiler)")
     args = ap.parse_args()
     cfg = {**(llama.TINY if args.tiny else config(args.layers, "float32")), "mask_input": True, "position_ids": True}
     path = str(llama.model_path(cfg))
@@ -56,9 +57,15 @@ def main() -> None:
     st = eng.stats()
     print(f"{args.steps} steps in {wall:.2f} s ({1e3 * wall / args.steps:.2f} ms a step); rows a run "
           f"{st['rows'] / st['runs']:.1f}")
-    print({k: v for k, v in eng.model.session.stats().items() if k.startswith("static") or "sync" in k
-           or k.startswith("impl") or k == "specializations"})
+    print({k: v for k, v in st.items() if "graph" in k or k.startswith("host") or k == "read_s"})
     pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    if args.kernels and not eng.idle:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(20):
+                eng.step()
+            torch.cuda.synchronize()
+        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=args.top))
 
 
 if __name__ == "__main__":
