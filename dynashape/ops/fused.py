@@ -195,7 +195,9 @@ def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=
                 r = r.view(b, s, n, -1).transpose(1, 2)
         else:
             r = cpu_attention.attention(q, k, v, mask, scale)
-    if r is None and gqa:
+    if r is None and gqa and q.dim() == 4 and q.shape[2] == 1:
+        # decode steps only: on an H200 the memory-efficient kernel gave a query row whose every key
+        # is masked (a left-padded prompt's padding) other numbers than eager's, which a test compares
         r = folded_gqa(q, k, v, mask, scale)
     if r is None:
         r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
