@@ -40,8 +40,9 @@ from ..errors import InputError, InvalidModelError, OptionsError
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
+from .batch import Batch, make_batch
 from .blocks import BlockPool, blocks_for_memory
-from .scheduler import Scheduler, Sequence, bucket
+from .scheduler import Scheduler, Sequence
 from .step_graphs import StepGraphs
 
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
@@ -65,43 +66,6 @@ class Sampling:
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
             raise OptionsError(f"sampling {self}: expected temperature > 0, 0 < top_p <= 1, top_k >= 0, "
                                "repetition_penalty > 0")
-
-
-@dataclass
-class Batch:
-    """A run's rows on the host: ``n`` real rows padded to ``b``, ``s`` new positions a row after a
-    ``p``-long past; the inputs' arrays, the past's slots (``gather``), where each new position sits in
-    the presents (row ``new_b``, place ``new_t``) and the pool slots it goes to."""
-
-    n: int
-    b: int
-    s: int
-    p: int
-    decode: bool
-    ids: np.ndarray
-    mask: np.ndarray
-    pos: np.ndarray
-    gather: np.ndarray
-    new_b: list
-    new_t: list
-    slots: np.ndarray
-
-    def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
-        """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
-        fixed work), the padding rows' keys and values into the pool's scratch slot."""
-        if scratch is None:
-            nb, nt, slots = self.new_b, self.new_t, self.slots
-        else:
-            nb, nt = list(range(self.b)), [self.p] * self.b
-            slots = np.concatenate([self.slots, np.full(self.b - self.n, scratch, dtype=np.int64)])
-        t = {"ids": torch.from_numpy(self.ids).to(dev, ints[io.input_ids]),
-             "mask": torch.from_numpy(self.mask).to(dev, ints[io.attention_mask]),
-             "idx": torch.from_numpy(self.gather.reshape(-1)).to(dev),
-             "nb": torch.tensor(nb, device=dev), "nt": torch.tensor(nt, device=dev),
-             "slots": torch.from_numpy(slots).to(dev), "branch": torch.tensor([self.p > 0], device=dev)}
-        if io.position_ids is not None:
-            t["pos"] = torch.from_numpy(self.pos).to(dev, ints[io.position_ids])
-        return t
 
 
 @dataclass
@@ -310,40 +274,7 @@ class PagedEngine:
         return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
 
     def _batch(self, rows) -> Batch:
-        """The host side of a run: its padded sizes and the arrays its inputs are made of."""
-        bs, n = self.pool.block_size, len(rows)
-        decode = all(r.end - r.start == 1 for r in rows)
-        b = bucket(n) if self.pad_rows else n
-        s = max(r.end - r.start for r in rows)
-        if not decode and self.convention == "concat":  # (GroupQueryAttention places a row's new tokens
-            s = -(-s // self.chunk_multiple) * self.chunk_multiple  # by the step's length: never padded)
-        p = -(-max(r.start for r in rows) // self.past_multiple) * self.past_multiple  # the longest past, rounded up
-        ids = np.zeros((b, s), dtype=np.int64)
-        mask = np.zeros((b, p + s), dtype=np.int64)
-        pos = np.zeros((b, s), dtype=np.int64)
-        gather = np.zeros((b, p), dtype=np.int64)  # slots of each row's past (0 where it has none: masked)
-        new_b, new_t = [], []
-        for i, r in enumerate(rows):
-            k = r.end - r.start
-            ids[i, :k] = r.tokens
-            pos[i, :k] = np.arange(r.start, r.end)
-            table = self.pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
-            if r.start and table is not None:
-                blocks = np.asarray(table.blocks, dtype=np.int64)
-                past = np.arange(r.start)
-                gather[i, :r.start] = blocks[past // bs] * bs + past % bs
-            if self.convention == "gqa":  # right padding: the ones count the row's positions
-                mask[i, :r.start + k] = 1
-                base = r.start
-            else:
-                mask[i, :r.start], mask[i, p:p + k] = 1, 1
-                base = p
-            new_b += [i] * k
-            new_t += range(base, base + k)
-        for i in range(n, b):  # rows that pad a bucket: one token of their own, dropped after
-            mask[i, 0 if self.convention == "gqa" else p] = 1
-        slots = np.concatenate([r.slots for r in rows])
-        return Batch(n, b, s, p, decode, ids, mask, pos, gather, new_b, new_t, slots)
+        return make_batch(rows, self.pool, self.convention, self.pad_rows, self.past_multiple, self.chunk_multiple)
 
     def dense(self, batch: Batch) -> tuple:
         """Storages for every layer's gathered past, keys and values: [layers, rows, heads, past + new, dim]."""

@@ -1,0 +1,91 @@
+"""A paged engine run's host side: the rows' padded sizes and the arrays the model's inputs are made
+of (``make_batch``), and those arrays on the device (``Batch.tensors``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .scheduler import bucket
+
+
+@dataclass
+class Batch:
+    """A run's rows on the host: ``n`` real rows padded to ``b``, ``s`` new positions a row after a
+    ``p``-long past; the inputs' arrays, the past's slots (``gather``), where each new position sits in
+    the presents (row ``new_b``, place ``new_t``) and the pool slots it goes to."""
+
+    n: int
+    b: int
+    s: int
+    p: int
+    decode: bool
+    ids: np.ndarray
+    mask: np.ndarray
+    pos: np.ndarray
+    gather: np.ndarray
+    new_b: np.ndarray
+    new_t: np.ndarray
+    slots: np.ndarray
+
+    def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
+        """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
+        fixed work), the padding rows' keys and values into the pool's scratch slot."""
+        if scratch is None:
+            nb, nt, slots = self.new_b, self.new_t, self.slots
+        else:
+            nb, nt = np.arange(self.b), np.full(self.b, self.p)
+            slots = np.concatenate([self.slots, np.full(self.b - self.n, scratch, dtype=np.int64)])
+        t = {"ids": torch.from_numpy(self.ids).to(dev, ints[io.input_ids]),
+             "mask": torch.from_numpy(self.mask).to(dev, ints[io.attention_mask]),
+             "idx": torch.from_numpy(self.gather.reshape(-1)).to(dev),
+             "nb": torch.from_numpy(nb).to(dev), "nt": torch.from_numpy(nt).to(dev),
+             "slots": torch.from_numpy(slots).to(dev), "branch": torch.tensor([self.p > 0], device=dev)}
+        if io.position_ids is not None:
+            t["pos"] = torch.from_numpy(self.pos).to(dev, ints[io.position_ids])
+        return t
+
+
+def make_batch(rows, pool, convention: str, pad_rows: bool, past_multiple: int, chunk_multiple: int) -> Batch:
+    """``rows`` (the scheduler's, one kind: decode rows or prompt chunks) as one run: rows padded to a
+    bucket (``pad_rows``), a chunk's length to ``chunk_multiple`` (the concat convention), the
+    longest past to ``past_multiple``."""
+    bs, n = pool.block_size, len(rows)
+    decode = all(r.end - r.start == 1 for r in rows)
+    b = bucket(n) if pad_rows else n
+    ks = np.zeros(b, dtype=np.int64)  # new positions a row (0 for a padding row)
+    starts = np.zeros(b, dtype=np.int64)
+    ks[:n] = [r.end - r.start for r in rows]
+    starts[:n] = [r.start for r in rows]
+    s = int(ks.max())
+    if not decode and convention == "concat":  # (GroupQueryAttention places a row's new tokens
+        s = -(-s // chunk_multiple) * chunk_multiple  # by the step's length: never padded)
+    p = -(-int(starts.max()) // past_multiple) * past_multiple  # the longest past, rounded up
+    ids = np.zeros((b, s), dtype=np.int64)
+    # each row's blocks, then every past position's slot at once (0 where a row has none: masked)
+    tables = np.zeros((b, p // bs + 1), dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, :ks[i]] = r.tokens
+        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
+        if r.start and table is not None:
+            blocks = table.blocks[:tables.shape[1]]  # those of the past (a chunk's new blocks are after)
+            tables[i, :len(blocks)] = blocks
+    grid, new = np.arange(p), np.arange(s)
+    past_ok = grid[None, :] < starts[:, None]
+    gather = np.where(past_ok, tables[:, grid // bs] * bs + grid % bs, 0)
+    pos = np.where(new[None, :] < ks[:, None], starts[:, None] + new[None, :], 0)
+    if convention == "gqa":  # right padding: the ones count the row's positions
+        mask = (np.arange(p + s)[None, :] < (starts + ks)[:, None]).astype(np.int64)
+        mask[n:, 0] = 1  # rows that pad a bucket: one token of their own, dropped after
+        base = starts[:n]
+    else:
+        mask = np.concatenate([past_ok, new[None, :] < ks[:, None]], axis=1).astype(np.int64)
+        mask[n:, p] = 1
+        base = np.full(n, p, dtype=np.int64)
+    new_b = np.repeat(np.arange(n), ks[:n])
+    within = np.arange(len(new_b)) - np.repeat(np.cumsum(ks[:n]) - ks[:n], ks[:n])
+    new_t = np.repeat(base, ks[:n]) + within
+    slots = np.concatenate([r.slots for r in rows])
+    return Batch(n, b, s, p, decode, ids, mask, pos, gather, new_b, new_t, slots)
