@@ -3,6 +3,9 @@
 ``blocks``: one device pool of fixed-size KV blocks, a block table per conversation.
 ``attention``: attention of query rows over their conversations' blocks (the torch reference).
 ``scheduler``: which conversations step together, prompt chunks, preemption when blocks run out.
+``engine``: ``PagedEngine``, an exported ONNX decoder's steps for many conversations over the pool
+(``batch``: a run's host arrays; ``step_graphs``: decode runs as CUDA graphs). It loads a model
+session, so it is imported from ``dynashape.paged.engine``, not here.
 """
 
 from .attention import paged_attention, write_kv

@@ -10,13 +10,18 @@ blocks. So any decoder that takes a mask and per-row positions batches, whatever
 looks like. Two conventions, found from the graph:
 
 - ``concat``: ``present = Concat(past, new)`` (torch.onnx, optimum, transformers): the rows' pasts
-  sit at the front of a ``P``-long past (P: the longest past, rounded up to a block), the new
-  positions after it at ``P + t``; the model must take ``position_ids`` (a model that places its
-  rotary by the past's length cannot run rows of different lengths together: refused).
+  sit at the front of a ``P``-long past (P: the longest past, rounded up to ``past_multiple``), the
+  new positions after it at ``P + t``; each layer's past is the start of a storage whose room the
+  model's KV append fills in place (``kv_append.lend_room``); the model must take
+  ``position_ids`` (a model that places its rotary by the past's length cannot run rows of
+  different lengths together: refused).
 - ``gqa``: onnxruntime's GroupQueryAttention (the model builder's models): each row's past is
   right-padded, the mask's ones count a row's positions, and the op writes a row's new positions
   at its own length and rotates them there. Its rule that a continued prompt runs alone (batch 1)
   is kept: such chunks run one by one.
+
+On CUDA a decode run (the gather, the model, the write-back) is captured as one CUDA graph per
+(rows bucket, past bucket) and replayed (``step_graphs.py``); prompt chunks run eagerly.
 
 What this costs: the gather copies each row's past out of the pool once per step (the bytes are
 counted: ``stats()["gathered_bytes"]``); an attention kernel reading the block table on the device
