@@ -14,7 +14,8 @@ stream, no HTTP), and the same conversations one at a time (tokens/s, step time 
 each conversation's tokens equal its lone run's; the KV pool at its fullest: the blocks used
 against what storages reserved per conversation for its prompt and longest answer would have held.
 The load runs twice on one server: a first pass on the fresh server (every call counted), then a
-second.
+second; ``--concurrency 1 8 64`` then runs it as closed loops of that many clients each (a client
+sends its next conversation when its last has ended): throughput and latency against concurrency.
 
     python benchmarks/llm_load.py --device cuda [--layers 12] [--conversations 64] [--rate 32]
                                   [--prompt 16 512] [--output 16 512] [--json out.json]
@@ -26,6 +27,7 @@ import argparse
 import gc
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -104,6 +106,35 @@ def served(server: LLMServer, convs) -> dict:
                       if isinstance(v, (int, float))}}
 
 
+def closed_loop(server: LLMServer, convs, clients: int) -> dict:
+    """``clients`` clients, each sending the workload's next conversation once its last has ended
+    (arrival times ignored): throughput and latencies against concurrency."""
+    server.ttft.clear()
+    server.itl.clear()
+    todo = iter(range(len(convs)))
+    lock = threading.Lock()
+    made = []
+
+    def client():
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            _, prompt, n = convs[i]
+            made.append(len(list(server.submit(prompt, n))))
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    st = server.stats()
+    return {"clients": clients, "seconds": seconds, "tokens_per_s": sum(made) / seconds,
+            **{k: st[k] for k in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")}}
+
+
 COUNTED = ("steps", "runs", "rows", "padded_rows", "tokens", "gathered_bytes", "finished", "host_feed_s",
            "host_model_s", "read_s", "step_graph_replays")  # counters a pass adds to
 
@@ -126,6 +157,8 @@ def main() -> None:
     ap.add_argument("--static-impls", default=None, help="the session option for the paged engine's session")
     ap.add_argument("--option", action="append", default=[], metavar="K=V", help="another session option")
     ap.add_argument("--no-lone", action="store_true")
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[],
+                    help="then closed loops of this many clients each (throughput and latency against concurrency)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfg = {**(llama.TINY if args.tiny else config(args.layers, "float32")), "mask_input": True, "position_ids": True}
@@ -143,6 +176,7 @@ def main() -> None:
     passes = {}
     for name in ("first pass", "second pass"):
         passes[name] = served(server, convs)
+    sweep = [closed_loop(server, convs, c) for c in args.concurrency]
     peak = server.engine.peak
     bs = server.engine.pool.block_size
     server.stop()
@@ -165,13 +199,19 @@ def main() -> None:
         lone.pop("tokens")
     used = peak["blocks"] * bs
     longest = args.prompt[1] + args.output[1]  # storages sized for the workload's longest conversation
-    data.update(lone=lone, passes=passes, peak=peak, block_size=bs,
+    data.update(lone=lone, passes=passes, peak=peak, block_size=bs, concurrency=sweep,
                 reserved_over_used=peak["positions_reserved"] / used if used else None,
                 longest_over_used=peak["conversations"] * longest / used if used else None)
     print_table(f"{data['model']}, {args.conversations} conversations, Poisson {args.rate}/s, prompts "
                 f"{args.prompt[0]}-{args.prompt[1]}, outputs {args.output[0]}-{args.output[1]} ({data['device']})",
                 ["serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "rows a run",
                  "ITL ms p50 / p99", "ITL p99 / lone p99", "tokens equal"], rows)
+    if sweep:
+        print_table("closed loop: each client sends its next conversation when its last ends",
+                    ["clients", "tokens/s", "TTFT ms p50 / p99", "ITL ms p50 / p99"],
+                    [[str(r["clients"]), f"{r['tokens_per_s']:,.0f}",
+                      f"{r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f}",
+                      f"{r['itl_ms_p50']:.2f} / {r['itl_ms_p99']:.2f}"] for r in sweep])
     for name, r in passes.items():
         st = r["stats"]
         per = {k: 1e3 * st[k] / st["steps"] for k in ("host_feed_s", "host_model_s", "read_s")}

@@ -503,6 +503,12 @@ def llm_load(runs: list[Run]) -> list[list[str]]:
                          num(r["itl_ms_p99"] / lone["step_ms_p99"]) if lone else "-",
                          num(st["rows"] / max(st["runs"], 1)),
                          f"{eq}/{a['conversations']}" if eq is not None else "-", run.run_cell()])
+        for r in d.get("concurrency") or []:  # closed loops: throughput and latency against concurrency
+            rows.append(["", f"paged engine, closed loop of {r['clients']} clients", num(r["tokens_per_s"]),
+                         bold_if(ratio(r["tokens_per_s"], lone["tokens_per_s"]), True) if lone else "-",
+                         f"{num(r['ttft_ms_p50'])} / {num(r['ttft_ms_p99'])}",
+                         f"{num(r['itl_ms_p50'])} / {num(r['itl_ms_p99'])}",
+                         num(r["itl_ms_p99"] / lone["step_ms_p99"]) if lone else "-", "-", "-", run.run_cell()])
     return rows
 
 
