@@ -63,16 +63,23 @@ def main(args) -> int:
     if args.dry_run:
         con.print(f"would serve: {opts}")
         return 0
+    from .ray_app import run
+
+    return serve_until_stopped(args, con, lambda: run(args.model, host=args.host, port=args.port, name=args.name,
+                                                      **opts), f"/v2/models/{args.name}/infer")
+
+
+def serve_until_stopped(args, con, deploy, route: str) -> int:
+    """Join the cluster ``--address`` names (else ``deploy`` starts a local one), deploy, and serve
+    until Ctrl-C."""
     import ray
     from ray import serve
 
-    from .ray_app import run
-
     if args.address:
         ray.init(address=args.address, include_dashboard=False)
-    run(args.model, host=args.host, port=args.port, name=args.name, **opts)
-    con.print(f"serving {args.name!r} on http://{args.host}:{args.port}/v2/models/{args.name}/infer "
-              f"({args.replicas} replicas); Ctrl-C stops")
+    deploy()
+    con.print(f"serving {args.name!r} on http://{args.host}:{args.port}{route} ({args.replicas} replicas); "
+              "Ctrl-C stops")
     try:
         while True:
             time.sleep(3600)
@@ -106,24 +113,14 @@ def main_llm(args, con) -> int:
     if args.dry_run:
         con.print(f"would serve: {opts}")
         return 0
-    import ray
-    from ray import serve
-
     from .llm_app import build_llm_app
 
-    if args.address:
-        ray.init(address=args.address, include_dashboard=False)
-    elif not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(build_llm_app(args.model, name=args.name, **opts), name=args.name, route_prefix="/")
-    con.print(f"serving {args.name!r} on http://{args.host}:{args.port}/v1/completions "
-              f"({args.replicas} replicas); Ctrl-C stops")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        con.print("stopping")
-    finally:
-        serve.shutdown()
-    return 0
+    def deploy():
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(build_llm_app(args.model, name=args.name, **opts), name=args.name, route_prefix="/")
+    return serve_until_stopped(args, con, deploy, "/v1/completions")
