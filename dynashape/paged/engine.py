@@ -237,7 +237,7 @@ class PagedEngine:
                              "positions_reserved": sum(len(q.prompt) + q.max_new for q in run)}
         if not plan.rows:
             return []
-        logits: dict = {}
+        keys, logits = [], []
         decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
         chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
         groups = [decode] if decode else []
@@ -247,8 +247,10 @@ class PagedEngine:
         elif chunks:
             groups.append(chunks)
         for rows in groups:
-            logits.update(self._run(rows))
-        chosen = self._sample(plan, logits, opts)
+            k, x = self._run(rows)
+            keys += k
+            logits.append(x)
+        chosen = self._sample(plan, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
         with self.lock:
             done = self.scheduler.commit(plan, chosen)
             for seq in done:
@@ -256,8 +258,9 @@ class PagedEngine:
         ended = {s.key for s in done}
         return [Event(k, t, k in ended) for k, t in chosen.items()]
 
-    def _run(self, rows) -> dict:
-        """The model over ``rows`` as one batch; each sampling row's last logits by key."""
+    def _run(self, rows) -> tuple[list, torch.Tensor]:
+        """The model over ``rows`` as one batch: the keys of the rows that sample and their last
+        positions' logits, [rows, vocab] in that order."""
         t0 = time.perf_counter()
         batch = self._batch(rows)
         graphed = self.graphs is not None and batch.decode and self.convention == "concat"
@@ -276,7 +279,13 @@ class PagedEngine:
             * self.pool.k.element_size()
         c["host_feed_s"] += t1 - t0
         c["host_model_s"] += time.perf_counter() - t1
-        return {r.seq.key: logits[i, r.end - r.start - 1] for i, r in enumerate(rows) if r.samples}
+        picked = [(i, r.end - r.start - 1, r.seq.key) for i, r in enumerate(rows) if r.samples]
+        if not picked:
+            return [], logits.new_empty((0, logits.shape[-1]))
+        i, t, keys = zip(*picked)
+        if all(x == 0 for x in t):  # decode rows: the first position of the first rows
+            return list(keys), logits[list(i), 0] if len(i) < logits.shape[0] else logits[:, 0]
+        return list(keys), logits[torch.tensor(i, device=logits.device), torch.tensor(t, device=logits.device)]
 
     def _batch(self, rows) -> Batch:
         return make_batch(rows, self.pool, self.convention, self.pad_rows, self.past_multiple, self.chunk_multiple)
@@ -313,26 +322,24 @@ class PagedEngine:
             store.view(L, -1, h, d).index_copy_(1, t["slots"], new.to(store.dtype))
         return out[io.logits]
 
-    def _sample(self, plan, logits: dict, opts: dict) -> dict:
-        """Each sampling row's next token: greedy rows in one argmax, the others with their options."""
-        keys = list(logits)
+    def _sample(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> dict:
+        """Each sampling row's next token from its row of ``logits``: greedy rows in one argmax, the
+        others with their options; the tokens read back once."""
         if not keys:
             return {}
         plain = Sampling()
-        greedy = [k for k in keys if not opts.get(k, plain).do_sample and opts.get(k, plain).repetition_penalty == 1]
-        picked: dict = {}
-        if greedy:
-            picked.update(zip(greedy, torch.stack([logits[k] for k in greedy]).argmax(1)))
-        seqs = {r.seq.key: r.seq for r in plan.rows}
-        for k in keys:
-            if k in picked:
-                continue
-            s = opts[k]
-            held = torch.tensor([seqs[k].tokens], device=self.dev) if s.repetition_penalty != 1 else None
-            picked[k] = next_tokens(logits[k][None], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
-                                    temperature=s.temperature, repetition_penalty=s.repetition_penalty,
-                                    generator=s.generator)[0]
+        special = [j for j, k in enumerate(keys)
+                   if opts.get(k, plain).do_sample or opts.get(k, plain).repetition_penalty != 1]
+        tokens = logits.argmax(1)
+        if special:
+            seqs = {r.seq.key: r.seq for r in plan.rows}
+            for j in special:
+                s = opts[keys[j]]
+                held = torch.tensor([seqs[keys[j]].tokens], device=self.dev) if s.repetition_penalty != 1 else None
+                tokens[j] = next_tokens(logits[j:j + 1], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
+                                        temperature=s.temperature, repetition_penalty=s.repetition_penalty,
+                                        generator=s.generator)[0]
         t0 = time.perf_counter()
-        values = torch.stack([picked[k] for k in keys]).tolist()  # the step's one read back
+        values = tokens.tolist()  # the step's one read back
         self.counters["read_s"] += time.perf_counter() - t0
-        return dict(zip(keys, (int(v) for v in values)))
+        return dict(zip(keys, values))
