@@ -118,6 +118,20 @@ class BlockPool:
         pos = np.arange(start, start + extra)
         return np.asarray(t.blocks, dtype=np.int64)[pos // bs] * bs + pos % bs
 
+    def truncate(self, key, length: int) -> None:
+        """Keep the first ``length`` positions of ``key`` (a conversation's next turn that shares
+        them) and give back the blocks past them; ``length`` 0 gives back its table."""
+        t = self.tables.get(key)
+        if t is None:
+            return
+        if length <= 0:
+            self.release(key)
+            return
+        keep = self.blocks_needed(min(length, t.length))
+        self._free.extend(reversed(t.blocks[keep:]))
+        del t.blocks[keep:]
+        t.length = min(length, t.length)
+
     def release(self, key) -> int:
         """Give back every block of ``key`` (ended, aborted or preempted); the blocks freed."""
         t = self.tables.pop(key, None)

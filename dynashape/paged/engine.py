@@ -189,9 +189,12 @@ class PagedEngine:
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
 
     # ---- conversations ------------------------------------------------------------------------
-    def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None) -> None:
+    def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None, keep: bool = False) -> None:
         """A conversation joins (it runs from the next step on). ``eos``: a token id or ids that end
-        it; KVCapacityError if it could never fit in the pool, InputError for a bad prompt."""
+        it; KVCapacityError if it could never fit in the pool, InputError for a bad prompt.
+        ``keep``: when it ends its blocks stay (parked) for its next turn under the same key, whose
+        prompt repeats this one and the answer: the positions they share are not computed again
+        (given back when other conversations need the blocks)."""
         ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
         if not ids or max_new < 1:
             raise InputError(f"conversation {key!r}: expected a prompt of at least one token and max_new >= 1, "
@@ -205,7 +208,7 @@ class PagedEngine:
         with self.lock:
             if key in self.sampling:
                 raise InputError(f"conversation {key!r} is running already")
-            self.scheduler.add(Sequence(key, ids, int(max_new), stops or None))
+            self.scheduler.add(Sequence(key, ids, int(max_new), stops or None, keep=keep))
             self.sampling[key] = (s, stops)
 
     def abort(self, key) -> bool:
@@ -222,6 +225,7 @@ class PagedEngine:
         graphs = self.graphs.counters if self.graphs is not None else {}
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}
 
     # ---- a step -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ serves a step of any size.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,7 @@ class Sequence:
     state: str = "waiting"     # waiting, running, done, aborted
     preemptions: int = 0
     order: int = 0             # arrival order: the newest running one is preempted first
+    keep: bool = False         # parked when it ends: its blocks serve the conversation's next turn
 
     @property
     def tokens(self) -> list[int]:
@@ -100,7 +102,11 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._order = itertools.count()
-        self.stats = {"steps": 0, "preemptions": 0, "refused": 0, "aborted": 0, "finished": 0}
+        # ended conversations kept for their next turn (``Sequence.keep``), least recently used
+        # first: their blocks are given back when others need them, or when a turn does not extend them
+        self.parked: OrderedDict = OrderedDict()
+        self.stats = {"steps": 0, "preemptions": 0, "refused": 0, "aborted": 0, "finished": 0,
+                      "reused_positions": 0, "parked_evicted": 0}
 
     # ---- arrivals and departures -------------------------------------------------------------
     def add(self, seq: Sequence) -> Sequence:
@@ -111,11 +117,34 @@ class Scheduler:
             self.stats["refused"] += 1
             raise
         seq.order, seq.state = next(self._order), "waiting"
+        last = self.parked.pop(seq.key, None)
+        if last is not None:  # the conversation's next turn: the positions it shares stay in the pool
+            common = 0
+            for a, b in zip(last.tokens[:last.computed], seq.prompt[:-1]):  # (the last is fed: its logits)
+                if a != b:
+                    break
+                common += 1
+            self.pool.truncate(seq.key, common)
+            seq.computed = common
+            self.stats["reused_positions"] += common
         self.waiting.append(seq)
         return seq
 
+    def _evict_parked(self, keep_key=None) -> bool:
+        """Give back the blocks of the least recently parked conversation (not ``keep_key``'s)."""
+        for key in self.parked:
+            if key != keep_key:
+                del self.parked[key]
+                self.pool.release(key)
+                self.stats["parked_evicted"] += 1
+                return True
+        return False
+
     def abort(self, key) -> bool:
         """A client gone: its conversation leaves and its blocks are free at once."""
+        if self.parked.pop(key, None) is not None:
+            self.pool.release(key)
+            return True
         for queue in (self.running, self.waiting):
             for s in queue:
                 if s.key == key:
@@ -142,6 +171,8 @@ class Scheduler:
                 continue
             n = min(len(seq.prompt) + len(seq.out) - seq.computed, self.chunk, budget)
             while not self.pool.can_grow(seq.key, n):
+                if self._evict_parked():
+                    continue
                 victim = max((s for s in self.running if s.state == "running"), key=lambda s: s.order)
                 self._preempt(victim, preempted)
                 if victim is seq:
@@ -154,6 +185,8 @@ class Scheduler:
             if budget <= 0 or len(rows) >= self.max_rows:
                 break
             n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
+            while not self.pool.can_grow(seq.key, n) and self._evict_parked(keep_key=seq.key):
+                pass
             if not self.pool.can_grow(seq.key, n):
                 break  # a new prompt never evicts a running conversation; later ones wait their turn
             self.waiting.remove(seq)
@@ -198,7 +231,10 @@ class Scheduler:
                 seq.out.append(int(sampled[seq.key]))
                 if seq.finished:
                     self.running.remove(seq)
-                    self.pool.release(seq.key)
+                    if seq.keep:
+                        self.parked[seq.key] = seq
+                    else:
+                        self.pool.release(seq.key)
                     seq.state = "done"
                     self.stats["finished"] += 1
                     done.append(seq)

@@ -21,7 +21,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import StreamEndedError
+from ..errors import InputError, StreamEndedError
 from ..paged.engine import PagedEngine, Sampling
 
 _END = object()
@@ -111,15 +111,19 @@ class LLMServer:
         _servers.add(self)
 
     def submit(self, prompt, max_new: int, sampling: Sampling | None = None, eos=None, key=None) -> TokenStream:
-        """Queue a generation of up to ``max_new`` tokens after ``prompt`` (token ids); its stream."""
+        """Queue a generation of up to ``max_new`` tokens after ``prompt`` (token ids); its stream.
+        ``key``: a conversation's name: its blocks stay when it ends, and its next turn under the
+        same key (a prompt that repeats the last one and its answer) reuses the positions they share."""
+        keep = key is not None
         key = key if key is not None else f"r{next(self._ids)}"
         ids = np.asarray(prompt).reshape(-1)
         stream = TokenStream(self, key, len(ids), max_new)
         if self._stopped:
             raise StreamEndedError("the server is stopped")
-        self.streams[key] = stream
+        if self.streams.setdefault(key, stream) is not stream:
+            raise InputError(f"conversation {key!r} is generating already: its next turn comes after this one ends")
         try:
-            self.engine.add(key, ids, max_new, eos if eos is not None else self.eos, sampling)
+            self.engine.add(key, ids, max_new, eos if eos is not None else self.eos, sampling, keep=keep)
         except Exception:
             self.streams.pop(key, None)
             raise

@@ -11,8 +11,12 @@ ids, which the completions API also takes):
 - ``GET /v1/models``, ``GET /v1/stats``.
 A request that could never fit in the KV pool gets a 400 (KVCapacityError), a bad one a 400 that
 names the field. A client that disconnects mid-stream aborts its conversation: its blocks are
-freed at once. A conversation lives in one request, on the replica that took it, so its blocks
-never need another replica (multi-turn prefix reuse is not built).
+freed at once. A conversation of several turns names itself (the header
+``serve_multiplexed_model_id``, the handle's ``multiplexed_model_id``, or the body's
+``conversation``): it is routed to the replica that holds its blocks (``routing.ConversationRouter``,
+rendezvous hashing), which keeps them after each turn, and a next turn whose prompt repeats the last
+one and its answer computes only what is new. A replica that is lost loses the blocks only: the
+next turn is computed whole.
 
 Through the handle: ``tokens(handle, prompt_ids, max_new, ...)`` yields token ids as they come;
 if the replica dies mid-stream the iteration ends with StreamEndedError, and only the streams of
@@ -32,9 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 
 from ..errors import DynashapeError, InputError, KVCapacityError, OptionsError, StreamEndedError
 from ..paged.engine import Sampling
+from .routing import ConversationRouter
 
 http = FastAPI(title="dynashape LLM")
 
@@ -58,6 +64,13 @@ def sampling_of(body: dict) -> Sampling:
         raise OptionsError(f"sampling options: {e}") from e
     s.check()
     return s
+
+
+def _conversation(body: dict):
+    """The conversation a request continues: Serve's multiplexed model id (the HTTP header
+    ``serve_multiplexed_model_id``, or the handle's option), else the body's ``conversation``; None
+    for a one-off generation."""
+    return serve.get_multiplexed_model_id() or body.get("conversation") or None
 
 
 def chat_prompt(messages) -> str:
@@ -85,8 +98,10 @@ class LLMDeployment:
 
     # ---- the handle -----------------------------------------------------------------------------
     async def generate(self, prompt, max_new: int, options: dict | None = None):
-        """Token ids as the steps make them (call with ``handle.options(stream=True)``)."""
-        stream = self.server.submit(prompt, max_new, sampling_of(options or {}))
+        """Token ids as the steps make them (call with ``handle.options(stream=True)``; with
+        ``multiplexed_model_id=KEY`` too, the conversation KEY: routed to the replica that holds its
+        blocks, which its next turn reuses)."""
+        stream = self.server.submit(prompt, max_new, sampling_of(options or {}), key=_conversation({}))
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -146,7 +161,7 @@ class LLMDeployment:
     async def _answer(self, body: dict, ids: list[int], chat: bool):
         try:
             max_new = int(body.get("max_tokens", 16))
-            stream = self.server.submit(ids, max_new, sampling_of(body))
+            stream = self.server.submit(ids, max_new, sampling_of(body), key=_conversation(body))
         except KVCapacityError as e:
             return _bad(e)
         except (DynashapeError, TypeError, ValueError) as e:
@@ -166,6 +181,7 @@ class LLMDeployment:
             choice = {"index": 0, "finish_reason": stream.finish_reason, "tokens": tokens}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             return {"id": rid, "object": kind, "created": created, "model": self.name, "choices": [choice],
+                    "replica": self.replica_id,
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
                               "total_tokens": len(ids) + len(tokens)}}
 
@@ -206,16 +222,19 @@ def build_llm_app(model, *, name: str = "llm", replicas: int = 1, num_cpus: floa
         options.setdefault("threads", max(1, int(num_cpus)))
     dep = LLMDeployment.options(name=f"dynashape-llm-{name}", num_replicas=replicas,
                                 max_ongoing_requests=max_ongoing, health_check_period_s=5,
-                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus})
+                                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+                                request_router_config=RequestRouterConfig(request_router_class=ConversationRouter))
     return dep.bind(model, name, options)
 
 
-def tokens(handle, prompt, max_new: int, **options):
-    """Token ids of one generation through a deployment handle, as they come. A replica that dies
+def tokens(handle, prompt, max_new: int, conversation: str | None = None, **options):
+    """Token ids of one generation through a deployment handle, as they come; ``conversation``: its
+    key (routed to the replica that holds its blocks; the next turn reuses them). A replica that dies
     mid-stream ends the iteration with StreamEndedError (Ray's own error is its cause)."""
     import ray
 
-    gen = handle.options(stream=True).generate.remote(list(prompt), max_new, options)
+    h = handle.options(stream=True, multiplexed_model_id=conversation) if conversation else handle.options(stream=True)
+    gen = h.generate.remote(list(prompt), max_new, options)
     try:
         yield from gen
     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,

@@ -65,7 +65,11 @@ def cached(name: str, config: dict, write: Callable[[Path], None], module=None,
         return prebuilt(name)
     d = Path(cache_dir or CACHE_DIR)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{name}-{config_hash(config, module)}.onnx"
+    # the config's own short hash in the name too: a file is pruned only by a newer build of the same
+    # config (another builder or library), never by another config of the same model (the llama
+    # tests use several at once: one test's export removed the file another test's fixture held)
+    variant = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    path = d / f"{name}-{variant}-{config_hash(config, module)}.onnx"
     if path.exists():
         return path
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".onnx", dir=d)
@@ -74,7 +78,7 @@ def cached(name: str, config: dict, write: Callable[[Path], None], module=None,
         write(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-        _prune(d, name, path)
+        _prune(d, f"{name}-{variant}", path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -82,8 +86,10 @@ def cached(name: str, config: dict, write: Callable[[Path], None], module=None,
 
 
 def _prune(d: Path, name: str, keep: Path) -> None:
-    """Remove the files of ``name`` made with another hash (an older builder or library)."""
-    pattern = re.compile(re.escape(name) + r"-[0-9a-f]{16}\.onnx")
+    """Remove the files of ``name`` (a model and its config) made with another hash (an older
+    builder or library), and files named before configs were told apart (no config hash)."""
+    base = name.rsplit("-", 1)[0]
+    pattern = re.compile(f"(?:{re.escape(name)}|{re.escape(base)})" + r"-[0-9a-f]{16}\.onnx")
     for old in d.iterdir():
         if old != keep and pattern.fullmatch(old.name):
             try:

@@ -145,3 +145,39 @@ def test_a_decoder_without_position_ids_is_refused_with_the_reason():
     path = str(llama.model_path({**llama.TINY, "mask_input": True}))
     with pytest.raises(errors.InvalidModelError, match="position_ids"):
         PagedEngine(path, num_blocks=8)
+
+
+def run_one(engine, key, prompt, n, keep=True) -> list[int]:
+    engine.add(key, prompt, n, keep=keep)
+    out = []
+    while not engine.idle:
+        out += [e.token for e in engine.step() if e.key == key]
+    return out
+
+
+def test_a_conversations_next_turn_reuses_its_blocks(path, lone):
+    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=4)
+    first = [5, 6, 7, 8]
+    out1 = run_one(engine, "c", first, 6)
+    assert out1 == lone(first, 6)
+    st = engine.stats()
+    assert st["parked"] == 1 and st["kv_blocks_used"] == 2  # 9 positions (the last token is not fed yet)
+    second = first + out1 + [9, 10]
+    assert run_one(engine, "c", second, 5) == lone(second, 5)
+    assert engine.stats()["reused_positions"] == len(first) + len(out1) - 1
+    third = first[:2] + [11, 12]  # a turn that rewrites the past: only the shared start is kept
+    assert run_one(engine, "c", third, 3) == lone(third, 3)
+    assert engine.stats()["reused_positions"] == len(first) + len(out1) - 1 + 2
+    assert engine.abort("c") and engine.stats()["kv_blocks_used"] == 0 and engine.stats()["parked"] == 0
+
+
+def test_parked_conversations_give_their_blocks_back_when_others_need_them(path, lone):
+    engine = PagedEngine(path, block_size=8, num_blocks=6, max_rows=4)
+    a = list(range(3, 30))
+    assert run_one(engine, "a", a, 5) == lone(a, 5)  # 31 positions parked: 4 of the 6 blocks
+    b = list(range(40, 60))
+    assert run_one(engine, "b", b, 10, keep=False) == lone(b, 10)  # needs 4: "a" is let go
+    st = engine.stats()
+    assert st["parked_evicted"] == 1 and st["parked"] == 0 and st["kv_blocks_used"] == 0
+    nxt = a + lone(a, 5) + [7]
+    assert run_one(engine, "a", nxt, 4) == lone(nxt, 4)  # computed whole again, the same tokens

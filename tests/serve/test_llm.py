@@ -82,3 +82,15 @@ def test_stop_ends_running_streams_with_a_typed_error(path):  # noqa: F811
         list(st)
     with pytest.raises(errors.StreamEndedError):
         s.submit([1], 2)
+
+
+def test_a_named_conversation_keeps_its_blocks_for_its_next_turn(server, lone):  # noqa: F811
+    first = [4, 5, 6]
+    out1 = list(server.submit(first, 6, key="chat"))
+    assert out1 == lone(first, 6)
+    second = first + out1 + [7]
+    stream = server.submit(second, 4, key="chat")
+    with pytest.raises(errors.InputError, match="generating already"):
+        server.submit([1, 2], 3, key="chat")  # one turn at a time
+    assert list(stream) == lone(second, 4)
+    assert server.stats()["reused_positions"] == len(first) + len(out1) - 1

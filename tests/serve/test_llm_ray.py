@@ -151,3 +151,23 @@ def test_a_killed_replica_ends_only_its_own_streams(cluster, lone):  # noqa: F81
     assert len(results) == len(reqs) and ended and done, results
     for i in done:
         assert results[i] == lone(*reqs[i])
+
+
+def post_as(route: str, body: dict, conversation: str):
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json",
+                                                   "serve_multiplexed_model_id": conversation})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def test_a_conversations_turns_go_to_the_replica_that_holds_its_blocks(cluster, lone):  # noqa: F811
+    first = [11, 12, 13, 14]
+    status, one = post_as("/pair/v1/completions", {"prompt": first, "max_tokens": 6}, "chat-7")
+    assert status == 200 and one["choices"][0]["tokens"] == lone(first, 6)
+    second = first + one["choices"][0]["tokens"] + [15]
+    status, two = post_as("/pair/v1/completions", {"prompt": second, "max_tokens": 4}, "chat-7")
+    assert status == 200 and two["choices"][0]["tokens"] == lone(second, 4)
+    assert two["replica"] == one["replica"]
+    st = cluster["two"].options(multiplexed_model_id="chat-7").stats.remote().result()
+    assert st["replica"] == one["replica"] and st["reused_positions"] >= len(first) + 5
