@@ -20,7 +20,11 @@ recording half way), counted (``step_graphs_refused``) with the reason.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("dynashape.paged")
 
 
 class StepGraphs:
@@ -63,6 +67,7 @@ class StepGraphs:
                 self.keys[key] = self.broken = why
                 self.counters["step_graphs_refused"] += 1
                 self.refusals.append(f"rows {key[0]}, past {key[1]}: {why}"[:300])
+                log.warning("paged engine: a decode step could not be captured (%s); its steps run eagerly", why[:300])
                 caller.wait_stream(self.stream)
                 return logits
         caller.wait_stream(self.stream)
