@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, InvalidModelError, OptionsError
+from ..generate.folder import read_folder
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
@@ -121,17 +122,18 @@ class PagedEngine:
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
                  **session_options) -> None:
+        path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
+        self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
-        if cuda_asked and step_graphs is not False:
-            # the step graphs capture the whole decode run; the session's own graphs would nest in them
-            session_options.setdefault("static_impls", "off")
-        if not cuda_asked:
-            # a CPU build (inductor) per region key would take the cores from the steps, and the keys
-            # (rows, past, chunk) change on most steps
+        graphs = cuda_asked and step_graphs is not False and self.convention == "concat"
+        if graphs or not cuda_asked:
+            # CUDA: the step graphs capture the whole decode run, the session's own graphs would nest
+            # in them; CPU: a build (inductor) per region key would take the cores from the steps,
+            # and the keys (rows, past, chunk) change on most steps
             session_options.setdefault("static_impls", "off")
         # the whole-step decode graphs copy each fed past into capacity storages of their own per
         # shape key (the pasts here are new tensors every step) and hold those storages: measured on
-        # an H200, 64 conversations ran out of memory with them, and as fast without (region graphs)
+        # an H200, 64 conversations ran out of memory with them
         session_options.setdefault("decode_graphs", "off")
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
         io = self.model.io
@@ -141,7 +143,6 @@ class PagedEngine:
         if io.attention_mask is None:
             raise InvalidModelError("paged engine: the decoder takes no attention_mask; rows of different lengths "
                                     "cannot share a step")
-        self.convention = _convention(self.model.config.onnx_path)
         if self.convention == "concat" and io.position_ids is None:
             raise InvalidModelError("paged engine: the decoder takes no position_ids, so it places its rotary by "
                                     "the past's length, which rows of different lengths do not share (export it "
