@@ -268,10 +268,9 @@ class PagedEngine:
         positions' logits, [rows, vocab] in that order."""
         t0 = time.perf_counter()
         batch = self._batch(rows)
-        graphed = self.graphs is not None and batch.decode and self.convention == "concat"
-        logits = self.graphs.run(batch) if graphed else None
         t1 = time.perf_counter()
-        if logits is None:  # the eager step (and a graph's first run, before its capture)
+        logits = self.graphs.run(batch) if self.graphs is not None and batch.decode else None
+        if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
             t = batch.tensors(self.dev, self._int, self.io, scratch=None)
             t1 = time.perf_counter()
             logits = self.body(self.request, batch, t, self.dense(batch))

@@ -130,15 +130,15 @@ class Scheduler:
         self.waiting.append(seq)
         return seq
 
-    def _evict_parked(self, keep_key=None) -> bool:
-        """Give back the blocks of the least recently parked conversation (not ``keep_key``'s)."""
-        for key in self.parked:
-            if key != keep_key:
-                del self.parked[key]
-                self.pool.release(key)
-                self.stats["parked_evicted"] += 1
-                return True
-        return False
+    def _evict_parked(self) -> bool:
+        """Give back the blocks of the least recently parked conversation (a conversation that runs
+        or waits is never parked: its next turn took it out)."""
+        if not self.parked:
+            return False
+        key, _ = self.parked.popitem(last=False)
+        self.pool.release(key)
+        self.stats["parked_evicted"] += 1
+        return True
 
     def abort(self, key) -> bool:
         """A client gone: its conversation leaves and its blocks are free at once."""
@@ -185,7 +185,7 @@ class Scheduler:
             if budget <= 0 or len(rows) >= self.max_rows:
                 break
             n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
-            while not self.pool.can_grow(seq.key, n) and self._evict_parked(keep_key=seq.key):
+            while not self.pool.can_grow(seq.key, n) and self._evict_parked():
                 pass
             if not self.pool.can_grow(seq.key, n):
                 break  # a new prompt never evicts a running conversation; later ones wait their turn

@@ -24,7 +24,8 @@ import torch
 from ..memory.growth import GROWTH
 
 # storages a caller lends with its pasts (``lend_room``): (id of the root, data_ptr of the past) ->
-# (weak root, storage, filled)
+# (weak root, the storage's size, stride and offset in it, the past's shape); only the root is
+# referenced, weakly, so an entry whose pasts were never appended to dies with its memory
 _LENT: dict = {}
 
 
@@ -37,7 +38,8 @@ def lend_room(past: torch.Tensor, storage: torch.Tensor) -> None:
     if len(_LENT) > 4096:
         for k in [k for k, v in _LENT.items() if v[0]() is None]:
             del _LENT[k]
-    _LENT[(id(root), past.data_ptr())] = (weakref.ref(root), storage, past.shape)
+    _LENT[(id(root), past.data_ptr())] = (weakref.ref(root), tuple(storage.shape), storage.stride(),
+                                          storage.storage_offset(), past.shape)
 
 
 class KVAppend:
@@ -199,9 +201,9 @@ class KVAppend:
     def _lent(first: torch.Tensor, root: torch.Tensor, a: int, shape: list) -> torch.Tensor | None:
         """A storage lent with ``first`` (``lend_room``), taken once, when it has the room."""
         hit = _LENT.get((id(root), first.data_ptr()))
-        if hit is None or hit[0]() is not root or hit[2] != first.shape:
+        if hit is None or hit[0]() is not root or hit[4] != first.shape:
             return None
-        storage = hit[1]
+        storage = root.as_strided(hit[1], hit[2], hit[3])
         cap = storage.shape
         if first.stride() != storage.stride() or cap[a] < shape[a] or any(
                 cap[d] != shape[d] for d in range(len(shape)) if d != a):

@@ -298,3 +298,37 @@ def test_a_length_that_grows_by_one_re_plans_the_arena_every_few_steps_not_every
         np.testing.assert_allclose(y, -np.concatenate([past, x], 2).sum(2), rtol=1e-5, atol=1e-5)
         past = present
     assert sess.stats()["arena_plans"] <= 8  # 60 steps: ratio mode alone made 10 plans
+
+
+def test_a_lent_room_takes_the_new_part_in_place_and_dies_with_its_memory():
+    """``lend_room`` (the paged engine's gathered pasts, kv_append.py): a past lent with the room
+    behind it is appended to in place, also when one buffer holds several layers' storages and
+    is reused (a captured step runs its body twice over the same buffers); an entry that no append
+    took holds its memory only weakly."""
+    import gc
+    from collections import Counter
+
+    from dynashape.memory.engine import Engine
+    from dynashape.runtime import kv_append
+    from dynashape.runtime.kv_append import KVAppend, lend_room
+    rng = np.random.default_rng(3)
+    layers = [KVAppend(2, i, "geometric", Engine("cpu"), Counter()) for i in range(2)]
+    dense = torch.empty(2, 1, H, 5, D)  # two layers' storages in one buffer, room for one position each
+    for _ in range(2):
+        dense[:, :, :, :4] = torch.from_numpy(rand((2, 1, H, 4, D), rng=rng))
+        for i, kv in enumerate(layers):
+            past, new = dense[i, :, :, :4], torch.from_numpy(rand((1, H, 1, D), rng=rng))
+            want = torch.cat([past, new], 2)
+            lend_room(past, dense[i])
+            out = kv(past, new)
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+            assert out.data_ptr() == dense[i].data_ptr()  # in place: the past was not copied
+            assert kv.stats["concat_storages"] == 0
+    left = torch.empty(1, H, 6, D)
+    lend_room(left[:, :, :3], left)
+    key = (id(left), left.data_ptr())
+    assert kv_append._LENT[key][0]() is left
+    del left
+    gc.collect()
+    assert kv_append._LENT[key][0]() is None  # nothing here keeps the buffer alive
+    del kv_append._LENT[key]
