@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -64,4 +64,8 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=40 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py
     T=530 run python3 benchmarks/new_shapes_gpu.py --compile --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_split.json" ;;
+  timeline)  # when the background builds land (benchmarks/build_timeline.py): default, forms untimed, static off
+    T=150 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_default.json"
+    DYNASHAPE_STATIC_FORMS=0 T=150 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_untimed.json"
+    T=100 run python3 benchmarks/build_timeline.py --calls 200 --options static_impls=off --json "$OUT/timeline_off.json" ;;
 esac

@@ -17,7 +17,8 @@ A region qualifies for a symbol ``S`` when every node in it treats the rows of `
   seq, k]`` is not aligned along the batch: padding batch 1 to 8 would be 8x the rows;
 - each node is an op known to work row by row along its first axis: element-wise ops (inputs
   that carry ``S`` at the output's rank), products whose weight does not carry ``S``, views that
-  keep the first axis, normalisations and softmax over other axes, an embedding lookup;
+  keep the first axis, normalisations, softmax and reductions over other axes, an embedding
+  lookup;
 - at least one product over a constant weight (what the alignment is for: element-wise regions
   are not aligned, their cost grows with the padded rows).
 Nothing else is aligned: the region keeps one impl per value of its symbols.
@@ -55,6 +56,11 @@ CONVS = frozenset({"Conv", "ConvAct", "ConvRelu", "ConvAddRelu", "ConvTranspose"
 # over one image's channels and pixels, never across images
 PER_IMAGE = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool",
                        "LRN", "InstanceNormalization", "BatchNormalization"})
+# reductions, row by row where the rows of the symbol lead both their input and their output (so
+# the first axis is not reduced): torch.onnx writes a ResNet's global average pool as a ReduceMean
+# over axes (2, 3), and without these its whole region had one impl per batch value
+REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                        "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"})
 
 
 def aligned_symbol(nodes: list[Node], dims_of, canon, candidates) -> str | None:
@@ -130,6 +136,8 @@ def _rowwise(n: Node, s: str, dims_of, canon) -> bool:
         return w is not None and not carries(dims.get(id(w)) or dims_of(w), s, canon)
     if op in PER_IMAGE:
         return not n.attrs.get("training_mode", 0)
+    if op in REDUCTIONS:  # input and output lead with s (checked above): axis 0 is kept
+        return len(ins) == 1 and ins[0] is n.inputs[0]
     if op == "Gather":  # an embedding: a constant table read at indices that carry s
         return (n.inputs[0] is not None and not carries(dims[id(n.inputs[0])], s, canon)
                 and n.attrs.get("axis", 0) == 0)

@@ -28,9 +28,10 @@ from dynashape.impls.static import _scratch
 from dynashape.runtime.aligned import MAX_ALIGNED, conv_bucket
 
 
-def cnn(mix_rows: bool = False) -> onnx.ModelProto:
+def cnn(mix_rows: bool = False, exported_pool: bool = False) -> onnx.ModelProto:
     """Conv-Relu-MaxPool, a residual Conv-Add-Relu, GlobalAveragePool, Flatten, Gemm over x [N, 3, 12, 12];
-    ``mix_rows``: the logits minus their mean over the batch (rows of N meet)."""
+    ``mix_rows``: the logits minus their mean over the batch (rows of N meet); ``exported_pool``:
+    the pool and flatten as torch.onnx writes a ResNet's (ReduceMean over axes 2, 3, Reshape)."""
     rng = np.random.default_rng(0)
 
     def init(name, *shape):
@@ -44,6 +45,10 @@ def cnn(mix_rows: bool = False) -> onnx.ModelProto:
              helper.make_node("Add", ["c2", "p1"], ["a2"]), helper.make_node("Relu", ["a2"], ["r2"]),
              helper.make_node("GlobalAveragePool", ["r2"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
              helper.make_node("Gemm", ["f", "WF", "BF"], ["z"], transB=1)]
+    if exported_pool:
+        inits.append(onnx.numpy_helper.from_array(np.array([-1, 8], dtype=np.int64), "flat"))
+        nodes[6:8] = [helper.make_node("ReduceMean", ["r2"], ["g"], axes=[2, 3], keepdims=1),
+                      helper.make_node("Reshape", ["g", "flat"], ["f"])]
     out = "z"
     if mix_rows:
         nodes += [helper.make_node("ReduceMean", ["z"], ["m"], axes=[0], keepdims=1),
@@ -97,6 +102,23 @@ def test_one_impl_per_bucket_serves_every_batch_and_padding_never_leaks(device):
     buckets = {conv_bucket(n) for n in batches[1:]}
     assert 1 <= st["static_builds_aligned"] <= len(buckets) * len(aligned), st
     assert st["static_hits"] >= len(batches) // 2 and st["static_guard_fails"] == 0, st
+
+
+def test_a_global_pool_written_as_reduce_mean_is_bucketed(device):
+    """torch.onnx writes ResNet-50's global pool as a ReduceMean over (2, 3) and its flatten as a
+    Reshape: reductions over the other axes keep images apart, so the region is bucketed (before,
+    it was not, and a random batch built one impl per batch value: none landed in 100 calls)."""
+    model = cnn(exported_pool=True)
+    sess = _session(model, device)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    batches = [13, 3, 16, 9, 4, 11, 2]
+    for n in batches:
+        x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    pooled = [rc for rc in _regions(sess) if any("ReduceMean" in line or "mean" in line for line in rc.body)]
+    assert pooled and all(rc.align is not None and rc.align.kind == "conv" for rc in pooled)
+    assert sess.stats()["static_builds_aligned"] <= len({conv_bucket(n) for n in batches})
 
 
 def test_a_region_that_mixes_images_is_not_bucketed(device):
