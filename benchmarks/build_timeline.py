@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
 from benchmarks.new_shapes_gpu import _warm_libraries, model_for, shapes_for  # noqa: E402
 
-KEYS = ("static_builds", "static_hits", "static_misses", "build_wait_s", "static_build_warm_s",
+KEYS = ("static_builds", "static_builds_tuned", "static_hits", "static_misses", "build_wait_s", "static_build_warm_s",
         "static_build_capture_s", "static_refused")
 
 
@@ -57,7 +57,7 @@ def main() -> None:
         chunk = rows[i:i + 10]
         print(f"calls {i:3d}-{i + len(chunk) - 1:3d} at {chunk[0]['at_s']:6.2f}s: "
               f"{sum(r['ms'] for r in chunk):8.1f} ms  builds {chunk[-1]['static_builds']:3d}  "
-              f"hits {chunk[-1]['static_hits']:4d}")
+              f"tuned {chunk[-1]['static_builds_tuned']:3d}  hits {chunk[-1]['static_hits']:4d}")
     last = rows[-1]
     ctx = sess.compiled.context if sess.compiled is not None else None
     pending = ctx.pending() if ctx is not None else 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -68,4 +68,10 @@ case "${1:-final}" in
     T=150 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_default.json"
     DYNASHAPE_STATIC_FORMS=0 T=150 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_untimed.json"
     T=100 run python3 benchmarks/build_timeline.py --calls 200 --options static_impls=off --json "$OUT/timeline_off.json" ;;
+  buckets)  # conv batch buckets that land (first graph untimed, tuned rebuild): CUDA tests; timeline; ResNet workloads
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_conv_buckets.py \
+      tests/impls/test_aligned.py tests/impls/test_static_impls.py tests/test_disk_cache.py
+    T=100 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_default.json"
+    T=300 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle --sync-debug --models-dir $M \
+      --cache-dir /tmp/dcache --second-process --json "$OUT/new_shapes_buckets.json" ;;
 esac

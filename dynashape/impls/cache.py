@@ -47,6 +47,11 @@ class ImplCache:
             self.stats["impl_cache_hits"] += 1
             return impl
 
+    def peek(self, key):
+        """The impl under ``key`` or None, counting nothing and keeping its place."""
+        with self._lock:
+            return self._items.get(key)
+
     def put(self, key, impl) -> None:
         with self._lock:
             self._items[key] = impl

@@ -34,6 +34,7 @@ from ..errors import OptionsError
 from ..ops import packed_linear, specialise, split_tf32
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
+from .context import Requeue
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ class CudaGraphImpl:
 
 
 def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-             device: torch.device) -> CudaGraphImpl:
+             device: torch.device, tune: bool = True, give_way=None) -> CudaGraphImpl:
     """A CUDA static impl built off the calling thread while the dynamic impl serves (async
     builds; ``CompiledRunner.static``): no call waits for it. Nothing the caller owns is read
     or written before the graph's first replay: the region first runs on scratch live-ins of the
@@ -339,14 +340,28 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     side stream, while the caller's kernels run: the timings are noisier than a build in the
     call); then the region is captured over the real live-ins, which executes nothing. An arena
     given back meanwhile (a re-plan) is never touched: the impl's key names that plan, which no
-    later call asks for."""
+    later call asks for.
+    ``tune=False``: nothing is timed; an op takes the form kept for its key (timed by an earlier
+    build, a sibling batch's, or the disk cache's), else its own call; ``impl.untuned`` counts the
+    keys left so, which a tuned rebuild would time (runtime/spec_state.py builds a region's first
+    graph so: at a random batch on every call, ResNet-50's first bucket built with every form timed
+    landed after ~2.8 s of calls on an H200, ~170 calls; untimed, a build takes ~60 ms).
+    ``give_way()``: asked before each key is timed; when true the build stops and raises
+    ``Requeue`` (the forms timed so far are kept, so it resumes where it stopped)."""
+    tuner = tuning.fastest if tune else specialise.untimed
+    if tune and give_way is not None:
+        def tuner(key, runs):
+            if give_way():
+                raise Requeue("a first graph waits")
+            return tuning.fastest(key, runs)
     with torch.cuda.device(device), split_tf32.run_flags():  # the queuing run's TF32 switches
         side = _capture_stream(device)
         with torch.cuda.stream(side):
             t0 = time.perf_counter()
             scratch = tuple(_scratch(x) if isinstance(x, torch.Tensor) else x for x in ins)
-            with fused_epilogues(), tuning.light(), (specialise.specialised(tuning.fastest) if timed_forms()
-                                                     else contextlib.nullcontext()), split_tf32.recording() as made:
+            with fused_epilogues(), tuning.light(), (specialise.specialised(tuner) if timed_forms()
+                                                     else contextlib.nullcontext()), \
+                    split_tf32.recording() as made, specialise.counting_defaults() as defaulted:
                 fn(*symvals, *scratch)
             for x, s in zip(ins, scratch):  # the real weights' TF32 parts, made here rather than in the capture
                 for layout in (True, False):
@@ -358,6 +373,7 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
         impl = CudaGraphImpl(fn, symvals, ins, refresh, results, device, warm=False, prepared=True)
         # where a background build's time goes (stats: static_build_warm_s, static_build_capture_s)
         impl.phases = {"warm": t1 - t0, "capture": time.perf_counter() - t1}
+        impl.untuned = defaulted[0]
         return impl
 
 
@@ -464,7 +480,8 @@ def static_builder(device: torch.device, fn, body: list[str], params: list[str],
     worker."""
     if device.type == "cuda":
         if detach:
-            return lambda: detached(fn, symvals, ins, refresh, results, device)
+            return lambda tune=True, give_way=None: detached(fn, symvals, ins, refresh, results, device, tune,
+                                                             give_way)
         return lambda: CudaGraphImpl(fn, symvals, ins, refresh, results, device)
 
     def specialized(why: str | None = None):

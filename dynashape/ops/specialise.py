@@ -45,6 +45,23 @@ def specialised(tuner):
     return thread_setting(_LOCAL, "tuner", tuner)
 
 
+def untimed(key: tuple, runs: list) -> None:
+    """A tuner that times nothing: a key without a kept form takes its first (the op's own call)
+    and stays untuned (a CUDA region's first graph, built at once: runtime/spec_state.py)."""
+    return None
+
+
+@contextmanager
+def counting_defaults():
+    """Inside (this thread): a list whose one item counts the keys that took their first form
+    because nothing could be timed (``untimed``), i.e. what a tuned rebuild would time."""
+    prev, _LOCAL.defaulted = getattr(_LOCAL, "defaulted", None), [0]
+    try:
+        yield _LOCAL.defaulted
+    finally:
+        _LOCAL.defaulted = prev
+
+
 def active() -> bool:
     return getattr(_LOCAL, "tuner", None) is not None
 
@@ -78,7 +95,10 @@ def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> 
     if choice is not None:
         return choice
     best = _LOCAL.tuner(key, [(lambda f=f: run(f)) for f in forms])
-    if best is None:  # inside a capture: nothing can be timed
+    if best is None:  # inside a capture, or an untimed build: nothing is timed
+        counted = getattr(_LOCAL, "defaulted", None)
+        if counted is not None:
+            counted[0] += 1
         return forms[0]
     choice = forms[best]
     with _LOCK:

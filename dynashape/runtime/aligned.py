@@ -137,6 +137,7 @@ class AlignedImpl:
                 e.first = self._real_rows(e.first, real)
             raise
         self.kind, self.nbytes = self.inner.kind, self.inner.nbytes
+        self.untuned = getattr(self.inner, "untuned", 0)
         self.fallback = getattr(self.inner, "fallback", None)
         self.phases = getattr(self.inner, "phases", {})
 

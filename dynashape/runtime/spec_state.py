@@ -12,6 +12,7 @@ build is queued when the key comes back.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 
@@ -21,6 +22,7 @@ from ..codegen import SpecCode
 from ..compile.arena import plan_offsets
 from ..errors import ShapeError
 from ..impls import CannotCapture, static_builder
+from ..impls.context import Requeue
 from ..impls.static import cpu_kind
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
@@ -68,6 +70,12 @@ class SpecState:
         self.seen: dict = {}
         self.refused: set = set()
         self.orphans: dict = {}  # key -> results of a region's real run whose capture then failed
+        # graphs replaced by their tuned rebuild, kept until this request's stream is past their
+        # last replay (``_retire``): a graph's private memory freed earlier could be handed to the
+        # next capture while a replay still ran on it
+        self.swapped: list = []
+        self.retiring: list = []
+        self.swap_lock = threading.Lock()
         # the whole decode step (decode_graph.py): run's first stop when the specialization has one
         decode = runner.model.decode_graphs
         self.step = DecodeGraphs(self) if spec.step is not None and decode else None
@@ -221,8 +229,10 @@ class SpecState:
                                    reg.refresh, reg.results, self.spec.namespace, name, detach=detach)
             self.stats["static_trace_time_s"] += time.perf_counter() - t0
             self.runner.traced = model.device.type == "cpu" and cpu_kind() == "inductor"
-            # inline: CUDA captures in the call (sync, prebuilding; see impls/context.py)
-            model.context.submit(k, *self._weak(build, detach), inline=model.device.type == "cuda" and not detach)
+            if detach:
+                self._submit_detached(k, build)
+            else:  # inline: CUDA captures in the call (sync, prebuilding; see impls/context.py)
+                model.context.submit(k, *self._weak(build, detach), inline=model.device.type == "cuda")
         else:
             # the padded views are stable for the impl: refreshed only what passes through
             refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
@@ -230,25 +240,91 @@ class SpecState:
 
             ns = self.spec.namespace  # (not ``self``: a background job holds this state weakly)
 
-            def build():  # one impl for the bucket of values up to ``padded`` (aligned.py)
+            def build(*how):  # one impl for the bucket of values up to ``padded`` (aligned.py)
                 return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
                                                                reg.live_out, rc.symvars, key[:-1], sins, refresh,
-                                                               reg.results, ns, name, detach=detach)(),
+                                                               reg.results, ns, name, detach=detach)(*how),
                                    al, views, ins, padded, detached=detach)
-            # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
-            model.context.submit(k, *self._weak(build, detach), inline=not detach)
+            if detach:
+                self._submit_detached(k, build)
+            else:  # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
+                model.context.submit(k, *self._weak(build, detach), inline=True)
         self.stats["build_wait_s"] += time.perf_counter() - t0  # what this call spent on the build
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)
         return self.orphans.pop(k, None)  # a capture that failed after the region ran for real
 
-    def _weak(self, build, detach: bool) -> tuple:
+    def _submit_detached(self, k: tuple, build) -> None:
+        """A CUDA build off the calling thread, in two: the region's first graph with nothing timed
+        (each op the form kept for its key, else its own call), queued first; then, if that left
+        keys untimed, a tuned rebuild at a lower priority that replaces it (``_rebuilt``) and gives
+        way to any first graph queued meanwhile (impls/context.py ``Requeue``). At a
+        random batch on every call the first graphs of a ResNet's buckets then land within tens of
+        calls instead of hundreds (impls/static.py ``detached``)."""
+        first: list = []
+        ctx = self.runner.model.context
+
+        def quick():
+            impl = build(False)
+            first.append(impl)
+            return impl
+
+        def tuned():
+            if not first or not getattr(first[0], "untuned", 0):
+                raise Unneeded("the first graph took forms timed before")
+            if self.runner.model.impls.peek(k) is not first[0]:
+                raise Unneeded("the first graph is no longer served")
+            if ctx.urgent():
+                raise Requeue("a first graph waits")
+            return build(True, ctx.urgent)
+        ctx.submit(k, *self._weak(quick, True))
+        ctx.submit((*k, "tuned"), *self._weak(tuned, True, "_rebuilt"), priority=1)
+
+    def _rebuilt(self, k: tuple, result, seconds: float) -> None:
+        """The tuned rebuild of ``k[:-1]``: it replaces the first graph, which is retired."""
+        k = k[:-1]
+        if isinstance(result, Unneeded):
+            return
+        if isinstance(result, Exception):  # the first graph keeps serving
+            self.stats["static_retune_failed"] += 1
+            log.info("a tuned rebuild of region %s failed; its first graph serves: %s", k[1], result)
+            return
+        stats = self.stats
+        stats["static_builds_tuned"] += 1
+        stats["static_build_time_s"] += seconds
+        for phase, t in getattr(result, "phases", {}).items():
+            stats[f"static_build_{phase}_s"] += t
+        impls = self.runner.model.impls
+        old = impls.peek(k)
+        if k[0] != self.token or old is None:
+            return  # re-planned or evicted meanwhile: nobody asks for this key now
+        stats["static_bytes"] += result.nbytes - old.nbytes
+        with self.swap_lock:
+            impls.put(k, result)
+            self.swapped.append(old)
+        self._save_forms()
+
+    def _retire(self) -> None:
+        """Graphs replaced by a rebuild are freed once this request's stream is past their last
+        replay (an event recorded now, after this call's replay, follows every replay this request
+        queued before: its calls come one at a time)."""
+        with self.swap_lock:
+            olds, self.swapped = self.swapped, []
+        if olds and self.runner.model.device.type != "cuda":
+            return  # (no graphs: nothing runs behind the host)
+        if olds:
+            ev = torch.cuda.Event()
+            ev.record()
+            self.retiring.append((ev, olds))
+        self.retiring = [(ev, o) for ev, o in self.retiring if not ev.query()]
+
+    def _weak(self, build, detach: bool, report: str = "_built") -> tuple:
         """``build`` and ``_built`` for the context's queue. A background build (``detach``)
         holds this state weakly: a session deleted while its builds wait is collected, and its
         builds that have not started yet are dropped."""
         if not detach:
-            return build, self._built
+            return build, getattr(self, report)
         me = weakref.ref(self)
 
         def job():
@@ -259,7 +335,7 @@ class SpecState:
         def done(k, result, seconds):
             st = me()
             if st is not None:
-                st._built(k, result, seconds)
+                getattr(st, report)(k, result, seconds)
         return job, done
 
     def _replay(self, impl, ins: tuple):
@@ -268,6 +344,9 @@ class SpecState:
         except Exception:  # noqa: BLE001  the dynamic lines run it again and name the failing node
             self.stats["static_errors_rerun"] += 1
             return None
+        finally:
+            if self.swapped or self.retiring:  # after the replay: it may have been of a graph just swapped out
+                self._retire()
         if out is None:
             self.stats["static_guard_fails"] += 1
             return None
@@ -304,13 +383,16 @@ class SpecState:
         stats["static_bytes"] += result.nbytes
         if token == self.token:  # else the plan moved while it was built: its addresses are gone
             self.runner.model.impls.put(k, result)
+        self._save_forms()
+        if self.runner.engine.verbose >= 2:
+            print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
+
+    def _save_forms(self) -> None:
         if self.runner.model.disk_cache is not None:  # the forms this build timed, for the next process
             try:
                 self.runner.model.disk_cache.save()
             except OSError as e:  # a full or read-only disk costs the cache, not the call
                 log.warning("dynashape: cannot write the disk cache: %s", e)
-        if self.runner.engine.verbose >= 2:
-            print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
 
     # ---- a break point whose sizes come from data ---------------------------------------------
     def sized(self, k: int, kernel, args: tuple):
@@ -336,3 +418,7 @@ class SpecState:
 
 class Abandoned(RuntimeError):
     """A background build whose session was deleted before it started."""
+
+
+class Unneeded(RuntimeError):
+    """A tuned rebuild with nothing to tune, or whose first graph serves no more."""

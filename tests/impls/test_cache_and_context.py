@@ -125,3 +125,48 @@ def test_every_context_is_stopped_at_exit():
     threading.Timer(0.05, gate.set).start()
     context._stop_all([ctx])
     assert ctx.pending() == 0 and not ctx.submit("k2", lambda: None, lambda k, r, s: None)
+
+
+def test_a_lower_priority_waits_and_a_build_that_gives_way_is_queued_again():
+    """Priority 0 (a region's first graph) before 1 (tuned rebuilds), FIFO within one; a build
+    that raises Requeue while a priority-0 build waits runs again after it, and is reported once."""
+    from dynashape.impls.context import Requeue
+    ctx = CompilationContext("async")
+    gate, order, reports = threading.Event(), [], []
+    attempts = {"tune": 0}
+
+    def block():
+        gate.wait(5)
+        order.append("block")
+
+    def tune():
+        attempts["tune"] += 1
+        if attempts["tune"] == 1:
+            ctx.submit("late", lambda: order.append("late"), lambda *a: reports.append(a[0]))
+            assert ctx.urgent()
+            raise Requeue("a first graph waits")
+        order.append("tune")
+        return "tuned"
+
+    ctx.submit("block", block, lambda *a: reports.append(a[0]))
+    ctx.submit("tune", tune, lambda k, r, s: reports.append((k, r)), priority=1)
+    ctx.submit("first", lambda: order.append("first"), lambda *a: reports.append(a[0]))
+    assert ctx.urgent()  # "first" waits behind the running "block"
+    gate.set()
+    assert ctx.wait(10)
+    assert order == ["block", "first", "late", "tune"], order
+    assert reports.count(("tune", "tuned")) == 1 and attempts["tune"] == 2
+    assert not ctx.urgent() and ctx.pending() == 0
+
+
+def test_the_switch_interval_is_short_while_the_worker_builds_and_restored_after():
+    import sys
+
+    from dynashape.impls.context import SWITCH_S
+    before = sys.getswitchinterval()
+    seen = []
+    ctx = CompilationContext("async")
+    ctx.submit("k", lambda: seen.append(sys.getswitchinterval()), lambda *a: None)
+    assert ctx.wait(10)
+    assert seen and seen[0] <= SWITCH_S + 1e-9
+    assert sys.getswitchinterval() == before

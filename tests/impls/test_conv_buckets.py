@@ -162,3 +162,68 @@ def test_a_process_that_ends_while_builds_run_ends_cleanly(device, tmp_path):
                        env={**os.environ, "DYNASHAPE_CPU_STATIC": "specialized"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "terminate called" not in r.stderr
+
+
+class _FakeGraph:
+    """Stands for a CUDA graph built off the calling thread (the CPU has none): its ``untuned``
+    count is what the two-phase build reads."""
+
+    kind, nbytes, aligned = "cuda_graph", 0, True
+
+    def __init__(self, untuned: int) -> None:
+        self.untuned = untuned
+
+    def __call__(self, ins):
+        return ("out",)
+
+
+@pytest.mark.parametrize("untuned", [3, 0])
+def test_a_first_graph_untimed_then_a_tuned_rebuild_replaces_it(untuned):
+    """A region's background build on CUDA comes in two (runtime/spec_state.py ``_submit_detached``):
+    a first graph with nothing timed, then, only if it left forms untimed, a tuned rebuild that
+    replaces it in the cache; the replaced graph is kept until the request's next replay."""
+    sess = dynashape.InferenceSession(cnn(), device="cpu", static_impls="async")
+    sess.run(None, {"x": np.ones((2, 3, 12, 12), np.float32)})
+    st = next(iter(sess._default.runner.states.values()))
+    asked = []
+
+    def build(tune=True, give_way=None):
+        asked.append(tune)
+        return _FakeGraph(0 if tune else untuned)
+    k = (st.token, 0, (16, "aligned"))
+    st._submit_detached(k, build)
+    assert sess.compiled.context.wait(10)
+    impls = sess.compiled.impls
+    stats = sess.stats()
+    if untuned:
+        assert asked == [False, True] and impls.peek(k).untuned == 0
+        assert stats["static_builds"] == 1 and stats["static_builds_tuned"] == 1
+        assert len(st.swapped) == 1
+        assert st._replay(impls.peek(k), ()) == ("out",)
+        assert not st.swapped and not st.retiring
+    else:  # its forms were all timed before (a sibling batch, the disk cache): nothing to rebuild
+        assert asked == [False] and stats.get("static_builds_tuned", 0) == 0 and not st.swapped
+
+
+def test_a_tuned_rebuild_of_a_graph_no_longer_served_is_dropped():
+    sess = dynashape.InferenceSession(cnn(), device="cpu", static_impls="async")
+    sess.run(None, {"x": np.ones((2, 3, 12, 12), np.float32)})
+    st = next(iter(sess._default.runner.states.values()))
+    asked = []
+    gate = __import__("threading").Event()
+
+    def build(tune=True, give_way=None):
+        asked.append(tune)
+        if not tune:
+            return _FakeGraph(2)
+        raise AssertionError("rebuilt a graph nobody serves")
+    ctx = sess.compiled.context
+    ctx.submit("hold", lambda: gate.wait(5), lambda *a: None)
+    k = (st.token, 0, (8, "aligned"))
+    st._submit_detached(k, build)
+    # the first graph lands, then the plan moves before the rebuild runs: its key is gone
+    ctx.submit("drop", lambda: sess.compiled.impls.drop(st.token), lambda *a: None)
+    gate.set()
+    assert ctx.wait(10)
+    assert asked == [False] and sess.stats().get("static_builds_tuned", 0) == 0
+    assert sess.stats().get("static_retune_failed", 0) == 0
