@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -70,8 +70,17 @@ case "${1:-final}" in
     T=100 run python3 benchmarks/build_timeline.py --calls 200 --options static_impls=off --json "$OUT/timeline_off.json" ;;
   buckets)  # conv batch buckets that land (first graph untimed, tuned rebuild): CUDA tests; timeline; ResNet workloads
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_conv_buckets.py \
-      tests/impls/test_aligned.py tests/impls/test_static_impls.py tests/test_disk_cache.py
+      tests/impls/test_aligned.py tests/impls/test_static_impls.py tests/test_disk_cache.py tests/impls/test_cache_and_context.py
     T=100 run python3 benchmarks/build_timeline.py --calls 200 --json "$OUT/timeline_default.json"
-    T=300 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle --sync-debug --models-dir $M \
+    T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M \
       --cache-dir /tmp/dcache --second-process --json "$OUT/new_shapes_buckets.json" ;;
+  warm)  # the disk cache's shapes built at load: CUDA tests; a timeline that writes the cache, then one that loads it
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_disk_cache.py \
+      tests/impls/test_conv_buckets.py tests/impls/test_cache_and_context.py
+    T=100 run python3 benchmarks/build_timeline.py --calls 200 --log --options cache_dir=/tmp/tc --json "$OUT/timeline_1.json"
+    T=100 run python3 benchmarks/build_timeline.py --calls 200 --options cache_dir=/tmp/tc --json "$OUT/timeline_2.json"
+    T=100 run python3 benchmarks/build_timeline.py --workload bert_cycle --calls 60 --log --options cache_dir=/tmp/tb \
+      --json "$OUT/timeline_bert_1.json"
+    T=100 run python3 benchmarks/build_timeline.py --workload bert_cycle --calls 60 --options cache_dir=/tmp/tb \
+      --json "$OUT/timeline_bert_2.json" ;;
 esac

@@ -21,11 +21,11 @@ from . import session_setup as setup
 from .compat import NodeArg  # noqa: F401  dynashape.api.NodeArg, as before
 from .compile import Program, compile_graph
 from .compile.memory_plan import kv_appends
-from .errors import DimensionWarning, OptionsError, SymbolDisagreementError
+from .errors import DimensionWarning, DynashapeError, OptionsError, SymbolDisagreementError
 from .frontend.expose import expose
 from .frontend.options import ParseOptions
 from .frontend.parse import load_model_proto, parse_model, prepare_proto
-from .impls.disk_cache import DiskCache
+from .impls.disk_cache import DiskCache, DiskCacheWarning
 from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
@@ -232,20 +232,37 @@ class InferenceSession:
         shape runs the dynamic impl."""
         if self.compiled is None or self._static is None:
             return
+        optimal = optimal_shapes(self._specs)
+        # on CUDA, the shapes an earlier process's calls built for (the disk cache): its graphs
+        # then serve this process's first calls (a capture each, the forms read from the cache)
+        cache = self.compiled.disk_cache
+        cached = [c for c in (cache.shapes if cache is not None and self.device.type == "cuda" else ())
+                  if c not in optimal and len(c) == len(self._specs)]
         # the largest first: the arena is planned for it once, and the others fit in it (a re-plan
         # would move the buffers that the impls built before it read)
-        shapes = sorted(optimal_shapes(self._specs), key=lambda c: -sum(numel(s) for s in c))
+        shapes = sorted(optimal + cached, key=lambda c: -sum(numel(s) for s in c))
         if not shapes:
             return
         req = self._default = InferRequest(self)
         req.runner.prebuild = True
+        built = 0
         try:
             for combo in shapes:
-                req.run(None, {spec.name: sample(spec, shape, self.device) for spec, shape in zip(self._specs, combo)})
+                feeds = {spec.name: sample(spec, shape, self.device) for spec, shape in zip(self._specs, combo)}
+                if combo in optimal:
+                    req.run(None, feeds)
+                    continue
+                try:  # a file's shape is a hint: one this model refuses costs a warning, not the load
+                    req.run(None, feeds)
+                    built += 1
+                except (DynashapeError, RuntimeError) as e:  # (RuntimeError: out of device memory)
+                    warnings.warn(f"dynashape: the cached shape {combo} was not built at load: {e}",
+                                  DiskCacheWarning, stacklevel=3)
             self.compiled.context.wait()
         finally:
             req.runner.prebuild = False
-        req._stats["optimal_shapes_prebuilt"] += len(shapes)
+        req._stats["optimal_shapes_prebuilt"] += len(shapes) - len(cached)
+        req._stats["disk_cache_shapes_prebuilt"] += built
 
     def _with_inputs(self, names: frozenset) -> InferenceSession:
         """This model with the initializers ``names`` read from the feeds instead (a session of its

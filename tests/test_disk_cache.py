@@ -110,3 +110,58 @@ def test_a_second_process_builds_without_timing(tmp_path):
     second = builds()
     assert second["disk_cache_forms_loaded"] >= 1 and second["static_builds"] >= 1
     assert specialise.STATS["tuned"] == tuned  # every form came from the file
+
+
+def test_shapes_asked_to_build_for_are_kept_bucketed_and_bounded(tmp_path):
+    """A call that asks for a static impl leaves its input shapes in the cache (a bucketed
+    region's: the bucket's batch), for the next process's load; a bad shapes entry makes the file
+    ignored like any bad entry."""
+    proto = cnn()
+    sess = dynashape.InferenceSession(proto, static_impls="sync", cache_dir=str(tmp_path),
+                                      dynamic_dims={"x": [dynashape.Dimension(1, 32), 3, 12, 12]})
+    sess.compiled.conv_buckets = True  # the CUDA default (tests/impls/test_conv_buckets.py)
+    rng = np.random.default_rng(0)
+    for b in (3, 5, 13, 4):
+        sess.run(None, {"x": rng.standard_normal((b, 3, 12, 12)).astype(np.float32)})
+    cache = sess.compiled.disk_cache
+    assert cache.shapes == [((4, 3, 12, 12),), ((8, 3, 12, 12),), ((16, 3, 12, 12),)]
+    cache.save()
+    again = DiskCache(tmp_path, proto, torch.device("cpu"))
+    again.load()
+    assert again.shapes == cache.shapes and sess.stats()["disk_cache_shapes"] == 3
+    for i in range(disk_cache.MAX_SHAPES + 5):
+        again.note_shape(((i + 1, 3, 12, 12),))
+    assert len(again.shapes) == disk_cache.MAX_SHAPES
+    data = json.loads(again.path.read_text())
+    data["shapes"] = [[["x", 3]]]
+    again.path.write_text(json.dumps(data))
+    with pytest.warns(DiskCacheWarning):
+        assert DiskCache(tmp_path, proto, torch.device("cpu")).load() == 0
+
+
+@pytest.mark.skipif(not os.environ.get("DYNASHAPE_TEST_DEVICE", "cpu").startswith("cuda"), reason="CUDA builds")
+def test_a_second_process_builds_the_cached_shapes_at_load(tmp_path):
+    """The shapes an earlier process built for are built at load: the next process's first call at
+    each replays a graph (and a cached shape the model refuses costs a warning, not the load)."""
+    proto = cnn()
+    opts = dict(device="cuda", cache_dir=str(tmp_path), dynamic_dims={"x": [dynashape.Dimension(1, 32), 3, 12, 12]})
+    sess = dynashape.InferenceSession(proto, **opts)
+    for b in (3, 13, 3, 13):
+        sess.run(None, {"x": torch.randn(b, 3, 12, 12, device="cuda")})
+    sess.compiled.context.wait(60)
+    shapes = list(sess.compiled.disk_cache.shapes)
+    assert ((4, 3, 12, 12),) in shapes and ((16, 3, 12, 12),) in shapes
+    sess.compiled.disk_cache.note_shape(((40, 3, 12, 12),))  # beyond the declared range: refused at load
+    sess.compiled.disk_cache.save()
+    del sess
+    specialise.forget()  # what a new process knows
+    with pytest.warns(DiskCacheWarning, match="not built at load"):
+        second = dynashape.InferenceSession(proto, **opts)
+    st = second.stats()
+    assert st["disk_cache_shapes_prebuilt"] == len(shapes)
+    hits = st.get("static_hits", 0)
+    for b in (3, 13):
+        x = torch.randn(b, 3, 12, 12, device="cuda")
+        ref = dynashape.InferenceSession(proto, device="cuda", static_impls="off").run(None, {"x": x})[0]
+        torch.testing.assert_close(second.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-5)
+    assert second.stats()["static_hits"] >= hits + 2

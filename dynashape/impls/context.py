@@ -43,6 +43,7 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import logging
 import queue
 import sys
 import threading
@@ -51,6 +52,7 @@ import weakref
 
 from ..ops import split_tf32
 
+log = logging.getLogger(__name__)
 EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the build running on a worker
 SWITCH_S = 0.0005  # the interpreter's switch interval while a worker builds (module docstring)
 _contexts: weakref.WeakSet = weakref.WeakSet()
@@ -176,11 +178,14 @@ class CompilationContext:
                 result = build()
         except Requeue:
             if worker and not self._stopped:  # behind the builds it gave way to; still pending
+                log.debug("build %s gave way after %.3f s", key, time.perf_counter() - t0)
                 self._put(priority, key, build, done)
                 return
             result = RuntimeError("a build gave way while nothing could come after it")
         except Exception as e:  # noqa: BLE001  a build that fails is a refusal, reported by done()
             result = e
+        log.debug("build %s (priority %d): %s in %.3f s", key, priority,
+                  type(result).__name__, time.perf_counter() - t0)
         try:
             done(key, result, time.perf_counter() - t0)
         finally:

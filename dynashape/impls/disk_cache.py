@@ -6,6 +6,11 @@ Winograd, an unfolded product... per op, shapes, dtype and layout): a CUDA stati
 spends most of its time timing them (ResNet-50: ~1-2 s a batch bucket). With the cache, a second
 process's builds only run the region once and capture it.
 
+It also keeps the input shapes whose calls asked for a static impl (a batch bucket's shape for a
+bucketed region: ``note_shape``), up to ``MAX_SHAPES``, first asked first: a CUDA session loaded
+with the cache builds them at load (api.py ``_prebuild``, as the optimal values), so the second
+process's first call at such a shape replays a graph instead of running the dynamic impl.
+
 One JSON file per model and device: its name holds a hash of the model's structure (ops,
 attributes, the initializers' names, types and shapes; not their values, which no choice
 depends on) and of the device, torch's and CUDA's versions. A file that cannot be read, or that
@@ -30,6 +35,7 @@ import torch
 from ..ops import specialise
 
 FORMAT = 1
+MAX_SHAPES = 32  # input shapes kept for the next process's load
 
 
 class DiskCacheWarning(UserWarning):
@@ -86,8 +92,9 @@ class DiskCache:
         self.path = self.folder / f"dynashape-{key}.json"
         self.loaded = 0  # forms read from the file
         self.saves = 0
-        self._saved = -1  # how many forms the last save wrote
+        self._saved = (-1, -1)  # how many forms and shapes the last save wrote
         self._lock = threading.Lock()
+        self.shapes: list[tuple] = []  # input shapes (tuples of ints per input) asked to build for
 
     def load(self) -> int:
         """Merge the file's forms into the process's choices; how many (0 with a warning when
@@ -99,30 +106,44 @@ class DiskCache:
             if data.get("format") != FORMAT or data.get("model") != self.model or data.get("device") != self.tag:
                 raise ValueError("written for another format, model, device or version")
             entries = {_decode(k): str(form) for k, form in data["forms"]}
+            shapes = [tuple(tuple(int(d) for d in shape) for shape in combo) for combo in data.get("shapes", [])]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             warnings.warn(f"dynashape: ignoring the cache file {self.path} ({type(e).__name__}: {e}); it will be "
                           "written anew", DiskCacheWarning, stacklevel=2)
             return 0
         specialise.remember(entries)
         self.loaded = len(entries)
+        with self._lock:
+            for combo in shapes[:MAX_SHAPES]:
+                if combo not in self.shapes:
+                    self.shapes.append(combo)
         return self.loaded
+
+    def note_shape(self, combo: tuple) -> None:
+        """An input shape (one tuple of ints per input) whose call asked for a static impl;
+        written at the next save."""
+        with self._lock:
+            if combo not in self.shapes and len(self.shapes) < MAX_SHAPES:
+                self.shapes.append(combo)
 
     def save(self) -> bool:
         """Write the process's chosen forms (when there are new ones since the last save)."""
         with self._lock:
             forms = specialise.choices()
-            if len(forms) == self._saved:
+            if (len(forms), len(self.shapes)) == self._saved:
                 return False
             data = {"format": FORMAT, "model": self.model, "device": self.tag,
-                    "forms": [[_encode(k), v] for k, v in forms.items()]}
+                    "forms": [[_encode(k), v] for k, v in forms.items()],
+                    "shapes": [[list(s) for s in combo] for combo in self.shapes]}
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".dynashape-", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f)
             os.replace(tmp, self.path)
-            self._saved = len(forms)
+            self._saved = (len(forms), len(self.shapes))
             self.saves += 1
             return True
 
     def stats(self) -> dict:
-        return {"disk_cache_forms_loaded": self.loaded, "disk_cache_saves": self.saves}
+        return {"disk_cache_forms_loaded": self.loaded, "disk_cache_saves": self.saves,
+                "disk_cache_shapes": len(self.shapes)}

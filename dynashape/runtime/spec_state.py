@@ -218,6 +218,7 @@ class SpecState:
             # whose regions all come back at once is not held for all of them (the next call traces
             # the next one), and none before the imports it needs are done on their thread
             return None
+        self._note_shape(padded, al)
         reg = rc.region
         name = f"<static:{self.spec.filename}:r{r}>"
         # CUDA builds in the background (async): no call waits for a capture or the forms' timing
@@ -386,6 +387,19 @@ class SpecState:
         self._save_forms()
         if self.runner.engine.verbose >= 2:
             print(f"dynashape.impls: built {result.kind} for region {r} {key} in {seconds * 1e3:.1f} ms", flush=True)
+
+    def _note_shape(self, padded: int | None, al) -> None:
+        """The disk cache keeps this call's input shapes (the bucket's, for a bucketed region)
+        for the next process to build at load (impls/disk_cache.py)."""
+        cache, shapes = self.runner.model.disk_cache, self.runner.last_shapes
+        if cache is None or self.runner.prebuild or shapes is None or any(s is None for s in shapes):
+            return
+        combo = [list(s) for s in shapes]
+        if padded is not None:
+            for d in self.spec.trace.input_dims:
+                if d.symbol == al.symbol:
+                    combo[d.input][d.axis] = padded
+        cache.note_shape(tuple(tuple(int(x) for x in s) for s in combo))
 
     def _save_forms(self) -> None:
         if self.runner.model.disk_cache is not None:  # the forms this build timed, for the next process
