@@ -141,11 +141,13 @@ class Options:
                                  "(DYNASHAPE_CPU_DECODE_STATIC), else off"})
     cache_dir: Any = _opt(
         None, "folder of the disk cache (OpenVINO's CACHE_DIR): the forms CUDA static impl builds timed fastest, "
-              "kept per model, device and torch version, so that a second process's builds skip the timing; a "
-              "bad file is ignored with a warning.",
+              "and the input shapes (batch buckets) calls built for, kept per model, device and torch version; "
+              "a second CUDA process builds those shapes at load with those forms, so its first calls replay "
+              "graphs; a bad file is ignored with a warning.",
         Expect("a folder (str or path), or None",
                lambda v: v is None or isinstance(v, str) or hasattr(v, "__fspath__")),
-        "a small file per model in the folder; reading it at load.", "DYNASHAPE_CACHE_DIR")
+        "a small file per model in the folder; at load, reading it and a build per cached shape (CUDA; "
+        "ResNet-50's 7 batch buckets on an H200: load 1.3 -> 2.6 s).", "DYNASHAPE_CACHE_DIR")
     deterministic: bool = _opt(
         False, "bit-reproducible runs (the same feeds give the same bits every run): on CPU static impls are "
                "built in the call that asks for them ('async' becomes 'sync'), so the call at which one replaces "

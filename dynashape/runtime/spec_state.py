@@ -250,7 +250,8 @@ class SpecState:
                 self._submit_detached(k, build)
             else:  # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
                 model.context.submit(k, *self._weak(build, detach), inline=True)
-        self.stats["build_wait_s"] += time.perf_counter() - t0  # what this call spent on the build
+        if not self.runner.prebuild:  # (a build at load is the load's time, not a call's)
+            self.stats["build_wait_s"] += time.perf_counter() - t0  # what this call spent on the build
         impl = model.impls.get(k)  # built in this thread (sync, or a CUDA capture): serve with it
         if impl is not None:
             return self._replay(impl, ins)
