@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -83,4 +83,9 @@ case "${1:-final}" in
       --json "$OUT/timeline_bert_1.json"
     T=100 run python3 benchmarks/build_timeline.py --workload bert_cycle --calls 60 --options cache_dir=/tmp/tb \
       --json "$OUT/timeline_bert_2.json" ;;
+  tune)  # tuning in one queue per key: the CUDA tests of static impls; when the tuned rebuilds land under traffic
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings -rfE tests/impls tests/test_disk_cache.py \
+      tests/test_host_syncs.py
+    T=100 run python3 benchmarks/build_timeline.py --calls 200 --log --json "$OUT/timeline_tune.json"
+    T=100 run python3 benchmarks/build_timeline.py --workload bert_cycle --calls 60 --log --json "$OUT/timeline_bert.json" ;;
 esac
