@@ -194,6 +194,17 @@ class CompilationContext:
                 self._idle.notify_all()
 
 
+def wait_all(timeout: float | None = None) -> bool:
+    """Block until no context of the process has a build queued or running (tests, benchmarks:
+    a session's tuned rebuilds may still run after its last call); False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for ctx in list(_contexts):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not ctx.wait(left):
+            return False
+    return True
+
+
 @atexit.register
 def _stop_all(contexts=None) -> None:
     """At exit: every context's worker idle before the interpreter tears down (module docstring)."""
