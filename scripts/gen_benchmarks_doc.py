@@ -121,36 +121,65 @@ def bold_if(text: str, cond: bool) -> str:
 # ---------------------------------------------------------------- the areas' rows
 
 def new_shapes_gpu(runs: list[Run]) -> list[list[str]]:
-    """The newest full run's rows; a later run of some workloads alone (a re-check) adds its rows."""
-    rows = _new_shapes_rows(runs[0])
-    for later in runs[1:]:
-        rows += [[label or "", f"{rt} (re-check, {later.base})", *rest] for label, rt, *rest in _new_shapes_rows(later)
-                 if rt.startswith("dynashape")]
+    """The newest run's rows; torch.compile's rows from the newest run that had them (a run with
+    --compile costs minutes of device time for torch.compile's first calls), under each workload."""
+    main = _new_shapes_rows(runs[0], lambda rt: True)
+    rows = []
+    for key, label in NEW_SHAPES_WORKLOADS.items():
+        got = main.get(key, [])
+        for earlier in runs[1:]:
+            got += [[rt + f" (earlier run, {earlier.base})", *rest]
+                    for rt, *rest in _new_shapes_rows(earlier, lambda rt: rt.startswith("torch.compile")).get(key, [])]
+        rows += [[label if i == 0 else "", *r] for i, r in enumerate(got)]
     return rows
 
 
-def _new_shapes_rows(run: Run) -> list[list[str]]:
-    labels = {"resnet_random": "ResNet-50, random batch 1-32, 100 calls",
-              "bert_random": "BERT-base, random (batch 1-32, seq 8-384), 150 calls",
-              "resnet_cycle": "ResNet-50, cycling 5 batches, 60 calls",
-              "bert_cycle": "BERT-base, cycling 7 shapes, 60 calls"}
-    rows = []
-    for key, label in labels.items():
+NEW_SHAPES_WORKLOADS = {"resnet_random": "ResNet-50, random batch 1-32, 100 calls",
+                        "bert_random": "BERT-base, random (batch 1-32, seq 8-384), 150 calls",
+                        "resnet_cycle": "ResNet-50, cycling 5 batches, 60 calls",
+                        "bert_cycle": "BERT-base, cycling 7 shapes, 60 calls"}
+
+
+def _new_shapes_rows(run: Run, keep) -> dict[str, list[list[str]]]:
+    """Per workload: a row per runtime but eager (``keep(runtime)``), without the workload's label."""
+    out = {}
+    for key in NEW_SHAPES_WORKLOADS:
         if key not in run.data:
             continue
         parts = [(rt, res) for rt, res in run.data[key].items() if isinstance(res, dict) and "summary" in res]
         second = run.data.get("second_process", {}).get(key, {})
         parts += [(rt + ", 2nd process (disk cache)", res) for rt, res in second.items()
                   if rt.startswith("dynashape") and isinstance(res, dict)]
-        for i, (rt, res) in enumerate(p for p in parts if p[0] != "eager"):
+        rows = out[key] = []
+        for rt, res in parts:
+            if rt == "eager" or not keep(rt):
+                continue
             s = res["summary"]
             name = "dynashape" + rt.split(",", 1)[1] if rt.startswith("dynashape") and "," in rt else (
                 "dynashape" if rt.startswith("dynashape") else rt)
-            rows.append([label if i == 0 else "", name, num(s["total_s"]),
-                         bold_if(f"{s['vs_eager_total']:.2f}", rt.startswith("dynashape")),
+            rows.append([name, num(s["total_s"]), bold_if(f"{s['vs_eager_total']:.2f}", rt.startswith("dynashape")),
                          f"{s['last50_vs_eager']:.2f}", f"{s['first60_vs_eager']:.2f}",
                          num(s["slowest_after_first_vs_eager_slowest"]),
                          f"{res['max_rel_err']:.1e}" if res.get("max_rel_err") is not None else "-", run.run_cell()])
+    return out
+
+
+def build_timeline(runs: list[Run]) -> list[list[str]]:
+    """When a ResNet-50 session's background builds land at a random batch on every call."""
+    what = ["before this work: bucketing off (an exported global pool), every build timed",
+            "first graphs untimed, tuned rebuilds after them", "the same, tuning a key's forms in one queue",
+            "a second process with the disk cache (shapes built at load)"]
+    rows = []
+    for label, run in zip(what, runs):
+        r = run.data["rows"]
+        first = next((i for i, x in enumerate(r) if x["static_builds"] >= min(7, r[-1]["static_builds"] or 1)), None)
+        hits = sum(1 for a, b in zip(r, r[1:]) if b["static_hits"] > a["static_hits"])
+        rows.append([label, f"{run.data.get('load_s', 0):.2f}" if "load_s" in run.data else "-",
+                     str(first) if r[-1]["static_builds"] >= 7 else
+                     f"none: {r[-1]['static_builds']} of {r[-1]['static_builds'] + run.data.get('pending_at_end', 0)} "
+                     f"keys' builds landed (one per batch value)",
+                     f"{hits + (r[0]['static_hits'] > 0)} / {len(r)}", str(r[-1].get("static_builds_tuned", 0)),
+                     str(run.data.get("pending_at_end", "-")), num(sum(x["ms"] for x in r)), run.run_cell()])
     return rows
 
 
@@ -526,7 +555,7 @@ class Area:
 
 AREAS = [
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
-         [("new_shapes_h*_*.json", "before"), ("new_shapes_recheck_*.json", None)],
+         [("new_shapes_buckets_*.json", None), ("new_shapes_h*_*.json", "before")],
          ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
           "slowest call / eager's slowest", "max rel err", "run"], new_shapes_gpu,
          "Every call from the first on a fresh session, TF32 off on every side, each output checked against "
@@ -534,10 +563,27 @@ AREAS = [
          "defaults: products by a weight of many rows as split TF32 products (fp32_products='auto', "
          "ops/split_tf32.py), within 6e-6 of eager where cuBLAS float32 is within 1.2e-6 (the table below has "
          "fp32_products='ieee'). *x eager*: eager's time / the runtime's (higher is faster). The machine's run-to-run "
-         "spread is ~15% (BERT-base random in four runs of one day: 1.08-1.36x with the split, 1.06-1.16x without). "
-         "BERT-base cycling's 5.4e-4 in the full run was a TF32 leak, fixed after it: a split product switched "
-         "cuBLAS's process-wide TF32 on while the compile worker captured a float32 product; the re-check rows are "
-         "after the fix (a product splits only while its run is the one run or build inside)."),
+         "spread is ~15%, and eager's host time moves more between machines (its small BERT calls took 6 ms in one "
+         "run, 11 in another). The workloads run in this order in one process with one cache_dir: a cycling "
+         "workload finds the disk cache its model's random workload left (forms and shapes built at load), so "
+         "only the random rows are a first process without a cache. Before the shapes were cached, a cycle "
+         "whose buckets landed untuned in the call's background measured 1.16x (ResNet-50, its worst call 3.6x "
+         "eager's at that shape) and 0.90x (BERT-base, worst 4.8x): results/new_shapes_untuned_buckets_h200_"
+         "2026-11-28.json. "
+         "Since the earlier runs: ResNet-50's region is bucketed by batch at all (its global pool, exported as a "
+         "ReduceMean, had kept it off the buckets: no bucket graph had ever been built at a random batch), "
+         "a bucket's first graph is built untimed and a tuned one replaces it later, and a second process builds "
+         "the cached shapes at load."),
+    Area("GPU: when background builds land, ResNet-50 at a random batch 1-32 on every call", "build_timeline.py",
+         [("build_timeline_resnet_before_*.json", None), ("build_timeline_resnet_h200_*.json", None),
+          ("build_timeline_resnet_tune_*.json", None), ("build_timeline_resnet_cached_*.json", None)],
+         ["builds", "load s", "call by which every bucket's first graph served", "calls served by a graph",
+          "tuned rebuilds landed during the calls", "builds still queued after the calls", "200 calls, ms", "run"],
+         build_timeline,
+         "200 calls, a fresh session each (the last with the cache_dir the one before it wrote). Seven batch "
+         "buckets (1, 2, 4, 8, 16, 24, 32). Tuned rebuilds yield to first graphs and, beside the calls, time ~20 "
+         "forms a second (~0.2 s a bucket when the calls stop): under steady traffic they land late, and the disk "
+         "cache carries them to the next process."),
     Area("GPU: float32 products as split TF32 products, BERT-base at random shapes", "split_tf32_variants.py",
          [("split_tf32_variants_*.json", None)],
          ["products", "x eager (total)", "last 50 x eager", "first 60 x eager", "slowest call / eager's slowest",
