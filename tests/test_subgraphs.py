@@ -135,3 +135,47 @@ def test_a_loop_without_a_condition_input_stops_on_its_bodys_condition():
     sess = run_sequence(loop_that_stops_itself(), feeds, references=("ort",))
     out = sess.run(None, feeds[0])
     assert 1 <= out[1].shape[0] < 10  # stopped before its trip count
+
+
+def loop_carrying_weights() -> onnx.ModelProto:
+    """paddle2onnx's form: a Loop carrying its weight W unchanged (an output that is its own input),
+    a state h = tanh(h @ W), p, the previous h, and h + p scanned (p_out is another slot's input: h_in
+    lives in one of the body's buffer sets, which the iteration after next writes again, so it
+    must be copied, or that iteration would read p after writing h over it)."""
+    f = TP.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("MatMul", ["h_in", "w_in"], ["hw"]),
+         helper.make_node("Tanh", ["hw"], ["h_out"]),
+         helper.make_node("Identity", ["h_in"], ["p_out"]),
+         helper.make_node("Add", ["h_out", "p_in"], ["scan_out"])],
+        "body", [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+                 helper.make_tensor_value_info("w_in", f, ["K", "K"]), helper.make_tensor_value_info("h_in", f, ["N", "K"]),
+                 helper.make_tensor_value_info("p_in", f, ["N", "K"])],
+        [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("w_in", f, ["K", "K"]),
+         helper.make_tensor_value_info("h_out", f, ["N", "K"]), helper.make_tensor_value_info("p_out", f, ["N", "K"]),
+         helper.make_tensor_value_info("scan_out", f, ["N", "K"])])
+    nodes = [helper.make_node("Loop", ["M", "", "w", "h0", "p0"], ["w_end", "h", "p", "hs"], body=body)]
+    g = helper.make_graph(nodes, "loop_w", [helper.make_tensor_value_info("M", TP.INT64, []),
+                                             helper.make_tensor_value_info("w", f, ["K", "K"]),
+                                             helper.make_tensor_value_info("h0", f, ["N", "K"]),
+                                             helper.make_tensor_value_info("p0", f, ["N", "K"])],
+                          [helper.make_tensor_value_info(n, f, None) for n in ("w_end", "h", "p", "hs")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_loop_passes_its_carried_weights_through_uncopied_and_other_carries_stay_right():
+    import dynashape
+
+    rng = np.random.default_rng(7)
+    feeds = [{"M": np.array(m, np.int64), "w": rng.uniform(-0.5, 0.5, (k, k)).astype(np.float32),
+              "h0": rng.uniform(-1, 1, (n, k)).astype(np.float32), "p0": rng.uniform(-1, 1, (n, k)).astype(np.float32)}
+             for m, n, k in ((5, 2, 8), (9, 3, 8), (4, 1, 16))]
+    run_sequence(loop_carrying_weights(), feeds, references=("ort",))
+    sess = dynashape.InferenceSession(loop_carrying_weights())
+    w = feeds[1]["w"].copy()
+    out = sess.run(None, feeds[1])
+    np.testing.assert_array_equal(out[0], w)  # the weight came through whole...
+    out[0][:] = 0  # ...and the caller's copy is its own: the next call still sees the weight
+    np.testing.assert_allclose(sess.run(None, feeds[1])[1], out[1], rtol=1e-6)
+    np.testing.assert_array_equal(feeds[1]["w"], w)

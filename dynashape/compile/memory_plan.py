@@ -95,7 +95,10 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
     roots: dict[int, frozenset[int]] = {}
     for v in t.input_values:
         cls[id(v)] = "input"
-        roots[id(v)] = frozenset()
+        # its own root: a view of it (an Identity the code makes an alias) is memory the caller
+        # passed in, so as a graph output it is copied (and a Loop body's carried value is not the
+        # same memory as an output of the iteration before: tests/test_subgraphs.py)
+        roots[id(v)] = frozenset({id(v)})
     producer_step: dict[int, int] = {}
     for step, ni in enumerate(t.nodes):
         node = ni.node
@@ -117,7 +120,11 @@ def plan_memory(t: Trace, inplace: bool = True) -> MemoryPlan:
             elif ni.kind == "view" or (ni.kind == "data" and node.op_type in AS_VIEW) or (
                     ni.kind == "data" and _split_as_views(t, node, cls, graph_outputs)):
                 src = node.inputs[0]
-                c, r = "view", roots.get(id(src), frozenset())
+                r = roots.get(id(src))
+                if r is None:  # a constant, or a value of the graph around a body: memory nobody may write
+                    cls.setdefault(id(src), "const" if src.is_const else "input")
+                    r = frozenset({id(src)})
+                c = "view"
             elif ni.kind == "dyn" or ni.host or not node.opdef.writes_out or info.dtype is None:
                 # a kernel called without out= may hand back an input or a view of one
                 c, r = "adopt", in_roots | {id(v)}

@@ -166,10 +166,13 @@ class CompiledRunner:
         self.last_shapes, self.last_state = shapes, st
         return st
 
-    def run(self, inputs: list, hand_out: bool, buffer_set: int = 0) -> list | None:
+    def run(self, inputs: list, hand_out: bool, buffer_set: int = 0, carried: tuple | None = None) -> list | None:
         """Outputs for ``inputs`` (in the model's input order), or None when no specialization
         serves these shapes (the caller runs the interpreter). ``buffer_set``: which of the kept
-        output buffers (numpy mode, loop bodies) this run writes."""
+        output buffers (numpy mode, loop bodies) this run writes. ``carried = (shift, n)``: a Loop
+        or Scan body's run, whose output ``j`` that is its input ``j + shift`` (``j + shift < n``:
+        a value the body passes through unchanged, an invariant of the iterations) goes back
+        uncopied (bodies.py)."""
         shapes = tuple([x.shape if isinstance(x, torch.Tensor) else None for x in inputs])
         st = self.state(shapes)
         if st is None:
@@ -187,15 +190,17 @@ class CompiledRunner:
         self.stats["compiled_runs"] += 1
         if st.spec.inplace_inputs:
             self.stats["concat_inputs_in_place"] += st.spec.inplace_inputs
-        return self._collect(st, list(outs), inputs)
+        return self._collect(st, list(outs), inputs, carried)
 
-    def _collect(self, st: SpecState, outs: list, inputs: list) -> list:
+    def _collect(self, st: SpecState, outs: list, inputs: list, carried: tuple | None = None) -> list:
         for j, action in enumerate(st.spec.outputs):
             t = outs[j]
             if isinstance(t, list):  # a sequence may hold tensors the next run overwrites
                 outs[j] = [x.clone() if isinstance(x, torch.Tensor) else x for x in t]
             elif isinstance(t, torch.Tensor) and (
                     action == "clone" or (action == "check" and self._aliases(t, inputs))):
+                if carried is not None and j + carried[0] < carried[1] and t is inputs[j + carried[0]]:
+                    continue  # passed through unchanged: the same value every iteration
                 outs[j] = t.clone()
         if self.hand_out:
             for kv in st.kv:

@@ -70,3 +70,26 @@ def test_a_product_by_one_goes_unless_it_broadcasts():
     y = b.op("Add", b.op("Mul", x, b.const([[[1.0]]])), b.op("Mul", x, b.const(2.0)))
     ops = fused_ops(check_sequence(b.model([y]), _feeds(6)))
     assert ops["Mul"] == 2, dict(ops)
+
+
+def test_an_output_that_is_an_input_or_a_constant_is_the_callers_copy():
+    """A graph output that is an input (through an Identity) or an initializer is copied for the
+    caller, as onnxruntime's are: the memory plan gives inputs a root of their own, so a view of
+    one is not taken for memory the caller owns (before, an Identity of an input was handed back as
+    the input itself, and in a Loop body that aliasing broke the carried values)."""
+    import torch
+
+    import dynashape
+
+    b = Builder()
+    x = b.input("x", ["n", 3])
+    c = b.const(np.arange(3, dtype=np.float32))
+    model = b.model([b.op("Identity", x), b.op("Identity", c), b.op("Add", x, c)])
+    sess = dynashape.InferenceSession(model)
+    xt = torch.randn(4, 3)
+    keep = xt.clone()
+    a, k, _ = sess.run(None, {"x": xt})
+    a[:] = 7.0
+    k[:] = 7.0
+    assert torch.equal(xt, keep)
+    assert sess.run(None, {"x": xt})[1].tolist() == [0.0, 1.0, 2.0]
