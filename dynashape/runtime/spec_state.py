@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 GROUP_CACHE = 64
 GROUP_CACHE_BYTES = 16 << 20
 SEEN_KEYS = 4096  # region keys seen once, remembered: a key is built when it comes back
+SIZED_MEMO_ELEMENTS = 64  # size-deciding inputs up to this many values are remembered (``sized``)
 
 
 class SpecState:
@@ -70,6 +71,7 @@ class SpecState:
         self.seen: dict = {}
         self.refused: set = set()
         self.orphans: dict = {}  # key -> results of a region's real run whose capture then failed
+        self.sized_seen: dict = {}  # sized node -> the shapes and values its sizes were last checked for
         # graphs replaced by their tuned rebuild, kept until this request's stream is past their
         # last replay (``_retire``): a graph's private memory freed earlier could be handed to the
         # next capture while a replay still ran on it
@@ -417,12 +419,21 @@ class SpecState:
         od = node.opdef
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
         values = [a.cpu() if i in od.shape_deps and isinstance(a, torch.Tensor) else None for i, a in enumerate(args)]
+        # the same shapes and size-deciding values as this node's last call (a Loop body's Range
+        # and Tile, every iteration): the sizes were checked then; the shape function (~20-30 us of
+        # Python) is not run again
+        key = (tuple(shapes), tuple(None if v is None else tuple(v.reshape(-1).tolist()) for v in values)) \
+            if all(v is None or v.numel() <= SIZED_MEMO_ELEMENTS for v in values) else None
+        if key is not None and self.sized_seen.get(k) == key:
+            return kernel(*args)
         try:
             inferred = od.infer(shapes, values, **node.attrs)
             outs = [None if s is None else tuple(map(int, s)) for s in inferred[:len(dtypes)]]
         except Exception as e:  # noqa: BLE001  what a shape function raises on absurd values
             raise shape_failure(e, node.op_type) from e
         check_output_sizes(node.op_type, outs, dtypes, self.runner.engine)
+        if key is not None:
+            self.sized_seen[k] = key
         return kernel(*args)
 
     # ---- buffers the generated code asks for -------------------------------------------------

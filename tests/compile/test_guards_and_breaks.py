@@ -541,3 +541,25 @@ def test_a_break_point_at_a_kernel_of_optional_results(monkeypatch):
         x = rng.standard_normal(shape).astype(np.float32)
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0])
     assert {n.kind for spec in sess.compiled.specs for n in spec.trace.nodes if n.node.op_type == "MaxPool"} == {"dyn"}
+
+
+def test_a_size_from_data_is_checked_again_only_when_its_values_change(monkeypatch):
+    """``st.sized`` remembers the shapes and values a node's sizes were last checked for (a Loop
+    body's Range, every iteration): the same ones skip the shape function, other ones (an absurd
+    length) are checked and refused."""
+    from dynashape.errors import MemoryLimitError
+    from dynashape.runtime import spec_state
+
+    model = make_model([helper.make_node("Range", ["zero", "n", "one"], ["r"], name="the_range"),
+                        helper.make_node("Cast", ["r"], ["y"], to=TP.FLOAT)],
+                       [("n", TP.INT64, [])], ["y"], [const(0, "zero", np.int64), const(1, "one", np.int64)])
+    sess = dynashape.InferenceSession(model, executor="compiled", max_buffer_bytes=1 << 20)
+    calls = []
+    real = spec_state.check_output_sizes
+    monkeypatch.setattr(spec_state, "check_output_sizes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for n in (5, 5, 5, 7, 7):
+        np.testing.assert_array_equal(sess.run(None, {"n": np.array(n, np.int64)})[0], np.arange(n, dtype=np.float32))
+    assert len(calls) == 2
+    with pytest.raises(MemoryLimitError, match="Range"):
+        sess.run(None, {"n": np.array(10**9, np.int64)})
+    np.testing.assert_array_equal(sess.run(None, {"n": np.array(7, np.int64)})[0], np.arange(7, dtype=np.float32))
