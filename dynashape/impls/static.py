@@ -354,7 +354,8 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
             if give_way():
                 raise Requeue("a first graph waits")
             return tuning.fastest(key, runs)
-    with torch.cuda.device(device), split_tf32.run_flags():  # the queuing run's TF32 switches
+    # the capture takes the forms the warm run took (specialise.pinning says why)
+    with torch.cuda.device(device), split_tf32.run_flags(), specialise.pinning():  # the run's TF32 switches
         side = _capture_stream(device)
         with torch.cuda.stream(side):
             t0 = time.perf_counter()

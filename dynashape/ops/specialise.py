@@ -62,6 +62,19 @@ def counting_defaults():
         _LOCAL.defaulted = prev
 
 
+@contextmanager
+def pinning():
+    """Inside (this thread): each key keeps the form it first took here. A background build runs
+    its region on scratch first, then captures it: another session's worker may keep a form for a
+    key in between, and the capture must take the form the warm run prepared (Winograd's weights,
+    a split product's parts are made outside the capture)."""
+    prev, _LOCAL.pinned = getattr(_LOCAL, "pinned", None), {}
+    try:
+        yield
+    finally:
+        _LOCAL.pinned = prev
+
+
 def active() -> bool:
     return getattr(_LOCAL, "tuner", None) is not None
 
@@ -90,6 +103,16 @@ def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> 
     can be timed now; the key then stays untuned."""
     if len(forms) == 1:
         return forms[0]
+    pinned = getattr(_LOCAL, "pinned", None)
+    if pinned is not None and key in pinned:
+        return pinned[key]
+    choice = _choose(key, forms, run)
+    if pinned is not None:
+        pinned[key] = choice
+    return choice
+
+
+def _choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> str:
     with _LOCK:
         choice = _CHOICES.get(key) or _PROVISIONAL.get(key) or _sibling(key, forms)
     if choice is not None:

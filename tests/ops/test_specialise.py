@@ -292,3 +292,18 @@ def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(de
     assert len(timed) == 2 and 1 in timed, convs  # 1 and 5 (or its bucket): more than 4x apart, both timed
     assert specialise.STATS["sibling_forms"] > siblings  # 3 took the forms timed at a batch near it
     assert len(convs) >= 6 and all(v in tc.FORMS for v in convs.values())
+
+
+def test_an_untimed_build_counts_its_defaults_and_a_pinned_key_keeps_its_first_form():
+    """A background build's warm run and its capture take one form per key (``pinning``): a form
+    another thread keeps for the key in between does not reach the capture; an untimed build
+    (``untimed``) counts the keys it left to their own call, which a tuned rebuild times."""
+    forms = ("cudnn", "gemm", "gemm_merged")
+    key = _conv_key(16)
+    with specialise.specialised(specialise.untimed), specialise.counting_defaults() as left, specialise.pinning():
+        assert specialise.choose(key, forms, lambda f: None) == "cudnn"  # the warm run
+        specialise.remember({key: "gemm_merged"})  # another session's worker timed it meanwhile
+        assert specialise.choose(key, forms, lambda f: None) == "cudnn"  # the capture: what the warm run took
+    assert left[0] == 1
+    with specialise.specialised(specialise.untimed):  # a later build finds the kept form
+        assert specialise.choose(key, forms, lambda f: None) == "gemm_merged"
