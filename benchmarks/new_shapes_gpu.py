@@ -11,8 +11,9 @@ Workloads (``--workloads``):
 - ``bert_random``: transformers' BERT-base, a random (batch 1-32, seq 8-384) on each of ``--bert-calls``;
 - ``resnet_cycle`` / ``bert_cycle``: a few shapes cycled for 60 calls.
 
-``--cache-dir D`` passes dynashape's disk cache; ``--second-process`` then runs the dynashape rows
-again in a new process over the same cache (what a restarted service sees). ``--sync-debug``
+``--cache-dir D`` passes dynashape's disk cache (a folder ``D/<workload>`` each); ``--second-process``
+then runs the dynashape rows again in a new process over the same caches (what a restarted service
+sees). ``--sync-debug``
 lists the host syncs dynashape makes after its first calls (``torch.cuda.set_sync_debug_mode``).
 
     python benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --compile --json out.json
@@ -215,7 +216,11 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"), "options": options}
     rows = []
     for w in args.workloads:
-        data[w] = r = workload_run(w, args, options, tmp, args.only_dynashape)
+        # a folder per workload: the cycling workloads share their model with the random ones, and
+        # a first process must not find the cache another workload left (the second process finds
+        # the one its own workload left)
+        opts = {**options, "cache_dir": os.path.join(args.cache_dir, w)} if args.cache_dir else options
+        data[w] = r = workload_run(w, args, opts, tmp, args.only_dynashape)
         for k, v in r.items():
             if k == "shapes":
                 continue
