@@ -267,7 +267,7 @@ class SpecState:
         random batch on every call the first graphs of a ResNet's buckets then land within tens of
         calls instead of hundreds (impls/static.py ``detached``)."""
         first: list = []
-        ctx = self.runner.model.context
+        ctx, impls = self.runner.model.context, self.runner.model.impls  # (not ``self``: held weakly)
 
         def quick():
             impl = build(False)
@@ -277,7 +277,7 @@ class SpecState:
         def tuned():
             if not first or not getattr(first[0], "untuned", 0):
                 raise Unneeded("the first graph took forms timed before")
-            if self.runner.model.impls.peek(k) is not first[0]:
+            if impls.peek(k) is not first[0]:
                 raise Unneeded("the first graph is no longer served")
             if ctx.urgent():
                 raise Requeue("a first graph waits")

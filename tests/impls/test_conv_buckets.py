@@ -227,3 +227,24 @@ def test_a_tuned_rebuild_of_a_graph_no_longer_served_is_dropped():
     assert ctx.wait(10)
     assert asked == [False] and sess.stats().get("static_builds_tuned", 0) == 0
     assert sess.stats().get("static_retune_failed", 0) == 0
+
+
+def test_queued_two_phase_builds_hold_their_session_weakly():
+    """A session deleted while its first graph and tuned rebuild wait in the queue is collected:
+    the queued jobs hold it weakly, and are dropped when they come up."""
+    import gc
+    import threading
+    import weakref
+
+    sess = dynashape.InferenceSession(cnn(), device="cpu", static_impls="async")
+    sess.run(None, {"x": np.ones((2, 3, 12, 12), np.float32)})
+    st = next(iter(sess._default.runner.states.values()))
+    ctx, gate, asked = sess.compiled.context, threading.Event(), []
+    ctx.submit("hold", lambda: gate.wait(5), lambda *a: None)
+    st._submit_detached((st.token, 0, (8, "aligned")), lambda tune=True, give_way=None: asked.append(tune))
+    alive = weakref.ref(st)
+    del st, sess
+    gc.collect()
+    assert alive() is None
+    gate.set()
+    assert ctx.wait(10) and asked == []
