@@ -29,6 +29,38 @@ def test_matches_torch_conv1d(n, c, length, o, k, s, p, bias, seed):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@settings(max_examples=120, deadline=None)
+@given(n=st.integers(1, 4), c=st.integers(2, 300), length=st.integers(1, 300), k=st.integers(1, 7),
+       s=st.integers(1, 3), p=st.integers(0, 3), bias=st.booleans(), seed=st.integers(0, 99))
+def test_a_depthwise_conv1d_matches_torch_in_both_forms(n, c, length, k, s, p, bias, seed):
+    """One filter per channel (silero-vad v4's): the windows times the taps up to DW_UNFOLD
+    unfolded elements, shifted multiply-adds beyond; both against torch's grouped conv1d."""
+    if length + 2 * p < k:
+        return
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(n, c, length, generator=g), torch.randn(c, 1, k, generator=g)
+    b = torch.randn(c, generator=g) if bias else None
+    got = C.conv1d(x, w, b, (s,), (p,), (1,), c)
+    want = F.conv1d(x, w, b, s, p, 1, c)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_depthwise_conv1d_takes_each_form_by_size(monkeypatch):
+    calls = []
+    real = F.conv1d
+    monkeypatch.setattr(F, "conv1d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    unfolds, real_unfold = [], torch.Tensor.unfold
+    monkeypatch.setattr(torch.Tensor, "unfold", lambda self, *a: unfolds.append(1) or real_unfold(self, *a))
+    C.conv1d(torch.randn(1, 258, 8), torch.randn(258, 1, 5), torch.randn(258), 1, 2, 1, 258)  # 10k: unfolded
+    assert len(unfolds) == 1
+    C.conv1d(torch.randn(1, 258, 2000), torch.randn(258, 1, 5), None, 1, 2, 1, 258)  # the taps
+    assert len(unfolds) == 1 and not calls
+    C.conv1d(torch.randn(1, 8, 40), torch.randn(16, 1, 3), None, 1, 1, 1, 8)  # two filters a channel: torch
+    C.conv1d(torch.randn(1, 8, 40), torch.randn(8, 1, 3), None, 1, 2, 2, 8)  # dilation: torch
+    assert len(calls) == 2
+
+
 def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
     calls = []
     real = torch.addmm
