@@ -30,7 +30,7 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     o, _, k = w.shape
     out_len = (length + 2 * p - d * (k - 1) - 1) // s + 1
     if groups == c == o > 1 and d == 1 and out_len > 0 and x.device.type == "cpu" and not x.requires_grad \
-            and k <= DW_TAPS and x.dtype.is_floating_point:
+            and k <= DW_TAPS and x.dtype in (torch.float32, torch.float64):  # (half: torch sums in float32)
         return _depthwise1d(x, w, b, s, p, out_len)
     if (x.device.type != "cpu" or groups != 1 or d != 1 or n * out_len > GEMM_ROWS
             or not GEMM_MIN[n >= 2] <= n * out_len * c * k <= GEMM_COLS or out_len <= 0 or x.requires_grad):

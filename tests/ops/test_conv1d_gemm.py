@@ -58,7 +58,8 @@ def test_a_depthwise_conv1d_takes_each_form_by_size(monkeypatch):
     assert len(unfolds) == 1 and not calls
     C.conv1d(torch.randn(1, 8, 40), torch.randn(16, 1, 3), None, 1, 1, 1, 8)  # two filters a channel: torch
     C.conv1d(torch.randn(1, 8, 40), torch.randn(8, 1, 3), None, 1, 2, 2, 8)  # dilation: torch
-    assert len(calls) == 2
+    C.conv1d(torch.randn(1, 8, 40).half(), torch.randn(8, 1, 3).half(), None, 1, 1, 1, 8)  # half: torch sums in fp32
+    assert len(calls) == 3
 
 
 def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
