@@ -5,7 +5,7 @@
 Builds of a lower ``priority`` number run first, in the order queued: a CUDA region's first
 graph (untuned, ~10x cheaper) before any tuned rebuild (runtime/spec_state.py). A build that
 raises ``Requeue`` goes back into the queue behind the others: a tuned rebuild does so when a
-first graph is waiting (``urgent``), between the timings of two forms, so a new bucket's graph
+first graph is waiting (``urgent``), before it times a key's forms, so a new bucket's graph
 never waits for another's tuning (on an H200 a ResNet-50 bucket's tuning under traffic took
 ~1.5 s, and the graphs of the buckets seen meanwhile waited for it).
 

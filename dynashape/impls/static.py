@@ -345,7 +345,7 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     build, a sibling batch's, or the disk cache's), else its own call; ``impl.untuned`` counts the
     keys left so, which a tuned rebuild would time (runtime/spec_state.py builds a region's first
     graph so: at a random batch on every call, ResNet-50's first bucket built with every form timed
-    landed after ~2.8 s of calls on an H200, ~170 calls; untimed, a build takes ~60 ms).
+    landed after ~2.8 s of calls on an H200, ~170 calls; untimed, a bucket's build takes ~0.1 s).
     ``give_way()``: asked before each key is timed; when true the build stops and raises
     ``Requeue`` (the forms timed so far are kept, so it resumes where it stopped)."""
     tuner = tuning.fastest if tune else specialise.untimed

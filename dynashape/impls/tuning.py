@@ -94,12 +94,12 @@ def timings(runs: list) -> list[float]:
     """Microseconds per run of each callable, cold operands, inf for one that fails.
 
     All the forms of a key are timed in one queue: the GPU held, then the flush alone and each
-    form's ``REPS`` runs between CUDA events, one wait at the end (per round). A build off the
-    calling thread, timing under the caller's traffic, waited once per form before, each time
-    for the GIL back: ~60 ms a key on an H200 beside ResNet-50 calls, and a bucket's tuning
-    outlasted a hundred calls. The hold must outlast the host's queueing, which the GIL can
-    stretch: a round whose queueing took longer than its hold is timed again with a hold twice
-    that long (at most ``MAX_HOLD_US``)."""
+    form's ``REPS`` runs between CUDA events, one wait at the end (per round), where a form had
+    a hold and a wait of its own. Measured on an H200 beside ResNet-50 calls, this did not make
+    a background build's tuning faster (~20 forms a second either way, ~60 ms a key against
+    ~20 idle): it is kept for its fewer waits. The hold must outlast the host's queueing, which
+    the GIL can stretch: a round whose queueing took longer than its hold is timed again with a
+    hold twice that long (at most ``MAX_HOLD_US``)."""
     dev = torch.cuda.current_device()
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or (64 << 20)
     flush = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")

@@ -29,11 +29,12 @@ STATS: Counter = Counter()  # process-wide: tuned, tune_s, chose_<op>_<form>
 
 @contextmanager
 def thread_setting(local: threading.local, name: str, value):
-    """``local.<name> = value`` for this thread inside, the previous value (or None) after."""
+    """``local.<name> = value`` for this thread inside (``as`` gives the value), the previous
+    value (or None) after."""
     prev = getattr(local, name, None)
     setattr(local, name, value)
     try:
-        yield
+        yield value
     finally:
         setattr(local, name, prev)
 
@@ -51,28 +52,18 @@ def untimed(key: tuple, runs: list) -> None:
     return None
 
 
-@contextmanager
 def counting_defaults():
     """Inside (this thread): a list whose one item counts the keys that took their first form
     because nothing could be timed (``untimed``), i.e. what a tuned rebuild would time."""
-    prev, _LOCAL.defaulted = getattr(_LOCAL, "defaulted", None), [0]
-    try:
-        yield _LOCAL.defaulted
-    finally:
-        _LOCAL.defaulted = prev
+    return thread_setting(_LOCAL, "defaulted", [0])
 
 
-@contextmanager
 def pinning():
     """Inside (this thread): each key keeps the form it first took here. A background build runs
     its region on scratch first, then captures it: another session's worker may keep a form for a
     key in between, and the capture must take the form the warm run prepared (Winograd's weights,
     a split product's parts are made outside the capture)."""
-    prev, _LOCAL.pinned = getattr(_LOCAL, "pinned", None), {}
-    try:
-        yield
-    finally:
-        _LOCAL.pinned = prev
+    return thread_setting(_LOCAL, "pinned", {})
 
 
 def active() -> bool:
