@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -88,4 +88,30 @@ case "${1:-final}" in
       tests/test_host_syncs.py
     T=100 run python3 benchmarks/build_timeline.py --calls 200 --log --json "$OUT/timeline_tune.json"
     T=100 run python3 benchmarks/build_timeline.py --workload bert_cycle --calls 60 --log --json "$OUT/timeline_bert.json" ;;
+  kernels)  # where BERT's GPU time goes at mid and large shapes: the dynamic path, static impls, eager; the CUDA tests of
+            # the disk cache's prebuilt shapes and the pinned forms
+    for sh in 16x256 32x384 4x64; do
+      T=150 run python3 benchmarks/profile_kernels.py --model bert --shape $sh --calls 10 --top 30 --no-untuned \
+        --options static_impls=off
+      T=150 run python3 benchmarks/profile_kernels.py --model bert --shape $sh --calls 10 --top 12 --no-untuned \
+        --options static_impls=sync
+    done
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/test_disk_cache.py \
+      tests/impls/test_conv_buckets.py tests/impls/test_cache_and_context.py ;;
+  host)  # BERT at random shapes: the host's time per call against its wall time, and a host profile
+    T=200 run python3 benchmarks/host_split_gpu.py --calls 45 --profile
+    T=200 run python3 benchmarks/host_split_gpu.py --calls 45 --profile --options static_impls=off ;;
+  split_host)  # the host's cost of a split product and of its parts
+    T=100 run python3 benchmarks/split_host.py ;;
+  one_call)  # a split product in one call over three parts: its CUDA tests (accuracy), its host cost, and BERT-base
+             # at random shapes under the forms and rules
+    DYNASHAPE_TEST_DEVICE=cuda T=100 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py
+    T=60 run python3 benchmarks/split_host.py
+    DYNASHAPE_SPLIT_ONE_CALL_K=0 T=60 run python3 benchmarks/split_host.py
+    T=400 run python3 benchmarks/split_tf32_variants.py --models-dir $M --json "$OUT/split_variants.json" ;;
+  one_call_final)  # the TF32 switches' test; every workload with dynashape's defaults and eager, then a second process
+    DYNASHAPE_TEST_DEVICE=cuda T=60 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
+      -k background_build_takes
+    T=450 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_one_call.json" ;;
 esac

@@ -66,19 +66,23 @@ def main() -> None:
     ap.add_argument("--shape", default="1x16")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--options", nargs="*", default=["static_impls=sync"],
+                    help="session options as key=value (static_impls=off profiles the dynamic path)")
+    ap.add_argument("--no-untuned", action="store_true", help="skip the run with the products untuned")
     args = ap.parse_args()
+    opts = dict(o.split("=", 1) for o in args.options)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     m, path, feeds = setup(args.model, args.shape, dev)
-    sess = dynashape.InferenceSession(path, device="cuda", static_impls="sync")
+    sess = dynashape.InferenceSession(path, device="cuda", **opts)
     names = [i.name for i in sess.get_inputs()]
     kernel_table(lambda: sess.run(None, dict(zip(names, feeds))), args.calls, args.top,
-                 f"dynashape static, {args.model} {args.shape}")
+                 f"dynashape {' '.join(args.options)}, {args.model} {args.shape}")
     from dynashape.ops import specialise
     for key, choice in specialise.choices().items():
         print("tuned", key[:5], "->", choice)
-    if os.environ.get("DYNASHAPE_TUNE", "1") != "0":  # the same without the tuned products
+    if not args.no_untuned and opts.get("static_impls") == "sync":  # the same without the tuned products
         sess2 = dynashape.InferenceSession(path, device="cuda", static_impls="sync")
         from dynashape.impls import static as static_mod
         orig = static_mod.CudaGraphImpl.__init__

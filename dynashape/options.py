@@ -332,6 +332,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                              "convolutions and keep the fastest; '0': the ops' own calls only."),
     "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": ("experiment", "cuDNN algorithms a static build times per convolution "
                                                       "(default 10; 0: all)."),
+    "DYNASHAPE_SPLIT_ONE_CALL_K": ("experiment", "K up to which a split TF32 product (fp32_products) is one "
+                                                 "TF32 call over three parts (default 1024; 0: never, the "
+                                                 "two-part form with its pieces along K)."),
     "DYNASHAPE_STEP_FUSIONS": ("experiment", "'0' turns off the fusions inside a whole decode step "
                                              "(benchmarks/decode_fusions.py)."),
     "DYNASHAPE_FUSE_CONV_RELU": ("experiment", "'1' / '0' forces the Conv+Relu fusion on / off (default: on on "

@@ -365,9 +365,9 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
                     split_tf32.recording() as made, specialise.counting_defaults() as defaulted:
                 fn(*symvals, *scratch)
             for x, s in zip(ins, scratch):  # the real weights' TF32 parts, made here rather than in the capture
-                for layout in (True, False):
-                    if (id(s), layout) in made:
-                        split_tf32.parts(x, layout)
+                for wid, *how in made:
+                    if wid == id(s):
+                        split_tf32.parts(x, *how)
             del scratch  # stream-ordered: its memory is reused on this stream after that run
             side.synchronize()  # the warm run's device work, apart from the capture's (phases below)
             t1 = time.perf_counter()

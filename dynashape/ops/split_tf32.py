@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 import weakref
 
@@ -78,15 +79,18 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return buf[:n].view(x.shape), buf[n:].view(x.shape)
 
 
-def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_at: int) -> torch.Tensor:
+def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_at: int,
+           hi2_at: int | None = None) -> torch.Tensor:
     """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer: row r's parts at
-    ``r * row_stride + lo_at`` and ``r * row_stride + hi_at``."""
+    ``r * row_stride + lo_at`` and ``r * row_stride + hi_at`` (its TF32 part again at
+    ``r * row_stride + hi2_at`` where given: the one-call form's operands)."""
     x = x.contiguous()
     buf = torch.empty(rows * row_stride, dtype=x.dtype, device=x.device)
     if triton is not None and x.is_cuda and x.numel() > 0:
         block = 2048
         _split_kernel[(triton.cdiv(x.numel(), block),)](x, buf, x.numel(), k, row_stride, lo_at, hi_at,
-                                                        BLOCK=block, num_warps=8)
+                                                        hi2_at or 0, HI2=hi2_at is not None, BLOCK=block,
+                                                        num_warps=8)
         return buf
     bits = x.view(torch.int32)
     hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
@@ -94,14 +98,17 @@ def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_a
     grid = buf.view(rows, row_stride)
     grid[:, lo_at:lo_at + k] = lo.view(rows, k)
     grid[:, hi_at:hi_at + k] = hi.view(rows, k)
+    if hi2_at is not None:
+        grid[:, hi2_at:hi2_at + k] = hi.view(rows, k)
     return buf
 
 
 if triton is not None:
     # one compile for every size and layout (a specialisation per divisibility of the ints would
     # compile again at new shapes: a call's stall)
-    @triton.jit(do_not_specialize=["n", "k", "row_stride", "lo_at", "hi_at"])
-    def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, BLOCK: tl.constexpr):
+    @triton.jit(do_not_specialize=["n", "k", "row_stride", "lo_at", "hi_at", "hi2_at"])
+    def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, hi2_at, HI2: tl.constexpr,
+                      BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < n
         x = tl.load(x_ptr + offs, mask=keep, other=0.0)
@@ -113,12 +120,15 @@ if triton is not None:
         at = row * row_stride + (offs - row * k)
         tl.store(out_ptr + at + lo_at, lo, mask=keep)
         tl.store(out_ptr + at + hi_at, hi, mask=keep)
+        if HI2:
+            tl.store(out_ptr + at + hi2_at, hi, mask=keep)
 
 
 def warm(device: torch.device) -> None:
     """Compile the split's kernel now (a session's load), not in the first call that splits."""
     if triton is not None and device.type == "cuda":
         split(torch.ones(4, device=device))
+        _split(torch.ones(4, device=device), 1, 4, 12, 0, 4, 8)  # the one-call form's variant
 
 
 def split_rows(x2: torch.Tensor) -> torch.Tensor:
@@ -133,21 +143,24 @@ _PARTS: dict[tuple, tuple] = {}  # (id(weight), layout) -> (weakref, version, pa
 _LOCK = threading.Lock()
 
 
-def parts(w: torch.Tensor, w_out_in: bool) -> torch.Tensor:
+def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
     """The weight's parts as one ``[2K, N]`` matrix, its TF32 parts in rows ``:K`` and the
-    remainders in rows ``K:`` (``w`` is ``[N, K]`` when ``w_out_in``, else ``[K, N]``). Made on the
+    remainders in rows ``K:`` (``w`` is ``[N, K]`` when ``w_out_in``, else ``[K, N]``); with
+    ``three``, ``[3K, N]``: ``[hi; lo; hi]`` (the one-call form, ``_split_product``). Made on the
     weight's first use and again if it is written in place (``update_weights``); dropped with the
     weight. ``w`` is the tensor the session holds (a view made per call is a new object each time)."""
-    key = (id(w), w_out_in)
+    key = (id(w), w_out_in, three)
     with _LOCK:
         got = _PARTS.get(key)
         if got is not None and got[0]() is w and got[1] == w._version:
             return got[2]
     a, b = w.shape
-    if w_out_in:  # [N, K] rows as [hi | lo]: its transpose is [hi; lo] over K
-        cat = _split(w, a, b, 2 * b, b, 0).view(a, 2 * b).t()
-    else:  # [K, N] as [hi; lo]
-        cat = _split(w, 1, a * b, 2 * a * b, a * b, 0).view(2 * a, b)
+    n = 3 if three else 2
+    hi2 = 2 if three else None
+    if w_out_in:  # [N, K] rows as [hi | lo (| hi)]: its transpose is [hi; lo (; hi)] over K
+        cat = _split(w, a, b, n * b, b, 0, hi2 and hi2 * b).view(a, n * b).t()
+    else:  # [K, N] as [hi; lo (; hi)]
+        cat = _split(w, 1, a * b, n * a * b, a * b, 0, hi2 and hi2 * a * b).view(n * a, b)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return cat  # made by the graph on each replay: memory of its pool is nothing to keep
     made = getattr(_RECORD, "made", None)
@@ -168,7 +181,7 @@ _RECORD = threading.local()
 
 @contextlib.contextmanager
 def recording():
-    """The keys ``(id(weight), layout)`` of the parts made in this thread meanwhile: a background build
+    """The keys ``(id(weight), layout, three)`` of the parts made in this thread meanwhile: a background build
     warms its region on scratch copies of the weights (impls/static.py ``detached``), then makes the
     real weights' parts before the capture, which would otherwise split them on every replay."""
     prev, _RECORD.made = getattr(_RECORD, "made", None), set()
@@ -297,6 +310,10 @@ def addmm(addend: torch.Tensor | None, x2: torch.Tensor, wt: torch.Tensor, out: 
 # on every call, H200 (benchmarks/split_tf32_variants.py): pieces of 512: 1.16x eager over the last
 # 50 calls, error 3.2e-6; 1024: 1.40x, 5.9e-6; no pieces: 1.48x, 1.1e-5; cuBLAS float32: 1.05x, 1.2e-6
 CHUNK = 1024
+# K up to which the product is one call over three parts (``_split_product``): its accumulation runs
+# over 3K terms where the pieces' runs over at most CHUNK; above it, the pieces. DYNASHAPE_SPLIT_ONE_CALL_K
+# sets it (0: never), for measuring the forms against each other.
+ONE_CALL_K = int(os.environ.get("DYNASHAPE_SPLIT_ONE_CALL_K", CHUNK))
 
 
 def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Tensor | None = None,
@@ -315,7 +332,15 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
 
 def _split_product(x2, w, w_out_in, addend, out):
     PRODUCTS[0] += 1
-    k = x2.shape[1]
+    m, k = x2.shape
+    if k <= ONE_CALL_K:
+        # one TF32 product over the parts concatenated along K: [x_lo | x_hi | x_hi] @ [w_hi; w_lo;
+        # w_hi]. Two launches (the split, the product) where the form below takes three or more:
+        # each costs the host ~75 us on the H200's host (benchmarks/split_host.py), and a BERT-base
+        # call at 4,000+ tokens, 48 split products, was bound by that host time
+        x3 = _split(x2, m, k, 3 * k, 0, k, 2 * k).view(m, 3 * k)
+        with _tf32():
+            return addmm(addend, x3, parts(w, w_out_in, True), out)
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
     x_cat = split_rows(x2)  # [x_lo | x_hi]
     x_hi, w_hi = x_cat[:, k:], w_cat[:k]

@@ -87,6 +87,27 @@ def test_a_weights_parts_are_kept_renewed_when_written_and_dropped_with_it():
     assert split_tf32.held_bytes() == base
 
 
+def test_a_product_of_small_k_is_one_call_over_three_parts(monkeypatch):
+    w = torch.randn(24, 64)  # Linear's [out, in], K 64 <= ONE_CALL_K: parts [hi; lo; hi] over K
+    x = torch.randn(13, 64)
+    hi, lo = split_tf32.split(w)
+    three = split_tf32.parts(w, True, True)
+    assert three.shape == (192, 24)
+    assert torch.equal(three[:64], hi.t()) and torch.equal(three[64:128], lo.t()) and torch.equal(three[128:], hi.t())
+    flat = split_tf32.parts(w.t().contiguous(), False, True)  # [K, N] read the same way
+    assert torch.equal(flat[:64], hi.t()) and torch.equal(flat[128:], hi.t())
+    calls = []
+    monkeypatch.setattr(split_tf32, "addmm", lambda *a, **k: calls.append(a[1].shape) or torch.addmm(*(
+        [a[0]] if a[0] is not None else [torch.zeros(())]), a[1], a[2]))
+    got = split_tf32.product(x, w, True)
+    assert calls == [(13, 192)]  # [x_lo | x_hi | x_hi]: one product
+    np.testing.assert_allclose(got, x.double() @ w.double().t(), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(split_tf32, "ONE_CALL_K", 0)  # the two-part form: the small terms, then the large one
+    calls.clear()
+    np.testing.assert_allclose(split_tf32.product(x, w, True), x.double() @ w.double().t(), rtol=1e-5, atol=1e-5)
+    assert calls == [(13, 128)]
+
+
 def test_rows_are_split_in_place_of_a_wider_matrix():
     x = torch.randn(5, 7)
     hi, lo = split_tf32.split(x)
@@ -291,7 +312,8 @@ def test_a_background_build_takes_its_runs_tf32_switches():
         st = sess.stats()
         assert st["static_hits"] >= 1, {k: v for k, v in st.items() if "static" in k or "build" in k}
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
-        sess.compiled.context.wait(60)  # (a build the last run queued holds the switches till it ends)
-        assert torch.backends.cudnn.allow_tf32  # the application's setting back
+        assert sess.compiled.context.wait(60)  # (a build the last run queued holds the switches till it ends)
+        # the application's setting back (the holders in the message: a run or build that kept them)
+        assert torch.backends.cudnn.allow_tf32, (split_tf32._HOLDERS, split_tf32._OPEN)
     finally:
         torch.backends.cudnn.allow_tf32 = prev
