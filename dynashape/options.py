@@ -114,7 +114,8 @@ class Options:
                 "faster (on the dynamic path products of >= 4096 rows, or >= 2048 rows and N >= 2K; a static impl's "
                 "build times it against the plain product); 'ieee': cuBLAS's float32 kernel always.",
         _choice("auto", "split", "ieee"),
-        "split: two float32 copies of each split weight kept beside it (memory_stats' split_tf32_weight_bytes); "
+        "split: two float32 copies of each split weight kept beside it, three where K <= 1024 (one TF32 call "
+        "over the parts: fewer launches; memory_stats' split_tf32_weight_bytes); "
         "BERT-base's products at 12,288 rows 0.49-0.65x the time; the error 2-3x cuBLAS float32's (1.2e-6 "
         "against 3-7e-7 relative), TF32's is 3e-4.", devices={"cpu": "not used"})
     threads: int | None = _opt(

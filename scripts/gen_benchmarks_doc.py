@@ -186,8 +186,10 @@ def build_timeline(runs: list[Run]) -> list[list[str]]:
 def split_variants(runs: list[Run]) -> list[list[str]]:
     run, rows = runs[0], []
     for r in run.data["rows"]:
+        one = r.get("one_call_k", 0)
         what = "cuBLAS float32 (fp32_products='ieee')" if r["mode"] == "ieee" else (
-            f"split, pieces of K {r['chunk'] or 'none'}, rule {r['rule']}")
+            f"split, pieces of K {r['chunk'] or 'none'}, rule {r['rule']}"
+            + (f", one call over three parts where K <= {'any' if one >= 1 << 20 else one}" if one else ""))
         rows.append([what, f"{r['vs_eager_total']:.2f}", f"{r['last50_vs_eager']:.2f}", f"{r['first60_vs_eager']:.2f}",
                      num(r["slowest_after_first_vs_eager_slowest"]), f"{r['max_rel_err']:.1e}", run.run_cell()])
     return rows
@@ -555,7 +557,7 @@ class Area:
 
 AREAS = [
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
-         [("new_shapes_buckets_*.json", None), ("new_shapes_h*_*.json", "before")],
+         [("new_shapes_one_call_*.json", None), ("new_shapes_h*_*.json", "before")],
          ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
           "slowest call / eager's slowest", "max rel err", "run"], new_shapes_gpu,
          "Every call from the first on a fresh session, TF32 off on every side, each output checked against "
@@ -564,17 +566,15 @@ AREAS = [
          "ops/split_tf32.py), within 6e-6 of eager where cuBLAS float32 is within 1.2e-6 (the table below has "
          "fp32_products='ieee'). *x eager*: eager's time / the runtime's (higher is faster). The machine's run-to-run "
          "spread is ~15%, and eager's host time moves more between machines (its small BERT calls took 6 ms in one "
-         "run, 11 in another). In the run shown the workloads shared one cache_dir in one process: a cycling "
-         "workload found the disk cache its model's random workload had left (forms and shapes built at load), "
-         "so only the random rows are a first process without a cache (the script now gives each workload a "
-         "folder of its own). Before the shapes were cached, a cycle "
-         "whose buckets landed untuned in the call's background measured 1.16x (ResNet-50, its worst call 3.6x "
-         "eager's at that shape) and 0.90x (BERT-base, worst 4.8x): results/new_shapes_untuned_buckets_h200_"
-         "2026-11-28.json. "
+         "run, 11 in another; in the run shown the second process's BERT random measured 1.32x where the first "
+         "measured 1.52x with nothing to reuse). Each workload has a cache folder of its own, so every first-process "
+         "row is cold, cycles included (the run of 2026-11-28, results/new_shapes_buckets_h200_2026-11-28.json, "
+         "shared one folder: its cycles found the random workload's cache and measured 2.12x and 1.08x). "
          "Since the earlier runs: ResNet-50's region is bucketed by batch at all (its global pool, exported as a "
          "ReduceMean, had kept it off the buckets: no bucket graph had ever been built at a random batch), "
          "a bucket's first graph is built untimed and a tuned one replaces it later, and a second process builds "
-         "the cached shapes at load."),
+         "the cached shapes at load; since 2026-11-28, split products of K <= 1024 are one TF32 call over three "
+         "parts (BERT-base random 1.36 -> 1.52x total, 1.37 -> 1.49x over the last 50, first process)."),
     Area("GPU: when background builds land, ResNet-50 at a random batch 1-32 on every call", "build_timeline.py",
          [("build_timeline_resnet_before_*.json", None), ("build_timeline_resnet_h200_*.json", None),
           ("build_timeline_resnet_tune_*.json", None), ("build_timeline_resnet_cached_*.json", None)],
@@ -592,7 +592,11 @@ AREAS = [
          "new_shapes_gpu.py's bert_random (150 calls), dynashape alone, each variant in a fresh session after its "
          "own eager pass, in one process. The first split variant carries the split kernel's first compile (now "
          "done at load). *rule*: which products the dynamic path splits ('rows': >= 4096 rows, or >= 2048 where "
-         "N >= 2K; 'macs2^31': >= 2^31 multiply-adds)."),
+         "N >= 2K; 'macs2^31': >= 2^31 multiply-adds; 'rows2k': >= 2048). *one call*: [x_lo | x_hi | x_hi] @ "
+         "[w_hi; w_lo; w_hi] in one TF32 product (ONE_CALL_K, default 1024) where the others take the small "
+         "terms in one call and the large one in pieces: a launch costs the H200's host ~30-75 us "
+         "(benchmarks/split_host.py: a split product 145 -> 100 us of host, F.linear 28-35), and BERT-base calls of "
+         "4,000+ tokens were bound by that host time (benchmarks/host_split_gpu.py)."),
     Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", None)],
          ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
           "ceiling (eager wall / our kernels)", "run"], gpu_bound,

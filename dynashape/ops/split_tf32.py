@@ -20,8 +20,15 @@ rows 0.59-0.95x; at 1,024 rows and fewer 1.5-3.3x: there the split's launches an
 so the dynamic path splits only products of many rows
 (``worth``) and a static impl's build times the split against the other forms (tuned_gemm.py).
 
-Memory: a weight's two parts are made once and kept (two float32 copies beside the weight, counted
-in ``held_bytes``); an activation's parts are temporaries of the call. TF32 is switched on for
+Products of K up to ``ONE_CALL_K`` (1024) are one TF32 call over the parts concatenated along K
+(``[x_lo | x_hi | x_hi] @ [w_hi; w_lo; w_hi]``): each launch costs the host tens of microseconds,
+and a transformer's call at thousands of tokens was bound by the split's launches (two here, three
+or more in pieces). Its accumulation runs over 3K terms: measured end to end on BERT-base the
+same error as the pieces (5.9e-6); over every K (3K = 9,216 for the MLP's second product) it was
+1.05e-5, so larger K keep the pieces.
+
+Memory: a weight's parts are made once and kept (two float32 copies beside the weight, three for
+the one-call form, counted in ``held_bytes``); an activation's parts are temporaries of the call. TF32 is switched on for
 cuBLAS around its calls only (process-wide, as a run's ``allow_tf32`` switch is:
 run_settings.py), and restored: convolutions and other products keep the run's setting.
 """
