@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--options", nargs="*", default=[], help="dynashape keyword options, k=v")
     ap.add_argument("--label", default="")
     ap.add_argument("--log", action="store_true", help="the compile worker's jobs as they end (logging)")
+    ap.add_argument("--per-call", action="store_true", help="a line per call (with --log: beside the worker's jobs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.log:
@@ -63,6 +64,11 @@ def main() -> None:
         rows.append({"shape": list(s), "at_s": t0 - t_start, "ms": (t1 - t0) * 1e3,
                      "forms_timed": specialise.STATS["tuned"], "tune_s": specialise.STATS["tune_s"],
                      **{k: st.get(k, 0) for k in KEYS}})
+        if args.per_call:
+            r = rows[-1]
+            logging.getLogger("timeline").warning("call %d %s: %.1f ms, hits %d, builds %d, tuned %d, forms %d",
+                                                  len(rows) - 1, s, r["ms"], r["static_hits"], r["static_builds"],
+                                                  r["static_builds_tuned"], r["forms_timed"])
     for i in range(0, len(rows), 10):
         chunk = rows[i:i + 10]
         print(f"calls {i:3d}-{i + len(chunk) - 1:3d} at {chunk[0]['at_s']:6.2f}s: "

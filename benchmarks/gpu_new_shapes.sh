@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -114,4 +114,14 @@ case "${1:-final}" in
       -k background_build_takes
     T=450 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_one_call.json" ;;
+  cycle_log)  # ResNet-50 cycling batches, cold: each call beside the compile worker's jobs
+    T=120 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
+      --json "$OUT/timeline_resnet_cycle.json" ;;
+  settle)  # tuned rebuilds wait for the queue to settle: CUDA tests; the cold cycle's timeline; every workload
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_conv_buckets.py \
+      tests/impls/test_cache_and_context.py tests/test_disk_cache.py tests/ops/test_split_tf32.py
+    T=120 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
+      --json "$OUT/timeline_resnet_cycle.json"
+    T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_settle.json" ;;
 esac

@@ -7,7 +7,12 @@ graph (untuned, ~10x cheaper) before any tuned rebuild (runtime/spec_state.py). 
 raises ``Requeue`` goes back into the queue behind the others: a tuned rebuild does so when a
 first graph is waiting (``urgent``), before it times a key's forms, so a new bucket's graph
 never waits for another's tuning (on an H200 a ResNet-50 bucket's tuning under traffic took
-~1.5 s, and the graphs of the buckets seen meanwhile waited for it).
+~1.5 s, and the graphs of the buckets seen meanwhile waited for it). A tuned rebuild also waits to
+begin until no first graph has been queued for ``SETTLE_S`` (``settled``; it raises
+``Requeue(delay=...)`` and the worker waits that long, or until a first graph comes): a key's
+timing cannot be interrupted, and ResNet-50 cycling batches 1, 8, 3, 16 had the tuning of bucket
+1, begun between the first call and the second, hold the first graphs of buckets 8, 4 and 16
+back for 0.43 s, 50 calls on the dynamic path (H200, benchmarks/build_timeline.py --per-call).
 
 While the worker builds, the interpreter's switch interval is 0.5 ms instead of 5 (``_quick_switches``):
 the worker's Python holds the GIL between the caller's kernel launches, and a caller that wants it
@@ -55,13 +60,20 @@ from ..ops import split_tf32
 log = logging.getLogger(__name__)
 EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the build running on a worker
 SWITCH_S = 0.0005  # the interpreter's switch interval while a worker builds (module docstring)
+SETTLE_S = 0.5  # no first graph queued for this long before a tuned rebuild begins (module docstring)
 _contexts: weakref.WeakSet = weakref.WeakSet()
 _switching = [0, None]  # workers building now; the interval they found
 _switch_lock = threading.Lock()
 
 
 class Requeue(Exception):  # noqa: N818  (a signal, not an error)
-    """Raised by a build that gives way to more urgent ones: it is queued again, behind them."""
+    """Raised by a build that gives way to more urgent ones: it is queued again, behind them.
+    ``delay``: the worker waits that long first, or until a build of priority 0 is queued (a
+    build that waits for the queue to settle, rather than for a build already queued)."""
+
+    def __init__(self, msg: str = "", delay: float = 0.0) -> None:
+        super().__init__(msg)
+        self.delay = delay
 
 
 @contextlib.contextmanager
@@ -88,6 +100,8 @@ class CompilationContext:
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()  # FIFO within a priority (and never comparing builds)
         self._urgent = 0  # builds of priority 0 queued (not running)
+        self._last_urgent = time.monotonic()  # when the last build of priority 0 was queued
+        self._arrival = threading.Event()  # set when a build of priority 0 is queued
         self._pending: set = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -110,14 +124,21 @@ class CompilationContext:
         self._start()
         return True
 
-    def _put(self, priority: int, key, build, done) -> None:
+    def _put(self, priority: int, key, build, done, requeued: bool = False) -> None:
         with self._lock:
             self._urgent += priority == 0
+            if priority == 0 and not requeued:
+                self._last_urgent = time.monotonic()
+                self._arrival.set()
         self._queue.put((priority, next(self._order), key, build, done))
 
     def urgent(self) -> bool:
         """Whether a build of priority 0 waits in the queue (one running is not waiting)."""
         return self._urgent > 0
+
+    def settled(self, quiet_s: float = SETTLE_S) -> bool:
+        """Whether no build of priority 0 waits and none was queued within ``quiet_s``."""
+        return not self._urgent and time.monotonic() - self._last_urgent >= quiet_s
 
     def queued(self, key) -> bool:
         """Whether a build of ``key`` is queued or running."""
@@ -176,10 +197,14 @@ class CompilationContext:
             with split_tf32.building() if worker else contextlib.nullcontext(), \
                     _quick_switches() if worker else contextlib.nullcontext():
                 result = build()
-        except Requeue:
+        except Requeue as rq:
             if worker and not self._stopped:  # behind the builds it gave way to; still pending
                 log.debug("build %s gave way after %.3f s", key, time.perf_counter() - t0)
-                self._put(priority, key, build, done)
+                if rq.delay > 0:  # waits, cut short by a first graph queued meanwhile
+                    self._arrival.clear()
+                    if not self._urgent:
+                        self._arrival.wait(rq.delay)
+                self._put(priority, key, build, done, requeued=True)
                 return
             result = RuntimeError("a build gave way while nothing could come after it")
         except Exception as e:  # noqa: BLE001  a build that fails is a refusal, reported by done()

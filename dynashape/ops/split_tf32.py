@@ -28,9 +28,9 @@ same error as the pieces (5.9e-6); over every K (3K = 9,216 for the MLP's second
 1.05e-5, so larger K keep the pieces.
 
 Memory: a weight's parts are made once and kept (two float32 copies beside the weight, three for
-the one-call form, counted in ``held_bytes``); an activation's parts are temporaries of the call. TF32 is switched on for
-cuBLAS around its calls only (process-wide, as a run's ``allow_tf32`` switch is:
-run_settings.py), and restored: convolutions and other products keep the run's setting.
+the one-call form, counted in ``held_bytes``); an activation's parts are temporaries of the call.
+TF32 is switched on for cuBLAS around its calls only (process-wide, as a run's ``allow_tf32``
+switch is: run_settings.py), and restored: convolutions and other products keep the run's setting.
 """
 
 from __future__ import annotations

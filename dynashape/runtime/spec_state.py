@@ -22,7 +22,7 @@ from ..codegen import SpecCode
 from ..compile.arena import plan_offsets
 from ..errors import ShapeError
 from ..impls import CannotCapture, static_builder
-from ..impls.context import Requeue
+from ..impls.context import SETTLE_S, Requeue
 from ..impls.static import cpu_kind
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
@@ -281,6 +281,8 @@ class SpecState:
                 raise Unneeded("the first graph is no longer served")
             if ctx.urgent():
                 raise Requeue("a first graph waits")
+            if not ctx.settled():  # first graphs of other buckets may follow (impls/context.py SETTLE_S)
+                raise Requeue("first graphs were queued just now", delay=SETTLE_S / 5)
             return build(True, ctx.urgent)
         ctx.submit(k, *self._weak(quick, True))
         ctx.submit((*k, "tuned"), *self._weak(tuned, True, "_rebuilt"), priority=1)

@@ -159,6 +159,37 @@ def test_a_lower_priority_waits_and_a_build_that_gives_way_is_queued_again():
     assert not ctx.urgent() and ctx.pending() == 0
 
 
+def test_a_build_that_waits_for_the_queue_to_settle_gives_way_to_first_graphs_queued_meanwhile():
+    """A tuned rebuild begins only once no first graph was queued for a while (``settled``): until
+    then it gives way with a delay, which a first graph queued meanwhile cuts short."""
+    from dynashape.impls.context import Requeue
+    ctx = CompilationContext("async")
+    order, seen, at = [], [], {}
+
+    def tune():
+        seen.append(ctx.settled(0.3))
+        if not ctx.settled(0.3):
+            if len(seen) == 1:  # a first graph arrives while the rebuild waits out a long delay
+                threading.Timer(0.05, lambda: ctx.submit("first", first, lambda *a: None)).start()
+                raise Requeue("first graphs were queued just now", delay=5.0)
+            raise Requeue("first graphs were queued just now", delay=0.05)
+        at["tune"] = time.monotonic()
+        order.append("tune")
+
+    def first():
+        at["first"] = time.monotonic()
+        order.append("first")
+
+    t0 = time.monotonic()
+    ctx.submit("quick", lambda: order.append("quick"), lambda *a: None)
+    ctx.submit("tune", tune, lambda *a: None, priority=1)
+    assert ctx.wait(10)
+    assert order == ["quick", "first", "tune"], order
+    assert seen[0] is False and seen[-1] is True
+    assert at["first"] - t0 < 2.0  # the 5 s wait was cut short by the first graph queued meanwhile
+    assert at["tune"] - at["first"] >= 0.25  # and the rebuild began once the queue had settled
+
+
 def test_the_switch_interval_is_short_while_the_worker_builds_and_restored_after():
     import sys
 
