@@ -557,7 +557,7 @@ class Area:
 
 AREAS = [
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
-         [("new_shapes_one_call_*.json", None), ("new_shapes_h*_*.json", "before")],
+         [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
           "slowest call / eager's slowest", "max rel err", "run"], new_shapes_gpu,
          "Every call from the first on a fresh session, TF32 off on every side, each output checked against "
@@ -566,15 +566,18 @@ AREAS = [
          "ops/split_tf32.py), within 6e-6 of eager where cuBLAS float32 is within 1.2e-6 (the table below has "
          "fp32_products='ieee'). *x eager*: eager's time / the runtime's (higher is faster). The machine's run-to-run "
          "spread is ~15%, and eager's host time moves more between machines (its small BERT calls took 6 ms in one "
-         "run, 11 in another; in the run shown the second process's BERT random measured 1.32x where the first "
-         "measured 1.52x with nothing to reuse). Each workload has a cache folder of its own, so every first-process "
+         "run, 11 in another: BERT random measured 1.52x and 1.37x in two first processes of 2026-11-29, "
+         "results/new_shapes_one_call_h200_2026-11-29.json and the run shown, and 1.32x and 1.13x in the second "
+         "processes after them). Each workload has a cache folder of its own, so every first-process "
          "row is cold, cycles included (the run of 2026-11-28, results/new_shapes_buckets_h200_2026-11-28.json, "
          "shared one folder: its cycles found the random workload's cache and measured 2.12x and 1.08x). "
          "Since the earlier runs: ResNet-50's region is bucketed by batch at all (its global pool, exported as a "
          "ReduceMean, had kept it off the buckets: no bucket graph had ever been built at a random batch), "
          "a bucket's first graph is built untimed and a tuned one replaces it later, and a second process builds "
          "the cached shapes at load; since 2026-11-28, split products of K <= 1024 are one TF32 call over three "
-         "parts (BERT-base random 1.36 -> 1.52x total, 1.37 -> 1.49x over the last 50, first process)."),
+         "parts (BERT-base random 1.36 -> 1.52x total, 1.37 -> 1.49x over the last 50, first process), and a "
+         "tuned rebuild waits until no first graph was queued for 0.5 s (ResNet-50 cold cycle 1.07 -> 1.28x, "
+         "its slowest call 4.3 -> 3.8x eager's slowest; ResNet-50 random's last 50 1.50 -> 1.99x)."),
     Area("GPU: when background builds land, ResNet-50 at a random batch 1-32 on every call", "build_timeline.py",
          [("build_timeline_resnet_before_*.json", None), ("build_timeline_resnet_h200_*.json", None),
           ("build_timeline_resnet_tune_*.json", None), ("build_timeline_resnet_cached_*.json", None)],
@@ -584,7 +587,13 @@ AREAS = [
          "200 calls, a fresh session each (the last with the cache_dir the one before it wrote). Seven batch "
          "buckets (1, 2, 4, 8, 16, 24, 32). Tuned rebuilds yield to first graphs and, beside the calls, time ~20 "
          "forms a second (~0.2 s a bucket when the calls stop): under steady traffic they land late, and the disk "
-         "cache carries them to the next process."),
+         "cache carries them to the next process. Cycling batches 1, 8, 3, 16, 1 (60 calls, cold; "
+         "`--workload resnet_cycle --per-call --log`): bucket 1's tuned rebuild, begun between the first and the "
+         "second call, held the first graphs of buckets 8, 4 and 16 until after the 60th call (23 calls served by "
+         "a graph, one call at 21 ms beside its timing); with tuned rebuilds waiting for the queue to settle, the "
+         "four first graphs served from calls 4, 6, 20 and 41 (46 of 60 calls by a graph, none after the fourth "
+         "slower than 6.4 ms): results/build_timeline_resnet_cycle_before_settle_h200_2026-11-29.json, "
+         "results/build_timeline_resnet_cycle_settle_h200_2026-11-29.json."),
     Area("GPU: float32 products as split TF32 products, BERT-base at random shapes", "split_tf32_variants.py",
          [("split_tf32_variants_*.json", None)],
          ["products", "x eager (total)", "last 50 x eager", "first 60 x eager", "slowest call / eager's slowest",

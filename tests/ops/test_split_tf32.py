@@ -226,15 +226,26 @@ def test_a_product_splits_only_as_the_one_run_inside_and_a_run_waits_for_its_lau
             np.testing.assert_allclose(split_tf32.product(x, w, False), x @ w, rtol=1e-5, atol=1e-5)
         assert split_tf32.PRODUCTS[0] == products + 1 and split_tf32.SKIPPED[0] == skipped + 1
         assert split_tf32._open()  # a product's launches in flight ...
-        entered = []
-        other = threading.Thread(target=lambda: Precision(False, "auto").__enter__() or entered.append(1))
+        entered, release = [], threading.Event()
+
+        def other_run():
+            with Precision(False, "auto"):
+                entered.append(1)
+                release.wait(5)
+        other = threading.Thread(target=other_run)
         other.start()
         time.sleep(0.2)
         assert not entered  # ... hold another run's start
         split_tf32._close()
-        other.join(5)
+        for _ in range(500):
+            if entered:
+                break
+            time.sleep(0.01)
         assert entered
-        split_tf32._exit()  # (the other thread's run, ended here)
+        release.set()
+        other.join(5)
+    # every run out: no holder left (one left over once made the next test's restore wrong)
+    assert split_tf32._HOLDERS[0] == 0
 
 
 def test_a_bad_setting_is_refused_by_name():
