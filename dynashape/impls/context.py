@@ -17,7 +17,8 @@ back for 0.43 s, 50 calls on the dynamic path (H200, benchmarks/build_timeline.p
 While the worker builds, the interpreter's switch interval is 0.5 ms instead of 5 (``_quick_switches``):
 the worker's Python holds the GIL between the caller's kernel launches, and a caller that wants it
 back waits up to one interval each time (ResNet-50 calls of 5 ms took 20-27 ms while a bucket was
-tuned beside them).
+tuned beside them). 0.1 ms measured no better: a cold ResNet-50's calls at a new batch beside its
+first graphs' builds took 64-67 ms against 42-46 at 0.5 ms (H200, one run each, 2026-11-29).
 Mode ``"sync"`` builds in the caller's thread at once (benchmarks and tests that want the
 static impl on the call that asks), ``"async"`` on the worker. The worker is a daemon thread
 started on the first job; ``wait()`` blocks until the queue is empty (tests, prebuilding).
