@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from .compile.flush_subnormal_weights import FLUSHED
 from .errors import (
     DynashapeError,
     ExecutionError,
@@ -198,7 +199,8 @@ class RequestState:
         # native kernels (ops/native.py) and their torch fallbacks: counts of this process
         out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters(),
                "split_tf32_products": split_tf32.PRODUCTS[0],
-               "split_tf32_skipped": split_tf32.SKIPPED[0]}
+               "split_tf32_skipped": split_tf32.SKIPPED[0],
+               "subnormal_weights_flushed": FLUSHED[0]}
         if self.session.compiled is not None:
             out.update(self.session.compiled.stats)
             for body in list(self.session._bodies.values()):  # what control-flow bodies' traces counted

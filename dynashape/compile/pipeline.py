@@ -15,6 +15,7 @@ from .contrib_types import contrib_types
 from .cpu_packed_linear import cpu_packed_linear
 from .dead_nodes import remove_dead_nodes
 from .drop_repeated_fake_quant import drop_repeated_fake_quant
+from .flush_subnormal_weights import flush_subnormal_weights
 from .fold_conv_add import fold_conv_add
 from .fold_conv_bn import fold_conv_bn
 from .fold_conv_input_affine import fold_conv_input_affine
@@ -113,7 +114,10 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")
     conv = [("fuse_conv_relu", fuse_conv_relu)] if conv_on != "0" else []
     cpu = str(device).split(":")[0] == "cpu"
-    packed = [("cpu_packed_linear", cpu_packed_linear)] if cpu else []
+    # subnormal weights as zero on the CPU (after every fold that scales a weight): x86 cores take an assist
+    # per subnormal operand; GPUs do not
+    packed = [("flush_subnormal_weights", flush_subnormal_weights), ("cpu_packed_linear", cpu_packed_linear)] \
+        if cpu else []
     # oneDNN's convolution with its activation as a post-op (CPU); DYNASHAPE_FUSE_CONV_ACT=0 turns it off
     if cpu and os.environ.get("DYNASHAPE_FUSE_CONV_ACT", "1") != "0":
         conv = [*conv, ("fuse_conv_activation", fuse_conv_activation),

@@ -15,6 +15,8 @@ not need; PP-OCRv4 det at 96-160 pixel images, each new: 15-19 -> 10-14 ms a cal
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -172,6 +174,8 @@ class PackedWeight:
         self.w, self.version = w.detach(), w._version
         self.args = (list(padding), list(stride), list(dilation), groups)
         self.packed: torch.Tensor | None = None
+        self.raw_rate: float | None = None  # seconds per multiply-add of a call with the weight as given
+        self.raw_rows: list[tuple[int, int]] = []  # row counts where the reordered copy was found slow
 
     def representative(self) -> list[int]:
         """The input size the layout is picked for: batch 1, the weight's input channels, a
@@ -188,6 +192,39 @@ class PackedWeight:
                                                                        self.representative())
             native.count("conv_weight_reorders")
         return self.packed
+
+    # Where oneDNN picks another layout than the copy's, it reorders the copy again in the call, and
+    # from a blocked layout that is slow: measured here (2 threads, a GELU post-op) a 192 -> 384 1x1
+    # at 15x10 and 20x20 pixels took 1.7-1.9 ms with the copy against 0.13-0.28 with the weight as the
+    # model has it, a 384 -> 768 one 6.4 ms against 0.23 with a copy made for 8x8; elsewhere the copy
+    # was 1.1-1.6x faster. Which sizes miss is not monotonic, and oneDNN's layouts cannot be read from
+    # Python; so each call is timed (two clock reads) and a call SLOW_FACTOR slower than the weight as
+    # given would have been (its rate, taken at the convolution's first call) sends the row counts
+    # within a factor of 2 of it to the weight as given: one slow call per such range at most.
+    # PP-OCRv6 det at 480x320 took 151 ms a call against OpenVINO's 40 before this.
+    SLOW_FACTOR = 3.0
+    SLOW_FLOOR_S = 1e-4  # below this a call's time is oneDNN's overhead, not a layout's
+    MAX_RANGES = 16  # then every call takes the weight as given
+
+    def weight_for(self, rows: int) -> tuple[torch.Tensor, bool]:
+        """The weight a call of ``rows`` output rows (batch x pixels) takes, and whether it is the
+        reordered copy: the weight as given for the first call (its rate timed) and for row counts
+        where the copy was found slow."""
+        if self.raw_rate is None or len(self.raw_rows) >= self.MAX_RANGES or any(
+                lo <= rows <= hi for lo, hi in self.raw_rows):
+            return self.w, False
+        return self.get(), True
+
+    def timed(self, rows: int, macs: int, seconds: float, packed: bool) -> None:
+        """What a call took: the first sets the rate of the weight as given; a call with the copy
+        much slower than that rate marks its row counts (counted as ``conv_packed_weight_misses``)."""
+        if not packed:
+            if self.raw_rate is None and macs > 0:
+                self.raw_rate = seconds / macs
+            return
+        if seconds > self.SLOW_FLOOR_S and seconds > self.SLOW_FACTOR * self.raw_rate * macs:
+            self.raw_rows.append((rows // 2, rows * 2))
+            native.count("conv_packed_weight_misses")
 
 
 def _first_sight(seen: set, shape, counted: str | None = NEW_SHAPE_PRODUCTS) -> bool:
@@ -323,10 +360,15 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             y = _depthwise(x, w, b, stride, padding, dw_act, dw_weight)
             if y is not None:
                 return post(y)
-        wp = packed.get()
+        rows = x.shape[0] * x.shape[2] * x.shape[3]
+        wp, is_packed = packed.weight_for(rows)
+        t0 = time.perf_counter()
         if ort_epilogue:
-            return post(act(fused(x, wp, b, padding, stride, dilation, groups, "none", [], ""), scalars, algorithm))
-        return post(fused(x, wp, b, padding, stride, dilation, groups, activation, scalars, algorithm))
+            y = fused(x, wp, b, padding, stride, dilation, groups, "none", [], "")
+        else:
+            y = fused(x, wp, b, padding, stride, dilation, groups, activation, scalars, algorithm)
+        packed.timed(rows, x.numel() * macs_per_input // (stride[0] * stride[1]), time.perf_counter() - t0, is_packed)
+        return post(act(y, scalars, algorithm)) if ort_epilogue else post(y)
     return kernel
 
 

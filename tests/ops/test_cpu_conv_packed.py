@@ -126,3 +126,45 @@ def test_a_written_weight_is_read_again_by_the_small_product(monkeypatch):
     kernel(x, w, b)
     w.mul_(3)
     torch.testing.assert_close(kernel(x, w, b), F.conv2d(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_reordered_copy_found_slow_sends_nearby_row_counts_to_the_weight_as_given(monkeypatch):
+    """oneDNN may want another layout than the copy's at some sizes, and then reorders it again in
+    the call (10-50x slower): the first call times the weight as given, a call with the copy much
+    slower than that marks the row counts within a factor of 2, which then take the weight as given."""
+    torch.manual_seed(3)
+    w = torch.randn(8, 4, 1, 1)
+    pw = cpu_conv.PackedWeight(w, [0, 0], [1, 1], [1, 1], 1)
+    first, packed = pw.weight_for(100)
+    assert first is pw.w and not packed  # the first call: the weight as given, timed
+    pw.timed(100, 1_000_000, 1e-3, False)  # 1 ns a multiply-add
+    got, packed = pw.weight_for(150)
+    assert packed and got is pw.get()
+    before = native.counters().get("conv_packed_weight_misses", 0)
+    pw.timed(150, 1_000_000, 5e-4, True)  # faster: kept
+    pw.timed(300, 1_000_000, 5e-3, True)  # 5x the rate: its rows go to the weight as given
+    assert native.counters().get("conv_packed_weight_misses", 0) == before + 1
+    assert pw.weight_for(300)[1] is False and pw.weight_for(160)[1] is False and pw.weight_for(600)[1] is False
+    assert pw.weight_for(149)[1] is True and pw.weight_for(601)[1] is True
+    pw.timed(2000, 1000, 5e-5, True)  # below SLOW_FLOOR_S: oneDNN's overhead, not a layout
+    assert pw.weight_for(2000)[1] is True
+
+
+def test_the_bound_kernel_times_its_calls_and_stays_right_where_the_copy_is_avoided(monkeypatch):
+    torch.manual_seed(4)
+    w, b = torch.randn(24, 16, 3, 3), torch.randn(24)
+    monkeypatch.setattr(cpu_conv_dense, "everywhere", lambda: False)  # oneDNN's path, not the C tile
+    kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [1, 1], [1, 1], 1, "relu", [], "")
+    seen = []
+    orig = cpu_conv.PackedWeight.timed
+
+    def spy(self, rows, macs, seconds, packed):
+        seen.append((rows, packed))
+        return orig(self, rows, macs, 1.0 if packed else 1e-9, packed)  # every copy call "slow"
+    monkeypatch.setattr(cpu_conv.PackedWeight, "timed", spy)
+    for n, h, wd in [(1, 9, 9), (1, 9, 9), (1, 9, 9), (2, 9, 9), (1, 40, 40), (1, 40, 40)]:
+        x = torch.randn(n, 16, h, wd).contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(kernel(x, w, b), _ref(x, w, b, 1, [1, 1], 1, "relu"), rtol=1e-4, atol=1e-4)
+    packed_rows = [r for r, p in seen if p]
+    assert seen[0][1] is False and 81 in packed_rows  # the first call as given, then the copy once at 81 rows
+    assert (162, True) not in seen  # 2 x 81: within the range found slow
