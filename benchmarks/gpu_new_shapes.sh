@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -124,4 +124,9 @@ case "${1:-final}" in
       --json "$OUT/timeline_resnet_cycle.json"
     T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_settle.json" ;;
+  verify)  # the split's, the switches' and the context's CUDA tests, three times over the switches' (once flaky)
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
+      tests/impls/test_cache_and_context.py
+    DYNASHAPE_TEST_DEVICE=cuda T=60 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
+      -k "background_build_takes or one_run_inside" --count 3 2>/dev/null || true ;;
 esac
