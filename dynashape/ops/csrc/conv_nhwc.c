@@ -28,32 +28,7 @@
 #pragma GCC optimize("fp-contract=fast")
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-
-/* Subnormal floats as zero in the tiles (the CPU's flush-to-zero and denormals-are-zero modes, set
- * per thread and put back): an operand or a product below 2^-126 otherwise takes a microcode assist
- * on x86, ~100x a normal multiply-add. PP-OCRv6 det's weights are 24% subnormal (pruned to tiny
- * values): its 768 -> 384 1x1 at 15x10 pixels took 14-34 ms a call instead of 0.34. OpenVINO's CPU
- * plugin flushes them too; a subnormal's contribution is below 2^-126 of the output's scale. */
-static inline unsigned flush_subnormals(void) {
-#if defined(__SSE__)
-    const unsigned old = _mm_getcsr();
-    _mm_setcsr(old | 0x8040); /* FTZ | DAZ */
-    return old;
-#else
-    return 0;
-#endif
-}
-
-static inline void restore_subnormals(unsigned old) {
-#if defined(__SSE__)
-    _mm_setcsr(old);
-#else
-    (void)old;
-#endif
-}
+#include "subnormal.h"
 
 #define L 16
 typedef float v16 __attribute__((vector_size(64)));

@@ -11,12 +11,14 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include "subnormal.h"
 
 void dw_conv_nhwc(const float *x, float *y, const float *wt, const float *b, int64_t n, int64_t h, int64_t w,
                   int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
                   int64_t wo, int64_t act, int64_t threads) {
     #pragma omp parallel num_threads(threads) if (threads > 1 && n * ho * wo * c * kh * kw > 262144)
     {
+        const unsigned csr = flush_subnormals();
         float *acc = (float *)malloc(sizeof(float) * (size_t)c);
         #pragma omp for collapse(2)
         for (int64_t i = 0; i < n; i++) {
@@ -50,5 +52,6 @@ void dw_conv_nhwc(const float *x, float *y, const float *wt, const float *b, int
             }
         }
         free(acc);
+        restore_subnormals(csr);
     }
 }
