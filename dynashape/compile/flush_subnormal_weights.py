@@ -2,12 +2,12 @@
 
 A subnormal operand or product costs an x86 core a microcode assist, ~100x a normal multiply-add,
 in every kernel that does not set flush-to-zero itself (MKL's sgemm, torch's own loops). Pruned or
-quantization-aware models ship such weights: 24% of PP-OCRv6 det's are subnormal, and its 1x1
+quantization-aware models ship such weights: 10% of PP-OCRv6 det's are subnormal, and its 1x1
 convolutions ran 40-100x slower on them (14-34 ms a call for a 0.34 ms product); onnxruntime, which
 keeps them, took 125 ms a 480x320 image where OpenVINO, which flushes them, took 21-40. A subnormal's
 contribution to an output is below 2^-126 of the other terms' scale: the results move by nothing a
-float32 comparison sees. The C convolution tiles also flush the subnormal activations they meet
-(csrc/conv_nhwc.c). Counted in stats() as ``subnormal_weights_flushed`` (values, process-wide).
+float32 comparison sees. The C convolution kernels also flush the subnormal activations they meet
+(csrc/subnormal.h). Counted in stats() as ``subnormal_weights_flushed`` (values, process-wide).
 
 The reference graph (the interpreter's) keeps the weights as the model has them.
 """

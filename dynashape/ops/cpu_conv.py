@@ -332,7 +332,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
                 or x.device.type != "cpu" or (pooled and x.shape[2] == x.shape[3] == 1):
             return post(conv2d_act(x, w_, b_, stride, padding, dilation, groups, activation, scalars, algorithm,
                                    exact))
-        macs = x.numel() * macs_per_input // (stride[0] * stride[1]) if dense else 0
+        macs = x.numel() * macs_per_input // (stride[0] * stride[1])  # this call's multiply-adds
         if dense and ((cpu_conv_dense.everywhere() and macs < DENSE_ONEDNN_MACS)
                       or (macs < DENSE_NEW_SHAPE_MACS and _first_sight(seen, x.shape, None))):
             y = tile(x)
@@ -367,7 +367,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
             y = fused(x, wp, b, padding, stride, dilation, groups, "none", [], "")
         else:
             y = fused(x, wp, b, padding, stride, dilation, groups, activation, scalars, algorithm)
-        packed.timed(rows, x.numel() * macs_per_input // (stride[0] * stride[1]), time.perf_counter() - t0, is_packed)
+        packed.timed(rows, macs, time.perf_counter() - t0, is_packed)
         return post(act(y, scalars, algorithm)) if ort_epilogue else post(y)
     return kernel
 
