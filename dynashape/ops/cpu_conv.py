@@ -362,6 +362,10 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
                 return post(y)
         rows = x.shape[0] * x.shape[2] * x.shape[3]
         wp, is_packed = packed.weight_for(rows)
+        if not is_packed and not x.is_contiguous(memory_format=torch.channels_last):
+            # oneDNN lays its result out as its input with the weight as given, channels-last with the
+            # copy: the later convolutions' channels-last paths must find the same layout either way
+            x = x.contiguous(memory_format=torch.channels_last)
         t0 = time.perf_counter()
         if ort_epilogue:
             y = fused(x, wp, b, padding, stride, dilation, groups, "none", [], "")

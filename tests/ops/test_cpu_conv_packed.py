@@ -168,3 +168,20 @@ def test_the_bound_kernel_times_its_calls_and_stays_right_where_the_copy_is_avoi
     packed_rows = [r for r, p in seen if p]
     assert seen[0][1] is False and 81 in packed_rows  # the first call as given, then the copy once at 81 rows
     assert (162, True) not in seen  # 2 x 81: within the range found slow
+
+
+def test_the_result_is_channels_last_with_the_weight_as_given_as_with_the_copy(monkeypatch):
+    """oneDNN returns an NCHW input's result NCHW with the weight as given and channels-last with the
+    reordered copy: the first call (as given) must hand on the layout the next ones do, or a
+    depthwise convolution after it leaves its channels-last C path for that call."""
+    torch.manual_seed(6)
+    w, b = torch.randn(16, 3, 3, 3), torch.randn(16)
+    monkeypatch.setattr(cpu_conv_dense, "everywhere", lambda: False)
+    kernel = cpu_conv.bound_conv2d_act(w, b, [1, 1], [1, 1], [1, 1], 1, "relu", [], "")
+    x = torch.randn(1, 3, 12, 12)  # NCHW, as a model's image input
+    layouts = []
+    for _ in range(3):  # the C tile at first sight, then oneDNN with the weight as given, then the copy
+        y = kernel(x, w, b)
+        torch.testing.assert_close(y, _ref(x, w, b, 1, [1, 1], 1, "relu"), rtol=1e-4, atol=1e-4)
+        layouts.append(y.is_contiguous(memory_format=torch.channels_last))
+    assert layouts[1:] == [True, True], layouts
