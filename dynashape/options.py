@@ -326,6 +326,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_NATIVE": ("operator", "'0' (also 'off', 'false', 'no'): torch's kernels instead of the C ones."),
     "DYNASHAPE_CACHE": ("operator", "directory of built C kernels' cache (default $XDG_CACHE_HOME/dynashape)."),
     # ---- measurements (benchmarks/ and tests set them) ----
+    "DYNASHAPE_TOKEN_BUCKETS": ("experiment", "token regions of transformers (codegen/tokens.py): '0' (default: off, "
+                                              "measured slower), 'auto' (on CUDA) or '1' (any device, as the CPU "
+                                              "tests run them)."),
     "DYNASHAPE_CPU_STATIC": ("experiment", "what a CPU static impl is: 'inductor' (default: the region compiled to "
                                            "C++) or 'specialized' (its source with the key as literals; builds in "
                                            "ms, which the tests use)."),

@@ -6,6 +6,7 @@ from ..compile import affine
 from ..ir import Node
 from ..shape import expr as E
 from ..shape.symint import NeedsConcrete, SymInt
+from . import tokens
 from .dead_locals import drop_dead
 from .guards import accepts_source
 from .regions import Region, partition
@@ -19,8 +20,13 @@ class Assembly:
     def _regions(self, params: list[str]) -> list[Region]:
         """The regions static impls may serve: of two kernels or more, keyed by symbols of the
         signature or of break points before them."""
+        cut = None
+        if tokens.cuts(self.device):  # per-token parts of a transformer apart from its attention
+            info, env = self.t.info, self.env
+            cut = tokens.cut_for(self.items, lambda v: info[id(v)].dims if id(v) in info else None,
+                                 lambda d: env.canon(d.expr), self.input_symbols)
         found = partition(self.items, self.member_info, self.symvar, params, self.results,
-                          self.device.type == "cuda")
+                          self.device.type == "cuda", cut)
         keep = [r for r in found if r.static and all(x in self.symvar for x in r.syms)]
         for k, r in enumerate(keep):
             r.index = k

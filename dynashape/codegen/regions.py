@@ -121,9 +121,10 @@ def replayable(item: Item, members: dict[str, Member], cuda: bool) -> bool:
 
 
 def partition(items: list[Item], members: dict[str, Member], symvars: dict[str, str],
-              params: list[str], results: list[str], cuda: bool) -> list[Region]:
+              params: list[str], results: list[str], cuda: bool, cut=None) -> list[Region]:
     """Regions of ``items`` (see the module docstring). ``symvars``: symbol -> its local;
-    ``params``: the inputs of ``run``; ``results``: the locals it returns."""
+    ``params``: the inputs of ``run``; ``results``: the locals it returns; ``cut(positions,
+    syms)``: a run's items as consecutive parts, each a region of its own (``tokens.py``)."""
     local = set(params) | set(members)
     for it in items:
         for line in it.lines:
@@ -158,6 +159,8 @@ def partition(items: list[Item], members: dict[str, Member], symvars: dict[str, 
                     break
             if merged:
                 break
+    if cut is not None:
+        runs = [[part, syms, st] for its, syms, st in runs for part in cut(its, syms)]
     regions = [Region(k, its, syms) for k, (its, syms, _) in enumerate(runs)]
     for r in regions:
         _flows(r, items, members, var_sym, local, results)

@@ -79,6 +79,8 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
     for rc in spec.regions:
         if rc.align is not None:
             spec.aligned_positions.setdefault(rc.align.sig_pos, set()).add(rc.align.kind)
+    spec.token_positions = sorted({(rc.align.sig_pos, rc.align.sig_pos2) for rc in spec.regions
+                                   if rc.align is not None and rc.align.kind == "tokens"})
     return spec
 
 

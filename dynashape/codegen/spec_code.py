@@ -71,6 +71,7 @@ class SpecCode:
     group_keys: list = field(default_factory=list)  # per group: signature -> the values of its symbols
     regions: list[RegionCode] = field(default_factory=list)  # regions that static impls may serve
     aligned_positions: dict = field(default_factory=dict)  # signature position of an aligned symbol -> kinds
+    token_positions: list = field(default_factory=list)  # (batch, seq) signature positions of token regions
     kernel_items: int = 0  # nodes with lines in run (regions.py's items)
     bound_kernels: int = 0  # of them, kernels bound to their node's constants (registry.binder)
     sized_nodes: list = field(default_factory=list)  # st.sized's nodes: (node, output dtypes)

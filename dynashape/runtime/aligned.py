@@ -9,6 +9,11 @@ build per batch value, which stalled callers for seconds each (ResNet-50 at a ra
 call: 0.02-0.1x PyTorch eager). The buckets are fine where a padded image costs a real one's
 compute: at most 8 images are padded past 8.
 
+Token regions (``kind == "tokens"``, ``codegen/tokens.py``), opt-in (DYNASHAPE_TOKEN_BUCKETS): a
+transformer's per-token parts, keyed by ``token_bucket(batch * seq)`` and run as rows ``[T, 1, ...]``:
+the padded signature puts the bucket in the batch and 1 in the sequence, the plan holds room for
+it (``token_room``), and a live-in ``[B, S, ...]`` is the first ``B * S`` rows of its padded view.
+
 FC fake alignment (decoders' regions, ``kind == "fc"``), opt-in:
 
 A region aligned along ``S`` keys its static impls by ``S`` rounded up to a multiple of ``m`` (the
@@ -42,6 +47,7 @@ from ..errors import OptionsError
 from ..impls import CannotCapture
 
 MAX_ALIGNED = 64  # values above are not aligned: padding them would cost real compute (fc_align's bound, options.py)
+MAX_TOKENS = 32768  # token counts above are not bucketed (a token region's graphs, codegen/tokens.py)
 
 
 def align_multiple(option: int | None = None) -> int:
@@ -73,6 +79,45 @@ def conv_bucket(value: int) -> int | None:
     return -(-value // 8) * 8
 
 
+def token_bucket(value: int) -> int | None:
+    """The bucket of a token count (``batch * seq`` of a token region, ``codegen/tokens.py``): 64
+    at least (so few rows cost nothing: such calls are bound by the host), the next power of two
+    up to 256, then the next multiple of a quarter of the octave (at most 25% padded, ~10% on
+    average; four buckets an octave, 31 up to ``MAX_TOKENS``); None above."""
+    if not 0 < value <= MAX_TOKENS:
+        return None
+    if value <= 256:
+        return max(64, 1 << (value - 1).bit_length())
+    step = 1 << ((value - 1).bit_length() - 3)
+    return -(-value // step) * step
+
+
+def rows(al, key: tuple, sig: bool = False) -> int:
+    """The rows an aligned region sees at ``key`` (or a signature, ``sig``): its symbol's value, or
+    for a token region the product of its two leading symbols."""
+    p, q = (al.sig_pos, al.sig_pos2) if sig else (al.key_pos, al.key_pos2)
+    return key[p] if al.symbol2 is None else key[p] * key[q]
+
+
+def padded_at(al, key: tuple, padded: int, sig: bool = False) -> tuple:
+    """``key`` (or a signature) at the padded rows: the symbol at ``padded``; for a token region
+    the rows as ``[padded, 1]`` (the batch carries the tokens, the sequence is one long)."""
+    p, q = (al.sig_pos, al.sig_pos2) if sig else (al.key_pos, al.key_pos2)
+    out = list(key)
+    out[p] = padded
+    if al.symbol2 is not None:
+        out[q] = 1
+    return tuple(out)
+
+
+def token_room(cap_b: int, cap_s: int, padded) -> int:
+    """The sequence capacity an arena plan needs so that a token region's padded rows ``[T, 1]``
+    fit in every buffer planned for ``[cap_b, cap_s]``: ``T`` is at most the bucket of
+    ``cap_b * cap_s`` (buckets grow with the count)."""
+    t = padded("tokens", cap_b * cap_s)
+    return cap_s if t is None else max(cap_s, -(-t // cap_b))
+
+
 def aligned_value(value: int, multiple: int) -> int | None:
     """``value`` rounded up to ``multiple``, or None when it is not aligned."""
     if multiple <= 1 or not 0 < value <= MAX_ALIGNED:
@@ -94,16 +139,25 @@ class PaddedViews:
             self.cur[g] = refresh(self, sig)
 
 
-def _same_memory(padded: torch.Tensor, real: torch.Tensor) -> bool:
+def _same_memory(padded: torch.Tensor, real: torch.Tensor, k: int = 1) -> bool:
     """Whether ``real`` is the first rows of ``padded``: same address, same sizes behind the
-    leading dim, same strides wherever the real view has more than one element (a stride
-    along a dim of size 1 means nothing, and torch's views leave it arbitrary)."""
+    leading dim (for a token region, ``k == 2``: ``real``'s two leading dims are one run of rows,
+    ``padded``'s are ``[T, 1]``), same strides wherever the real view has more than one element (a
+    stride along a dim of size 1 means nothing, and torch's views leave it arbitrary)."""
+    if k == 2:
+        b, n = real.shape[:2]
+        if (n > 1 and real.stride(1) != padded.stride(0)) or (b > 1 and real.stride(0) != n * padded.stride(0)):
+            return False  # the tokens are not one run of rows
+        padded, real = padded.select(1, 0), real.reshape(b * n, *real.shape[2:]) if real.numel() else real
+        if real.dim() != padded.dim():
+            return False
     return (padded.data_ptr() == real.data_ptr() and padded.shape[1:] == real.shape[1:]
             and all(a == b for a, b, n in zip(padded.stride(), real.stride(), real.shape) if n > 1))
 
 
 class AlignedImpl:
-    """A static impl built over the padded views at the padded value, serving every value up to it."""
+    """A static impl built over the padded views at the padded value, serving every value up to it.
+    A token region's (``al.symbol2``) live-ins ``[B, S, ...]`` are its rows ``[T, 1, ...]``."""
 
     aligned = True
 
@@ -111,53 +165,63 @@ class AlignedImpl:
         """``detached``: built off the calling thread (``impls/static.py`` ``detached``): this
         call's live-ins are not read (the first replay copies its own in)."""
         self.al, self.padded = al, padded
+        self.k = k = 1 if al.symbol2 is None else 2  # leading dims that are the rows
         self.padded_ins: list = []
         self.copies: list[int] = []  # live-ins outside the arena: copied into a padded buffer per call
         for i, (x, member, carried) in enumerate(zip(ins, al.members, al.carries_in)):
             if member is not None:
                 v = views.cur[member[0]][member[1]]  # the same memory, more rows
-                if isinstance(x, torch.Tensor) and not _same_memory(v, x):
+                if isinstance(x, torch.Tensor) and not _same_memory(v, x, k):
                     raise CannotCapture(f"live-in {i}: its padded view is not the real one with more rows "
                                         f"(strides {tuple(v.stride())} against {tuple(x.stride())})")
                 self.padded_ins.append(v)
             elif carried:
-                self.padded_ins.append(torch.zeros((padded, *x.shape[1:]), dtype=x.dtype, device=x.device))
+                shape = (padded, *(1,) * (k - 1), *x.shape[k:])
+                self.padded_ins.append(torch.zeros(shape, dtype=x.dtype, device=x.device))
                 self.copies.append(i)
             else:
                 self.padded_ins.append(x)  # no rows of the symbol: the inner impl's own refresh serves it
         self.carried = [i for i, c in enumerate(al.carries_in) if c]  # at least one (align.plan)
-        self.rows_after = {i: ins[i].shape[1:] for i in self.carried}
-        real = ins[self.carried[0]].shape[0]
+        self.rows_after = {i: ins[i].shape[k:] for i in self.carried}
+        lead = ins[self.carried[0]].shape[:k]
         if not detached:
-            self._copy_in(ins, real)
+            self._copy_in(ins, lead)
         try:
             self.inner = build_inner(tuple(self.padded_ins))
         except CannotCapture as e:  # the region ran once on the padded views: the call takes its real rows
             if e.first is not None:
-                e.first = self._real_rows(e.first, real)
+                e.first = self._real_rows(e.first, lead)
             raise
         self.kind, self.nbytes = self.inner.kind, self.inner.nbytes
         self.untuned = getattr(self.inner, "untuned", 0)
         self.fallback = getattr(self.inner, "fallback", None)
         self.phases = getattr(self.inner, "phases", {})
 
-    def _copy_in(self, ins: tuple, real: int) -> None:
+    def _copy_in(self, ins: tuple, lead: tuple) -> None:
+        real = lead[0] if self.k == 1 else lead[0] * lead[1]
         for i in self.copies:
-            self.padded_ins[i][:real].copy_(ins[i])
+            x = ins[i]
+            self.padded_ins[i][:real].view(x.shape).copy_(x)
 
     def __call__(self, ins: tuple):
-        real = ins[self.carried[0]].shape[0]
+        k = self.k
+        lead = ins[self.carried[0]].shape[:k]
+        real = lead[0] if k == 1 else lead[0] * lead[1]
         if real > self.padded:
             return None  # a guard: the dynamic path serves (counted by the caller)
         for i in self.carried:
             x = ins[i]
-            if x.shape[0] != real or x.shape[1:] != self.rows_after[i]:
+            if x.shape[:k] != lead or x.shape[k:] != self.rows_after[i]:
                 return None
         if getattr(self.inner, "first", None) is None:  # the build's own call has copied its rows in
-            self._copy_in(ins, real)
+            self._copy_in(ins, lead)
         outs = self.inner(tuple(self.padded_ins))
-        return None if outs is None else self._real_rows(outs, real)
+        return None if outs is None else self._real_rows(outs, lead)
 
-    def _real_rows(self, outs, real: int) -> tuple:
-        """The live-outs' real rows (what the region wrote into the arena is there already)."""
-        return tuple(o[:real] if c else o for o, c in zip(outs, self.al.carries_out))
+    def _real_rows(self, outs, lead: tuple) -> tuple:
+        """The live-outs' real rows (what the region wrote into the arena is there already); a
+        token region's as ``[B, S, ...]`` again."""
+        if self.k == 1:
+            return tuple(o[:lead[0]] if c else o for o, c in zip(outs, self.al.carries_out))
+        real = lead[0] * lead[1]
+        return tuple(o[:real].view(*lead, *o.shape[2:]) if c else o for o, c in zip(outs, self.al.carries_out))

@@ -28,13 +28,13 @@ from collections import Counter, deque
 
 import torch
 
-from ..codegen import MemoRefused, SpecCode, build_spec
+from ..codegen import MemoRefused, SpecCode, build_spec, tokens
 from ..compile.shape_program import trace
 from ..impls import CompilationContext, ImplCache, capture_guard, compile_process
 from ..impls.cache import capacity_from
 from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
-from .aligned import aligned_value, conv_bucket
+from .aligned import aligned_value, conv_bucket, token_bucket
 from .decode_graph import ahead_rule, bucket_rule
 from .gc_pause import gc_paused
 
@@ -77,6 +77,9 @@ class CompiledModel:
         self.align = fc_align if static else 0  # FC fake alignment (aligned.py; fc_align=, checked by the session)
         # convolutional regions keyed by batch buckets (aligned.py): CUDA graphs only
         self.conv_buckets = bool(static) and device.type == "cuda"
+        # token regions keyed by buckets of batch * seq (codegen/tokens.py): CUDA graphs only
+        cut = tokens.cuts(device)  # (a bad DYNASHAPE_TOKEN_BUCKETS is an error at creation)
+        self.token_buckets = self.conv_buckets and cut
         self.inplace_concat = inplace_concat
         self.inputs = list(graph.inputs) if inputs is None else inputs
         self.specs: list[SpecCode] = []
@@ -108,6 +111,8 @@ class CompiledModel:
         is not aligned: convolutional regions by batch buckets, FC regions by fc_align."""
         if kind == "conv":
             return conv_bucket(value) if self.conv_buckets else None
+        if kind == "tokens":
+            return token_bucket(value) if self.token_buckets else None
         return aligned_value(value, self.align) if self.align else None
 
     def trace_ready(self) -> bool:

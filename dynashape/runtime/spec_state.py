@@ -26,7 +26,7 @@ from ..impls.context import SETTLE_S, Requeue
 from ..impls.static import cpu_kind
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
-from .aligned import MAX_ALIGNED, AlignedImpl, PaddedViews
+from .aligned import MAX_ALIGNED, MAX_TOKENS, AlignedImpl, PaddedViews, padded_at, rows, token_room
 from .decode_graph import DecodeGraphs
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,15 @@ class SpecState:
                         # grows later re-plans nothing, and the graphs built for this plan keep serving
                         hi = spec.trace.env.ranges.get(spec.sig_symbols[i], (0, 0))[1]
                         want = max(v, int(min(hi, MAX_ALIGNED)))
+                    if kind == "tokens":  # room for the bucket of batch * seq as rows [T, 1] (codegen/tokens.py)
+                        continue
                     caps[i] = max(caps[i], runner.model.padded(kind, want) or v)
+        for i, j in spec.token_positions:
+            if self.caps is None:  # a token plan holds the range's top at once (as a batch bucket's: no re-plan
+                # drops the graphs built) up to MAX_TOKENS rows: batch 64, then the sequence within the rest
+                caps[i] = max(caps[i], min(self._top(i), MAX_ALIGNED))
+                caps[j] = max(caps[j], min(self._top(j), MAX_TOKENS // caps[i]))
+            caps[j] = token_room(caps[i], caps[j], runner.model.padded)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
         for b, n in zip(spec.arena, sizes):
@@ -163,6 +171,10 @@ class SpecState:
         self.cache_bytes = [0] * len(self.caches)
         self.keys = [None] * len(self.keys)
         runner.stats["arena_plans"] += 1
+
+    def _top(self, i: int) -> int:
+        """The declared top of signature symbol ``i`` (its range's upper end)."""
+        return int(self.spec.trace.env.ranges.get(self.spec.sig_symbols[i], (0, 0))[1])
 
     def _new_token(self) -> None:
         """The views moved: static impls built on the old ones are gone (they hold the old block)."""
@@ -191,11 +203,11 @@ class SpecState:
         model = self.runner.model
         rc = self.spec.regions[r]
         al = rc.align
-        padded = None if al is None else model.padded(al.kind, key[al.key_pos])
-        if padded is not None and (self.caps is None or self.caps[al.sig_pos] < padded):
+        padded = None if al is None else model.padded(al.kind, rows(al, key))
+        if padded is not None and (self.caps is None or rows(al, self.caps, sig=True) < padded):
             padded = None  # no room planned for the padded rows (a plan made before alignment was on)
         if padded is not None:  # one impl for the bucket of values up to ``padded`` (aligned.py)
-            key = (*key[:al.key_pos], padded, *key[al.key_pos + 1:], "aligned")
+            key = (*padded_at(al, key, padded), "aligned")
         k = (self.token, r, key)
         impl = model.impls.get(k)
         if impl is not None:
@@ -207,7 +219,7 @@ class SpecState:
             return None
         # a batch bucket is built at its first sight: buckets are few and come back by design
         # (a random batch's exact key may never), and a short burst of traffic then finds its graphs
-        eager = padded is not None and al.kind == "conv"
+        eager = padded is not None and al.kind in ("conv", "tokens")
         if rk not in self.seen and not self.runner.prebuild and not eager:
             if len(self.seen) >= SEEN_KEYS:
                 self.seen.pop(next(iter(self.seen)))
@@ -239,9 +251,14 @@ class SpecState:
         else:
             # the padded views are stable for the impl: refreshed only what passes through
             refresh = [f and m is None and not c for f, m, c in zip(reg.refresh, al.members, al.carries_in)]
-            views = PaddedViews(self, (*self.sig[:al.sig_pos], padded, *self.sig[al.sig_pos + 1:]))
+            try:
+                views = PaddedViews(self, padded_at(al, self.sig, padded, sig=True))
+            except RuntimeError as e:  # a view of the group past the arena at the padded signature
+                self._built(k, CannotCapture(f"no padded views: {e}"), 0.0)
+                return None
 
             ns = self.spec.namespace  # (not ``self``: a background job holds this state weakly)
+
 
             def build(*how):  # one impl for the bucket of values up to ``padded`` (aligned.py)
                 return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
@@ -404,6 +421,8 @@ class SpecState:
             for d in self.spec.trace.input_dims:
                 if d.symbol == al.symbol:
                     combo[d.input][d.axis] = padded
+                elif d.symbol == al.symbol2:  # a token bucket's rows as [T, 1]
+                    combo[d.input][d.axis] = 1
         cache.note_shape(tuple(tuple(int(x) for x in s) for s in combo))
 
     def _save_forms(self) -> None:
