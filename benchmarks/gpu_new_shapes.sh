@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  tokens)  # token regions (codegen/tokens.py): their CUDA tests and the ones they touch; BERT random and cycled,
+           # eager side by side, then a second process with the disk cache
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_token_buckets.py \
+      tests/impls/test_aligned.py tests/test_host_syncs.py
+    T=360 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --sync-debug --models-dir $M \
+      --cache-dir /tmp/dcache --second-process --json "$OUT/new_shapes_tokens.json" ;;
+  tokens_ab)  # BERT random with and without token regions, eager side by side; the CUDA tests of static impls
+    T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_tokens_on.json"
+    DYNASHAPE_TOKEN_BUCKETS=0 T=120 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --only-dynashape \
+      --models-dir $M --json "$OUT/new_shapes_tokens_off.json"
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_token_buckets.py \
+      tests/impls/test_aligned.py tests/impls/test_conv_buckets.py tests/test_generate.py ;;
+  tokens_split)  # token regions whose first graphs take the split products the dynamic path takes; their tests
+    T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_tokens_split.json"
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_token_buckets.py \
+      tests/impls/test_aligned.py tests/ops/test_split_tf32.py ;;
   baseline)  # today's default and the dynamic path alone, with the host syncs they make
     T=280 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --sync-debug \
       --models-dir $M --json "$OUT/base_default.json"

@@ -141,6 +141,7 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
     res["stats"] = {k: v for k, v in st.items() if any(w in k for w in ("static", "host_sync", "build", "bucket",
                                                                           "impl", "tuned", "cache"))}
     res["refusals"] = list(sess.compiled.refusals)[-3:] if sess.compiled is not None else []
+    res["stats"]["device_reserved_gib"] = torch.cuda.memory_reserved() / 2**30  # the session's memory at its end
     del sess
     gone()
     return res
@@ -230,7 +231,7 @@ def main() -> None:
             if "stats" in v:
                 print(w, k, json.dumps(v["stats"]))
                 for why in v.get("refusals", []):
-                    print(w, k, "refused:", why[:300])
+                    print(w, k, "refused:", why[:1500])
             if "sync_sites" in v:
                 print(w, k, "host syncs after the first calls:", json.dumps(v["sync_sites"]))
     if args.second_process and args.cache_dir:
@@ -238,10 +239,13 @@ def main() -> None:
                "--cache-dir", args.cache_dir, "--resnet-calls", str(args.resnet_calls), "--bert-calls",
                str(args.bert_calls), "--seed", str(args.seed), "--options", *args.options]
         second = os.path.join(tmp, "second.json")
-        subprocess.run([*cmd, "--json", second], check=True)
-        with open(second) as f:
-            data["second_process"] = json.load(f)
-        for w in args.workloads:
+        done = subprocess.run([*cmd, "--json", second]).returncode == 0
+        if done:
+            with open(second) as f:
+                data["second_process"] = json.load(f)
+        else:  # the first process's rows are still printed and kept
+            print("the second process failed")
+        for w in args.workloads if done else ():
             for k, v in data["second_process"][w].items():
                 if k not in ("shapes", "eager"):
                     s = v["summary"]
