@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -22,6 +22,11 @@ case "${1:-final}" in
       --json "$OUT/new_shapes_tokens_split.json"
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_token_buckets.py \
       tests/impls/test_aligned.py tests/ops/test_split_tf32.py ;;
+  tokens_probe)  # token graphs per shape, built in the call (split products) and on the worker (IEEE); token regions
+                 # built in the calls at a random shape per call
+    DYNASHAPE_TOKEN_BUCKETS=auto T=200 run python3 benchmarks/token_probe.py
+    DYNASHAPE_TOKEN_BUCKETS=auto T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
+      --options static_impls=sync --json "$OUT/new_shapes_tokens_sync.json" ;;
   baseline)  # today's default and the dynamic path alone, with the host syncs they make
     T=280 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --sync-debug \
       --models-dir $M --json "$OUT/base_default.json"

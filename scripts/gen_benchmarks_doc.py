@@ -568,7 +568,7 @@ class Area:
 AREAS = [
     Area("GPU: token regions of a transformer (experimental, off by default)", "new_shapes_gpu.py",
          [("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),
-          ("new_shapes_tokens_off_*.json", None)],
+          ("new_shapes_tokens_sync_*.json", None), ("new_shapes_tokens_off_*.json", None)],
          ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
           "slowest call / eager's slowest", "max rel err", "run"], new_shapes_tokens,
          "DYNASHAPE_TOKEN_BUCKETS=auto (codegen/tokens.py): BERT's per-token parts as CUDA graphs per bucket of "
@@ -578,7 +578,13 @@ AREAS = [
          "the calls slower (0.67-0.73x eager against 1.32x off): their products ran "
          "IEEE float32 in both runs with token regions (max rel err 1.4e-6, the split products' is 5.9e-6), "
          "29 of 397 tuned rebuilds landed, the graphs' private pools held 70 GB, and 31 buckets x 13 regions "
-         "exceed the impl cache (97 evictions). Hence off by default."),
+         "exceed the impl cache (97 evictions). Why IEEE: a build on the compile worker never splits "
+         "(split_tf32.building: the split's TF32 switch is process-wide), and the token graphs are all built "
+         "there. *sync* builds them in the calls, with split products: BERT-base per shape "
+         "(benchmarks/token_probe.py, 20 replays) 9.8 / 7.4 / 1.6 / 33 ms at (16, 200) / (8, 300) / (2, 40) / "
+         "(32, 384) against the dynamic path's 12.3 / 10.0 / 4.5 / 31.6 and eager's 18.5 / 13.1 / 12.3 / 60.4; "
+         "but at a random shape per call 403 inline builds (7.1 s waited) and 103 evictions made it 0.33x. "
+         "Hence off by default."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",

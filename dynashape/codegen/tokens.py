@@ -33,7 +33,14 @@ in the same run. Found: the first graphs are untimed and their products ran IEEE
 error shows it: 1.4e-6 against the split products' 5.9e-6), 2x slower than the split TF32 ones
 the dynamic path takes at large token counts, and tuned rebuilds, which wait for the queue to
 settle, replaced 29 of 397; a private memory pool per graph held 70 GB; 31 buckets x 13 regions
-is beyond the impl cache's 300 (97 evictions).
+is beyond the impl cache's 300 (97 evictions). The IEEE products come from where the graphs are
+built: a build on the compile worker never splits (``split_tf32.building``: the split's TF32
+switch is process-wide). Built in the calls (static_impls="sync"), with split products, a token
+graph set is what this path is for: BERT-base 9.8 / 7.4 / 1.6 / 33 ms at (16, 200) / (8, 300) /
+(2, 40) / (32, 384) against the dynamic path's 12.3 / 10.0 / 4.5 / 31.6 and eager's 18.5 / 13.1 /
+12.3 / 60.4 (benchmarks/token_probe.py). Next: split products that a background capture may take
+(a TF32 product that needs no process-wide switch), fewer graphs (coarser buckets above a few
+thousand tokens, a layer's two token regions in one key), and an impl cache sized for them.
 """
 
 from __future__ import annotations
