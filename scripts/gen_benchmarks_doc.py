@@ -565,12 +565,14 @@ class Area:
     note: str = ""
 
 
+NEW_SHAPES_COLUMNS = ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
+                      "slowest call / eager's slowest", "max rel err", "run"]
+
 AREAS = [
     Area("GPU: token regions of a transformer (experimental, off by default)", "new_shapes_gpu.py",
          [("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),
           ("new_shapes_tokens_sync_*.json", None), ("new_shapes_tokens_off_*.json", None)],
-         ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
-          "slowest call / eager's slowest", "max rel err", "run"], new_shapes_tokens,
+         NEW_SHAPES_COLUMNS, new_shapes_tokens,
          "DYNASHAPE_TOKEN_BUCKETS=auto (codegen/tokens.py): BERT's per-token parts as CUDA graphs per bucket of "
          "batch x seq, the attention between them. One H200 lease, minutes apart: *on* and *ieee* with token "
          "regions (*on* with a change, since reverted, meant to make the first graphs take the split products "
@@ -587,8 +589,7 @@ AREAS = [
          "Hence off by default."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
-         ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
-          "slowest call / eager's slowest", "max rel err", "run"], new_shapes_gpu,
+         NEW_SHAPES_COLUMNS, new_shapes_gpu,
          "Every call from the first on a fresh session, TF32 off on every side, each output checked against "
          "eager's (*max rel err*: the largest ||out - eager|| / ||eager|| over the calls). dynashape runs with its "
          "defaults: products by a weight of many rows as split TF32 products (fp32_products='auto', "
