@@ -57,16 +57,20 @@ MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fp32_products", defa
 # the compile worker applies it (``run_flags``), since the switches are process-wide and the worker
 # is not inside the run that queued it
 ALLOW_TF32: contextvars.ContextVar[bool | None] = contextvars.ContextVar("allow_tf32", default=None)
+# inside a token region's build (``flag_free_builds``): its split products in Triton (``_flag_free``)
+FLAG_FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("flag_free", default=False)
 AUTO_ROWS = 4096  # the dynamic path's rule (``worth``)
 _MASK = -8192  # 0xFFFFE000: sign, exponent and TF32's 10 mantissa bits
 
 
 def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the split may serve ``x @ w``: a run that asks for it, float32 CUDA operands, TF32
-    not already allowed (then cuBLAS's own TF32 product is what the caller asked for), and not on
-    the compile worker (``building``)."""
+    not already allowed (then cuBLAS's own TF32 product is what the caller asked for), and on the
+    compile worker (``building``) only inside ``flag_free_builds``, with Triton's product, which needs
+    no switch (``_flag_free``)."""
     return (MODE.get() != "ieee" and x.is_cuda and x.dtype == torch.float32 and w.dtype == torch.float32
-            and not torch.backends.cuda.matmul.allow_tf32 and not getattr(_WORKER, "on", False))
+            and not torch.backends.cuda.matmul.allow_tf32
+            and (not getattr(_WORKER, "on", False) or (triton is not None and FLAG_FREE.get())))
 
 
 def worth(m: int, n: int, k: int) -> bool:
@@ -254,8 +258,22 @@ def switches(allow: bool):
 
 
 @contextlib.contextmanager
+def flag_free_builds():
+    """Inside: a build on the compile worker splits its products in Triton (``_flag_free``) rather
+    than run them as cuBLAS's float32 ones. Token regions' builds only (runtime/spec_state.py): an
+    H200 run with every background build so measured BERT-base cycling 7 shapes at 0.62x eager
+    (1.19x before), not understood yet; token graphs without it ran 2x slower float32 products."""
+    token = FLAG_FREE.set(True)
+    try:
+        yield
+    finally:
+        FLAG_FREE.reset(token)
+
+
+@contextlib.contextmanager
 def building():
-    """A build on a compile worker (impls/context.py): it never splits, and no run splits meanwhile."""
+    """A build on a compile worker (impls/context.py): it never switches TF32 on (it splits only in
+    Triton, inside ``flag_free_builds``), and no run splits meanwhile."""
     _WORKER.on = True
     _enter(None)
     try:
@@ -329,15 +347,29 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
     the weight as the session holds it (its parts are kept): ``[N, K]`` when ``w_out_in`` (Linear's
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
-    if not _open():  # another run or a build is inside: cuBLAS's float32 product
+    flag_free = triton is not None and x2.is_cuda and FLAG_FREE.get()
+    if getattr(_WORKER, "on", False) or not _open():
+        # a build on the compile worker, or another run or build inside: TF32 may not be switched on
+        # for the process, so Triton's product, which needs no switch (a token region's build), or
+        # else cuBLAS's float32 one
+        if flag_free:
+            return _split_product(x2, w, w_out_in, addend, out, _flag_free)
+        SKIPPED[0] += getattr(_WORKER, "on", False)  # (_open counted the other case)
         return addmm(addend, x2, w.t() if w_out_in else w, out)
     try:
-        return _split_product(x2, w, w_out_in, addend, out)
+        return _split_product(x2, w, w_out_in, addend, out, _switched)
     finally:
         _close()
 
 
-def _split_product(x2, w, w_out_in, addend, out):
+def _switched(addend, a, b, out):
+    """cuBLAS's TF32 product, the switch on around the call only."""
+    with _tf32():
+        return addmm(addend, a, b, out)
+
+
+def _split_product(x2, w, w_out_in, addend, out, mm):
+    """The split product; ``mm(addend, a, b, out)``: a TF32 product (``_switched``, ``_flag_free``)."""
     PRODUCTS[0] += 1
     m, k = x2.shape
     if k <= ONE_CALL_K:
@@ -346,18 +378,69 @@ def _split_product(x2, w, w_out_in, addend, out):
         # each costs the host ~75 us on the H200's host (benchmarks/split_host.py), and a BERT-base
         # call at 4,000+ tokens, 48 split products, was bound by that host time
         x3 = _split(x2, m, k, 3 * k, 0, k, 2 * k).view(m, 3 * k)
-        with _tf32():
-            return addmm(addend, x3, parts(w, w_out_in, True), out)
+        return mm(addend, x3, parts(w, w_out_in, True), out)
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
     x_cat = split_rows(x2)  # [x_lo | x_hi]
     x_hi, w_hi = x_cat[:, k:], w_cat[:k]
-    with _tf32():
-        # x_lo @ w_hi + x_hi @ w_lo in one call: terms ~2^-11 of the product, whose accumulation
-        # error in the tensor cores stays far below float32's rounding of the whole
-        y = addmm(addend, x_cat, w_cat, out)
-        # x_hi @ w_hi in pieces of at most CHUNK along K, each added onto y in float32
-        pieces = -(-k // CHUNK) if CHUNK else 1
-        step = -(-k // pieces)
-        for c0 in range(0, k, step):
-            y.addmm_(x_hi[:, c0:c0 + step], w_hi[c0:c0 + step])
+    # x_lo @ w_hi + x_hi @ w_lo in one call: terms ~2^-11 of the product, whose accumulation
+    # error in the tensor cores stays far below float32's rounding of the whole
+    y = mm(addend, x_cat, w_cat, out)
+    # x_hi @ w_hi in pieces of at most CHUNK along K, each added onto y in float32
+    pieces = -(-k // CHUNK) if CHUNK else 1
+    step = -(-k // pieces)
+    for c0 in range(0, k, step):
+        y = mm(y, x_hi[:, c0:c0 + step], w_hi[c0:c0 + step], y)
     return y
+
+
+def _flag_free(addend, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a [M, K] @ b [K, N] (+ addend)`` on TF32 tensor cores, float32 accumulation, in Triton: no
+    process-wide switch, so a build on the compile worker may take it beside a run's float32
+    products (cuBLAS's TF32 needs ``allow_tf32``, which every thread's products read), and a run
+    may beside a build. ``addend``: a bias [N], or [M, N] (``out`` itself: accumulated in place)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = out if out is not None else torch.empty(m, n, dtype=torch.float32, device=a.device)
+    d, sdm, sdn = c, 0, 0
+    if addend is not None:
+        d = addend
+        sdm, sdn = (0, addend.stride(0)) if addend.dim() == 1 else (
+            0 if addend.shape[0] == 1 else addend.stride(0), addend.stride(1))
+    bm, bn, bk, warps, stages = MM_CONFIG
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _tf32_mm_kernel[grid](a, b, c, d, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                          c.stride(1), sdm, sdn, HAS_D=addend is not None, BM=bm, BN=bn, BK=bk,
+                          GROUP_M=8, num_warps=warps, num_stages=stages)
+    return c
+
+
+# (BM, BN, BK, warps, stages) of ``_flag_free`` (benchmarks/tf32_triton_sweep.py times others)
+MM_CONFIG = (128, 256, 32, 8, 3)  # 1.15-1.4x cuBLAS TF32 at BERT-base's split products (H200); 128x128: 2x
+if triton is not None:
+    # M (the rows, a token count) changes every call: not specialised, so one compile serves them
+    @triton.jit(do_not_specialize=["m"])
+    def _tf32_mm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, m, n, k, sam, sak, sbk, sbn, scm, scn, sdm, sdn,
+                        HAS_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_m, grid_n = tl.cdiv(m, BM), tl.cdiv(n, BN)
+        in_group = GROUP_M * grid_n  # programs of GROUP_M row blocks: they share B's columns in L2
+        first_m = (pid // in_group) * GROUP_M
+        size_m = tl.minimum(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % size_m
+        pid_n = (pid % in_group) // size_m
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        rows = rm.to(tl.int64)[:, None]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            kk = k0 + rk
+            a = tl.load(a_ptr + rows * sam + kk[None, :] * sak, mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
+            b = tl.load(b_ptr + kk[:, None].to(tl.int64) * sbk + rn[None, :] * sbn,
+                        mask=(kk[:, None] < k) & (rn[None, :] < n), other=0.0)
+            acc = tl.dot(a, b, acc=acc, input_precision="tf32")
+        keep = (rm[:, None] < m) & (rn[None, :] < n)
+        if HAS_D:
+            acc += tl.load(d_ptr + rows * sdm + rn[None, :] * sdn, mask=keep, other=0.0)
+        tl.store(c_ptr + rows * scm + rn[None, :] * scn, acc, mask=keep)

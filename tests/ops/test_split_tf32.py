@@ -105,7 +105,7 @@ def test_a_product_of_small_k_is_one_call_over_three_parts(monkeypatch):
     monkeypatch.setattr(split_tf32, "ONE_CALL_K", 0)  # the two-part form: the small terms, then the large one
     calls.clear()
     np.testing.assert_allclose(split_tf32.product(x, w, True), x.double() @ w.double().t(), rtol=1e-5, atol=1e-5)
-    assert calls == [(13, 128)]
+    assert calls == [(13, 128), (13, 64)]  # [x_lo | x_hi] @ [w_hi; w_lo], then x_hi @ w_hi added on
 
 
 def test_rows_are_split_in_place_of_a_wider_matrix():
@@ -276,6 +276,41 @@ def test_within_a_few_times_cublas_float32s_error(m, k, n):
     # pieces of K <= 1024: ~2e-6 at any K (cuBLAS float32 3-7e-7; one TF32 product of the parts
     # over K = 3072: 6e-6, TF32 itself 3e-4)
     assert err <= max(8 * ieee, 3e-6), (err, ieee)
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n,addend", [(4097, 2304, 768, "bias"), (3000, 768, 3072, "rows"), (257, 100, 33, None),
+                                          (64, 3072, 768, "inplace")])
+def test_the_triton_tf32_product_needs_no_switch_and_adds_what_it_is_given(m, k, n, addend):
+    """The product a build on the compile worker takes (``_flag_free``): TF32 tensor cores without
+    cuBLAS's process-wide switch, an addend as a bias, rows, or the output itself."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(m, k, device=DEVICE)
+    b = torch.randn(n, k, device=DEVICE).t() / k ** 0.5  # [K, N], strided as a Linear's weight
+    d = {"bias": torch.randn(n, device=DEVICE), "rows": torch.randn(m, n, device=DEVICE),
+         "inplace": torch.randn(m, n, device=DEVICE), None: None}[addend]
+    want = a.double() @ b.double() + (0 if d is None else d.double())
+    out = d if addend == "inplace" else None
+    got = split_tf32._flag_free(d, a, b, out)
+    assert out is None or got is out
+    tf32 = float((got.double() - want).norm() / want.norm())
+    assert tf32 < 2e-3  # TF32's 10 mantissa bits
+    assert not torch.backends.cuda.matmul.allow_tf32
+    # and the split over it, as the worker runs it: float32's accuracy
+    x = torch.randn(m, k, device=DEVICE)
+    w = torch.randn(n, k, device=DEVICE) / k ** 0.5
+    exact = x.double() @ w.double().t()
+    token = split_tf32.MODE.set("split")
+    try:
+        with split_tf32.building(), split_tf32.flag_free_builds():  # a token region's build
+            before = split_tf32.PRODUCTS[0]
+            y = split_tf32.product(x, w, True)
+            assert split_tf32.PRODUCTS[0] == before + 1  # split, not cuBLAS's float32 product
+        with split_tf32.building():  # any other build: cuBLAS's float32 product
+            assert not split_tf32.eligible(x, w)
+    finally:
+        split_tf32.MODE.reset(token)
+    assert float((y.double() - exact).norm() / exact.norm()) < 1.5e-5
 
 
 @cuda
