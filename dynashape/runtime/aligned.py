@@ -47,7 +47,12 @@ from ..errors import OptionsError
 from ..impls import CannotCapture
 
 MAX_ALIGNED = 64  # values above are not aligned: padding them would cost real compute (fc_align's bound, options.py)
-MAX_TOKENS = 32768  # token counts above are not bucketed (a token region's graphs, codegen/tokens.py)
+# token counts above are not bucketed (a token region's graphs, codegen/tokens.py): the dynamic path
+# serves them, bound by the GPU there (H200, BERT-base at 12,288 tokens: 31.6 ms dynamic, 33 as a
+# graph, benchmarks/token_probe.py); and 21 buckets x BERT-base's 13 token regions stay within the
+# impl cache (31 buckets up to 32,768 tokens were 403 graphs: ~100 evictions a run, 70 GB of pools)
+MAX_TOKENS = 6144
+PLAN_TOKENS = 32768  # the rows a token plan holds at once (SpecState._plan): batch 64 x seq 512
 
 
 def align_multiple(option: int | None = None) -> int:
@@ -83,7 +88,7 @@ def token_bucket(value: int) -> int | None:
     """The bucket of a token count (``batch * seq`` of a token region, ``codegen/tokens.py``): 64
     at least (so few rows cost nothing: such calls are bound by the host), the next power of two
     up to 256, then the next multiple of a quarter of the octave (at most 25% padded, ~10% on
-    average; four buckets an octave, 31 up to ``MAX_TOKENS``); None above."""
+    average; four buckets an octave, 21 up to ``MAX_TOKENS``); None above."""
     if not 0 < value <= MAX_TOKENS:
         return None
     if value <= 256:

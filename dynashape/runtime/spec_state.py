@@ -11,6 +11,7 @@ build is queued when the key comes back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,9 +25,10 @@ from ..errors import ShapeError
 from ..impls import CannotCapture, static_builder
 from ..impls.context import SETTLE_S, Requeue
 from ..impls.static import cpu_kind
+from ..ops import split_tf32
 from ..ops.limits import check_output_sizes, shape_failure
 from ..shape import expr as E
-from .aligned import MAX_ALIGNED, MAX_TOKENS, AlignedImpl, PaddedViews, padded_at, rows, token_room
+from .aligned import MAX_ALIGNED, PLAN_TOKENS, AlignedImpl, PaddedViews, padded_at, rows, token_room
 from .decode_graph import DecodeGraphs
 
 log = logging.getLogger(__name__)
@@ -145,9 +147,9 @@ class SpecState:
                     caps[i] = max(caps[i], runner.model.padded(kind, want) or v)
         for i, j in spec.token_positions:
             if self.caps is None:  # a token plan holds the range's top at once (as a batch bucket's: no re-plan
-                # drops the graphs built) up to MAX_TOKENS rows: batch 64, then the sequence within the rest
+                # drops the graphs built) up to PLAN_TOKENS rows: batch 64, then the sequence within the rest
                 caps[i] = max(caps[i], min(self._top(i), MAX_ALIGNED))
-                caps[j] = max(caps[j], min(self._top(j), MAX_TOKENS // caps[i]))
+                caps[j] = max(caps[j], min(self._top(j), PLAN_TOKENS // caps[i]))
             caps[j] = token_room(caps[i], caps[j], runner.model.padded)
         env = dict(zip(spec.sig_symbols, caps))
         sizes = [E.evaluate(b.nbytes, env) for b in spec.arena]
@@ -260,11 +262,15 @@ class SpecState:
             ns = self.spec.namespace  # (not ``self``: a background job holds this state weakly)
 
 
+            tokens = al.kind == "tokens"
+
             def build(*how):  # one impl for the bucket of values up to ``padded`` (aligned.py)
-                return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
-                                                               reg.live_out, rc.symvars, key[:-1], sins, refresh,
-                                                               reg.results, ns, name, detach=detach)(*how),
-                                   al, views, ins, padded, detached=detach)
+                # a token region's products split in Triton on the worker (split_tf32.flag_free_builds)
+                with split_tf32.flag_free_builds() if tokens else contextlib.nullcontext():
+                    return AlignedImpl(lambda sins: static_builder(model.device, rc.fn, rc.body, reg.live_in,
+                                                                   reg.live_out, rc.symvars, key[:-1], sins, refresh,
+                                                                   reg.results, ns, name, detach=detach)(*how),
+                                       al, views, ins, padded, detached=detach)
             if detach:
                 self._submit_detached(k, build)
             else:  # inline: CUDA captures in the call, and a CPU trace, which needs the padded views
