@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe]
+#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -27,6 +27,15 @@ case "${1:-final}" in
     DYNASHAPE_TOKEN_BUCKETS=auto T=200 run python3 benchmarks/token_probe.py
     DYNASHAPE_TOKEN_BUCKETS=auto T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
       --options static_impls=sync --json "$OUT/new_shapes_tokens_sync.json" ;;
+  tokens_flagfree)  # split products in Triton on the compile worker (split_tf32._flag_free), token buckets up to
+                    # 6,144 tokens: the CUDA tests; per shape; BERT random and cycled with token regions, then without
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py \
+      tests/impls/test_token_buckets.py
+    DYNASHAPE_TOKEN_BUCKETS=auto T=100 run python3 benchmarks/token_probe.py
+    DYNASHAPE_TOKEN_BUCKETS=auto T=160 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle \
+      --models-dir $M --json "$OUT/new_shapes_tokens_flagfree.json"
+    T=90 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --only-dynashape --models-dir $M \
+      --json "$OUT/new_shapes_tokens_flagfree_off.json" ;;
   baseline)  # today's default and the dynamic path alone, with the host syncs they make
     T=280 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random bert_random --sync-debug \
       --models-dir $M --json "$OUT/base_default.json"

@@ -570,23 +570,25 @@ NEW_SHAPES_COLUMNS = ["workload", "runtime", "total s", "x eager (total)", "last
 
 AREAS = [
     Area("GPU: token regions of a transformer (experimental, off by default)", "new_shapes_gpu.py",
-         [("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),
-          ("new_shapes_tokens_sync_*.json", None), ("new_shapes_tokens_off_*.json", None)],
+         [("new_shapes_tokens_triton_h*.json", None), ("new_shapes_tokens_triton_off_*.json", None),
+          ("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),
+          ("new_shapes_tokens_sync_*.json", None), ("new_shapes_flagfree_all_builds_*.json", None)],
          NEW_SHAPES_COLUMNS, new_shapes_tokens,
          "DYNASHAPE_TOKEN_BUCKETS=auto (codegen/tokens.py): BERT's per-token parts as CUDA graphs per bucket of "
-         "batch x seq, the attention between them. One H200 lease, minutes apart: *on* and *ieee* with token "
-         "regions (*on* with a change, since reverted, meant to make the first graphs take the split products "
-         "where the dynamic path does: no effect on the error seen), *off* (the default). The graphs made "
-         "the calls slower (0.67-0.73x eager against 1.32x off): their products ran "
-         "IEEE float32 in both runs with token regions (max rel err 1.4e-6, the split products' is 5.9e-6), "
-         "29 of 397 tuned rebuilds landed, the graphs' private pools held 70 GB, and 31 buckets x 13 regions "
-         "exceed the impl cache (97 evictions). Why IEEE: a build on the compile worker never splits "
-         "(split_tf32.building: the split's TF32 switch is process-wide), and the token graphs are all built "
-         "there. *sync* builds them in the calls, with split products: BERT-base per shape "
-         "(benchmarks/token_probe.py, 20 replays) 9.8 / 7.4 / 1.6 / 33 ms at (16, 200) / (8, 300) / (2, 40) / "
-         "(32, 384) against the dynamic path's 12.3 / 10.0 / 4.5 / 31.6 and eager's 18.5 / 13.1 / 12.3 / 60.4; "
-         "but at a random shape per call 403 inline builds (7.1 s waited) and 103 evictions made it 0.33x. "
-         "Hence off by default."),
+         "batch x seq, the attention between them; one H200 lease, runs minutes apart, in this order. "
+         "*on*, *ieee*: 31 buckets up to 32,768 tokens; the graphs' products ran IEEE float32 (max rel err "
+         "1.4e-6 against the split's 5.9e-6: a build on the compile worker never splits, the split's cuBLAS TF32 "
+         "switch being process-wide), 403 graphs exceeded the impl cache (~100 evictions), private pools held "
+         "70 GB. *sync*: built in the calls, with split products: per shape (benchmarks/token_probe.py, 20 "
+         "replays) 9.8 / 7.4 / 1.6 / 33 ms at (16, 200) / (8, 300) / (2, 40) / (32, 384) against the dynamic "
+         "path's 12.3 / 10.0 / 4.5 / 31.6 and eager's 18.5 / 13.1 / 12.3 / 60.4, but 403 inline builds "
+         "(7.1 s waited) at a random shape per call. *triton*: token builds split their products in Triton, "
+         "which needs no switch (split_tf32.flag_free_builds; tiles 128x256: 1.15-1.4x cuBLAS TF32's time, "
+         "benchmarks/tf32_triton_sweep.py), buckets up to 6,144 tokens (273 graphs, no eviction, 5.4 GB): "
+         "errors back at 5.9e-6, per shape built in the background 15.6 / 10.6 / 2.8 ms, and still 0.78x "
+         "eager at a random shape per call against 1.41x without (*triton_off*, the same minutes). "
+         "*flagfree_all_builds*: the Triton split in every background build and in runs beside one: BERT-base "
+         "cycling 7 shapes 0.62x (1.19x before), so it is kept to token builds. Hence off by default."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          NEW_SHAPES_COLUMNS, new_shapes_gpu,

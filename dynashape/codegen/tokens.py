@@ -26,21 +26,18 @@ Which regions qualify, and why others don't:
   ``[batch * seq, H]`` (GPT-2's flattened rows: its leading dim is an expression, not the pair).
 
 Status: off by default (DYNASHAPE_TOKEN_BUCKETS). On an H200, BERT-base at a random (batch 1-32,
-seq 8-384) per call (benchmarks/new_shapes_gpu.py, results/new_shapes_tokens_h200_2026-11-29.json):
-the cut and the buckets work (397 graphs over 26 token regions, 1,419 replays, no host sync, every
-output within 1.5e-6 of eager) but the calls were 0.67-0.73x eager, against 1.32x without them
-in the same run. Found: the first graphs are untimed and their products ran IEEE float32 (the
-error shows it: 1.4e-6 against the split products' 5.9e-6), 2x slower than the split TF32 ones
-the dynamic path takes at large token counts, and tuned rebuilds, which wait for the queue to
-settle, replaced 29 of 397; a private memory pool per graph held 70 GB; 31 buckets x 13 regions
-is beyond the impl cache's 300 (97 evictions). The IEEE products come from where the graphs are
-built: a build on the compile worker never splits (``split_tf32.building``: the split's TF32
-switch is process-wide). Built in the calls (static_impls="sync"), with split products, a token
-graph set is what this path is for: BERT-base 9.8 / 7.4 / 1.6 / 33 ms at (16, 200) / (8, 300) /
-(2, 40) / (32, 384) against the dynamic path's 12.3 / 10.0 / 4.5 / 31.6 and eager's 18.5 / 13.1 /
-12.3 / 60.4 (benchmarks/token_probe.py). Next: split products that a background capture may take
-(a TF32 product that needs no process-wide switch), fewer graphs (coarser buckets above a few
-thousand tokens, a layer's two token regions in one key), and an impl cache sized for them.
+seq 8-384) per call (benchmarks/new_shapes_gpu.py; docs/benchmarks.md, "GPU: token regions"): the
+cut and the buckets work (no host sync, outputs within 5.9e-6 of eager, no padded row leaks), and
+a token graph set built in the calls is 1.3-2.9x the dynamic path per shape (benchmarks/
+token_probe.py), but at a random shape per call the calls were 0.78x eager against 1.41x without
+token regions, in the same minutes. Fixed on the way: the graphs' products ran IEEE float32 (a
+build on the compile worker never switches cuBLAS's process-wide TF32 on), now split in Triton
+inside a token build (``split_tf32.flag_free_builds``); 31 buckets were 403 graphs, beyond the
+impl cache, now 21 up to 6,144 tokens (``runtime/aligned.py`` ``MAX_TOKENS``). Not understood yet:
+why the replays lose at random shapes while each shape's replay wins (the 273 builds' 2.5 s on
+the worker beside 150 calls, the untimed first graphs, the copies into padded live-ins are the
+suspects); a memory pool shared by a request's token graphs (torch's allocator asserted in the
+one attempt).
 """
 
 from __future__ import annotations
