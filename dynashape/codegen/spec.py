@@ -77,7 +77,7 @@ def build_spec(trace: Trace, device: torch.device, consts_device, consts_host, i
         spec.regions.append(RegionCode(r, ns[f"r{r.index}"], symvars, body, aligned))
     spec.aligned_positions = {}
     for rc in spec.regions:
-        if rc.align is not None:
+        if rc.align is not None and rc.align.kind != "tokens":  # (theirs: token_positions)
             spec.aligned_positions.setdefault(rc.align.sig_pos, set()).add(rc.align.kind)
     spec.token_positions = sorted({(rc.align.sig_pos, rc.align.sig_pos2) for rc in spec.regions
                                    if rc.align is not None and rc.align.kind == "tokens"})

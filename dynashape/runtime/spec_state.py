@@ -140,12 +140,11 @@ class SpecState:
                     if kind == "conv":
                         # a batch bucket's plan holds the range's top bucket at once: a batch that
                         # grows later re-plans nothing, and the graphs built for this plan keep serving
-                        hi = spec.trace.env.ranges.get(spec.sig_symbols[i], (0, 0))[1]
-                        want = max(v, int(min(hi, MAX_ALIGNED)))
-                    if kind == "tokens":  # room for the bucket of batch * seq as rows [T, 1] (codegen/tokens.py)
-                        continue
+                        want = max(v, min(self._top(i), MAX_ALIGNED))
                     caps[i] = max(caps[i], runner.model.padded(kind, want) or v)
-        for i, j in spec.token_positions:
+        # room for token regions' buckets of batch * seq as rows [T, 1] (codegen/tokens.py), only
+        # where they are bucketed: a region may qualify with the buckets off
+        for i, j in spec.token_positions if runner.model.token_buckets else ():
             if self.caps is None:  # a token plan holds the range's top at once (as a batch bucket's: no re-plan
                 # drops the graphs built) up to PLAN_TOKENS rows: batch 64, then the sequence within the rest
                 caps[i] = max(caps[i], min(self._top(i), MAX_ALIGNED))

@@ -110,3 +110,19 @@ def test_a_bad_token_bucket_setting_is_an_options_error(device, monkeypatch):
     monkeypatch.setenv("DYNASHAPE_TOKEN_BUCKETS", "yes")
     with pytest.raises(OptionsError, match="DYNASHAPE_TOKEN_BUCKETS"):
         dynashape.InferenceSession(str(model_path("bert")), device=device, static_impls="sync")
+
+
+def test_the_arena_holds_room_for_token_buckets_only_where_they_are_bucketed(device):
+    """A region qualifies as a token region whether or not the buckets are on; its arena is
+    planned for the range's top (batch 64) only where they are (with them off, a CPU session of
+    a [N, S, H] model planned 64 x 512 rows for a call of 2 x 5)."""
+    feeds = _feeds("bert", 2, 5, np.random.default_rng(2), device)
+    plans = {}
+    for on in (False, True):
+        sess = dynashape.InferenceSession(str(model_path("bert")), device=device, static_impls="sync")
+        sess.compiled.token_buckets = on
+        sess.run(None, feeds)
+        states = list(sess._default.runner.states.values())
+        assert any(st.spec.token_positions for st in states)
+        plans[on] = max(st.caps[st.spec.token_positions[0][0]] for st in states if st.spec.token_positions)
+    assert plans[False] < 64 <= plans[True]
