@@ -348,13 +348,14 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
     flag_free = triton is not None and x2.is_cuda and FLAG_FREE.get()
-    if getattr(_WORKER, "on", False) or not _open():
+    worker = getattr(_WORKER, "on", False)
+    if worker or not _open():
         # a build on the compile worker, or another run or build inside: TF32 may not be switched on
         # for the process, so Triton's product, which needs no switch (a token region's build), or
         # else cuBLAS's float32 one
         if flag_free:
             return _split_product(x2, w, w_out_in, addend, out, _flag_free)
-        SKIPPED[0] += getattr(_WORKER, "on", False)  # (_open counted the other case)
+        SKIPPED[0] += worker  # (_open counted the other case)
         return addmm(addend, x2, w.t() if w_out_in else w, out)
     try:
         return _split_product(x2, w, w_out_in, addend, out, _switched)

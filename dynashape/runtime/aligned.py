@@ -39,6 +39,7 @@ timing of forms) per value and the memory of one graph per value.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -203,7 +204,7 @@ class AlignedImpl:
         self.phases = getattr(self.inner, "phases", {})
 
     def _copy_in(self, ins: tuple, lead: tuple) -> None:
-        real = lead[0] if self.k == 1 else lead[0] * lead[1]
+        real = math.prod(lead)
         for i in self.copies:
             x = ins[i]
             self.padded_ins[i][:real].view(x.shape).copy_(x)
@@ -211,7 +212,7 @@ class AlignedImpl:
     def __call__(self, ins: tuple):
         k = self.k
         lead = ins[self.carried[0]].shape[:k]
-        real = lead[0] if k == 1 else lead[0] * lead[1]
+        real = math.prod(lead)
         if real > self.padded:
             return None  # a guard: the dynamic path serves (counted by the caller)
         for i in self.carried:
@@ -228,5 +229,5 @@ class AlignedImpl:
         token region's as ``[B, S, ...]`` again."""
         if self.k == 1:
             return tuple(o[:lead[0]] if c else o for o, c in zip(outs, self.al.carries_out))
-        real = lead[0] * lead[1]
+        real = math.prod(lead)
         return tuple(o[:real].view(*lead, *o.shape[2:]) if c else o for o, c in zip(outs, self.al.carries_out))
