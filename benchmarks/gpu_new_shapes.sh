@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree]
+#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  prior)  # a first graph's convolutions take the prior form (ops/tuned_conv.py guess): the forms' and buckets' CUDA
+          # tests; ResNet-50 random and cycled, eager side by side, with the prior and without; where BERT's dynamic
+          # path spends its GPU time
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
+      tests/impls/test_conv_buckets.py
+    T=150 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle --sync-debug --models-dir $M \
+      --json "$OUT/new_shapes_prior.json"
+    DYNASHAPE_FORM_PRIORS=0 T=100 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle \
+      --only-dynashape --models-dir $M --json "$OUT/new_shapes_prior_off.json"
+    T=80 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
+      --json "$OUT/timeline_resnet_cycle_prior.json"
+    for sh in 16x256 32x384; do
+      T=90 run python3 benchmarks/profile_kernels.py --model bert --shape $sh --calls 10 --top 25 --no-untuned \
+        --options static_impls=off
+    done ;;
   tokens)  # token regions (codegen/tokens.py): their CUDA tests and the ones they touch; BERT random and cycled,
            # eager side by side, then a second process with the disk cache
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_token_buckets.py \

@@ -47,8 +47,8 @@ def specialised(tuner):
 
 
 def untimed(key: tuple, runs: list) -> None:
-    """A tuner that times nothing: a key without a kept form takes its first (the op's own call)
-    and stays untuned (a CUDA region's first graph, built at once: runtime/spec_state.py)."""
+    """A tuner that times nothing: a key without a kept form takes the op's prior guess, else its
+    first form (the op's own call), and stays untuned (a CUDA region's first graph, built at once: runtime/spec_state.py)."""
     return None
 
 
@@ -88,22 +88,23 @@ def forget() -> None:
         _PROVISIONAL.clear()
 
 
-def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> str:
+def choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object], prior: str | None = None) -> str:
     """The form kept for ``key`` (its first element names the op); at its first sight the
-    tuner times ``run(form)`` for each form. ``forms[0]`` (the op's own call) where nothing
-    can be timed now; the key then stays untuned."""
+    tuner times ``run(form)`` for each form. Where nothing can be timed now, ``prior`` (the op's
+    guess from measurements of the same geometry, when it is one of ``forms``), else ``forms[0]``
+    (the op's own call); the key then stays untuned."""
     if len(forms) == 1:
         return forms[0]
     pinned = getattr(_LOCAL, "pinned", None)
     if pinned is not None and key in pinned:
         return pinned[key]
-    choice = _choose(key, forms, run)
+    choice = _choose(key, forms, run, prior)
     if pinned is not None:
         pinned[key] = choice
     return choice
 
 
-def _choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) -> str:
+def _choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object], prior: str | None) -> str:
     with _LOCK:
         choice = _CHOICES.get(key) or _PROVISIONAL.get(key) or _sibling(key, forms)
     if choice is not None:
@@ -113,6 +114,9 @@ def _choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object]) ->
         counted = getattr(_LOCAL, "defaulted", None)
         if counted is not None:
             counted[0] += 1
+        if prior in forms:
+            STATS[f"prior_{key[0]}_{prior}"] += 1
+            return prior
         return forms[0]
     choice = forms[best]
     with _LOCK:

@@ -25,6 +25,8 @@ as the op's unfused epilogue does (one pass on CUDA: ``conv_epilogue.py``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -86,8 +88,47 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
     fs = forms(x, w, stride, padding)
     key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
-    form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn))
+    form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn),
+                  prior=guess(x, w, stride, padding))
     return _run(form, x, w, b, stride, padding, relu, z, cudnn)
+
+
+def guess(x: torch.Tensor, w: torch.Tensor, stride, padding) -> str | None:
+    """The form a build that times nothing takes (a region's first graph, built at once): the
+    form that won at this geometry on an H200 (``benchmarks/conv_forms.py``, ResNet-50's
+    convolutions at batch 1, 8 and 16, results/conv_forms_winograd_h200_2026-11-26.json), on
+    GPUs of that generation (compute capability 9); None elsewhere (the op's own call).
+    - 3x3, stride 1: Winograd won at every batch and size, 1.2-5.6x cuDNN's time (a late layer at
+      batch 16: 64 against 204 us).
+    - 1x1: one product per image won or tied (within 5%) but for two cases: wide inputs
+      (in >= 4x out) over few positions (<= 14x14) at batch >= 8, where the images side by side
+      won (2048 -> 512 at 7x7, batch 8: 45 against 80 us), and 64 -> 256 at 56x56, batch 16
+      (cuDNN 83 against 97: the rule does not carve that one out).
+    - 3x3, stride 2: unfolded windows at batch 1 (34-37 against 46-164 us); from batch 8 the
+      images' windows side by side over inputs of <= 28x28 (86-150 against 110-218), cuDNN over
+      larger ones. Other kernels (a 7x7 stem) were not measured: cuDNN.
+    A tuned rebuild times every form later and its choice replaces the guess.
+    DYNASHAPE_FORM_PRIORS=0 turns the guess off (A/B measurements)."""
+    if os.environ.get("DYNASHAPE_FORM_PRIORS", "1") == "0" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return None
+    return rule(tuple(x.shape), tuple(w.shape), tuple(stride))
+
+
+def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:
+    """``guess``'s rule over an NCHW input's and a weight's shapes (the forms it names may not all
+    serve the convolution: ``choose`` then takes the op's own call)."""
+    n, cin, h, wd = x_shape
+    cout, k = w_shape[0], tuple(w_shape[2:])
+    if k == (3, 3) and stride == (1, 1):
+        return "winograd"
+    if k == (1, 1):
+        merged = n >= 8 and cin >= 4 * cout and h * wd <= 14 * 14
+        return "gemm_merged" if merged else "gemm"
+    if k == (3, 3) and stride == (2, 2):
+        if n == 1:
+            return "unfold"
+        return "unfold_merged" if n >= 8 and h * wd <= 28 * 28 else "cudnn"
+    return None
 
 
 def windows(x, k, stride, padding, merged: bool = False) -> torch.Tensor:

@@ -307,3 +307,32 @@ def test_an_untimed_build_counts_its_defaults_and_a_pinned_key_keeps_its_first_f
     assert left[0] == 1
     with specialise.specialised(specialise.untimed):  # a later build finds the kept form
         assert specialise.choose(key, forms, lambda f: None) == "gemm_merged"
+
+
+def test_an_untimed_build_takes_the_ops_prior_and_still_leaves_the_key_to_a_tuned_rebuild():
+    forms = ("cudnn", "gemm", "gemm_merged")
+    key = _conv_key(16)
+    before = specialise.STATS["prior_conv_gemm_merged"]
+    with specialise.specialised(specialise.untimed), specialise.counting_defaults() as left:
+        assert specialise.choose(key, forms, lambda f: None, prior="gemm_merged") == "gemm_merged"
+        assert specialise.choose(_conv_key(1), forms, lambda f: None, prior="winograd") == "cudnn"  # not a form here
+    assert left[0] == 2 and specialise.choices() == {}  # both untuned: a tuned rebuild times them
+    assert specialise.STATS["prior_conv_gemm_merged"] == before + 1
+    with specialise.specialised(lambda k, runs: 1):  # a timed build keeps what it timed, not the prior
+        assert specialise.choose(key, forms, lambda f: None, prior="gemm_merged") == "gemm"
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,form", [
+    ((16, 512, 7, 7), (512, 512, 3, 3), (1, 1), "winograd"),
+    ((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), "winograd"),
+    ((8, 2048, 7, 7), (512, 2048, 1, 1), (1, 1), "gemm_merged"),
+    ((4, 2048, 7, 7), (512, 2048, 1, 1), (1, 1), "gemm"),  # below batch 8: a product per image
+    ((16, 256, 56, 56), (64, 256, 1, 1), (1, 1), "gemm"),  # many positions: a product per image
+    ((1, 512, 14, 14), (512, 512, 3, 3), (2, 2), "unfold"),
+    ((16, 256, 28, 28), (256, 256, 3, 3), (2, 2), "unfold_merged"),
+    ((16, 128, 56, 56), (128, 128, 3, 3), (2, 2), "cudnn"),
+    ((4, 256, 28, 28), (256, 256, 3, 3), (2, 2), "cudnn"),
+    ((2, 3, 224, 224), (64, 3, 7, 7), (2, 2), None),  # not measured: the op's own call
+])
+def test_the_convolution_prior_follows_the_h200_measurements(x_shape, w_shape, stride, form):
+    assert tc.rule(x_shape, w_shape, stride) == form
