@@ -70,10 +70,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--models", nargs="+", default=["resnet", "bert"])
+    ap.add_argument("--static", default="sync", help="dynashape's static_impls ('off': the dynamic path's wall time)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+           "static_impls": args.static}
     tmp = tempfile.mkdtemp()
     g = torch.Generator().manual_seed(0)
     for m in args.models:
@@ -84,7 +86,7 @@ def main() -> None:
         model = None  # eager's module gone before dynashape is timed
         gc.collect()
         torch.cuda.empty_cache()
-        sess = dynashape.InferenceSession(path, device="cuda", static_impls="sync")
+        sess = dynashape.InferenceSession(path, device="cuda", static_impls=args.static)
         ours = measure("dynashape", lambda f, sess=sess, names=names: sess.run(None, dict(zip(names, f))), feed_list)
         out[m] = {"eager": eager, "dynashape": ours}
         for e, d in zip(eager, ours):

@@ -4,6 +4,21 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  prior2)  # the prior with Winograd's kernels compiled at load, on an empty Triton cache (a fresh machine): the CUDA
+           # tests; ResNet-50 random and cycled with the prior and without; BERT's dynamic path, wall against kernels
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
+      tests/impls/test_conv_buckets.py
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=150 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle --sync-debug --models-dir $M \
+      --json "$OUT/new_shapes_prior.json"
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    DYNASHAPE_FORM_PRIORS=0 T=100 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle \
+      --only-dynashape --models-dir $M --json "$OUT/new_shapes_prior_off.json"
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=80 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
+      --json "$OUT/timeline_resnet_cycle_prior.json"
+    T=100 run python3 benchmarks/gpu_bound.py --models bert --static off --json "$OUT/gpu_bound_bert_dynamic.json" ;;
   prior)  # a first graph's convolutions take the prior form (ops/tuned_conv.py guess): the forms' and buckets' CUDA
           # tests; ResNet-50 random and cycled, eager side by side, with the prior and without; where BERT's dynamic
           # path spends its GPU time

@@ -134,7 +134,9 @@ def summary(r: dict, eager: dict) -> dict:
 
 
 def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
+    t0 = time.perf_counter()
     sess = dynashape.InferenceSession(path, device="cuda", **options)
+    load_s = time.perf_counter() - t0
     res = timed_calls(lambda f, sess=sess: sess.run(None, dict(zip(names, f))), feed_list, ref,
                       sync_debug_after=3 if sync_debug else None)
     st = sess.stats()
@@ -142,6 +144,7 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
                                                                           "impl", "tuned", "cache"))}
     res["refusals"] = list(sess.compiled.refusals)[-3:] if sess.compiled is not None else []
     res["stats"]["device_reserved_gib"] = torch.cuda.memory_reserved() / 2**30  # the session's memory at its end
+    res["load_s"] = load_s
     del sess
     gone()
     return res

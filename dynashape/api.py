@@ -26,11 +26,12 @@ from .frontend.expose import expose
 from .frontend.options import ParseOptions
 from .frontend.parse import load_model_proto, parse_model, prepare_proto
 from .impls.disk_cache import DiskCache, DiskCacheWarning
+from .impls.static import timed_forms
 from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
-from .ops import split_tf32, u8s8
+from .ops import split_tf32, tuned_conv, u8s8, winograd
 from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
@@ -163,6 +164,10 @@ class InferenceSession:
                                        decode_ahead=self._decode_ahead, static_after=static_after,
                                        fc_align=self._fc_align)
                          if self.executor == "compiled" else None)
+        if self.compiled is not None and self._static is not None and self.device.type == "cuda" \
+                and tuned_conv.priors_on() and timed_forms():
+            # the Winograd kernels its first graphs may take (tuned_conv.guess), compiled now, not in a build
+            winograd.warm(self.device, winograd.variants(run_graph))
         cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
         if self.compiled is not None and cache_dir:
             self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)

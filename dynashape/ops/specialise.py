@@ -48,7 +48,8 @@ def specialised(tuner):
 
 def untimed(key: tuple, runs: list) -> None:
     """A tuner that times nothing: a key without a kept form takes the op's prior guess, else its
-    first form (the op's own call), and stays untuned (a CUDA region's first graph, built at once: runtime/spec_state.py)."""
+    first form (the op's own call), and stays untuned (a CUDA region's first graph, built at
+    once: runtime/spec_state.py)."""
     return None
 
 

@@ -89,11 +89,11 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
     key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
     form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn),
-                  prior=guess(x, w, stride, padding))
+                  prior=guess(x, w, stride, (b is not None, z is not None, relu)))
     return _run(form, x, w, b, stride, padding, relu, z, cudnn)
 
 
-def guess(x: torch.Tensor, w: torch.Tensor, stride, padding) -> str | None:
+def guess(x: torch.Tensor, w: torch.Tensor, stride, epilogue: tuple[bool, bool, bool]) -> str | None:
     """The form a build that times nothing takes (a region's first graph, built at once): the
     form that won at this geometry on an H200 (``benchmarks/conv_forms.py``, ResNet-50's
     convolutions at batch 1, 8 and 16, results/conv_forms_winograd_h200_2026-11-26.json), on
@@ -107,11 +107,18 @@ def guess(x: torch.Tensor, w: torch.Tensor, stride, padding) -> str | None:
     - 3x3, stride 2: unfolded windows at batch 1 (34-37 against 46-164 us); from batch 8 the
       images' windows side by side over inputs of <= 28x28 (86-150 against 110-218), cuDNN over
       larger ones. Other kernels (a 7x7 stem) were not measured: cuDNN.
+    Winograd only where its kernels for this ``epilogue`` (has a bias, a residual, a ReLU) are
+    compiled in this process (a session's load compiles them: ``winograd.warm``); else cuDNN.
     A tuned rebuild times every form later and its choice replaces the guess.
     DYNASHAPE_FORM_PRIORS=0 turns the guess off (A/B measurements)."""
-    if os.environ.get("DYNASHAPE_FORM_PRIORS", "1") == "0" or torch.cuda.get_device_capability(x.device)[0] != 9:
+    if not priors_on() or torch.cuda.get_device_capability(x.device)[0] != 9:
         return None
-    return rule(tuple(x.shape), tuple(w.shape), tuple(stride))
+    form = rule(tuple(x.shape), tuple(w.shape), tuple(stride))
+    return "cudnn" if form == "winograd" and not winograd.ready(*epilogue) else form
+
+
+def priors_on() -> bool:
+    return os.environ.get("DYNASHAPE_FORM_PRIORS", "1") != "0"
 
 
 def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:

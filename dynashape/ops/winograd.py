@@ -37,6 +37,11 @@ BLOCK_P = 128
 MAX_WORKSPACE = 128 << 20  # bytes of V (or M): ResNet-50's largest at batch 16 is 51 MiB
 
 _U = WeightCache()  # per weight: U
+# the output kernel's variants (HAS_B, HAS_Z, RELU) launched in this process: a build that times
+# nothing takes Winograd only where its kernels are compiled (tuned_conv.guess), since a Triton
+# compile on a fresh machine (~1 s a variant) held a ResNet-50's first graphs past 100 calls
+_READY: set[tuple[bool, bool, bool]] = set()
+_EPILOGUES = {"Conv": (False, False), "ConvRelu": (False, True), "ConvAddRelu": (True, True)}  # (HAS_Z, RELU)
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, stride, padding) -> bool:
@@ -82,7 +87,41 @@ def conv3x3(x, w, b, padding, relu: bool = False, z=None) -> torch.Tensor:
         _output_kernel[(triton.cdiv(p, BLOCK_P), w.shape[0])](
             m, y if b is None else b, y if zc is None else zc, y, w.shape[0], ho, wo, th, tw, p,
             HAS_B=b is not None, HAS_Z=zc is not None, RELU=bool(relu), BLOCK=BLOCK_P)
+    _READY.add((b is not None, zc is not None, bool(relu)))
     return y
+
+
+def ready(has_b: bool, has_z: bool, relu: bool) -> bool:
+    """Whether this epilogue's kernels were compiled in this process (launched once)."""
+    return (has_b, has_z, bool(relu)) in _READY
+
+
+def variants(graph) -> set[tuple[bool, bool, bool]]:
+    """The epilogues (HAS_B, HAS_Z, RELU) of ``graph``'s float32 3x3 stride-1 convolutions of one
+    group by a constant weight: the kernels a CUDA session's builds may take Winograd for."""
+    found = set()
+    for n in graph.nodes:
+        if n.op_type not in _EPILOGUES or n.domain not in ("", "ai.onnx", "com.dynashape") or len(n.inputs) < 2:
+            continue
+        w = n.inputs[1]
+        if w is None or not w.is_const or w.const.dtype != torch.float32 or tuple(w.const.shape[2:]) != (3, 3):
+            continue
+        if n.attrs.get("group", 1) != 1 or any(s != 1 for s in n.attrs.get("strides", (1, 1))):
+            continue
+        has_b = len(n.inputs) > 2 and n.inputs[2] is not None
+        found.add((has_b, *_EPILOGUES[n.op_type]))
+    return found
+
+
+def warm(device: torch.device, wanted: set[tuple[bool, bool, bool]]) -> None:
+    """Compile the kernels of these epilogues now (a session's load) on a one-tile convolution."""
+    if triton is None or device.type != "cuda":
+        return
+    x = torch.ones(1, 1, 4, 4, device=device)
+    w = torch.ones(1, 1, 3, 3, device=device)
+    for has_b, has_z, relu in sorted(wanted - _READY):
+        conv3x3(x, w, torch.ones(1, device=device) if has_b else None, (1, 1), relu,
+                torch.ones(1, 1, 4, 4, device=device) if has_z else None)
 
 
 # ---- the same arithmetic in torch ops (the reference the tests hold the kernels to) ---------------
