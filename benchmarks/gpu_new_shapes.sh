@@ -18,7 +18,8 @@ case "${1:-final}" in
     export TRITON_CACHE_DIR=$(mktemp -d)
     T=80 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
       --json "$OUT/timeline_resnet_cycle_prior.json"
-    T=100 run python3 benchmarks/gpu_bound.py --models bert --static off --json "$OUT/gpu_bound_bert_dynamic.json" ;;
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=80 run python3 benchmarks/build_timeline.py --calls 100 --log --json "$OUT/timeline_resnet_random_prior.json" ;;
   prior)  # a first graph's convolutions take the prior form (ops/tuned_conv.py guess): the forms' and buckets' CUDA
           # tests; ResNet-50 random and cycled, eager side by side, with the prior and without; where BERT's dynamic
           # path spends its GPU time

@@ -30,7 +30,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import winograd
+from . import conv_epilogue, winograd
 from .conv_epilogue import bias_add_relu
 from .specialise import active, choose
 
@@ -89,11 +89,11 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
     key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
     form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn),
-                  prior=guess(x, w, stride, (b is not None, z is not None, relu)))
+                  prior=guess(x, w, stride, padding, (b is not None, z is not None, relu)))
     return _run(form, x, w, b, stride, padding, relu, z, cudnn)
 
 
-def guess(x: torch.Tensor, w: torch.Tensor, stride, epilogue: tuple[bool, bool, bool]) -> str | None:
+def guess(x: torch.Tensor, w: torch.Tensor, stride, padding, epilogue: tuple[bool, bool, bool]) -> str | None:
     """The form a build that times nothing takes (a region's first graph, built at once): the
     form that won at this geometry on an H200 (``benchmarks/conv_forms.py``, ResNet-50's
     convolutions at batch 1, 8 and 16, results/conv_forms_winograd_h200_2026-11-26.json), on
@@ -107,18 +107,53 @@ def guess(x: torch.Tensor, w: torch.Tensor, stride, epilogue: tuple[bool, bool, 
     - 3x3, stride 2: unfolded windows at batch 1 (34-37 against 46-164 us); from batch 8 the
       images' windows side by side over inputs of <= 28x28 (86-150 against 110-218), cuDNN over
       larger ones. Other kernels (a 7x7 stem) were not measured: cuDNN.
-    Winograd only where its kernels for this ``epilogue`` (has a bias, a residual, a ReLU) are
-    compiled in this process (a session's load compiles them: ``winograd.warm``); else cuDNN.
+    A form only where its Triton kernels for this ``epilogue`` (has a bias, a residual, a ReLU)
+    are compiled in this process (a session's load compiles them: ``warm``), else cuDNN: a
+    build must not wait for a compile (~1.2 s for a ResNet-50's on an empty Triton cache).
     A tuned rebuild times every form later and its choice replaces the guess.
     DYNASHAPE_FORM_PRIORS=0 turns the guess off (A/B measurements)."""
-    if not priors_on() or torch.cuda.get_device_capability(x.device)[0] != 9:
+    if x.dtype != torch.float32 or not priors_on() or torch.cuda.get_device_capability(x.device)[0] != 9:
         return None
     form = rule(tuple(x.shape), tuple(w.shape), tuple(stride))
-    return "cudnn" if form == "winograd" and not winograd.ready(*epilogue) else form
+    if form == "winograd":
+        return form if winograd.ready(*epilogue) else "cudnn"
+    if form in ("gemm", "gemm_merged", "unfold", "unfold_merged"):  # their epilogue is a Triton kernel
+        ho, wo = _out_hw(x, w, stride, padding)
+        return form if conv_epilogue.ready(x.dtype, *epilogue, ho * wo) else "cudnn"
+    return form
 
 
 def priors_on() -> bool:
     return os.environ.get("DYNASHAPE_FORM_PRIORS", "1") != "0"
+
+
+_EPILOGUES = {"Conv": (False, False), "ConvRelu": (False, True), "ConvAddRelu": (True, True)}  # (HAS_Z, RELU)
+
+
+def epilogues(graph) -> tuple[set, set]:
+    """The epilogues (has a bias, a residual, a ReLU) of ``graph``'s float32 2-D convolutions of one
+    group by a constant weight: of all of them, and of the 3x3 stride-1 ones (Winograd's)."""
+    every, three = set(), set()
+    for n in graph.nodes:
+        if n.op_type not in _EPILOGUES or n.domain not in ("", "ai.onnx", "com.dynashape") or len(n.inputs) < 2:
+            continue
+        w = n.inputs[1]
+        if w is None or not w.is_const or w.const.dtype != torch.float32 or w.const.dim() != 4 \
+                or n.attrs.get("group", 1) != 1:
+            continue
+        epi = (len(n.inputs) > 2 and n.inputs[2] is not None, *_EPILOGUES[n.op_type])
+        every.add(epi)
+        if tuple(w.const.shape[2:]) == (3, 3) and all(s == 1 for s in n.attrs.get("strides", (1, 1))):
+            three.add(epi)
+    return every, three
+
+
+def warm(device: torch.device, graph) -> None:
+    """Compile now (a session's load) the Triton kernels the prior's forms of ``graph``'s
+    convolutions run: Winograd's transforms and the product forms' epilogue."""
+    every, three = epilogues(graph)
+    winograd.warm(device, three)
+    conv_epilogue.warm(device, every)
 
 
 def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:

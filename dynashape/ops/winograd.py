@@ -41,7 +41,6 @@ _U = WeightCache()  # per weight: U
 # nothing takes Winograd only where its kernels are compiled (tuned_conv.guess), since a Triton
 # compile on a fresh machine (~1 s a variant) held a ResNet-50's first graphs past 100 calls
 _READY: set[tuple[bool, bool, bool]] = set()
-_EPILOGUES = {"Conv": (False, False), "ConvRelu": (False, True), "ConvAddRelu": (True, True)}  # (HAS_Z, RELU)
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, stride, padding) -> bool:
@@ -94,23 +93,6 @@ def conv3x3(x, w, b, padding, relu: bool = False, z=None) -> torch.Tensor:
 def ready(has_b: bool, has_z: bool, relu: bool) -> bool:
     """Whether this epilogue's kernels were compiled in this process (launched once)."""
     return (has_b, has_z, bool(relu)) in _READY
-
-
-def variants(graph) -> set[tuple[bool, bool, bool]]:
-    """The epilogues (HAS_B, HAS_Z, RELU) of ``graph``'s float32 3x3 stride-1 convolutions of one
-    group by a constant weight: the kernels a CUDA session's builds may take Winograd for."""
-    found = set()
-    for n in graph.nodes:
-        if n.op_type not in _EPILOGUES or n.domain not in ("", "ai.onnx", "com.dynashape") or len(n.inputs) < 2:
-            continue
-        w = n.inputs[1]
-        if w is None or not w.is_const or w.const.dtype != torch.float32 or tuple(w.const.shape[2:]) != (3, 3):
-            continue
-        if n.attrs.get("group", 1) != 1 or any(s != 1 for s in n.attrs.get("strides", (1, 1))):
-            continue
-        has_b = len(n.inputs) > 2 and n.inputs[2] is not None
-        found.add((has_b, *_EPILOGUES[n.op_type]))
-    return found
 
 
 def warm(device: torch.device, wanted: set[tuple[bool, bool, bool]]) -> None:

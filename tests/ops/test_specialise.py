@@ -359,36 +359,48 @@ def _conv_net() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_winograds_kernels_a_cuda_graph_may_take_are_read_from_its_convolutions(monkeypatch):
+def test_the_kernels_a_cuda_graph_may_take_are_read_from_its_convolutions(monkeypatch):
     from dynashape.compile import compile_graph
     from dynashape.frontend.options import ParseOptions
     from dynashape.frontend.parse import parse_model
-    from dynashape.ops import winograd
     monkeypatch.setenv("DYNASHAPE_FUSE_CONV_RELU", "1")  # as on CUDA
     program = compile_graph(parse_model(_conv_net(), ParseOptions()), fusion=True, device="cuda")
-    # (has a bias, a residual, a ReLU): the stride-2, 1x1 and grouped ones take no Winograd
-    assert winograd.variants(program.fused) == {(True, False, True), (True, True, True)}
+    # (has a bias, a residual, a ReLU): the grouped one takes no timed form; the stride-2 and 1x1
+    # ones take no Winograd
+    every, three = tc.epilogues(program.fused)
+    assert three == {(True, False, True), (True, True, True)}
+    assert every == three | {(False, False, False)}
 
 
-def test_the_prior_names_winograd_only_once_its_kernels_are_compiled(monkeypatch):
-    from dynashape.ops import winograd
+def test_the_prior_names_a_form_only_once_its_kernels_are_compiled(monkeypatch):
+    from dynashape.ops import conv_epilogue, winograd
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(winograd, "_READY", set())
+    monkeypatch.setattr(conv_epilogue, "_READY", set())
+    monkeypatch.setattr(conv_epilogue, "triton", object())
+    epi = (True, False, True)
     x, w = torch.empty(16, 64, 14, 14), torch.empty(64, 64, 3, 3)
-    assert tc.guess(x, w, (1, 1), (True, False, True)) == "cudnn"  # a build must not wait for a Triton compile
-    winograd._READY.add((True, False, True))
-    assert tc.guess(x, w, (1, 1), (True, False, True)) == "winograd"
-    assert tc.guess(x, w, (1, 1), (True, True, True)) == "cudnn"  # another epilogue's kernel
+    assert tc.guess(x, w, (1, 1), (1, 1), epi) == "cudnn"  # a build must not wait for a Triton compile
+    winograd._READY.add(epi)
+    assert tc.guess(x, w, (1, 1), (1, 1), epi) == "winograd"
+    assert tc.guess(x, w, (1, 1), (1, 1), (True, True, True)) == "cudnn"  # another epilogue's kernel
+    x1, w1 = torch.empty(16, 1024, 14, 14), torch.empty(256, 1024, 1, 1)
+    assert tc.guess(x1, w1, (1, 1), (0, 0), epi) == "cudnn"
+    conv_epilogue._READY.add((torch.float32, *epi, 256))  # 14x14 positions: the 256 block
+    assert tc.guess(x1, w1, (1, 1), (0, 0), epi) == "gemm_merged"
+    assert tc.guess(torch.empty(16, 1024, 28, 28), w1, (1, 1), (0, 0), epi) == "cudnn"  # the 1024 block
     monkeypatch.setenv("DYNASHAPE_FORM_PRIORS", "0")
-    assert tc.guess(x, w, (1, 1), (True, False, True)) is None
+    assert tc.guess(x, w, (1, 1), (1, 1), epi) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setenv("DYNASHAPE_FORM_PRIORS", "1")
-    assert tc.guess(x, w, (1, 1), (True, False, True)) is None  # measured on compute capability 9 only
+    assert tc.guess(x, w, (1, 1), (1, 1), epi) is None  # measured on compute capability 9 only
 
 
-def test_a_cuda_session_compiles_its_winograd_kernels_at_load(device):
-    from dynashape.ops import winograd
+def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
+    from dynashape.ops import conv_epilogue, winograd
     if not device.startswith("cuda") or winograd.triton is None:
         pytest.skip("Triton kernels on CUDA: DYNASHAPE_TEST_DEVICE=cuda")
     dynashape.InferenceSession(_conv_net(), device=device)
     assert {(True, False, True), (True, True, True)} <= winograd._READY
+    assert all(conv_epilogue.ready(torch.float32, False, False, False, n) for n in (49, 196, 3136))
+    assert all(conv_epilogue.ready(torch.float32, True, True, True, n) for n in (49, 196, 3136))
