@@ -4,6 +4,21 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  prior3)  # the prior's forms on the dynamic path too (no cuDNN plan per new batch), an empty Triton cache: the CUDA
+           # tests; ResNet-50 random and cycled, eager side by side, then a second process with the disk cache; the
+           # same without the prior; the cold cycle's timeline
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
+      tests/impls/test_conv_buckets.py tests/test_host_syncs.py tests/ops/test_winograd.py
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=240 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle --sync-debug --models-dir $M \
+      --cache-dir /tmp/dcache --second-process --json "$OUT/new_shapes_prior.json"
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    DYNASHAPE_FORM_PRIORS=0 T=100 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle \
+      --only-dynashape --models-dir $M --json "$OUT/new_shapes_prior_off.json"
+    export TRITON_CACHE_DIR=$(mktemp -d)
+    T=80 run python3 benchmarks/build_timeline.py --workload resnet_cycle --calls 60 --log --per-call \
+      --json "$OUT/timeline_resnet_cycle_prior.json" ;;
   prior2)  # the prior with Winograd's kernels compiled at load, on an empty Triton cache (a fresh machine): the CUDA
            # tests; ResNet-50 random and cycled with the prior and without; BERT's dynamic path, wall against kernels
     export TRITON_CACHE_DIR=$(mktemp -d)

@@ -282,7 +282,7 @@ def _conv_block() -> onnx.ModelProto:
 def test_static_impls_time_their_convolutions_and_agree_with_the_dynamic_path(device):
     tuned, dynamic = _sessions(_conv_block(), device)
     siblings = specialise.STATS["sibling_forms"]
-    for i, n in enumerate([1, 5, 1, 5, 1, 3]):
+    for i, n in enumerate([1, 5, 1, 5, 1, 3, 3]):  # (a batch is built for at its second sight)
         x = torch.randn(n, 16, 14, 14, device=device, generator=torch.Generator(device=device).manual_seed(i))
         torch.testing.assert_close(tuned.run(None, {"x": x})[0], dynamic.run(None, {"x": x})[0], rtol=1e-4,
                                    atol=1e-4)
@@ -374,7 +374,7 @@ def test_the_kernels_a_cuda_graph_may_take_are_read_from_its_convolutions(monkey
 
 def test_the_prior_names_a_form_only_once_its_kernels_are_compiled(monkeypatch):
     from dynashape.ops import conv_epilogue, winograd
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(tc, "_MAJOR", {None: 9})  # compute capability 9 (these tensors are on the CPU)
     monkeypatch.setattr(winograd, "_READY", set())
     monkeypatch.setattr(conv_epilogue, "_READY", set())
     monkeypatch.setattr(conv_epilogue, "triton", object())
@@ -391,9 +391,19 @@ def test_the_prior_names_a_form_only_once_its_kernels_are_compiled(monkeypatch):
     assert tc.guess(torch.empty(16, 1024, 28, 28), w1, (1, 1), (0, 0), epi) == "cudnn"  # the 1024 block
     monkeypatch.setenv("DYNASHAPE_FORM_PRIORS", "0")
     assert tc.guess(x, w, (1, 1), (1, 1), epi) is None
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(tc, "_MAJOR", {None: 8})
     monkeypatch.setenv("DYNASHAPE_FORM_PRIORS", "1")
     assert tc.guess(x, w, (1, 1), (1, 1), epi) is None  # measured on compute capability 9 only
+
+
+def test_on_the_dynamic_path_a_convolution_takes_the_form_kept_for_its_key_else_the_prior():
+    forms = ("cudnn", "gemm", "gemm_merged")
+    assert not specialise.active()
+    assert specialise.choose(_conv_key(16), forms, lambda f: None, prior="gemm") == "gemm"
+    assert specialise.choose(_conv_key(16), forms, lambda f: None) == "cudnn"
+    assert specialise.choices() == {}  # nothing timed, nothing kept
+    specialise.remember({_conv_key(16): "gemm_merged"})
+    assert specialise.choose(_conv_key(16), forms, lambda f: None, prior="gemm") == "gemm_merged"
 
 
 def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
@@ -404,3 +414,18 @@ def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
     assert {(True, False, True), (True, True, True)} <= winograd._READY
     assert all(conv_epilogue.ready(torch.float32, False, False, False, n) for n in (49, 196, 3136))
     assert all(conv_epilogue.ready(torch.float32, True, True, True, n) for n in (49, 196, 3136))
+
+
+def test_the_dynamic_paths_convolution_forms_compute_the_convolutions(device):
+    """On the dynamic path of a CUDA session (compute capability 9) the convolutions take the
+    prior's forms, Winograd's and the products' (no cuDNN plan per new batch): the outputs at new
+    batches equal the reference's."""
+    from onnx.reference import ReferenceEvaluator
+    if not device.startswith("cuda"):
+        pytest.skip("the forms serve CUDA convolutions: DYNASHAPE_TEST_DEVICE=cuda")
+    model = _conv_net()
+    sess = dynashape.InferenceSession(model, device=device, static_impls="off")
+    ref = ReferenceEvaluator(model)
+    for i, n in enumerate([1, 3, 8, 16, 5]):
+        x = np.random.default_rng(i).standard_normal((n, 4, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
