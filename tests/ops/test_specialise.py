@@ -428,4 +428,5 @@ def test_the_dynamic_paths_convolution_forms_compute_the_convolutions(device):
     ref = ReferenceEvaluator(model)
     for i, n in enumerate([1, 3, 8, 16, 5]):
         x = np.random.default_rng(i).standard_normal((n, 4, 8, 8)).astype(np.float32)
-        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+        want = ref.run(None, {"x": x})[0]  # (its values reach ~1e3: the sums' rounding is relative to them)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
