@@ -164,7 +164,10 @@ def epilogues(graph) -> tuple[set, set]:
 
 def warm(device: torch.device, graph) -> None:
     """Compile now (a session's load) the Triton kernels the prior's forms of ``graph``'s
-    convolutions run: Winograd's transforms and the product forms' epilogue."""
+    convolutions run: Winograd's transforms and the product forms' epilogue (on GPUs the prior
+    serves: compute capability 9)."""
+    if device.type != "cuda" or _major(device) != 9:
+        return
     every, three = epilogues(graph)
     winograd.warm(device, three)
     conv_epilogue.warm(device, every)
