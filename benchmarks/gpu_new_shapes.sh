@@ -4,9 +4,9 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
-  prior3)  # the prior's forms on the dynamic path too (no cuDNN plan per new batch), an empty Triton cache: the CUDA
-           # tests; ResNet-50 random and cycled, eager side by side, then a second process with the disk cache; the
-           # same without the prior; the cold cycle's timeline
+  prior3|prior_final)  # an empty Triton cache: the CUDA tests; ResNet-50 random and cycled, eager side by side,
+           # then a second process with the disk cache; the same without the prior; the cold cycle's timeline (prior3
+           # ran with the prior's forms on the dynamic path too, since reverted: benchmarks/first_call_profile.py)
     export TRITON_CACHE_DIR=$(mktemp -d)
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
       tests/impls/test_conv_buckets.py tests/test_host_syncs.py tests/ops/test_winograd.py

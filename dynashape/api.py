@@ -163,8 +163,9 @@ class InferenceSession:
                                        decode_ahead=self._decode_ahead, static_after=static_after,
                                        fc_align=self._fc_align)
                          if self.executor == "compiled" else None)
-        if self.compiled is not None and self.device.type == "cuda" and tuned_conv.priors_on():
-            # the Triton kernels its convolutions' prior forms run (tuned_conv.guess), compiled now
+        if self.compiled is not None and self._static is not None and self.device.type == "cuda" \
+                and tuned_conv.priors_on():
+            # the Triton kernels its first graphs' convolutions may take (tuned_conv.guess), compiled now
             tuned_conv.warm(self.device, run_graph)
         cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
         if self.compiled is not None and cache_dir:

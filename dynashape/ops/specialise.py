@@ -110,10 +110,7 @@ def _choose(key: tuple, forms: tuple[str, ...], run: Callable[[str], object], pr
         choice = _CHOICES.get(key) or _PROVISIONAL.get(key) or _sibling(key, forms)
     if choice is not None:
         return choice
-    tuner = getattr(_LOCAL, "tuner", None)
-    if tuner is None:  # the dynamic path (tuned_conv.serves): the prior, nothing timed or counted
-        return prior if prior in forms else forms[0]
-    best = tuner(key, [(lambda f=f: run(f)) for f in forms])
+    best = _LOCAL.tuner(key, [(lambda f=f: run(f)) for f in forms])
     if best is None:  # inside a capture, or an untimed build: nothing is timed
         counted = getattr(_LOCAL, "defaulted", None)
         if counted is not None:

@@ -40,15 +40,13 @@ MAX_UNFOLD = 64 << 20  # bytes of unfolded windows a form may allocate
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, groups: int, dilation) -> bool:
-    """Whether a convolution takes one of these forms: on CUDA, 2-D, one group, no dilation, an
-    NCHW input; inside a static impl's build (the form timed fastest, else the prior), and on the
-    dynamic path where the prior serves (``guess``: the form timed for this key, else the prior's).
-    On the dynamic path a batch never seen costs cuDNN a plan per convolution: ResNet-50's first
-    call at a new batch took ~40 ms on an H200, eager's too, against ~4 ms at a batch seen before;
-    a product or Winograd's kernels need no plan."""
-    return (x.is_cuda and x.dim() == 4 and w.dim() == 4 and groups == 1 and all(d == 1 for d in dilation)
-            and x.dtype in DTYPES and w.dtype == x.dtype and x.is_contiguous()
-            and (active() or (x.dtype == torch.float32 and priors_on() and _major(x.device) == 9)))
+    """Whether a convolution takes a timed form: inside a static impl's build, on CUDA, 2-D,
+    one group, no dilation, an NCHW input. (On the dynamic path the prior's forms cut a new
+    batch's first call, whose cuDNN plans cost ResNet-50 ~70 ms on an H200, to ~33 ms, but a
+    repeated call took 12-23 ms against cuDNN's 5-7: benchmarks/first_call_profile.py. Not taken.)"""
+    return (active() and x.is_cuda and x.dim() == 4 and w.dim() == 4 and groups == 1
+            and all(d == 1 for d in dilation) and x.dtype in DTYPES and w.dtype == x.dtype
+            and x.is_contiguous())
 
 
 _MAJOR: dict[int | None, int] = {}  # device index -> compute capability's major
@@ -85,8 +83,8 @@ def _out_hw(x, w, stride, padding) -> tuple[int, int]:
 
 
 def conv2d_op(x, w, b, stride, padding, dilation, groups):
-    """torch's conv2d; where ``serves``, the form timed fastest or the prior's (the generated
-    code's line for a CUDA Conv)."""
+    """torch's conv2d; inside a static impl's build, the form timed fastest (the generated code's
+    line for a CUDA Conv)."""
     if serves(x, w, groups, dilation):
         return conv2d(x, w, b, stride, padding, dilation, groups)
     return torch.conv2d(x, w, b, stride, padding, dilation, groups)

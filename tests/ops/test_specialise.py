@@ -396,16 +396,6 @@ def test_the_prior_names_a_form_only_once_its_kernels_are_compiled(monkeypatch):
     assert tc.guess(x, w, (1, 1), (1, 1), epi) is None  # measured on compute capability 9 only
 
 
-def test_on_the_dynamic_path_a_convolution_takes_the_form_kept_for_its_key_else_the_prior():
-    forms = ("cudnn", "gemm", "gemm_merged")
-    assert not specialise.active()
-    assert specialise.choose(_conv_key(16), forms, lambda f: None, prior="gemm") == "gemm"
-    assert specialise.choose(_conv_key(16), forms, lambda f: None) == "cudnn"
-    assert specialise.choices() == {}  # nothing timed, nothing kept
-    specialise.remember({_conv_key(16): "gemm_merged"})
-    assert specialise.choose(_conv_key(16), forms, lambda f: None, prior="gemm") == "gemm_merged"
-
-
 def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
     from dynashape.ops import conv_epilogue, winograd
     if not device.startswith("cuda") or winograd.triton is None:
@@ -414,19 +404,3 @@ def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
     assert {(True, False, True), (True, True, True)} <= winograd._READY
     assert all(conv_epilogue.ready(torch.float32, False, False, False, n) for n in (49, 196, 3136))
     assert all(conv_epilogue.ready(torch.float32, True, True, True, n) for n in (49, 196, 3136))
-
-
-def test_the_dynamic_paths_convolution_forms_compute_the_convolutions(device):
-    """On the dynamic path of a CUDA session (compute capability 9) the convolutions take the
-    prior's forms, Winograd's and the products' (no cuDNN plan per new batch): the outputs at new
-    batches equal the reference's."""
-    from onnx.reference import ReferenceEvaluator
-    if not device.startswith("cuda"):
-        pytest.skip("the forms serve CUDA convolutions: DYNASHAPE_TEST_DEVICE=cuda")
-    model = _conv_net()
-    sess = dynashape.InferenceSession(model, device=device, static_impls="off")
-    ref = ReferenceEvaluator(model)
-    for i, n in enumerate([1, 3, 8, 16, 5]):
-        x = np.random.default_rng(i).standard_normal((n, 4, 8, 8)).astype(np.float32)
-        want = ref.run(None, {"x": x})[0]  # (its values reach ~1e3: the sums' rounding is relative to them)
-        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
