@@ -134,8 +134,9 @@ def new_shapes_gpu(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
-def new_shapes_tokens(runs: list[Run]) -> list[list[str]]:
-    """Token regions on and off (codegen/tokens.py): each file's rows, the file named in the runtime."""
+def new_shapes_per_file(runs: list[Run]) -> list[list[str]]:
+    """Variants side by side (token regions on and off, the convolution prior on and off): each file's rows,
+    the file named in the runtime."""
     rows = []
     for key, label in NEW_SHAPES_WORKLOADS.items():
         got = [[f"{rt} ({run.base})", *rest] for run in runs for rt, *rest in _new_shapes_rows(run, lambda rt: True)
@@ -208,7 +209,7 @@ def split_variants(runs: list[Run]) -> list[list[str]]:
 def gpu_bound(runs: list[Run]) -> list[list[str]]:
     run, rows = runs[0], []
     for model, label in (("resnet", "ResNet-50 batch"), ("bert", "BERT-base")):
-        for e, d in zip(run.data[model]["eager"], run.data[model]["dynashape"]):
+        for e, d in zip(run.data.get(model, {}).get("eager", []), run.data.get(model, {}).get("dynashape", [])):
             rows.append([f"{label} {'x'.join(map(str, e['shape']))}", f"{e['wall_ms']:.2f} / {e['kernel_ms']:.2f}",
                          f"{d['wall_ms']:.2f} / {d['kernel_ms']:.2f}", bold_if(ratio(e["wall_ms"], d["wall_ms"]), True),
                          ratio(e["wall_ms"], d["kernel_ms"]), run.run_cell()])
@@ -573,7 +574,7 @@ AREAS = [
          [("new_shapes_tokens_triton_h*.json", None), ("new_shapes_tokens_triton_off_*.json", None),
           ("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),
           ("new_shapes_tokens_sync_*.json", None), ("new_shapes_flagfree_all_builds_*.json", None)],
-         NEW_SHAPES_COLUMNS, new_shapes_tokens,
+         NEW_SHAPES_COLUMNS, new_shapes_per_file,
          "DYNASHAPE_TOKEN_BUCKETS=auto (codegen/tokens.py): BERT's per-token parts as CUDA graphs per bucket of "
          "batch x seq, the attention between them; one H200 lease, runs minutes apart, in this order. "
          "*on*, *ieee*: 31 buckets up to 32,768 tokens; the graphs' products ran IEEE float32 (max rel err "
@@ -589,6 +590,26 @@ AREAS = [
          "eager at a random shape per call against 1.41x without (*triton_off*, the same minutes). "
          "*flagfree_all_builds*: the Triton split in every background build and in runs beside one: BERT-base "
          "cycling 7 shapes 0.62x (1.19x before), so it is kept to token builds. Hence off by default."),
+    Area("GPU: a first graph's convolutions in the prior's forms, ResNet-50", "new_shapes_gpu.py",
+         [("new_shapes_prior_final_*.json", None), ("new_shapes_prior_off_*.json", None),
+          ("new_shapes_prior_dynamic_*.json", None)],
+         NEW_SHAPES_COLUMNS, new_shapes_per_file,
+         "A region's first graph is built with nothing timed (so that it lands within a few calls); its "
+         "convolutions took cuDNN there, which at batch 16 made a graph of ~6.5 ms against the tuned one's 4.5, "
+         "and tuned rebuilds land late under traffic. Now each takes the form that won at its geometry on the "
+         "H200 (ops/tuned_conv.py guess: Winograd for 3x3 stride 1, a product per image for 1x1, unfolded "
+         "windows at batch 1; results/conv_forms_winograd_h200_2026-11-26.json), and a session's load compiles "
+         "those forms' Triton kernels (an empty Triton cache on the machine: load 1.25 -> 3.1-4.0 s). Each run on "
+         "an empty Triton cache, one H200 lease, minutes apart. *prior_final*: the default now, first process "
+         "then a second with the disk cache; *prior_off*: DYNASHAPE_FORM_PRIORS=0 in the same minutes; "
+         "*prior_dynamic*: the prior's forms on the dynamic path too (reverted: a new batch's first call 70 -> "
+         "33 ms without cuDNN's plans, but a repeated dynamic call 12-23 ms against cuDNN's 5-7, "
+         "benchmarks/first_call_profile.py). A first attempt without the load's compile built no graph in 100 "
+         "calls (a first graph compiled ~1.2 s of Triton variants). Cold cycle timeline "
+         "(results/build_timeline_resnet_cycle_prior_h200_2026-11-29.json): every bucket's first graph serves "
+         "from call 4, then 21 ms a 10 calls. Each file has its own eager pass, and eager's times moved between "
+         "the runs (its cycle took 0.285 s in *prior_final*'s and 0.486 s in *prior_off*'s for the same 60 "
+         "calls): across files compare the *total s* column."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          NEW_SHAPES_COLUMNS, new_shapes_gpu,
@@ -638,7 +659,17 @@ AREAS = [
          "terms in one call and the large one in pieces: a launch costs the H200's host ~30-75 us "
          "(benchmarks/split_host.py: a split product 145 -> 100 us of host, F.linear 28-35), and BERT-base calls of "
          "4,000+ tokens were bound by that host time (benchmarks/host_split_gpu.py)."),
-    Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", None)],
+    Area("GPU: BERT-base's dynamic path, wall time against kernel time", "gpu_bound.py",
+         [("gpu_bound_dynamic_*.json", None)],
+         ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
+          "ceiling (eager wall / our kernels)", "run"], gpu_bound,
+         "Each shape after warm-up, static impls off (`--static off`): what a call at a shape never seen before "
+         "costs once its code is traced. Up to ~1,000 tokens the dynamic call is bound by its host (~4.7-4.9 ms, "
+         "eager's 4.4-5.7: ~300 kernels a call); from 4,096 tokens by its kernels, which the split TF32 products "
+         "make 0.52x eager's (benchmarks/profile_kernels.py at 32x384: products 17.5 ms, attention 6.6 as "
+         "eager's, the activations' split 3.6, norms and GELU 1.8, copies 0.5 of 31.1). BERT-base random's "
+         "last 50 calls at 2x eager need both halved."),
+    Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", "dynamic")],
          ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
           "ceiling (eager wall / our kernels)", "run"], gpu_bound,
          "Each shape after warm-up, dynashape with its static impls built; kernels summed by torch.profiler."),
