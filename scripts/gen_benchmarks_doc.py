@@ -591,8 +591,8 @@ AREAS = [
          "*flagfree_all_builds*: the Triton split in every background build and in runs beside one: BERT-base "
          "cycling 7 shapes 0.62x (1.19x before), so it is kept to token builds. Hence off by default."),
     Area("GPU: a first graph's convolutions in the prior's forms, ResNet-50", "new_shapes_gpu.py",
-         [("new_shapes_prior_final_*.json", None), ("new_shapes_prior_off_*.json", None),
-          ("new_shapes_prior_dynamic_*.json", None)],
+         [("new_shapes_prior_syncfix_*.json", None), ("new_shapes_prior_final_*.json", None),
+          ("new_shapes_prior_off_*.json", None), ("new_shapes_prior_dynamic_*.json", None)],
          NEW_SHAPES_COLUMNS, new_shapes_per_file,
          "A region's first graph is built with nothing timed (so that it lands within a few calls); its "
          "convolutions took cuDNN there, which at batch 16 made a graph of ~6.5 ms against the tuned one's 4.5, "
@@ -600,8 +600,9 @@ AREAS = [
          "H200 (ops/tuned_conv.py guess: Winograd for 3x3 stride 1, a product per image for 1x1, unfolded "
          "windows at batch 1; results/conv_forms_winograd_h200_2026-11-26.json), and a session's load compiles "
          "those forms' Triton kernels (an empty Triton cache on the machine: load 1.25 -> 3.1-4.0 s). Each run on "
-         "an empty Triton cache, one H200 lease, minutes apart. *prior_final*: the default now, first process "
-         "then a second with the disk cache; *prior_off*: DYNASHAPE_FORM_PRIORS=0 in the same minutes; "
+         "an empty Triton cache, one H200 lease, minutes apart. *prior_syncfix*: the default now (Winograd's "
+         "transform matrix made without a host copy: no sync left of the 45 the check counted in the builds), "
+         "first process only; *prior_final*: the same before that fix, then a second process with the disk cache; *prior_off*: DYNASHAPE_FORM_PRIORS=0 in the same minutes; "
          "*prior_dynamic*: the prior's forms on the dynamic path too (reverted: a new batch's first call 70 -> "
          "33 ms without cuDNN's plans, but a repeated dynamic call 12-23 ms against cuDNN's 5-7, "
          "benchmarks/first_call_profile.py). A first attempt without the load's compile built no graph in 100 "
