@@ -569,6 +569,9 @@ class Area:
 NEW_SHAPES_COLUMNS = ["workload", "runtime", "total s", "x eager (total)", "last 50 x eager", "first 60 x eager",
                       "slowest call / eager's slowest", "max rel err", "run"]
 
+GPU_BOUND_COLUMNS = ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
+                     "ceiling (eager wall / our kernels)", "run"]
+
 AREAS = [
     Area("GPU: token regions of a transformer (experimental, off by default)", "new_shapes_gpu.py",
          [("new_shapes_tokens_triton_h*.json", None), ("new_shapes_tokens_triton_off_*.json", None),
@@ -602,7 +605,8 @@ AREAS = [
          "those forms' Triton kernels (an empty Triton cache on the machine: load 1.25 -> 3.1-4.0 s). Each run on "
          "an empty Triton cache, one H200 lease, minutes apart. *prior_syncfix*: the default now (Winograd's "
          "transform matrix made without a host copy: no sync left of the 45 the check counted in the builds), "
-         "first process only; *prior_final*: the same before that fix, then a second process with the disk cache; *prior_off*: DYNASHAPE_FORM_PRIORS=0 in the same minutes; "
+         "first process only; *prior_final*: the same before that fix, then a second process with the disk "
+         "cache; *prior_off*: DYNASHAPE_FORM_PRIORS=0 in the same minutes; "
          "*prior_dynamic*: the prior's forms on the dynamic path too (reverted: a new batch's first call 70 -> "
          "33 ms without cuDNN's plans, but a repeated dynamic call 12-23 ms against cuDNN's 5-7, "
          "benchmarks/first_call_profile.py). A first attempt without the load's compile built no graph in 100 "
@@ -662,8 +666,7 @@ AREAS = [
          "4,000+ tokens were bound by that host time (benchmarks/host_split_gpu.py)."),
     Area("GPU: BERT-base's dynamic path, wall time against kernel time", "gpu_bound.py",
          [("gpu_bound_dynamic_*.json", None)],
-         ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
-          "ceiling (eager wall / our kernels)", "run"], gpu_bound,
+         GPU_BOUND_COLUMNS, gpu_bound,
          "Each shape after warm-up, static impls off (`--static off`): what a call at a shape never seen before "
          "costs once its code is traced. Up to ~1,000 tokens the dynamic call is bound by its host (~4.7-4.9 ms, "
          "eager's 4.4-5.7: ~300 kernels a call); from 4,096 tokens by its kernels, which the split TF32 products "
@@ -671,8 +674,7 @@ AREAS = [
          "eager's, the activations' split 3.6, norms and GELU 1.8, copies 0.5 of 31.1). BERT-base random's "
          "last 50 calls at 2x eager need both halved."),
     Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", "dynamic")],
-         ["shape", "eager wall / kernels ms", "dynashape wall / kernels ms", "speed-up over eager",
-          "ceiling (eager wall / our kernels)", "run"], gpu_bound,
+         GPU_BOUND_COLUMNS, gpu_bound,
          "Each shape after warm-up, dynashape with its static impls built; kernels summed by torch.profiler."),
     Area("CPU: a new size on every call, against onnxruntime and OpenVINO", "new_sizes.py",
          [("new_sizes_cpu_20*.json", None)],

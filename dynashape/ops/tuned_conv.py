@@ -135,6 +135,23 @@ def guess(x: torch.Tensor, w: torch.Tensor, stride, padding, epilogue: tuple[boo
     return form
 
 
+def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:
+    """``guess``'s rule over an NCHW input's and a weight's shapes (the forms it names may not all
+    serve the convolution: ``choose`` then takes the op's own call)."""
+    n, cin, h, wd = x_shape
+    cout, k = w_shape[0], tuple(w_shape[2:])
+    if k == (3, 3) and stride == (1, 1):
+        return "winograd"
+    if k == (1, 1):
+        merged = n >= 8 and cin >= 4 * cout and h * wd <= 14 * 14
+        return "gemm_merged" if merged else "gemm"
+    if k == (3, 3) and stride == (2, 2):
+        if n == 1:
+            return "unfold"
+        return "unfold_merged" if n >= 8 and h * wd <= 28 * 28 else "cudnn"
+    return None
+
+
 def priors_on() -> bool:
     return os.environ.get("DYNASHAPE_FORM_PRIORS", "1") != "0"
 
@@ -169,23 +186,6 @@ def warm(device: torch.device, graph) -> None:
     every, three = epilogues(graph)
     winograd.warm(device, three)
     conv_epilogue.warm(device, every)
-
-
-def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:
-    """``guess``'s rule over an NCHW input's and a weight's shapes (the forms it names may not all
-    serve the convolution: ``choose`` then takes the op's own call)."""
-    n, cin, h, wd = x_shape
-    cout, k = w_shape[0], tuple(w_shape[2:])
-    if k == (3, 3) and stride == (1, 1):
-        return "winograd"
-    if k == (1, 1):
-        merged = n >= 8 and cin >= 4 * cout and h * wd <= 14 * 14
-        return "gemm_merged" if merged else "gemm"
-    if k == (3, 3) and stride == (2, 2):
-        if n == 1:
-            return "unfold"
-        return "unfold_merged" if n >= 8 and h * wd <= 28 * 28 else "cudnn"
-    return None
 
 
 def windows(x, k, stride, padding, merged: bool = False) -> torch.Tensor:

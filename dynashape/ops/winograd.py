@@ -57,8 +57,9 @@ def transformed_weight(w: torch.Tensor) -> torch.Tensor:
     """``U [16, out, in]`` = G g G^T per channel pair, computed in float64 and kept per weight
     tensor (a constant of the model: computed at the form's first run, outside any capture)."""
     def make():
-        e = torch.eye(3, dtype=torch.float64, device=w.device)  # _G's rows made on the device: a copy
-        g = torch.stack([e[0], (e[0] + e[1] + e[2]) / 2, (e[0] - e[1] + e[2]) / 2, e[2]])  # from the host waits
+        # _G's rows made on the device: a copy from the host would wait for it (a sync per weight)
+        e = torch.eye(3, dtype=torch.float64, device=w.device)
+        g = torch.stack([e[0], (e[0] + e[1] + e[2]) / 2, (e[0] - e[1] + e[2]) / 2, e[2]])
         u = torch.einsum("ar,oirs,bs->aboi", g, w.double(), g).reshape(16, w.shape[0], w.shape[1])
         return u.to(w.dtype).contiguous()
     return _U.get(w, make)
