@@ -4,6 +4,13 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  tokens_small)  # token regions bucketed only up to 1,024 tokens (the calls bound by the host; larger ones, bound by
+                 # the GPU, on the dynamic path): BERT random and cycled with eager, then without token regions
+    small='import sys, runpy; import dynashape.runtime.aligned as a; a.MAX_TOKENS = 1024; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'
+    DYNASHAPE_TOKEN_BUCKETS=auto T=200 run python3 -c "$small" benchmarks/new_shapes_gpu.py --workloads bert_random \
+      bert_cycle --models-dir $M --json "$OUT/new_shapes_tokens_small.json"
+    T=120 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --only-dynashape --models-dir $M \
+      --json "$OUT/new_shapes_tokens_small_off.json" ;;
   prior3|prior_final)  # an empty Triton cache: the CUDA tests; ResNet-50 random and cycled, eager side by side,
            # then a second process with the disk cache; the same without the prior; the cold cycle's timeline (prior3
            # ran with the prior's forms on the dynamic path too, since reverted: benchmarks/first_call_profile.py)
