@@ -596,8 +596,9 @@ AREAS = [
          "cycling 7 shapes 0.62x (1.19x before), so it is kept to token builds. *small* (a later lease, "
          "gpu_new_shapes.sh tokens_small): buckets only up to 1,024 tokens, the calls bound by the host (BERT-base's "
          "dynamic call up to 256 tokens takes ~4.7-4.9 ms, its host time for ~300 kernels), larger ones on the dynamic "
-         "path: 139 graphs landed, 439 of 3,754 region runs replayed one, and calls waited 0.73 s on builds "
-         "(build_wait_s): 0.85x eager against 1.39x without (*small_off*, the same minutes). Hence off by "
+         "path: 139 graphs landed, 439 of 3,754 region runs replayed one, and the calls spent 0.73 s on the part "
+         "of 310 builds bound to the calling thread (build_wait_s: the trace and the padded views, ~2.3 ms "
+         "each): 0.85x eager against 1.39x without (*small_off*, the same minutes). Hence off by "
          "default."),
     Area("GPU: a first graph's convolutions in the prior's forms, ResNet-50", "new_shapes_gpu.py",
          [("new_shapes_prior_syncfix_*.json", None), ("new_shapes_prior_final_*.json", None),
