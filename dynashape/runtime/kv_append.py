@@ -38,8 +38,10 @@ def lend_room(past: torch.Tensor, storage: torch.Tensor) -> None:
     if len(_LENT) > 4096:
         for k in [k for k, v in _LENT.items() if v[0]() is None]:
             del _LENT[k]
-    _LENT[(id(root), past.data_ptr())] = (weakref.ref(root), tuple(storage.shape), storage.stride(),
-                                          storage.storage_offset(), past.shape)
+    # keyed by where the past starts in its root: an empty past (a chunk with no past yet, the paged
+    # attention's pasts of length 0) has no data pointer (0), and every layer's would collide
+    _LENT[(id(root), past.storage_offset())] = (weakref.ref(root), tuple(storage.shape), storage.stride(),
+                                                storage.storage_offset(), past.shape)
 
 
 class KVAppend:
@@ -200,7 +202,7 @@ class KVAppend:
     @staticmethod
     def _lent(first: torch.Tensor, root: torch.Tensor, a: int, shape: list) -> torch.Tensor | None:
         """A storage lent with ``first`` (``lend_room``), taken once, when it has the room."""
-        hit = _LENT.get((id(root), first.data_ptr()))
+        hit = _LENT.get((id(root), first.storage_offset()))
         if hit is None or hit[0]() is not root or hit[4] != first.shape:
             return None
         storage = root.as_strided(hit[1], hit[2], hit[3])
@@ -208,7 +210,7 @@ class KVAppend:
         if first.stride() != storage.stride() or cap[a] < shape[a] or any(
                 cap[d] != shape[d] for d in range(len(shape)) if d != a):
             return None
-        del _LENT[(id(root), first.data_ptr())]
+        del _LENT[(id(root), first.storage_offset())]
         return storage
 
     def _storage_for(self, past: torch.Tensor, a: int, shape: list) -> torch.Tensor:

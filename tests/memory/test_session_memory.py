@@ -324,9 +324,19 @@ def test_a_lent_room_takes_the_new_part_in_place_and_dies_with_its_memory():
             torch.testing.assert_close(out, want, rtol=0, atol=0)
             assert out.data_ptr() == dense[i].data_ptr()  # in place: the past was not copied
             assert kv.stats["concat_storages"] == 0
+    # an empty past (a first prompt chunk; the paged attention's pasts): keyed by where it starts
+    # in its buffer, not by its data pointer (0 for every empty tensor)
+    two = torch.empty(2, 1, H, 3, D)
+    for i in range(len(layers)):
+        lend_room(two[i, :, :, :0], two[i])
+    for i, kv in enumerate(layers):
+        new = torch.from_numpy(rand((1, H, 3, D), rng=rng))
+        out = kv(two[i, :, :, :0], new)
+        torch.testing.assert_close(out, new, rtol=0, atol=0)
+        assert out.data_ptr() == two[i].data_ptr() and kv.stats["concat_storages"] == 0
     left = torch.empty(1, H, 6, D)
     lend_room(left[:, :, :3], left)
-    key = (id(left), left.data_ptr())
+    key = (id(left), 0)
     assert kv_append._LENT[key][0]() is left
     del left
     gc.collect()
