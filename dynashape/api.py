@@ -101,6 +101,7 @@ class InferenceSession:
         if self.precision is not None and products != "ieee":
             split_tf32.warm(self.device)  # its kernel compiled at load, not in the first call that splits
         self._fusion = setup.flag(options.get("fusion", True), "fusion")
+        self._paged_kv = setup.flag(options.get("paged_kv", False), "paged_kv")
         self._parse = parse
         self._unlinked: set[str] = set()
         self._lock = threading.Lock()
@@ -143,7 +144,8 @@ class InferenceSession:
         self._deciders = setup.deciders(proto, self._options, self.executor, self.device)
         self._decider_names = frozenset(d[0] for d in self._deciders)
         fusion = bool(self._fusion) and self.executor == "compiled"  # the interpreter runs the graph as it is
-        self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type)
+        self.program: Program = compile_graph(parse_model(proto, self._parse), fusion=fusion, device=self.device.type,
+                                             paged_kv=self._paged_kv)
         g = self.program.graph
         self._specs = [InputSpec.of(v) for v in g.inputs]
         self._check_feeds = FeedChecker(self._specs, self.device, self.max_buffer_bytes)

@@ -100,6 +100,11 @@ class Options:
         True, "rewrite exported patterns (attention, norms, GELU/SiLU, Linear, Conv+BN, quantized chains) into "
               "single kernels.", BOOL,
         "off: more kernels per call (slower); results differ in the last bits from the fused ones.")
+    paged_kv: bool = _opt(
+        False, "a decoder's attention over its past inputs reads a paged KV pool fed as inputs instead "
+               "(compile/paged_kv.py; the paged engine sets it): the session takes <past>.pool and paged.* inputs "
+               "and writes each run's new keys and values into the pool.", BOOL,
+        "the feeds change: pasts of length 0, the pools, block tables, lengths and slots.")
     decided_ifs: bool = _opt(
         True, "an If computed from a scalar input (a sample rate) decided per value seen: the model with that "
               "input made a constant, the If folded (deciding_inputs.py; small models, a few values).", BOOL,

@@ -35,6 +35,7 @@ from .fuse_rotary import fuse_rotary
 from .fuse_squeeze_excite import fuse_squeeze_excite
 from .inline_if import inline_constant_if
 from .linear_layout import linear_layout_pass
+from .paged_kv import paged_kv as paged_kv_pass
 from .program import Program
 from .propagate import propagate
 from .resolve_ops import resolve_ops
@@ -127,15 +128,24 @@ def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
 
 
 def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool = True,
-                  device: str = "cpu") -> Program:
+                  device: str = "cpu", paged_kv: bool = False) -> Program:
+    """``paged_kv``: attention over past inputs rewritten to read a paged KV pool (paged_kv.py; the
+    paged engine's sessions): the inputs it adds are the unfused graph's too (the feeds' checks)."""
     timings: dict[str, float] = {}
     graph = _run(PASSES, graph, timings, dump_after)
     _compile_subgraphs_tail(graph)
     fused = None
     if fusion:
         passes = FUSION_PASSES + device_passes(device)
+        if paged_kv:
+            passes = passes + [("paged_kv", paged_kv_pass), ("remove_dead_nodes", remove_dead_nodes)]
         fused = _run(passes, copy_graph(graph), timings, dump_after)
         fused.rebuild_users()
+        if paged_kv:
+            known = {v.name for v in graph.inputs}
+            graph.inputs += [v for v in fused.inputs if v.name not in known]
+    graph.paged_kv_refused = getattr(fused, "paged_kv_refused", "fusion is off") if paged_kv \
+        else "the session's paged_kv is off"
     return Program(graph, timings, fused)
 
 

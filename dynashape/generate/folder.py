@@ -106,7 +106,8 @@ def decoder_io(inputs: list, outputs: list) -> DecoderIO:
     names = {v.name for v in inputs}
     if "input_ids" not in names:
         raise InvalidModelError(f"decoder: no input named 'input_ids' (inputs: {sorted(names)})")
-    past = [v for v in inputs if "past" in v.name]
+    # (the paged engine's session takes a pool per past, "<past>.pool", and paged.* inputs: not pasts)
+    past = [v for v in inputs if "past" in v.name and not v.name.startswith("paged.") and not v.name.endswith(".pool")]
     present = []
     for v in past:
         cands = [v.name.replace("past_key_values", "present"), v.name.replace("past", "present")]

@@ -27,6 +27,7 @@ from . import (  # noqa: F401
     ml,
     norm,
     packed_linear,
+    paged_attention,
     pool,
     qlinear_binary,
     qlinear_pool,

@@ -1,0 +1,187 @@
+"""Attention over a paged KV pool, read in place through each row's block table (the paged engine).
+
+``PagedAttention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots)`` (domain
+com.dynashape; compile/paged_kv.py puts it where a decoder's attention read ``Concat(past, new)``):
+
+- ``q`` [B, H, S, D]: S new query positions a row, row b's j-th at position ``starts[b] + j``;
+- ``k_new`` / ``v_new`` [B, KVH, S, D]: their keys and values, written first into the pool at
+  ``slots`` [B, S] (the pool's positions flattened over blocks; a padding position's slot is the
+  pool's scratch slot, which no table names);
+- ``pool_k`` / ``pool_v`` [blocks, block_size, KVH, D]: one layer's blocks;
+- ``tables`` [B, W]: row b's position p lives in block ``tables[b, p // block_size]``;
+- ``lens`` [B]: the positions row b holds after this run. A query sees the positions up to its own
+  and below ``lens`` (a chunk's padding queries see the row's positions, never an unwritten one).
+
+So no past is gathered into a dense copy per step, and no row's work follows the longest row's
+length. The lengths are read on the device: a CUDA graph of a decode step replays at any length.
+
+Kernels: on CUDA with Triton, one-query rows (decode steps) take a split-K kernel that walks the
+table (``_partial`` / ``_combine``: a program per (row, KV head, 64 positions), those beyond the
+row's length return at once; float32 products in IEEE precision). Otherwise (prompt chunks, the
+CPU) the rows' positions are gathered through the tables into one [B, W * block_size] batch and
+scaled_dot_product_attention runs with the causal mask of each row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from .fused import DOMAIN, SDPA_GQA
+from .registry import op
+
+try:  # CI has no GPU and no triton: the torch form serves there
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+BLOCK_N = 64  # positions a program of the split kernel reads (a multiple of the pool's block size or not)
+COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each form served (traced or run)
+
+
+def _infer(shapes, values, *, scale=1.0, heads_last=0):
+    q, k, v, pk, pv, tables = shapes[:6]
+    if len(q) != 4 or len(k) != 4 or len(v) != 4 or len(pk) != 4 or len(pv) != 4 or len(tables) != 2:
+        raise ShapeError(f"PagedAttention: expected q, k, v of rank 4, pools of rank 4 and tables of rank 2, got "
+                         f"{[len(s) for s in shapes[:6]]}")
+    if q[1] % k[1] or pk[2] != k[1] or pk[3] != q[3] or pv[3] != v[3]:
+        raise ShapeError(f"PagedAttention: query {tuple(q)}, new keys {tuple(k)}, pools {tuple(pk)} / {tuple(pv)}: "
+                         "expected query heads a multiple of the pools' KV heads and equal head sizes")
+    return [(q[0], q[1], q[2], v[3])]
+
+
+@op("PagedAttention", 1, DOMAIN, infer=_infer, writes_out=False,
+    notes="new keys and values written into a paged KV pool, attention over each row's blocks (compile/paged_kv)")
+def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots, *, scale=1.0, heads_last=0,
+                     out=None):
+    write(pool_k, pool_v, slots, k_new, v_new)
+    return attend(q, pool_k, pool_v, tables, starts, lens, scale)
+
+
+def write(pool_k, pool_v, slots, k_new, v_new) -> None:
+    """The new positions' keys and values [B, KVH, S, D] into the pool at ``slots`` [B, S]."""
+    kvh, d, dv = pool_k.shape[2], pool_k.shape[3], pool_v.shape[3]
+    idx = slots.reshape(-1)
+    pool_k.view(-1, kvh, d).index_copy_(0, idx, k_new.transpose(1, 2).reshape(-1, kvh, d).to(pool_k.dtype))
+    pool_v.view(-1, kvh, dv).index_copy_(0, idx, v_new.transpose(1, 2).reshape(-1, kvh, dv).to(pool_v.dtype))
+
+
+def attend(q, pool_k, pool_v, tables, starts, lens, scale: float):
+    """Each query row over its row's positions in the pool (see the module's docstring): [B, H, S, Dv]."""
+    b, h, s, d = q.shape
+    kvh = pool_k.shape[2]
+    if h % kvh:
+        raise ShapeError(f"PagedAttention: {h} query heads over {kvh} KV heads (expected a multiple)")
+    if triton is not None and q.is_cuda and s == 1 and pool_k.is_contiguous() and pool_v.is_contiguous() \
+            and tables.stride(1) == 1 and d <= 256 and pool_v.shape[3] <= 256 and h // kvh <= 64:
+        COUNTS["paged_attention_triton"] += 1
+        return _triton(q, pool_k, pool_v, tables, lens, scale)
+    COUNTS["paged_attention_torch"] += 1
+    return _torch(q, pool_k, pool_v, tables, starts, lens, scale)
+
+
+def _torch(q, pool_k, pool_v, tables, starts, lens, scale: float):
+    b, h, s, d = q.shape
+    bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
+    width = tables.shape[1] * bs
+    t = torch.arange(width, device=q.device)
+    slots = tables[:, t // bs].long() * bs + t % bs  # [B, P]: every table position's slot
+    k = pool_k.reshape(-1, kvh, d)[slots].to(q.dtype).transpose(1, 2)  # [B, KVH, P, D]
+    v = pool_v.reshape(-1, kvh, dv)[slots].to(q.dtype).transpose(1, 2)
+    last = torch.minimum(starts[:, None] + torch.arange(s, device=q.device), lens[:, None] - 1)  # [B, S]
+    mask = (t[None, None, :] <= last[:, :, None]).unsqueeze(1)  # [B, 1, S, P]
+    if h != kvh and not SDPA_GQA:
+        k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
+    kw = {"enable_gqa": True} if h != kvh and SDPA_GQA else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+
+
+def _triton(q, pool_k, pool_v, tables, lens, scale: float):
+    b, h, _, d = q.shape
+    bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
+    g = h // kvh
+    splits = triton.cdiv(tables.shape[1] * bs, BLOCK_N)
+    block_r = max(16, triton.next_power_of_2(g))
+    block_dv = max(16, triton.next_power_of_2(dv))
+    q3 = q.reshape(b * kvh, g, d)
+    if q3.stride(-1) != 1:
+        q3 = q3.contiguous()
+    part = torch.empty((b * kvh, splits, block_r, block_dv), dtype=torch.float32, device=q.device)
+    mx = torch.empty((b * kvh, splits, block_r), dtype=torch.float32, device=q.device)
+    den = torch.empty_like(mx)
+    out = torch.empty((b * kvh, g, dv), dtype=q.dtype, device=q.device)
+    with torch.cuda.device(q.device):  # Triton launches on the current device: make it q's
+        _partial[(b * kvh, splits)](q3, pool_k, pool_v, tables, lens, part, mx, den, scale, kvh, g, d, dv, bs,
+                                    q3.stride(0), q3.stride(1), tables.stride(0), splits,
+                                    BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                                    BLOCK_DV=block_dv, IEEE=q.dtype == torch.float32, num_warps=4)
+        _combine[(b * kvh,)](part, mx, den, out, lens, kvh, g, dv, splits, out.stride(0), out.stride(1),
+                             BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_DV=block_dv, num_warps=4)
+    return out.view(b, h, 1, dv)
+
+
+if triton is not None:
+    # the table's width and the row count change with the batch: not specialised on, so that a new
+    # bucket's capture compiles nothing
+    @triton.jit(do_not_specialize=["st0", "SPLITS"])
+    def _partial(Q, PK, PV, TABLES, LENS, PART, MX, DEN, scale, KVH, R, D, DV, BS, sq0, sq1, st0, SPLITS,
+                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 IEEE: tl.constexpr):
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // KVH
+        h = bh % KVH
+        length = tl.load(LENS + b)
+        start = split * BLOCK_N
+        if start < length:  # beyond the row's positions: nothing (the combine reads no split past its length)
+            rows = tl.arange(0, BLOCK_R)
+            d = tl.arange(0, BLOCK_D)
+            dv = tl.arange(0, BLOCK_DV)
+            n = start + tl.arange(0, BLOCK_N)
+            valid = n < length
+            block = tl.load(TABLES + b * st0 + n // BS, mask=valid, other=0).to(tl.int64)
+            slot = block * BS + n % BS  # [BLOCK_N]: the pool positions of this program's keys
+            q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
+                        other=0.0)
+            kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None], mask=valid[None, :] & (d[:, None] < D),
+                         other=0.0)
+            if IEEE:
+                s = tl.dot(q, kt.to(q.dtype), input_precision="ieee")
+            else:
+                s = tl.dot(q, kt.to(q.dtype))
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+            m = tl.max(s, axis=1)
+            p = tl.exp(s - m[:, None])
+            vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
+                         other=0.0)
+            if IEEE:
+                acc = tl.dot(p, vv.to(tl.float32), input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(q.dtype), vv.to(q.dtype))
+            base = (bh * SPLITS + split) * BLOCK_R
+            tl.store(MX + base + rows, m)
+            tl.store(DEN + base + rows, tl.sum(p, axis=1))
+            tl.store(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :], acc)
+
+    @triton.jit(do_not_specialize=["SPLITS"])
+    def _combine(PART, MX, DEN, OUT, LENS, KVH, R, DV, SPLITS, so0, so1, BLOCK_R: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+        bh = tl.program_id(0)
+        used = tl.cdiv(tl.load(LENS + bh // KVH), BLOCK_N)  # the splits that ran for this row
+        rows = tl.arange(0, BLOCK_R)
+        dv = tl.arange(0, BLOCK_DV)
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        for i in range(0, used):
+            m = tl.maximum(m, tl.load(MX + (bh * SPLITS + i) * BLOCK_R + rows))
+        den = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+        for i in range(0, used):
+            base = (bh * SPLITS + i) * BLOCK_R
+            w = tl.exp(tl.load(MX + base + rows) - m)
+            den += tl.load(DEN + base + rows) * w
+            acc += tl.load(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :]) * w[:, None]
+        out = acc / den[:, None]
+        tl.store(OUT + bh * so0 + rows[:, None] * so1 + dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(rows[:, None] < R) & (dv[None, :] < DV))

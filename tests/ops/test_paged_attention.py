@@ -1,0 +1,154 @@
+"""PagedAttention (ops/paged_attention.py) and the pass that puts it in a decoder (compile/paged_kv.py).
+
+The op's two forms (the torch one on the CPU, the Triton decode kernel on CUDA) against the paged
+engine's reference (paged/attention.py: each conversation's positions gathered from its blocks, one
+scaled_dot_product_attention per conversation), over sequences of steps whose rows, lengths and
+chunk sizes change, with fresh random keys and values each time; padding rows and padding
+positions must never write a conversation's blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import dynashape as ds
+from dynashape.errors import ShapeError
+from dynashape.ops import paged_attention as pa
+from dynashape.paged.attention import paged_attention, write_kv
+from dynashape.paged.blocks import BlockPool
+from tests.models import llama
+
+CFG = {**llama.TINY, "mask_input": True, "position_ids": True}
+
+
+def _step(pool, rng, lengths: dict, new: dict, heads: int, device, dtype=torch.float32):
+    """Conversations grown by ``new[key]`` positions after ``lengths[key]``: the batched inputs of the op
+    (rows padded to ``len(new) + 1``, chunks to the longest plus one) and the reference's packed ones."""
+    kvh, d = pool.k.shape[3], pool.k.shape[4]
+    keys = list(new)
+    b, s = len(keys) + 1, max(new.values()) + 1  # a padding row and a padding position at least
+    q = torch.randn(b, heads, s, d, device=device, dtype=dtype)
+    k_new = torch.randn(b, kvh, s, d, device=device, dtype=dtype)
+    v_new = torch.randn(b, kvh, s, d, device=device, dtype=dtype)
+    slots = np.full((b, s), pool.scratch_slot, dtype=np.int64)
+    starts, lens = np.zeros(b, np.int64), np.ones(b, np.int64)
+    for i, key in enumerate(keys):
+        slots[i, :new[key]] = pool.grow(key, new[key])
+        starts[i], lens[i] = lengths.get(key, 0), lengths.get(key, 0) + new[key]
+        lengths[key] = int(lens[i])
+    width = int(max(len(pool.tables[k].blocks) for k in keys)) + int(rng.integers(0, 3))  # wider than needed
+    tables = np.full((b, width), pool.scratch_slot // pool.block_size, dtype=np.int64)
+    for i, key in enumerate(keys):
+        tables[i, :len(pool.tables[key].blocks)] = pool.tables[key].blocks
+    t = {n: torch.from_numpy(a).to(device) for n, a in (("tables", tables), ("starts", starts), ("lens", lens),
+                                                        ("slots", slots))}
+    return keys, q, k_new, v_new, t
+
+
+def _reference(pool, keys, new, q, k_new, v_new, t, layer: int, scale: float):
+    """The engine's reference: the real positions written, then attention per conversation."""
+    qs, ks, vs, slots = [], [], [], []
+    for i, key in enumerate(keys):
+        n = new[key]
+        qs.append(q[i, :, :n].transpose(0, 1))
+        ks.append(k_new[i, :, :n].transpose(0, 1))
+        vs.append(v_new[i, :, :n].transpose(0, 1))
+        slots.append(t["slots"][i, :n])
+    write_kv(pool, layer, torch.cat(slots), torch.cat(ks), torch.cat(vs))
+    out = paged_attention(torch.cat(qs), pool, layer, keys, [new[k] for k in keys], scale)
+    return out
+
+
+def _pool(device, dtype=torch.float32, layers=2, kvh=2, d=16, block=4, blocks=64):
+    return BlockPool(blocks, block, layers, kvh, d, dtype, device)
+
+
+@pytest.mark.parametrize("heads", [2, 4])  # 4 query heads over 2 KV heads: grouped-query attention
+def test_torch_form_matches_the_reference_over_a_sequence_of_steps(heads, monkeypatch):
+    monkeypatch.setattr(pa, "triton", None)
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    ours, ref = _pool("cpu"), _pool("cpu")
+    lengths: dict = {}
+    steps = [{"a": 5, "b": 9}, {"a": 1, "b": 1}, {"a": 1, "b": 3, "c": 7}, {"a": 1, "c": 1}, {"b": 1, "c": 1, "d": 2}]
+    for new in steps:
+        keys, q, k, v, t = _step(ours, rng, lengths, new, heads, "cpu")
+        for key in new:  # the reference pool takes the same blocks
+            ref.grow(key, new[key])
+        out = pa._paged_attention(q, k, v, ours.k[1], ours.v[1], t["tables"], t["starts"], t["lens"], t["slots"],
+                                  scale=0.25)
+        want = _reference(ref, keys, new, q, k, v, t, 1, 0.25)
+        start = 0
+        for i, key in enumerate(keys):
+            n = new[key]
+            torch.testing.assert_close(out[i, :, :n].transpose(0, 1), want[start:start + n], atol=2e-6, rtol=1e-5)
+            start += n
+        # what the op wrote is what the reference wrote: the padding went to the scratch slot only
+        real = ours.k[1].reshape(-1, 2, 16)[: ours.scratch_slot]
+        torch.testing.assert_close(real, ref.k[1].reshape(-1, 2, 16)[: ref.scratch_slot], atol=0, rtol=0)
+        assert torch.isfinite(out).all()  # padding rows and positions too: they see positions of their own
+
+
+def test_shape_errors_name_the_op():
+    q = torch.randn(1, 3, 1, 16)
+    pool = _pool("cpu")
+    t = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(ShapeError, match="PagedAttention"):
+        pa.attend(q, pool.k[0], pool.v[0], t, t[:, 0], t[:, 0] + 1, 1.0)
+
+
+def test_the_pass_rewrites_every_layer_and_the_session_takes_the_pool():
+    path = str(llama.model_path(CFG))
+    plain = ds.InferenceSession(path)
+    paged = ds.InferenceSession(path, paged_kv=True)
+    names = [i.name for i in paged.get_inputs()]
+    assert {"paged.tables", "paged.starts", "paged.lens", "paged.slots"} <= set(names)
+    assert {f"past_{kv}_{i}.pool" for kv in ("key", "value") for i in range(CFG["layers"])} <= set(names)
+    assert sum(n.op_type == "PagedAttention" for n in paged.program.fused.nodes) == CFG["layers"]
+    assert not any(n.op_type == "Attention" for n in paged.program.fused.nodes)
+    assert paged.program.graph.paged_kv_refused is None
+    assert "paged.tables" not in [i.name for i in plain.get_inputs()]
+    assert plain.program.graph.paged_kv_refused == "the session's paged_kv is off"
+
+
+def test_a_graph_without_attention_over_a_past_is_left_as_it_is():
+    path = str(llama.model_path({**CFG}))  # a decoder, with fusion off: no fused attention to rewrite
+    s = ds.InferenceSession(path, paged_kv=True, fusion=False)
+    assert s.program.graph.paged_kv_refused == "fusion is off"
+    assert "paged.tables" not in [i.name for i in s.get_inputs()]
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    s = ds.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                            paged_kv=True)
+    assert s.program.graph.paged_kv_refused == "no attention over a past input"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_decode_kernel_matches_the_torch_form_and_replays_at_other_lengths(dtype):
+    if not torch.cuda.is_available() or pa.triton is None:
+        pytest.skip("the Triton kernel needs CUDA and triton")
+    torch.manual_seed(0)
+    b, heads, kvh, d, bs, blocks = 6, 12, 4, 64, 16, 200
+    pk = torch.randn(blocks + 1, bs, kvh, d, device="cuda", dtype=dtype)
+    pv = torch.randn_like(pk)
+    width = 40  # up to 640 positions a row
+    tables = torch.stack([torch.randperm(blocks, device="cuda")[:width] for _ in range(b)])
+    lens = torch.tensor([1, 17, 64, 65, 300, 640], device="cuda")
+    starts = lens - 1
+    q = torch.randn(b, heads, 1, d, device="cuda", dtype=dtype)
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    want = pa._torch(q, pk, pv, tables, starts, lens, 0.125)
+    got = pa.attend(q, pk, pv, tables, starts, lens, 0.125)
+    torch.testing.assert_close(got, want, **tol)
+    graph = torch.cuda.CUDAGraph()  # a captured step reads the lengths and tables from the device
+    with torch.cuda.graph(graph):
+        res = pa.attend(q, pk, pv, tables, starts, lens, 0.125)
+    lens.copy_(torch.tensor([3, 1, 100, 129, 7, 512], device="cuda"))
+    starts.copy_(lens - 1)
+    tables.copy_(tables.flip(1))
+    graph.replay()
+    torch.testing.assert_close(res, pa._torch(q, pk, pv, tables, starts, lens, 0.125), **tol)
