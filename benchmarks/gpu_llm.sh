@@ -12,4 +12,14 @@ case "${1:-load}" in
       --json "$OUT/llm_load.json"
     T=240 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --no-lone \
       --static-impls off --json "$OUT/llm_load_static_off.json" ;;
+  paged)  # the attention reading the pool in place (PagedAttention): its tests, then the load at 32/s
+         # against the pasts gathered, and all 64 at once
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE \
+      tests/ops/test_paged_attention.py tests/paged tests/serve/test_llm.py
+    T=200 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 \
+      --json "$OUT/llm_load.json"
+    [ -n "${GATHERED:-}" ] && T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 \
+      --rate 32 --no-lone --gathered --json "$OUT/llm_load_gathered.json"
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 0 --no-lone \
+      --json "$OUT/llm_load_burst.json" ;;
 esac

@@ -156,6 +156,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static-impls", default=None, help="the session option for the paged engine's session")
     ap.add_argument("--option", action="append", default=[], metavar="K=V", help="another session option")
+    ap.add_argument("--gathered", action="store_true",
+                    help="the pasts gathered from the blocks into dense inputs (paged_kv off), as before the "
+                         "attention read the pool in place")
     ap.add_argument("--no-lone", action="store_true")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[],
                     help="then closed loops of this many clients each (throughput and latency against concurrency)")
@@ -171,6 +174,8 @@ def main() -> None:
     gc.collect()  # the lone model's session and graphs gone before the server's
     extra = {"static_impls": args.static_impls} if args.static_impls else {}
     extra.update(o.split("=", 1) for o in args.option)
+    if args.gathered:
+        extra["paged_kv"] = False
     server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
     passes = {}

@@ -1,5 +1,7 @@
 """A paged engine run's host side: the rows' padded sizes and the arrays the model's inputs are made
-of (``make_batch``), and those arrays on the device (``Batch.tensors``)."""
+of, and those arrays on the device (``Batch.tensors``). Two forms: ``make_batch`` for a model that
+takes its pasts dense (gathered from the blocks, ``gather``), ``make_paged_batch`` for one whose
+attention reads the pool through the block tables (the session's ``paged_kv``)."""
 
 from __future__ import annotations
 
@@ -25,14 +27,28 @@ class Batch:
     ids: np.ndarray
     mask: np.ndarray
     pos: np.ndarray
-    gather: np.ndarray
-    new_b: np.ndarray
-    new_t: np.ndarray
+    gather: np.ndarray | None
+    new_b: np.ndarray | None
+    new_t: np.ndarray | None
     slots: np.ndarray
+    tables: np.ndarray | None = None  # the paged form: each row's blocks, first new position, length after
+    starts: np.ndarray | None = None
+    lens: np.ndarray | None = None
+
+    @property
+    def paged(self) -> bool:
+        return self.tables is not None
 
     def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
         """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
         fixed work), the padding rows' keys and values into the pool's scratch slot."""
+        if self.paged:  # padding rows and positions write the scratch slot already
+            t = {"ids": torch.from_numpy(self.ids).to(dev, ints[io.input_ids]),
+                 "mask": torch.from_numpy(self.mask).to(dev, ints[io.attention_mask]),
+                 **{k: torch.from_numpy(getattr(self, k)).to(dev) for k in ("tables", "starts", "lens", "slots")}}
+            if io.position_ids is not None:
+                t["pos"] = torch.from_numpy(self.pos).to(dev, ints[io.position_ids])
+            return t
         if scratch is None:
             nb, nt, slots = self.new_b, self.new_t, self.slots
         else:
@@ -89,3 +105,37 @@ def make_batch(rows, pool, convention: str, pad_rows: bool, past_multiple: int, 
     new_t = np.repeat(base, ks[:n]) + within
     slots = np.concatenate([r.slots for r in rows])
     return Batch(n, b, s, p, decode, ids, mask, pos, gather, new_b, new_t, slots)
+
+
+def make_paged_batch(rows, pool, pad_rows: bool, chunk_multiple: int, width: int | None) -> Batch:
+    """``rows`` as one run of a model whose attention reads the pool (the session's ``paged_kv``):
+    no past is fed, each row's block table (``width`` blocks wide, or the widest row's), first new
+    position and length after the run are. Padding rows (a bucket) and padding positions (a chunk
+    padded to ``chunk_multiple``) write the pool's scratch slot; a padding row's table names the
+    scratch block, so it attends to its own position only."""
+    bs, n = pool.block_size, len(rows)
+    decode = all(r.end - r.start == 1 for r in rows)
+    b = bucket(n) if pad_rows else n
+    ks = np.ones(b, dtype=np.int64)  # new positions a row (a padding row: one)
+    starts = np.zeros(b, dtype=np.int64)
+    ks[:n] = [r.end - r.start for r in rows]
+    starts[:n] = [r.start for r in rows]
+    s = int(ks.max())
+    if not decode:
+        s = -(-s // chunk_multiple) * chunk_multiple
+    lens = starts + ks
+    scratch_block = pool.scratch_slot // bs
+    tables = np.full((b, width or int(-(-lens.max() // bs))), scratch_block, dtype=np.int64)
+    ids = np.zeros((b, s), dtype=np.int64)
+    slots = np.full((b, s), pool.scratch_slot, dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, :ks[i]] = r.tokens
+        slots[i, :ks[i]] = r.slots
+        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
+        if table is not None:  # (blocks past the width hold no position below the row's length)
+            blocks = table.blocks[:tables.shape[1]]
+            tables[i, :len(blocks)] = blocks
+    new = np.arange(s)
+    pos = starts[:, None] + new[None, :]
+    mask = np.ones((b, s), dtype=np.int64)  # (the attention masks by the lengths; the graph's mask goes unused)
+    return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens)

@@ -20,12 +20,16 @@ looks like. Two conventions, found from the graph:
   at its own length and rotates them there. Its rule that a continued prompt runs alone (batch 1)
   is kept: such chunks run one by one.
 
-On CUDA a decode run (the gather, the model, the write-back) is captured as one CUDA graph per
-(rows bucket, past bucket) and replayed (``step_graphs.py``); prompt chunks run eagerly.
+Where the model's attention is fuse_attention's over ``Concat(past, new)`` (the concat convention's
+exports), the session is made with ``paged_kv`` (compile/paged_kv.py): each attention reads the
+pool in place through the rows' block tables (ops/paged_attention.py, a Triton kernel for decode
+rows on CUDA) and writes the new keys and values itself; the pasts fed are empty, nothing is
+gathered. Elsewhere (``stats()["paged_kv"]`` says why) every row's past is gathered from its
+blocks into the dense pasts, which costs a copy of each row's past a step (``gathered_bytes``).
 
-What this costs: the gather copies each row's past out of the pool once per step (the bytes are
-counted: ``stats()["gathered_bytes"]``); an attention kernel reading the block table on the device
-would read the pool in place (not built yet, docs/serving.md).
+On CUDA a decode run is captured as one CUDA graph per (rows bucket, past bucket) and replayed
+(``step_graphs.py``; with the pool read in place the past is no part of the key); prompt chunks
+run eagerly.
 
 Sampling is per row (greedy, or temperature / top-k / top-p / repetition penalty with a seed of
 its own); the step reads the chosen tokens back once (the scheduler's stop conditions and the
@@ -46,7 +50,7 @@ from ..generate.folder import read_folder
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
-from .batch import Batch, make_batch
+from .batch import Batch, make_batch, make_paged_batch
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import Scheduler, Sequence
 from .step_graphs import StepGraphs
@@ -135,7 +139,13 @@ class PagedEngine:
         # shape key (the pasts here are new tensors every step) and hold those storages: measured on
         # an H200, 64 conversations ran out of memory with them
         session_options.setdefault("decode_graphs", "off")
+        if self.convention == "concat" and not isinstance(model, Model):
+            session_options.setdefault("paged_kv", True)
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
+        graph = self.model.session.program.graph
+        refused = getattr(graph, "paged_kv_refused", "the session was made without paged_kv")
+        # the attention reads the pool in place (None) or why the pasts are gathered instead
+        self.paged_refused = refused if self.convention == "concat" else "GroupQueryAttention's convention"
         io = self.model.io
         self.io, self.dev = io, self.model.device
         if not io.past:
@@ -172,6 +182,8 @@ class PagedEngine:
         # again; on the CPU every padded position is compute the step pays for
         self.past_multiple = past_multiple or (256 if cuda else block_size)
         self.chunk_multiple = 64 if cuda else 1
+        # a captured decode step's block tables: as wide as a conversation of the model's context
+        self.table_width = -(-(self.model.config.context_length or DEFAULT_CONTEXT) // block_size)
         types = {i.name: i.type for i in self.model.session.get_inputs()}
         self._int = {n: torch.int32 if types.get(n) == "tensor(int32)" else torch.int64
                      for n in (io.input_ids, io.attention_mask, io.position_ids) if n}
@@ -225,6 +237,7 @@ class PagedEngine:
     def stats(self) -> dict:
         graphs = self.graphs.counters if self.graphs is not None else {}
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
+                "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}
@@ -269,7 +282,9 @@ class PagedEngine:
         t0 = time.perf_counter()
         batch = self._batch(rows)
         t1 = time.perf_counter()
-        logits = self.graphs.run(batch) if self.graphs is not None and batch.decode else None
+        graphed = self.graphs is not None and batch.decode and (not batch.paged
+                                                                 or batch.tables.shape[1] == self.table_width)
+        logits = self.graphs.run(batch) if graphed else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
             t = batch.tensors(self.dev, self._int, self.io, scratch=None)
             t1 = time.perf_counter()
@@ -278,7 +293,7 @@ class PagedEngine:
         c["runs"] += 1
         c["rows"] += batch.n
         c["padded_rows"] += batch.b - batch.n
-        c["tokens"] += len(batch.new_b)
+        c["tokens"] += len(batch.slots) if not batch.paged else int((batch.lens - batch.starts)[:batch.n].sum())
         c["gathered_bytes"] += 2 * len(self.layers) * batch.b * batch.p * self.pool.k[0, 0, 0].numel() \
             * self.pool.k.element_size()
         c["host_feed_s"] += t1 - t0
@@ -292,10 +307,18 @@ class PagedEngine:
         return list(keys), logits[torch.tensor(i, device=logits.device), torch.tensor(t, device=logits.device)]
 
     def _batch(self, rows) -> Batch:
+        if self.paged_refused is None:
+            longest = max(r.end for r in rows)
+            decode = self.graphs is not None and all(r.end - r.start == 1 for r in rows)
+            width = self.table_width if decode and longest <= self.table_width * self.pool.block_size else None
+            return make_paged_batch(rows, self.pool, self.pad_rows, self.chunk_multiple, width)
         return make_batch(rows, self.pool, self.convention, self.pad_rows, self.past_multiple, self.chunk_multiple)
 
     def dense(self, batch: Batch) -> tuple:
-        """Storages for every layer's gathered past, keys and values: [layers, rows, heads, past + new, dim]."""
+        """Storages for every layer's gathered past, keys and values: [layers, rows, heads, past + new, dim]
+        (none where the attention reads the pool)."""
+        if batch.paged:
+            return ()
         L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
         shape = (L, batch.b, h, batch.p + batch.s, d)
         return tuple(torch.empty(shape, dtype=self.pool.k.dtype, device=self.dev) for _ in range(2))
@@ -309,6 +332,8 @@ class PagedEngine:
             feeds[io.position_ids] = t["pos"]
         if io.use_cache_branch is not None:
             feeds[io.use_cache_branch] = t["branch"]
+        if batch.paged:
+            return self._paged_body(request, batch, t, feeds)
         # every layer's past in one gather and one copy into its storage: a layer's past is the start
         # of the storage, whose room the model's KV append fills in place
         L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
@@ -325,6 +350,24 @@ class PagedEngine:
             new = torch.stack([out[names[2 + j]][t["nb"], :, t["nt"], :] for names in self.layers])
             store.view(L, -1, h, d).index_copy_(1, t["slots"], new.to(store.dtype))
         return out[io.logits]
+
+    def _paged_body(self, request, batch: Batch, t: dict, feeds: dict) -> torch.Tensor:
+        """The run of a model whose attention reads the pool and writes its new positions (paged_kv):
+        each layer's blocks, the rows' tables, first positions, lengths and slots, and pasts of length
+        0. Each empty past is the start of a storage of the run's new positions whose room the model's
+        KV append fills in place (lend_room): without it the append would allocate a storage per layer
+        every run (a driver allocation, which a CUDA graph cannot capture)."""
+        L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
+        room = self.pool.k.new_empty((2, L, batch.b, h, batch.s, d))
+        for layer, names in enumerate(self.layers):
+            for j, store in enumerate((self.pool.k, self.pool.v)):
+                past = room[j, layer, :, :, :0]
+                lend_room(past, room[j, layer])
+                feeds[names[j]] = past
+                feeds[names[j] + ".pool"] = store[layer]
+        for k in ("tables", "starts", "lens", "slots"):
+            feeds["paged." + k] = t[k]
+        return request.run([self.io.logits], feeds)[0]
 
     def _sample(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> dict:
         """Each sampling row's next token from its row of ``logits``: greedy rows in one argmax, the

@@ -97,6 +97,10 @@ class _Key:
         t["mask"].copy_(torch.from_numpy(batch.mask))
         if "pos" in t:
             t["pos"].copy_(torch.from_numpy(batch.pos))
+        if batch.paged:  # (padding rows name the scratch slot and block already)
+            for name in ("tables", "starts", "lens", "slots"):
+                t[name].copy_(torch.from_numpy(getattr(batch, name)))
+            return
         t["idx"].copy_(torch.from_numpy(batch.gather.reshape(-1)))
         t["slots"][:n].copy_(torch.from_numpy(batch.slots))
         if n < b:

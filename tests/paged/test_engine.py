@@ -77,18 +77,24 @@ def conversations(seed: int, n: int, steps: int) -> dict:
     return arrivals
 
 
+@pytest.mark.parametrize("paged", [True, False], ids=["pool-read-in-place", "pasts-gathered"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed, device):
-    # on CUDA the decode runs replay CUDA graphs (step_graphs.py), the padding rows of a bucket included
+def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed, paged, device):
+    # on CUDA the decode runs replay CUDA graphs (step_graphs.py), the padding rows of a bucket included.
+    # paged: the attention reads the blocks through the tables (PagedAttention); else the pasts are gathered
     engine = PagedEngine(path, device=device, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16,
-                         past_multiple=16 if device.startswith("cuda") else None)
+                         past_multiple=16 if device.startswith("cuda") else None, paged_kv=paged)
     arrivals = conversations(seed, 10, 25)
     got = drive(engine, arrivals)
     for convs in arrivals.values():
         for key, prompt, max_new, _ in convs:
             assert got[key] == lone(prompt, max_new), key
     st = engine.stats()
-    assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0 and st["gathered_bytes"] > 0
+    assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0
+    if paged:
+        assert st["paged_kv"] == "on" and st["gathered_bytes"] == 0
+    else:
+        assert st["paged_kv"].startswith("off") and st["gathered_bytes"] > 0
     if device.startswith("cuda"):
         assert st["step_graph_replays"] > 0 and st["step_graphs_refused"] == 0, engine.graphs.refusals
 
