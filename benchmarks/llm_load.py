@@ -136,6 +136,7 @@ def closed_loop(server: LLMServer, convs, clients: int) -> dict:
 
 
 COUNTED = ("steps", "runs", "rows", "padded_rows", "tokens", "gathered_bytes", "finished", "host_feed_s",
+           "plan_s", "sample_s", "commit_s", "chunk_runs", "host_chunk_s",
            "host_model_s", "read_s", "step_graph_replays")  # counters a pass adds to
 
 
@@ -219,9 +220,14 @@ def main() -> None:
                       f"{r['itl_ms_p50']:.2f} / {r['itl_ms_p99']:.2f}"] for r in sweep])
     for name, r in passes.items():
         st = r["stats"]
-        per = {k: 1e3 * st[k] / st["steps"] for k in ("host_feed_s", "host_model_s", "read_s")}
-        print(f"{name}: host per step, ms: inputs {per['host_feed_s']:.2f}, device work launched "
-              f"{per['host_model_s']:.2f}, waiting for the tokens {per['read_s']:.2f}; step graphs "
+        parts = ("plan_s", "host_feed_s", "host_model_s", "host_chunk_s", "sample_s", "read_s", "commit_s")
+        per = {k: 1e3 * st.get(k, 0.0) / st["steps"] for k in parts}
+        wall = 1e3 * r["seconds"] / st["steps"]
+        print(f"{name}: {wall:.2f} ms a step (wall); host per step, ms: plan {per['plan_s']:.2f}, inputs "
+              f"{per['host_feed_s']:.2f}, device work launched {per['host_model_s']:.2f} (of which "
+              f"{st.get('chunk_runs', 0)} prompt-chunk runs {per['host_chunk_s']:.2f}), sampling "
+              f"{per['sample_s']:.2f}, waiting for the tokens {per['read_s']:.2f}, commit {per['commit_s']:.2f}; "
+              f"step graphs "
               f"{st.get('step_graphs', 0)}, replays {st.get('step_graph_replays', 0)}, refused "
               f"{st.get('step_graphs_refused', 0)}")
     print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "

@@ -13,6 +13,23 @@ import torch
 from .scheduler import bucket
 
 
+def to_device(a: np.ndarray, dev: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``a`` on ``dev`` without the host waiting: a copy from pageable memory waits for the stream's
+    earlier work (a step's chunk inputs would wait for its decode run), one from pinned memory does
+    not (torch's pinned-memory cache keeps the staging buffer until the copy has run)."""
+    if dev.type != "cuda":
+        t = torch.from_numpy(a)
+        return t.to(dev, dtype if dtype is not None else t.dtype)
+    return stage(a, dtype).to(dev, non_blocking=True)
+
+
+def stage(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``a`` copied into pinned host memory (of ``dtype``), for a copy to the device that does not wait."""
+    t = torch.from_numpy(a)
+    staged = torch.empty(t.shape, dtype=dtype or t.dtype, pin_memory=True)
+    return staged.copy_(t)
+
+
 @dataclass
 class Batch:
     """A run's rows on the host: ``n`` real rows padded to ``b``, ``s`` new positions a row after a
@@ -43,11 +60,11 @@ class Batch:
         """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
         fixed work), the padding rows' keys and values into the pool's scratch slot."""
         if self.paged:  # padding rows and positions write the scratch slot already
-            t = {"ids": torch.from_numpy(self.ids).to(dev, ints[io.input_ids]),
-                 "mask": torch.from_numpy(self.mask).to(dev, ints[io.attention_mask]),
-                 **{k: torch.from_numpy(getattr(self, k)).to(dev) for k in ("tables", "starts", "lens", "slots")}}
+            t = {"ids": to_device(self.ids, dev, ints[io.input_ids]),
+                 "mask": to_device(self.mask, dev, ints[io.attention_mask]),
+                 **{k: to_device(getattr(self, k), dev) for k in ("tables", "starts", "lens", "slots")}}
             if io.position_ids is not None:
-                t["pos"] = torch.from_numpy(self.pos).to(dev, ints[io.position_ids])
+                t["pos"] = to_device(self.pos, dev, ints[io.position_ids])
             return t
         if scratch is None:
             nb, nt, slots = self.new_b, self.new_t, self.slots

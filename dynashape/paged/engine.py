@@ -50,7 +50,7 @@ from ..generate.folder import read_folder
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
-from .batch import Batch, make_batch, make_paged_batch
+from .batch import Batch, make_batch, make_paged_batch, to_device
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import Scheduler, Sequence
 from .step_graphs import StepGraphs
@@ -196,7 +196,11 @@ class PagedEngine:
                          # where a step's host time goes: the inputs made, the device work launched
                          # (gather, model, KV written back; a graph's replay), the tokens' read (the
                          # step's one wait for the device)
-                         "host_feed_s": 0.0, "host_model_s": 0.0, "read_s": 0.0}
+                         "host_feed_s": 0.0, "host_model_s": 0.0, "read_s": 0.0,
+                         # and the rest of a step: the plan, sampling (less the read), the commit and
+                         # its events; the prompt chunks' runs (eager) apart from the decode runs
+                         "plan_s": 0.0, "sample_s": 0.0, "commit_s": 0.0, "chunk_runs": 0, "host_chunk_s": 0.0}
+        self._read_before = 0.0
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -245,6 +249,7 @@ class PagedEngine:
     # ---- a step -------------------------------------------------------------------------------
     def step(self) -> list[Event]:
         """One step of every running conversation (and prompt chunks): the tokens made."""
+        t0 = time.perf_counter()
         with self.lock:
             plan = self.scheduler.plan()
             # the rows' options as the step began: an abort from another thread meanwhile drops them
@@ -255,6 +260,8 @@ class PagedEngine:
                              "positions_reserved": sum(len(q.prompt) + q.max_new for q in run)}
         if not plan.rows:
             return []
+        c = self.counters
+        c["plan_s"] += time.perf_counter() - t0
         keys, logits = [], []
         decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
         chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
@@ -268,13 +275,19 @@ class PagedEngine:
             k, x = self._run(rows)
             keys += k
             logits.append(x)
+        t1 = time.perf_counter()
         chosen = self._sample(plan, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
+        t2 = time.perf_counter()
         with self.lock:
             done = self.scheduler.commit(plan, chosen)
             for seq in done:
                 self.sampling.pop(seq.key, None)
         ended = {s.key for s in done}
-        return [Event(k, t, k in ended) for k, t in chosen.items()]
+        events = [Event(k, t, k in ended) for k, t in chosen.items()]
+        c["sample_s"] += t2 - t1 - (c["read_s"] - self._read_before)
+        c["commit_s"] += time.perf_counter() - t2
+        self._read_before = c["read_s"]
+        return events
 
     def _run(self, rows) -> tuple[list, torch.Tensor]:
         """The model over ``rows`` as one batch: the keys of the rows that sample and their last
@@ -298,13 +311,18 @@ class PagedEngine:
             * self.pool.k.element_size()
         c["host_feed_s"] += t1 - t0
         c["host_model_s"] += time.perf_counter() - t1
+        if not batch.decode:
+            c["chunk_runs"] += 1
+            c["host_chunk_s"] += time.perf_counter() - t1
         picked = [(i, r.end - r.start - 1, r.seq.key) for i, r in enumerate(rows) if r.samples]
         if not picked:
             return [], logits.new_empty((0, logits.shape[-1]))
         i, t, keys = zip(*picked)
-        if all(x == 0 for x in t):  # decode rows: the first position of the first rows
-            return list(keys), logits[list(i), 0] if len(i) < logits.shape[0] else logits[:, 0]
-        return list(keys), logits[torch.tensor(i, device=logits.device), torch.tensor(t, device=logits.device)]
+        # views or indices copied from pinned memory: nothing here waits for the run (an index list
+        # copied from pageable memory would wait for the stream, the decode graph's replay included)
+        if all(x == 0 for x in t) and i == tuple(range(len(i))):  # decode rows: the first rows' only position
+            return list(keys), logits[:len(i), 0]
+        return list(keys), logits[to_device(np.asarray(i), logits.device), to_device(np.asarray(t), logits.device)]
 
     def _batch(self, rows) -> Batch:
         if self.paged_refused is None:

@@ -24,6 +24,8 @@ import logging
 
 import torch
 
+from .batch import stage
+
 log = logging.getLogger("dynashape.paged")
 
 
@@ -93,14 +95,16 @@ class _Key:
     def fill(self, batch) -> None:
         """This run's inputs into the graph's buffers (rows past ``batch.n`` write the scratch slot)."""
         t, n, b = self.t, batch.n, batch.b
+        if batch.paged:  # (padding rows name the scratch slot and block already; from pinned memory: no wait)
+            for name, a in (("ids", batch.ids), ("mask", batch.mask), ("pos", batch.pos), ("tables", batch.tables),
+                            ("starts", batch.starts), ("lens", batch.lens), ("slots", batch.slots)):
+                if name in t:
+                    t[name].copy_(stage(a, t[name].dtype), non_blocking=True)
+            return
         t["ids"].copy_(torch.from_numpy(batch.ids))
         t["mask"].copy_(torch.from_numpy(batch.mask))
         if "pos" in t:
             t["pos"].copy_(torch.from_numpy(batch.pos))
-        if batch.paged:  # (padding rows name the scratch slot and block already)
-            for name in ("tables", "starts", "lens", "slots"):
-                t[name].copy_(torch.from_numpy(getattr(batch, name)))
-            return
         t["idx"].copy_(torch.from_numpy(batch.gather.reshape(-1)))
         t["slots"][:n].copy_(torch.from_numpy(batch.slots))
         if n < b:
