@@ -20,6 +20,8 @@ case "${1:-load}" in
       --json "$OUT/llm_load.json"
     [ -n "${GATHERED:-}" ] && T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 \
       --rate 32 --no-lone --gathered --json "$OUT/llm_load_gathered.json"
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --json "$OUT/llm_load_128.json"
     T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 0 --no-lone \
       --json "$OUT/llm_load_burst.json" ;;
 esac

@@ -79,6 +79,19 @@ class Sampling:
 
 
 @dataclass
+class _Inflight:
+    """A launched step: its plan, the keys of its sampling rows and their tokens (on the device, and
+    on their way to ``host``; ``event`` marks their arrival), ``index``: key -> place in ``tokens``."""
+
+    plan: object
+    keys: list
+    tokens: torch.Tensor
+    host: torch.Tensor
+    event: object
+    index: dict
+
+
+@dataclass
 class Event:
     """A token made for a conversation by a step; ``finished``: its last."""
 
@@ -125,7 +138,7 @@ class PagedEngine:
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
-                 **session_options) -> None:
+                 overlap: bool | None = None, **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -191,6 +204,10 @@ class PagedEngine:
         # decode runs replayed as CUDA graphs, one per (rows bucket, past bucket) (step_graphs.py)
         self.graphs = StepGraphs(self) if cuda and step_graphs is not False and self.convention == "concat" else None
         self.sampling: dict = {}
+        # a step planned and launched while the device runs the last one (CUDA by default: on the
+        # CPU the runs are the host's own work, there is nothing to overlap)
+        self.overlap = cuda if overlap is None else bool(overlap)
+        self.inflight: _Inflight | None = None
         self.lock = threading.Lock()  # add / abort from other threads while steps run
         self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0,
                          # where a step's host time goes: the inputs made, the device work launched
@@ -236,7 +253,7 @@ class PagedEngine:
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle
+        return self.scheduler.idle and self.inflight is None
 
     def stats(self) -> dict:
         graphs = self.graphs.counters if self.graphs is not None else {}
@@ -248,7 +265,12 @@ class PagedEngine:
 
     # ---- a step -------------------------------------------------------------------------------
     def step(self) -> list[Event]:
-        """One step of every running conversation (and prompt chunks): the tokens made."""
+        """One step of every running conversation (and prompt chunks): the tokens made. With
+        ``overlap`` the tokens are those of the step before, committed once this step's device work
+        is launched: the host plans and launches a step while the device runs the last one."""
+        events = []
+        if self.inflight is not None and (not self.overlap or self._needs_history()):
+            events = self._commit()  # a repetition penalty reads every token made: none may be in flight
         t0 = time.perf_counter()
         with self.lock:
             plan = self.scheduler.plan()
@@ -258,10 +280,20 @@ class PagedEngine:
                 run = self.scheduler.running
                 self.peak = {"blocks": self.pool.used_blocks, "conversations": len(run),
                              "positions_reserved": sum(len(q.prompt) + q.max_new for q in run)}
-        if not plan.rows:
-            return []
-        c = self.counters
-        c["plan_s"] += time.perf_counter() - t0
+        self.counters["plan_s"] += time.perf_counter() - t0
+        launched = self._launch(plan, opts) if plan.rows else None
+        if self.inflight is not None:
+            events += self._commit()
+        self.inflight = launched
+        if launched is not None and not self.overlap:
+            events += self._commit()
+        return events
+
+    def _needs_history(self) -> bool:
+        return any(s.repetition_penalty != 1 for s, _ in self.sampling.values())
+
+    def _launch(self, plan, opts: dict) -> _Inflight:
+        """The plan's runs and their sampling, launched; the tokens on their way to the host."""
         keys, logits = [], []
         decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
         chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
@@ -275,18 +307,36 @@ class PagedEngine:
             k, x = self._run(rows)
             keys += k
             logits.append(x)
+        t0 = time.perf_counter()
+        tokens = self._choose(plan, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
+        host, event = tokens, None
+        if tokens.is_cuda:  # read back without waiting; the commit waits for the event
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self.counters["sample_s"] += time.perf_counter() - t0
+        return _Inflight(plan, keys, tokens, host, event, {k: j for j, k in enumerate(keys)})
+
+    def _commit(self) -> list[Event]:
+        """The step in flight's tokens read back (the step's one wait for the device) and committed."""
+        inf, self.inflight = self.inflight, None
+        t0 = time.perf_counter()
+        if inf.event is not None:
+            inf.event.synchronize()
+        values = inf.host.tolist()
         t1 = time.perf_counter()
-        chosen = self._sample(plan, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
-        t2 = time.perf_counter()
+        chosen = dict(zip(inf.keys, values))
         with self.lock:
-            done = self.scheduler.commit(plan, chosen)
+            done = self.scheduler.commit(inf.plan, chosen)
             for seq in done:
                 self.sampling.pop(seq.key, None)
         ended = {s.key for s in done}
-        events = [Event(k, t, k in ended) for k, t in chosen.items()]
-        c["sample_s"] += t2 - t1 - (c["read_s"] - self._read_before)
-        c["commit_s"] += time.perf_counter() - t2
-        self._read_before = c["read_s"]
+        # (a row planned after its conversation's last token, or aborted since, made no token)
+        live = {r.seq.key for r in inf.plan.rows if r.seq.state in ("running", "waiting")} | ended
+        events = [Event(k, t, k in ended) for k, t in chosen.items() if k in live]
+        self.counters["read_s"] += t1 - t0
+        self.counters["commit_s"] += time.perf_counter() - t1
         return events
 
     def _run(self, rows) -> tuple[list, torch.Tensor]:
@@ -297,9 +347,12 @@ class PagedEngine:
         t1 = time.perf_counter()
         graphed = self.graphs is not None and batch.decode and (not batch.paged
                                                                  or batch.tables.shape[1] == self.table_width)
-        logits = self.graphs.run(batch) if graphed else None
+        patch = self._pending(rows)
+        logits = self.graphs.run(batch, patch) if graphed else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
             t = batch.tensors(self.dev, self._int, self.io, scratch=None)
+            if patch is not None:
+                patch(t["ids"])
             t1 = time.perf_counter()
             logits = self.body(self.request, batch, t, self.dense(batch))
         c = self.counters
@@ -323,6 +376,22 @@ class PagedEngine:
         if all(x == 0 for x in t) and i == tuple(range(len(i))):  # decode rows: the first rows' only position
             return list(keys), logits[:len(i), 0]
         return list(keys), logits[to_device(np.asarray(i), logits.device), to_device(np.asarray(t), logits.device)]
+
+    def _pending(self, rows):
+        """For rows whose token is the step in flight's (overlap): what writes those tokens into the
+        run's ``input_ids`` on the device, after the host's placeholders (None when no row waits)."""
+        dst = [i for i, r in enumerate(rows) if r.pending]
+        if not dst:
+            return None
+        prev = self.inflight
+        if prev is None:
+            raise RuntimeError("paged engine: a row waits for a token no step has in flight")
+        src = to_device(np.asarray([prev.index[rows[i].seq.key] for i in dst]), prev.tokens.device)
+        dst_t = to_device(np.asarray(dst), prev.tokens.device)
+
+        def patch(ids: torch.Tensor) -> None:
+            ids[dst_t, 0] = prev.tokens[src].to(ids.dtype)
+        return patch
 
     def _batch(self, rows) -> Batch:
         if self.paged_refused is None:
@@ -387,11 +456,11 @@ class PagedEngine:
             feeds["paged." + k] = t[k]
         return request.run([self.io.logits], feeds)[0]
 
-    def _sample(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> dict:
-        """Each sampling row's next token from its row of ``logits``: greedy rows in one argmax, the
-        others with their options; the tokens read back once."""
+    def _choose(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> torch.Tensor:
+        """Each sampling row's next token from its row of ``logits`` (on the device): greedy rows in one
+        argmax, the others with their options."""
         if not keys:
-            return {}
+            return torch.empty(0, dtype=torch.int64, device=logits.device)
         plain = Sampling()
         special = [j for j, k in enumerate(keys)
                    if opts.get(k, plain).do_sample or opts.get(k, plain).repetition_penalty != 1]
@@ -404,7 +473,4 @@ class PagedEngine:
                 tokens[j] = next_tokens(logits[j:j + 1], held, do_sample=s.do_sample, top_k=s.top_k, top_p=s.top_p,
                                         temperature=s.temperature, repetition_penalty=s.repetition_penalty,
                                         generator=s.generator)[0]
-        t0 = time.perf_counter()
-        values = tokens.tolist()  # the step's one read back
-        self.counters["read_s"] += time.perf_counter() - t0
-        return dict(zip(keys, values))
+        return tokens

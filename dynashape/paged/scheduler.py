@@ -11,7 +11,11 @@ that could not fit even alone is refused when it arrives (KVCapacityError).
 
 The scheduler does no arithmetic on tensors: ``plan()`` says what the step computes and where the
 new positions' keys and values go (``slots``), the model runs the step, ``commit()`` takes the
-tokens it produced. Rows are padded to a bucket (``bucket``) so that one CUDA graph per bucket
+tokens it produced. A step may be planned before the last one's tokens are on the host (the
+engine's overlap, vLLM's async scheduling): a conversation's token in flight (``Sequence.inflight``)
+is the input of its next decode row (``Row.pending``: the engine feeds it from the device), it
+counts toward ``max_new``, and a row planned after the token that ends a conversation (an EOS not
+seen yet) is computed for nothing and dropped at its commit. Rows are padded to a bucket (``bucket``) so that one CUDA graph per bucket
 serves a step of any size.
 """
 
@@ -26,7 +30,9 @@ import numpy as np
 from ..errors import OptionsError
 from .blocks import BlockPool
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# rows a decode run is padded to (a CUDA graph each): steps of 8 up to 64, so that a padded row costs
+# at most ~1/5 of a run's products (fp32 products at 33 rows padded to 64 took ~2x the work)
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 @dataclass(eq=False)
@@ -43,6 +49,7 @@ class Sequence:
     preemptions: int = 0
     order: int = 0             # arrival order: the newest running one is preempted first
     keep: bool = False         # parked when it ends: its blocks serve the conversation's next turn
+    inflight: int = 0          # tokens sampled by a step whose commit has not come yet (0 or 1)
 
     @property
     def tokens(self) -> list[int]:
@@ -73,6 +80,7 @@ class Row:
     tokens: list[int]
     slots: np.ndarray  # (host) where the new positions' keys and values go
     samples: bool
+    pending: bool = False  # its one token is the last step's, still on the device (``tokens`` is a placeholder)
 
 
 @dataclass
@@ -169,7 +177,9 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.order):
             if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows:
                 continue
-            n = min(len(seq.prompt) + len(seq.out) - seq.computed, self.chunk, budget)
+            if len(seq.out) + seq.inflight >= seq.max_new:
+                continue  # its last token is in flight: it ends at that commit
+            n = min(len(seq.prompt) + len(seq.out) + seq.inflight - seq.computed, self.chunk, budget)
             while not self.pool.can_grow(seq.key, n):
                 if self._evict_parked():
                     continue
@@ -184,6 +194,8 @@ class Scheduler:
         for seq in list(self.waiting):  # arrival order; the preempted ones went to the front
             if budget <= 0 or len(rows) >= self.max_rows:
                 break
+            if seq.inflight:
+                continue  # preempted while its token was in flight: recomputed once that token is in
             n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
             while not self.pool.can_grow(seq.key, n) and self._evict_parked():
                 pass
@@ -198,15 +210,23 @@ class Scheduler:
         return Plan(rows, preempted)
 
     def _row(self, seq: Sequence, n: int) -> Row:
+        """The row, its positions counted as computed from now on (the run that writes them is
+        launched before any later step's reads them)."""
         start = seq.computed
         slots = self.pool.grow(seq.key, n)
         end = start + n
-        have = len(seq.prompt) + len(seq.out)
-        if n == 1 and start == have - 1 and seq.out:  # a decode row: the token made last
+        have = len(seq.prompt) + len(seq.out) + seq.inflight
+        seq.computed = end
+        pending = seq.inflight > 0  # a decode row whose token is the last step's, on the device
+        if pending:
+            tokens = [0]
+        elif n == 1 and start == have - 1 and seq.out:  # a decode row: the token made last
             tokens = seq.out[-1:]
         else:
             tokens = seq.tokens[start:end]
-        return Row(seq, start, end, tokens, slots, samples=end == have)
+        row = Row(seq, start, end, tokens, slots, samples=end == have, pending=pending)
+        seq.inflight += row.samples  # its token, until the step's commit
+        return row
 
     def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
         self.pool.release(seq.key)
@@ -219,23 +239,25 @@ class Scheduler:
 
     def commit(self, plan: Plan, sampled: dict) -> list[Sequence]:
         """After the model ran ``plan``: ``sampled[key]`` is the token each sampling row made. The
-        positions become computed, the tokens are appended; the conversations that stop leave
-        (their blocks freed) and are returned."""
+        tokens are appended; the conversations that stop leave (their blocks freed) and are
+        returned. A row of a conversation that ended or was aborted since its plan is dropped; one
+        preempted since keeps its token (it was computed before the preemption)."""
         done = []
         for r in plan.rows:
             seq = r.seq
-            if seq.state != "running":
-                continue  # aborted meanwhile: its blocks are gone already
-            seq.computed = r.end
-            if r.samples:
-                seq.out.append(int(sampled[seq.key]))
-                if seq.finished:
-                    self.running.remove(seq)
-                    if seq.keep:
-                        self.parked[seq.key] = seq
-                    else:
-                        self.pool.release(seq.key)
-                    seq.state = "done"
-                    self.stats["finished"] += 1
-                    done.append(seq)
+            if not r.samples:
+                continue
+            seq.inflight = max(seq.inflight - 1, 0)
+            if seq.state not in ("running", "waiting"):
+                continue  # aborted, or ended by an earlier token: its blocks are gone already
+            seq.out.append(int(sampled[seq.key]))
+            if seq.finished:
+                (self.running if seq.state == "running" else self.waiting).remove(seq)
+                if seq.keep:
+                    self.parked[seq.key] = seq
+                else:
+                    self.pool.release(seq.key)
+                seq.state = "done"
+                self.stats["finished"] += 1
+                done.append(seq)
         return done

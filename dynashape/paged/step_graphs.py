@@ -39,7 +39,7 @@ class StepGraphs:
         self.refusals: list[str] = []
         self.broken: str | None = None  # a failed capture may leave CUDA's or torch's state half way: no more
 
-    def run(self, batch):
+    def run(self, batch, patch=None):
         """The logits of a decode run replayed (or run then captured: the key's first run); None
         when the key is refused (the engine runs it eagerly)."""
         key = (batch.b, batch.p)
@@ -47,15 +47,19 @@ class StepGraphs:
         if isinstance(k, str) or (k is None and self.broken):
             return None
         if k is None:
-            return self._first(key, batch)
+            return self._first(key, batch, patch)
         k.fill(batch)
+        if patch is not None:  # tokens of the step in flight, from the device
+            patch(k.t["ids"])
         k.graph.replay()
         self.counters["step_graph_replays"] += 1
         return k.logits
 
-    def _first(self, key, batch):
+    def _first(self, key, batch, patch=None):
         eng = self.engine
         k = _Key(eng, batch)
+        if patch is not None:
+            patch(k.t["ids"])
         caller = torch.cuda.current_stream(eng.dev)
         self.stream.wait_stream(caller)
         with torch.cuda.stream(self.stream):

@@ -77,13 +77,15 @@ def conversations(seed: int, n: int, steps: int) -> dict:
     return arrivals
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
 @pytest.mark.parametrize("paged", [True, False], ids=["pool-read-in-place", "pasts-gathered"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed, paged, device):
+def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path, lone, seed, paged, overlap, device):
     # on CUDA the decode runs replay CUDA graphs (step_graphs.py), the padding rows of a bucket included.
-    # paged: the attention reads the blocks through the tables (PagedAttention); else the pasts are gathered
+    # paged: the attention reads the blocks through the tables (PagedAttention); else the pasts are gathered.
+    # overlap: a step is planned and launched before the last one's tokens are read (they are fed from the device)
     engine = PagedEngine(path, device=device, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16,
-                         past_multiple=16 if device.startswith("cuda") else None, paged_kv=paged)
+                         past_multiple=16 if device.startswith("cuda") else None, paged_kv=paged, overlap=overlap)
     arrivals = conversations(seed, 10, 25)
     got = drive(engine, arrivals)
     for convs in arrivals.values():
@@ -99,9 +101,12 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
         assert st["step_graph_replays"] > 0 and st["step_graphs_refused"] == 0, engine.graphs.refusals
 
 
-def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, device):
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, overlap, device):
     # 12 blocks of 8 positions for 6 conversations of up to ~60 positions: the newest are preempted
-    engine = PagedEngine(path, device=device, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32)
+    # (with overlap, some while their token is in flight: recomputed once it is in)
+    engine = PagedEngine(path, device=device, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32,
+                         overlap=overlap)
     arrivals = {0: [(f"p{i}", list(range(3 + 5 * i, 20 + 5 * i)), 30, None) for i in range(6)]}
     got = drive(engine, arrivals)
     assert engine.stats()["preemptions"] > 0
@@ -109,8 +114,10 @@ def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, d
         assert got[key] == lone(prompt, max_new), key
 
 
-def test_eos_per_row_abort_and_refusal(path, lone):
-    engine = PagedEngine(path, block_size=8, num_blocks=16, max_rows=4)
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_eos_per_row_abort_and_refusal(path, lone, overlap):
+    # with overlap the row planned after the EOS (not read yet) is computed for nothing: no token of it is seen
+    engine = PagedEngine(path, block_size=8, num_blocks=16, max_rows=4, overlap=overlap)
     ref = lone([5, 6, 7], 12)
     eos = ref[4]
     want = ref[:ref.index(eos) + 1]
@@ -119,7 +126,8 @@ def test_eos_per_row_abort_and_refusal(path, lone):
     engine.add("gone", [1, 2, 3], 50)
     engine.step()
     assert engine.stats()["kv_blocks_used"] > 0
-    assert engine.abort("gone") and engine.stats()["kv_blocks_used"] == 0 and engine.idle
+    assert engine.abort("gone") and engine.stats()["kv_blocks_used"] == 0
+    assert [e.token for e in engine.step()] == [] and engine.idle  # (a token in flight for it is dropped)
     with pytest.raises(errors.KVCapacityError, match="needs"):
         engine.add("huge", list(range(1, 200)), 10)  # 208 positions, the pool holds 128
     with pytest.raises(errors.InputError, match="at least one token"):

@@ -176,7 +176,7 @@ def test_pool_size_from_free_memory_and_row_buckets():
     assert blocks_for_memory(100 * per_block, 0.1, 16, 2, 4, 64, torch.bfloat16) == 90
     with pytest.raises(errors.OptionsError, match="headroom"):
         blocks_for_memory(1, 1.0, 16, 2, 4, 64, torch.float32)
-    assert [bucket(n) for n in (1, 3, 5, 33, 64, 300)] == [1, 4, 8, 64, 64, 300]
+    assert [bucket(n) for n in (1, 3, 5, 9, 33, 64, 65, 300)] == [1, 4, 8, 16, 40, 64, 80, 300]
 
 
 def test_paged_attention_equals_dense_causal_attention_over_each_conversation():
