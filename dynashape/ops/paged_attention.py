@@ -24,6 +24,9 @@ scaled_dot_product_attention runs with the causal mask of each row.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -38,6 +41,8 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
 BLOCK_N = 64  # positions a program of the split kernel reads (a multiple of the pool's block size or not)
+CHUNK_ROWS = 64  # query rows (positions x the query heads of a KV head) a program of the chunks' kernel holds
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU (their tests without a GPU)
 COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each form served (traced or run)
 
 
@@ -74,10 +79,12 @@ def attend(q, pool_k, pool_v, tables, starts, lens, scale: float):
     kvh = pool_k.shape[2]
     if h % kvh:
         raise ShapeError(f"PagedAttention: {h} query heads over {kvh} KV heads (expected a multiple)")
-    if triton is not None and q.is_cuda and s == 1 and pool_k.is_contiguous() and pool_v.is_contiguous() \
+    if triton is not None and (q.is_cuda or INTERPRET) and pool_k.is_contiguous() and pool_v.is_contiguous() \
             and tables.stride(1) == 1 and d <= 256 and pool_v.shape[3] <= 256 and h // kvh <= 64:
         COUNTS["paged_attention_triton"] += 1
-        return _triton(q, pool_k, pool_v, tables, lens, scale)
+        if s == 1:
+            return _triton(q, pool_k, pool_v, tables, lens, scale)
+        return _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale)
     COUNTS["paged_attention_torch"] += 1
     return _torch(q, pool_k, pool_v, tables, starts, lens, scale)
 
@@ -112,7 +119,7 @@ def _triton(q, pool_k, pool_v, tables, lens, scale: float):
     mx = torch.empty((b * kvh, splits, block_r), dtype=torch.float32, device=q.device)
     den = torch.empty_like(mx)
     out = torch.empty((b * kvh, g, dv), dtype=q.dtype, device=q.device)
-    with torch.cuda.device(q.device):  # Triton launches on the current device: make it q's
+    with _on(q.device):
         _partial[(b * kvh, splits)](q3, pool_k, pool_v, tables, lens, part, mx, den, scale, kvh, g, d, dv, bs,
                                     q3.stride(0), q3.stride(1), tables.stride(0), splits,
                                     BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
@@ -120,6 +127,31 @@ def _triton(q, pool_k, pool_v, tables, lens, scale: float):
         _combine[(b * kvh,)](part, mx, den, out, lens, kvh, g, dv, splits, out.stride(0), out.stride(1),
                              BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_DV=block_dv, num_warps=4)
     return out.view(b, h, 1, dv)
+
+
+def _on(device):
+    """Triton launches on the current device: make it ``device``'s (nothing to do on the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float):
+    """Prompt chunks: a program per (row, KV head, block of positions) walks the row's table up to
+    its block's last visible position with a running softmax (flash attention's loop), the query
+    heads of the KV head and the block's positions as the rows of its products. The output is laid
+    out [B, S, H, Dv] (returned as its [B, H, S, Dv] view: the heads merge after it without a copy)."""
+    b, h, s, d = q.shape
+    bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
+    g = h // kvh
+    block_m = max(1, triton.next_power_of_2(CHUNK_ROWS // g + 1) // 2)  # positions a program: the largest
+    block_r = triton.next_power_of_2(block_m * g)                       # power of 2 with g of them <= 64
+    out = torch.empty((b, s, h, dv), dtype=q.dtype, device=q.device)
+    with _on(q.device):
+        _chunks[(b * kvh, triton.cdiv(s, block_m))](
+            q, pool_k, pool_v, tables, starts, lens, out, scale, kvh, g, s, d, dv, bs,
+            q.stride(0), q.stride(1), q.stride(2), tables.stride(0), out.stride(0), out.stride(1), out.stride(2),
+            BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
+            BLOCK_DV=max(16, triton.next_power_of_2(dv)), IEEE=q.dtype == torch.float32, num_warps=4)
+    return out.transpose(1, 2)
 
 
 if triton is not None:
@@ -185,3 +217,53 @@ if triton is not None:
         out = acc / den[:, None]
         tl.store(OUT + bh * so0 + rows[:, None] * so1 + dv[None, :], out.to(OUT.dtype.element_ty),
                  mask=(rows[:, None] < R) & (dv[None, :] < DV))
+
+    @triton.jit(do_not_specialize=["S", "st0", "so0", "so1", "sq0", "sq2"])
+    def _chunks(Q, PK, PV, TABLES, STARTS, LENS, OUT, scale, KVH, G, S, D, DV, BS, sq0, sq1, sq2, st0, so0, so1, so2,
+                BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+        bh = tl.program_id(0)
+        b = bh // KVH
+        h = bh % KVH
+        r = tl.arange(0, BLOCK_R)
+        j = tl.program_id(1) * BLOCK_M + r // G  # the row's position in the chunk
+        head = h * G + r % G
+        live = (r < BLOCK_M * G) & (j < S)
+        start = tl.load(STARTS + b)
+        length = tl.load(LENS + b)
+        last = tl.minimum(start + j, length - 1)  # the last position the row sees
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        q = tl.load(Q + b * sq0 + head[:, None] * sq1 + j[:, None] * sq2 + d[None, :],
+                    mask=live[:, None] & (d[None, :] < D), other=0.0)
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+        top = tl.minimum(start + tl.program_id(1) * BLOCK_M + BLOCK_M - 1, length - 1)  # the block's last seen
+        for kb in range(0, tl.cdiv(top + 1, BLOCK_N)):
+            n = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+            valid = n <= top
+            block = tl.load(TABLES + b * st0 + n // BS, mask=valid, other=0).to(tl.int64)
+            slot = block * BS + n % BS
+            kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None], mask=valid[None, :] & (d[:, None] < D),
+                         other=0.0)
+            if IEEE:
+                sc = tl.dot(q, kt.to(q.dtype), input_precision="ieee")
+            else:
+                sc = tl.dot(q, kt.to(q.dtype))
+            sc = tl.where(n[None, :] <= last[:, None], sc * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))  # finite from the first block on (position 0 is seen)
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
+                         other=0.0)
+            if IEEE:
+                pv = tl.dot(p, vv.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(q.dtype), vv.to(q.dtype))
+            acc = acc * alpha[:, None] + pv
+            den = den * alpha + tl.sum(p, axis=1)
+            m = m_new
+        o = acc / den[:, None]
+        tl.store(OUT + b * so0 + j[:, None] * so1 + head[:, None] * so2 + dv[None, :], o.to(OUT.dtype.element_ty),
+                 mask=live[:, None] & (dv[None, :] < DV))
