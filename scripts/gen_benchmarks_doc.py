@@ -526,19 +526,26 @@ def serving(runs: list[Run]) -> list[list[str]]:
 
 def llm_load(runs: list[Run]) -> list[list[str]]:
     rows = []
+    lones: dict = {}  # (device, date, model) -> a run's one-at-a-time figures: runs of one device call share them
     for run in runs:
         d, a = run.data, run.data["args"]
         load = (f"{d['model']}, {a['conversations']} conversations, "
                 + (f"Poisson {a['rate']:g}/s" if a["rate"] else "all at once")
                 + f", prompts {a['prompt'][0]}-{a['prompt'][1]}, outputs {a['output'][0]}-{a['output'][1]}")
+        same = (d.get("device"), d.get("date"), d.get("model"))
         lone = d.get("lone")
         if lone:
+            lones[same] = lone
+        elif same in lones:  # a run without its own (--no-lone): against the same day's run that has it
+            lone = lones[same]
+            load += " (x one at a time: the same day's measurement above)"
+        if lone and d.get("lone"):
             rows.append([load, "one at a time (dynashape.generate)", num(lone["tokens_per_s"]), "1.00", "-",
                          f"{num(lone['step_ms_p50'])} / {num(lone['step_ms_p99'])}", "-", "-", "-", run.run_cell()])
         for i, (name, r) in enumerate(d["passes"].items()):
             st = r["stats"]
             eq = r.get("equal_to_lone")
-            rows.append(["" if lone or i else load, f"paged engine, {name}", num(r["tokens_per_s"]),
+            rows.append(["" if d.get("lone") or i else load, f"paged engine, {name}", num(r["tokens_per_s"]),
                          bold_if(ratio(r["tokens_per_s"], lone["tokens_per_s"]), True) if lone else "-",
                          f"{num(r['ttft_ms_p50'])} / {num(r['ttft_ms_p99'])}",
                          f"{num(r['itl_ms_p50'])} / {num(r['itl_ms_p99'])}",
@@ -799,7 +806,8 @@ AREAS = [
          ["model", "MB copied by Concats: in place / off", "peak MB: in place / off",
           "ms at batch 1: in place / off / onnxruntime (CPU build)", "x onnxruntime (time)", "run"], concat_inplace),
     Area("Serving LLMs: conversations batched over the paged KV cache", "llm_load.py",
-         [("llm_load_h200_*.json", None), ("llm_load_burst_h200_*.json", None), ("llm_load_cpu_*.json", None)],
+         [("llm_load_h200_*.json", None), ("llm_load_rate128_h200_*.json", None), ("llm_load_burst_h200_*.json", None),
+         ("llm_load_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
           "ITL p99 / lone step p99", "rows a run", "tokens equal to lone", "run"], llm_load,
          "Greedy, random weights, fp32; a first pass on the fresh server, then a second; TTFT and ITL where the engine "

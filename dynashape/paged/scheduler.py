@@ -15,8 +15,8 @@ tokens it produced. A step may be planned before the last one's tokens are on th
 engine's overlap, vLLM's async scheduling): a conversation's token in flight (``Sequence.inflight``)
 is the input of its next decode row (``Row.pending``: the engine feeds it from the device), it
 counts toward ``max_new``, and a row planned after the token that ends a conversation (an EOS not
-seen yet) is computed for nothing and dropped at its commit. Rows are padded to a bucket (``bucket``) so that one CUDA graph per bucket
-serves a step of any size.
+seen yet) is computed for nothing and dropped at its commit. Rows are padded to a bucket
+(``bucket``) so that one CUDA graph per bucket serves a step of any size.
 """
 
 from __future__ import annotations

@@ -133,7 +133,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from dynashape.ops import paged_attention as pa
 torch.manual_seed(0)
-for b, heads, kvh, d, bs, s in [(3, 12, 4, 64, 16, 1), (3, 12, 4, 64, 16, 37), (2, 4, 2, 16, 4, 9), (2, 2, 2, 16, 4, 5)]:
+for b, heads, kvh, d, bs, s in [(3, 12, 4, 64, 16, 1), (3, 12, 4, 64, 16, 37), (2, 4, 2, 16, 4, 9),
+                                (2, 2, 2, 16, 4, 5)]:
     pk = torch.randn(61, bs, kvh, d)
     pv = torch.randn_like(pk)
     tables = torch.stack([torch.randperm(60)[:10] for _ in range(b)])
