@@ -7,6 +7,10 @@ past from a paged KV pool instead of a dense past input.
     y = PagedAttention(q, k_new, v_new, past_k.pool, past_v.pool, paged.tables, paged.starts,
                        paged.lens, paged.slots)
 
+The logits: where a graph output (not a present) is a product of rank-3 hidden states with a constant
+weight (the LM head), the product takes each row's position ``paged.last`` only (``PagedLast``): a
+prompt chunk's run computes and writes one row of logits, not one per position.
+
 The new graph inputs: a pool per past input (``<past>.pool``, one layer's [blocks, block_size,
 kv_heads, head_dim]) and the rows' block tables, first positions, lengths and new positions' slots
 (``paged.*``, shared by the layers). The op writes the new keys and values into the pool itself,
@@ -22,7 +26,8 @@ from __future__ import annotations
 
 import onnx
 
-from ..ir import Graph, Value
+from ..ir import Graph, Node, Value
+from ..ops.registry import lookup
 from ..shape import Dimension, PartialShape
 from .patterns import FUSED_DOMAIN, fuse, producer
 
@@ -75,5 +80,33 @@ def paged_kv(graph: Graph) -> Graph:
         node = fuse(graph, [n], "PagedAttention", [n.inputs[0], k_new, v_new, *pools, tables, starts, lens, slots],
                     {"scale": n.attrs.get("scale", 1.0), "heads_last": n.attrs.get("heads_last", 0)})
         node.unfused = []  # the dense attention would read the empty pasts: never a fallback
+    graph.paged_last = _last_positions(graph, batch, lambda: new_input("paged.last", [batch], i64))
     graph.paged_kv_refused = None
     return graph
+
+
+def _last_positions(graph: Graph, batch, last_input) -> int:
+    """The LM head's product over each row's ``last`` position only (PagedLast before it); how many
+    outputs were so (``last_input()`` makes the ``paged.last`` input at the first)."""
+    presents = {v.name for v in graph.outputs if v.name.startswith("present")}
+    last, done = None, 0
+    for out in graph.outputs:
+        n = out.producer
+        if out.name in presents or n is None or n.op_type not in ("MatMul", "Linear") or len(n.inputs) < 2:
+            continue
+        x, w = n.inputs[0], n.inputs[1]
+        if not w.is_const or x.shape is None or len(x.shape) != 3 or out.shape is None or len(out.shape) != 3:
+            continue
+        last = last or last_input()
+        picked = Value(f"{x.name}.last", x.elem_type, PartialShape([batch, 1, x.shape[2]]))
+        graph.values[picked.name] = picked
+        node = Node("PagedLast", FUSED_DOMAIN, f"PagedLast_{out.name}", [x, last], [picked], {}, 1)
+        node.opdef = lookup("PagedLast", FUSED_DOMAIN, 1)
+        node.unfused = []
+        node.shape_of = False
+        graph.nodes.insert(graph.nodes.index(n), node)
+        n.inputs[0] = picked
+        out.shape = PartialShape([batch, 1, out.shape[2]])
+        done += 1
+    graph.rebuild_users()
+    return done

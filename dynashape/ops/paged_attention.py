@@ -65,6 +65,21 @@ def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slot
     return attend(q, pool_k, pool_v, tables, starts, lens, scale)
 
 
+def _last_infer(shapes, values):
+    x = shapes[0]
+    if len(x) < 2 or len(shapes[1]) != 1:
+        raise ShapeError(f"PagedLast: expected x of rank >= 2 and last of rank 1, got {tuple(x)} and "
+                         f"{tuple(shapes[1])}")
+    return [(x[0], 1) + tuple(x[2:])]
+
+
+@op("PagedLast", 1, DOMAIN, infer=_last_infer, writes_out=False,
+    notes="each row's position last[b] of x [B, S, ...]: the only logits a paged step samples (compile/paged_kv)")
+def _paged_last(x, last, *, out=None):
+    idx = last.view(-1, *([1] * (x.dim() - 1))).expand(x.shape[0], 1, *x.shape[2:])
+    return x.gather(1, idx)
+
+
 def write(pool_k, pool_v, slots, k_new, v_new) -> None:
     """The new positions' keys and values [B, KVH, S, D] into the pool at ``slots`` [B, S]."""
     kvh, d, dv = pool_k.shape[2], pool_k.shape[3], pool_v.shape[3]

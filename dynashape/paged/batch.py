@@ -51,6 +51,7 @@ class Batch:
     tables: np.ndarray | None = None  # the paged form: each row's blocks, first new position, length after
     starts: np.ndarray | None = None
     lens: np.ndarray | None = None
+    last: np.ndarray | None = None  # each row's last new position (the one whose logits it samples)
 
     @property
     def paged(self) -> bool:
@@ -62,7 +63,7 @@ class Batch:
         if self.paged:  # padding rows and positions write the scratch slot already
             t = {"ids": to_device(self.ids, dev, ints[io.input_ids]),
                  "mask": to_device(self.mask, dev, ints[io.attention_mask]),
-                 **{k: to_device(getattr(self, k), dev) for k in ("tables", "starts", "lens", "slots")}}
+                 **{k: to_device(getattr(self, k), dev) for k in ("tables", "starts", "lens", "slots", "last")}}
             if io.position_ids is not None:
                 t["pos"] = to_device(self.pos, dev, ints[io.position_ids])
             return t
@@ -155,4 +156,4 @@ def make_paged_batch(rows, pool, pad_rows: bool, chunk_multiple: int, width: int
     new = np.arange(s)
     pos = starts[:, None] + new[None, :]
     mask = np.ones((b, s), dtype=np.int64)  # (the attention masks by the lengths; the graph's mask goes unused)
-    return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens)
+    return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens, ks - 1)

@@ -58,6 +58,8 @@ from .step_graphs import StepGraphs
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
 DEFAULT_CONTEXT = 4096  # positions a conversation may reach where the model's folder does not say
 CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
+CHUNK_GRAPH_TOKENS = 4096  # a prompt-chunk run padded beyond this many positions runs eagerly (each captured
+                           # key keeps a request whose activations are planned for its shape)
 
 
 @dataclass
@@ -133,12 +135,14 @@ class PagedEngine:
     that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
     fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU).
     ``step_graphs``: decode runs replayed as CUDA graphs (step_graphs.py; the default on CUDA, where
-    the session's own static impls are then off)."""
+    the session's own static impls are then off); ``chunk_graphs``: prompt-chunk runs too, where the
+    attention reads the pool in place (default). ``overlap``: a step planned and launched while the
+    device runs the last one (the default on CUDA)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
-                 overlap: bool | None = None, **session_options) -> None:
+                 overlap: bool | None = None, chunk_graphs: bool | None = None, **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -161,6 +165,8 @@ class PagedEngine:
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
         graph = self.model.session.program.graph
         refused = getattr(graph, "paged_kv_refused", "the session was made without paged_kv")
+        # the LM head computes each row's last position only (paged_kv's PagedLast): logits [rows, 1, vocab]
+        self.last_only = refused is None and getattr(self.model.session.program.fused, "paged_last", 0) > 0
         # the attention reads the pool in place (None) or why the pasts are gathered instead
         self.paged_refused = refused if self.convention == "concat" else "GroupQueryAttention's convention"
         io = self.model.io
@@ -207,6 +213,12 @@ class PagedEngine:
         self.request = self.model.session.create_infer_request()
         # decode runs replayed as CUDA graphs, one per (rows bucket, past bucket) (step_graphs.py)
         self.graphs = StepGraphs(self) if cuda and step_graphs is not False and self.convention == "concat" else None
+        # prompt chunks captured too, per (rows bucket, chunk length), where the pool is read in place (the
+        # tables as wide as a decode step's, the LM head over each row's last position only: a key's
+        # buffers are its rows' inputs and one row of logits each). An eager chunk run took ~11 ms of
+        # host time on an H200 (the 12-layer decoder's dynamic path), the step's ITL with it
+        self.chunk_graphs = (self.graphs is not None and self.paged_refused is None and self.last_only
+                             and chunk_graphs is not False)
         self.sampling: dict = {}
         # a step planned and launched while the device runs the last one (CUDA by default: on the
         # CPU the runs are the host's own work, there is nothing to overlap)
@@ -349,8 +361,10 @@ class PagedEngine:
         t0 = time.perf_counter()
         batch = self._batch(rows)
         t1 = time.perf_counter()
-        graphed = self.graphs is not None and batch.decode and (not batch.paged
-                                                                 or batch.tables.shape[1] == self.table_width)
+        graphed = self.graphs is not None and (
+            (batch.decode and (not batch.paged or batch.tables.shape[1] == self.table_width))
+            or (self.chunk_graphs and batch.paged and batch.tables.shape[1] == self.table_width
+                and batch.b * batch.s <= CHUNK_GRAPH_TOKENS))
         patch = self._pending(rows)
         logits = self.graphs.run(batch, patch) if graphed else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
@@ -375,6 +389,8 @@ class PagedEngine:
         if not picked:
             return [], logits.new_empty((0, logits.shape[-1]))
         i, t, keys = zip(*picked)
+        if self.last_only and batch.paged:  # one position a row, each row's last (PagedLast)
+            t = (0,) * len(t)
         # views or indices copied from pinned memory: nothing here waits for the run (an index list
         # copied from pageable memory would wait for the stream, the decode graph's replay included)
         if all(x == 0 for x in t) and i == tuple(range(len(i))):  # decode rows: the first rows' only position
@@ -400,8 +416,9 @@ class PagedEngine:
     def _batch(self, rows) -> Batch:
         if self.paged_refused is None:
             longest = max(r.end for r in rows)
-            decode = self.graphs is not None and all(r.end - r.start == 1 for r in rows)
-            width = self.table_width if decode and longest <= self.table_width * self.pool.block_size else None
+            decode = all(r.end - r.start == 1 for r in rows)
+            graphed = self.graphs is not None and (decode or self.chunk_graphs)
+            width = self.table_width if graphed and longest <= self.table_width * self.pool.block_size else None
             return make_paged_batch(rows, self.pool, self.pad_rows, self.chunk_multiple, width)
         return make_batch(rows, self.pool, self.convention, self.pad_rows, self.past_multiple, self.chunk_multiple)
 
@@ -458,6 +475,8 @@ class PagedEngine:
                 feeds[names[j] + ".pool"] = store[layer]
         for k in ("tables", "starts", "lens", "slots"):
             feeds["paged." + k] = t[k]
+        if self.last_only:
+            feeds["paged.last"] = t["last"]
         return request.run([self.io.logits], feeds)[0]
 
     def _choose(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> torch.Tensor:

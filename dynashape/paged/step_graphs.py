@@ -32,7 +32,7 @@ log = logging.getLogger("dynashape.paged")
 class StepGraphs:
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.keys: dict = {}  # (b, p) -> _Key, or a str: why it was refused
+        self.keys: dict = {}  # (rows, past, new positions) -> _Key, or a str: why it was refused
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(engine.dev)
         self.counters = {"step_graphs": 0, "step_graph_replays": 0, "step_graphs_refused": 0, "step_graph_bytes": 0}
@@ -42,7 +42,7 @@ class StepGraphs:
     def run(self, batch, patch=None):
         """The logits of a decode run replayed (or run then captured: the key's first run); None
         when the key is refused (the engine runs it eagerly)."""
-        key = (batch.b, batch.p)
+        key = (batch.b, batch.p, batch.s)  # (s: a prompt chunk's length; 1 for decode rows)
         k = self.keys.get(key)
         if isinstance(k, str) or (k is None and self.broken):
             return None
@@ -72,7 +72,7 @@ class StepGraphs:
                 why = f"{type(e).__name__}: {e}"
                 self.keys[key] = self.broken = why
                 self.counters["step_graphs_refused"] += 1
-                self.refusals.append(f"rows {key[0]}, past {key[1]}: {why}"[:300])
+                self.refusals.append(f"rows {key[0]}, past {key[1]}, new {key[2]}: {why}"[:300])
                 log.warning("paged engine: a decode step could not be captured (%s); its steps run eagerly", why[:300])
                 caller.wait_stream(self.stream)
                 return logits
@@ -101,7 +101,8 @@ class _Key:
         t, n, b = self.t, batch.n, batch.b
         if batch.paged:  # (padding rows name the scratch slot and block already; from pinned memory: no wait)
             for name, a in (("ids", batch.ids), ("mask", batch.mask), ("pos", batch.pos), ("tables", batch.tables),
-                            ("starts", batch.starts), ("lens", batch.lens), ("slots", batch.slots)):
+                            ("starts", batch.starts), ("lens", batch.lens), ("slots", batch.slots),
+                            ("last", batch.last)):
                 if name in t:
                     t[name].copy_(stage(a, t[name].dtype), non_blocking=True)
             return

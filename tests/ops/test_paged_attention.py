@@ -107,6 +107,8 @@ def test_the_pass_rewrites_every_layer_and_the_session_takes_the_pool():
     assert {f"past_{kv}_{i}.pool" for kv in ("key", "value") for i in range(CFG["layers"])} <= set(names)
     assert sum(n.op_type == "PagedAttention" for n in paged.program.fused.nodes) == CFG["layers"]
     assert not any(n.op_type == "Attention" for n in paged.program.fused.nodes)
+    # the LM head over each row's last new position only (paged.last): one row of logits a row
+    assert paged.program.fused.paged_last == 1 and "paged.last" in names
     assert paged.program.graph.paged_kv_refused is None
     assert "paged.tables" not in [i.name for i in plain.get_inputs()]
     assert plain.program.graph.paged_kv_refused == "the session's paged_kv is off"

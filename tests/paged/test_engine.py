@@ -93,8 +93,8 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
             assert got[key] == lone(prompt, max_new), key
     st = engine.stats()
     assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0
-    if paged:
-        assert st["paged_kv"] == "on" and st["gathered_bytes"] == 0
+    if paged:  # (and the LM head over each row's last position only)
+        assert st["paged_kv"] == "on" and st["gathered_bytes"] == 0 and engine.last_only
     else:
         assert st["paged_kv"].startswith("off") and st["gathered_bytes"] > 0
     if device.startswith("cuda"):
@@ -195,3 +195,32 @@ def test_parked_conversations_give_their_blocks_back_when_others_need_them(path,
     assert st["parked_evicted"] == 1 and st["parked"] == 0 and st["kv_blocks_used"] == 0
     nxt = a + lone(a, 5) + [7]
     assert run_one(engine, "a", nxt, 4) == lone(nxt, 4)  # computed whole again, the same tokens
+
+
+def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone):
+    """The CUDA step graphs' side of the engine, on the CPU: decode runs and prompt-chunk runs handed
+    to the graphs with their tables as wide as a conversation of the model's context (the shapes a
+    captured key fixes), rows padded to buckets, tokens in flight patched in, the LM head over each
+    row's last position only. A stand-in runs each eagerly (a capture needs CUDA)."""
+    class Keys:
+        def __init__(self, eng) -> None:
+            self.eng, self.keys, self.counters = eng, set(), {}
+
+        def run(self, batch, patch=None):
+            eng = self.eng
+            assert batch.paged and batch.tables.shape[1] == eng.table_width and batch.b in (1, 2, 4, 8)
+            self.keys.add((batch.b, batch.p, batch.s))
+            t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
+            if patch is not None:
+                patch(t["ids"])
+            return eng.body(eng.request, batch, t, eng.dense(batch))
+
+    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16, pad_rows=True,
+                         paged_kv=True, overlap=True)
+    engine.graphs, engine.chunk_graphs = Keys(engine), True
+    arrivals = conversations(3, 10, 25)
+    got = drive(engine, arrivals)
+    for convs in arrivals.values():
+        for key, prompt, max_new, _ in convs:
+            assert got[key] == lone(prompt, max_new), key
+    assert {s for _, _, s in engine.graphs.keys} > {1}  # decode runs and chunk runs both went to the graphs
