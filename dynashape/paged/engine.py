@@ -135,9 +135,9 @@ class PagedEngine:
     that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
     fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU).
     ``step_graphs``: decode runs replayed as CUDA graphs (step_graphs.py; the default on CUDA, where
-    the session's own static impls are then off); ``chunk_graphs``: prompt-chunk runs too, where the
-    attention reads the pool in place (default). ``overlap``: a step planned and launched while the
-    device runs the last one (the default on CUDA)."""
+    the session's own static impls are then off); ``chunk_graphs=True``: prompt-chunk runs too, where
+    the attention reads the pool in place (opt-in: not measured on a GPU yet). ``overlap``: a step
+    planned and launched while the device runs the last one (the default on CUDA)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
@@ -216,9 +216,10 @@ class PagedEngine:
         # prompt chunks captured too, per (rows bucket, chunk length), where the pool is read in place (the
         # tables as wide as a decode step's, the LM head over each row's last position only: a key's
         # buffers are its rows' inputs and one row of logits each). An eager chunk run took ~11 ms of
-        # host time on an H200 (the 12-layer decoder's dynamic path), the step's ITL with it
+        # host time on an H200 (the 12-layer decoder's dynamic path), the step's ITL with it. Opt-in
+        # until a GPU run has measured it (built after this session's device time ran out)
         self.chunk_graphs = (self.graphs is not None and self.paged_refused is None and self.last_only
-                             and chunk_graphs is not False)
+                             and chunk_graphs is True)
         self.sampling: dict = {}
         # a step planned and launched while the device runs the last one (CUDA by default: on the
         # CPU the runs are the host's own work, there is nothing to overlap)
