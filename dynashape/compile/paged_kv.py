@@ -17,6 +17,11 @@ kv_heads, head_dim]) and the rows' block tables, first positions, lengths and ne
 so the caller feeds pasts of length 0 (the presents are then the new positions alone) and gathers
 nothing. The mask the graph computes goes unused (the op masks by the lengths) and is removed.
 
+onnxruntime's GroupQueryAttention (the model builder's decoders) whose pasts are graph inputs becomes
+``PagedGroupQueryAttention`` the same way: the rotary at each row's positions (``paged.starts``, not
+the op's seqlens_k), the new keys and values into the pool, its presents the new positions only.
+Only its causal form without a window, softcap, sink, bias, position_ids or quantized cache.
+
 All or nothing: where one attention of the graph reads its keys or values otherwise (a past that is
 not a graph input, a transposed key), nothing is rewritten and ``paged_kv_refused`` on the graph
 says why (the engine then gathers the pasts as before).
@@ -47,8 +52,14 @@ def _past_concat(v: Value | None, inputs: dict) -> tuple[Value, Value] | None:
 
 def paged_kv(graph: Graph) -> Graph:
     inputs = {v.name: v for v in graph.inputs}
-    plan, why = [], None
+    plan, gqa, why = [], [], None
     for n in graph.nodes:
+        if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft":
+            why = _gqa_refusal(n, inputs)
+            if why is not None:
+                break
+            gqa.append(n)
+            continue
         if n.op_type != "Attention" or n.domain != FUSED_DOMAIN:
             continue
         k, v = _past_concat(n.inputs[1], inputs), _past_concat(n.inputs[2], inputs)
@@ -56,12 +67,12 @@ def paged_kv(graph: Graph) -> Graph:
             why = f"attention {n.name} does not read Concat(past input, new) keys and values"
             break
         plan.append((n, k, v))
-    if why is None and not plan:
+    if why is None and not plan and not gqa:
         why = "no attention over a past input"
     if why is not None:
         graph.paged_kv_refused = why
         return graph
-    batch = plan[0][1][0].shape[0]
+    batch = plan[0][1][0].shape[0] if plan else gqa[0].inputs[3].shape[0]
     i64 = onnx.TensorProto.INT64
 
     def new_input(name: str, dims, elem_type: int) -> Value:
@@ -80,9 +91,35 @@ def paged_kv(graph: Graph) -> Graph:
         node = fuse(graph, [n], "PagedAttention", [n.inputs[0], k_new, v_new, *pools, tables, starts, lens, slots],
                     {"scale": n.attrs.get("scale", 1.0), "heads_last": n.attrs.get("heads_last", 0)})
         node.unfused = []  # the dense attention would read the empty pasts: never a fallback
+    for n in gqa:
+        pk, pv = n.inputs[3], n.inputs[4]
+        pools = [new_input(f"{p.name}.pool", [blocks, size, p.shape[1], p.shape[3]], p.elem_type) for p in (pk, pv)]
+        ins = [n.inputs[i] if i < len(n.inputs) else None for i in (0, 1, 2, 7, 8)]
+        node = fuse(graph, [n], "PagedGroupQueryAttention", [*ins, *pools, tables, starts, lens, slots],
+                    {k: n.attrs[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")
+                     if k in n.attrs})
+        node.unfused = []
     graph.paged_last = _last_positions(graph, batch, lambda: new_input("paged.last", [batch], i64))
     graph.paged_kv_refused = None
     return graph
+
+
+_GQA_PLAIN = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": -1, "qk_output": 0, "causal": 1,
+              "kv_cache_bit_width": 0, "k_quant_type": "NONE", "v_quant_type": "NONE"}
+
+
+def _gqa_refusal(n, inputs: dict) -> str | None:
+    """Why a GroupQueryAttention node cannot read the pool (None: it can)."""
+    if len(n.inputs) < 7 or n.inputs[3] is None or n.inputs[4] is None:
+        return f"GroupQueryAttention {n.name} has no past inputs"
+    if n.inputs[3].name not in inputs or n.inputs[4].name not in inputs or n.inputs[3].shape is None \
+            or len(n.inputs[3].shape) != 4:
+        return f"GroupQueryAttention {n.name} reads pasts that are not graph inputs"
+    extra = [i for i in range(9, len(n.inputs)) if n.inputs[i] is not None]
+    odd = {k: n.attrs[k] for k, v in _GQA_PLAIN.items() if k in n.attrs and n.attrs[k] != v}
+    if extra or odd or len([o for o in n.outputs if o is not None]) > 3:
+        return f"GroupQueryAttention {n.name} uses inputs {extra}, attributes {odd} or outputs the paged form lacks"
+    return None
 
 
 def _last_positions(graph: Graph, batch, last_input) -> int:

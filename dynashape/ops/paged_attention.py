@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from .contrib_attention import _heads, _merge_heads, _rotate, _scale
 from .fused import DOMAIN, SDPA_GQA
 from .registry import op
 
@@ -78,6 +79,42 @@ def _last_infer(shapes, values):
 def _paged_last(x, last, *, out=None):
     idx = last.view(-1, *([1] * (x.dim() - 1))).expand(x.shape[0], 1, *x.shape[2:])
     return x.gather(1, idx)
+
+
+def _gqa_infer(shapes, values, *, num_heads, kv_num_heads, **_attrs):
+    q, key = shapes[0], shapes[1]
+    if len(q) != 3:
+        raise ShapeError(f"PagedGroupQueryAttention: query must be 3-D, got {tuple(q)}")
+    h = q[2] // num_heads if key is not None else q[2] // (num_heads + 2 * kv_num_heads)
+    new = (q[0], kv_num_heads, q[1], h)
+    return [(q[0], q[1], num_heads * h), new, new]
+
+
+@op("PagedGroupQueryAttention", 1, DOMAIN, infer=_gqa_infer, writes_out=False,
+    notes="onnxruntime's GroupQueryAttention (rotary at each row's positions) over a paged KV pool; the presents "
+          "are the run's new keys and values (compile/paged_kv)")
+def _paged_gqa(query, key, value, cos_cache, sin_cache, pool_k, pool_v, tables, starts, lens, slots, *, num_heads,
+               kv_num_heads, scale=0.0, do_rotary=0, rotary_interleaved=0, out=None):
+    """GroupQueryAttention's causal attention (no window, softcap, sink or bias: the pass leaves those
+    nodes as they are) with the past in the pool: a row's new positions start at ``starts`` (the
+    op's own seqlens_k and total_sequence_length are not read), rotated there when ``do_rotary``."""
+    what = "PagedGroupQueryAttention"
+    b, s, d = query.shape
+    if key is None:  # packed QKV
+        h = d // (num_heads + 2 * kv_num_heads)
+        q, k, v = query.split((num_heads * h, kv_num_heads * h, kv_num_heads * h), -1)
+    else:
+        h = d // num_heads
+        q, k, v = query, key, value
+    if do_rotary:
+        pos = starts.reshape(b, 1).to(torch.int64) + torch.arange(s, device=query.device)
+        rd = 2 * cos_cache.shape[1]
+        q = _rotate(q, pos, cos_cache, sin_cache, num_heads, rd, rotary_interleaved)
+        k = _rotate(k, pos, cos_cache, sin_cache, kv_num_heads, rd, rotary_interleaved)
+    qh, kh, vh = _heads(q, num_heads, what), _heads(k, kv_num_heads, what), _heads(v, kv_num_heads, what)
+    write(pool_k, pool_v, slots, kh, vh)
+    y = attend(qh, pool_k, pool_v, tables, starts, lens, _scale(scale, h))
+    return _merge_heads(y.to(query.dtype)), kh, vh
 
 
 def write(pool_k, pool_v, slots, k_new, v_new) -> None:

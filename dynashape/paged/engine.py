@@ -161,6 +161,7 @@ class PagedEngine:
             # layer's positions itself, was slower than one gather a step (the tiny decoder, 2 cores:
             # 4.2 against 4.0 ms a step with 32 conversations at once, a lone conversation's steps 2.7
             # against 1.5 ms): the CPU keeps the gathered pasts unless paged_kv=True is asked
+            # (GroupQueryAttention models read the pool too with paged_kv=True: not measured on a GPU yet)
             session_options.setdefault("paged_kv", True)
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
         graph = self.model.session.program.graph
@@ -168,7 +169,7 @@ class PagedEngine:
         # the LM head computes each row's last position only (paged_kv's PagedLast): logits [rows, 1, vocab]
         self.last_only = refused is None and getattr(self.model.session.program.fused, "paged_last", 0) > 0
         # the attention reads the pool in place (None) or why the pasts are gathered instead
-        self.paged_refused = refused if self.convention == "concat" else "GroupQueryAttention's convention"
+        self.paged_refused = refused
         io = self.model.io
         self.io, self.dev = io, self.model.device
         if not io.past:
@@ -315,7 +316,7 @@ class PagedEngine:
         decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
         chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
         groups = [decode] if decode else []
-        if self.convention == "gqa":  # a continued prompt runs alone (GroupQueryAttention's rule)
+        if self.convention == "gqa" and self.paged_refused is not None:  # a continued prompt runs alone (the op's rule)
             first = [r for r in chunks if r.start == 0]
             groups += ([first] if first else []) + [[r] for r in chunks if r.start > 0]
         elif chunks:

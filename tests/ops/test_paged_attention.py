@@ -214,3 +214,41 @@ def test_triton_chunks_kernel_matches_the_torch_form(dtype):
     for i in range(b):
         n = int(lens[i] - starts[i])
         torch.testing.assert_close(got[i, :, :n], want[i, :, :n], **tol)
+
+
+def test_paged_group_query_attention_matches_the_dense_op_over_a_sequence_of_steps():
+    # onnxruntime's GroupQueryAttention (our dense kernel, ops/contrib_gqa.py) per conversation against
+    # the paged form over two conversations of different lengths at once: a prompt, then decode steps,
+    # packed QKV, rotary at each row's own positions; fresh random inputs every step
+    from dynashape.ops.contrib_gqa import _gqa
+
+    torch.manual_seed(3)
+    heads, kvh, h, bs = 4, 2, 16, 4
+    cos = torch.rand(64, h // 2)
+    sin = torch.rand(64, h // 2)
+    pool = _pool("cpu", layers=1, kvh=kvh, d=h, block=bs, blocks=40)
+    pasts = {"a": None, "b": None}
+    lengths: dict = {}
+    for new in ({"a": 5, "b": 9}, {"a": 1, "b": 1}, {"a": 1, "b": 1}):
+        keys = list(new)
+        s = max(new.values())
+        qkv = torch.randn(len(keys), s, (heads + 2 * kvh) * h)
+        starts = np.array([lengths.get(k, 0) for k in keys])
+        slots = np.full((len(keys), s), pool.scratch_slot, dtype=np.int64)
+        for i, k in enumerate(keys):
+            slots[i, :new[k]] = pool.grow(k, new[k])
+            lengths[k] = int(starts[i]) + new[k]
+        width = max(len(pool.tables[k].blocks) for k in keys)
+        tables = np.array([pool.tables[k].blocks + [0] * (width - len(pool.tables[k].blocks)) for k in keys])
+        lens = starts + np.array([new[k] for k in keys])
+        t = [torch.from_numpy(a) for a in (tables, starts, lens, slots)]
+        y, kn, _ = pa._paged_gqa(qkv, None, None, cos, sin, pool.k[0], pool.v[0], *t, num_heads=heads,
+                                 kv_num_heads=kvh, do_rotary=1)
+        for i, k in enumerate(keys):
+            n, p = new[k], pasts[k]
+            past = p if p is not None else (torch.zeros(1, kvh, 0, h), torch.zeros(1, kvh, 0, h))
+            want, pk, pv = _gqa(qkv[i:i + 1, :n], None, None, *past, torch.tensor([lengths[k] - 1]),
+                                torch.tensor(lengths[k]), cos, sin, num_heads=heads, kv_num_heads=kvh, do_rotary=1)[:3]
+            pasts[k] = (pk, pv)
+            torch.testing.assert_close(y[i:i + 1, :n], want, atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(kn[i, :, :n], pk[0, :, -n:], atol=2e-6, rtol=1e-5)  # the new keys, rotated

@@ -28,14 +28,19 @@ def lone(model, prompt: list[int], steps: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["pasts-gathered", "pool-read-in-place"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_builder_conversations_at_random_steps_get_their_lone_tokens(genai_dir, seed):  # noqa: F811
+def test_builder_conversations_at_random_steps_get_their_lone_tokens(genai_dir, seed, paged):  # noqa: F811
+    # paged: GroupQueryAttention rewritten to PagedGroupQueryAttention (compile/paged_kv.py), continued
+    # prompts batched with the others
     model = G.Model(genai_dir)
     rng = np.random.default_rng(seed)
     convs = {f"c{i}": (rng.integers(1, 200, rng.integers(2, 30)).tolist(), int(rng.integers(3, 25))) for i in range(10)}
     arrive = {k: int(rng.integers(0, 10)) for k in convs}
-    engine = PagedEngine(model, block_size=16, num_blocks=64, max_rows=8, token_budget=64, chunk=16)
-    assert engine.convention == "gqa"
+    engine = (PagedEngine(genai_dir, block_size=16, num_blocks=64, max_rows=8, token_budget=64, chunk=16,
+                          paged_kv=True) if paged else
+              PagedEngine(model, block_size=16, num_blocks=64, max_rows=8, token_budget=64, chunk=16))
+    assert engine.convention == "gqa" and (engine.paged_refused is None) == paged, engine.paged_refused
     got: dict = {}
     step = 0
     while step < 12 or not engine.idle:
