@@ -364,6 +364,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     # ---- the system's ----
     "XDG_CACHE_HOME": ("system", "the standard cache root, under which dynashape/native holds built C kernels "
                                  "(default ~/.cache)."),
+    "TRITON_INTERPRET": ("system", "Triton's own: '1' runs its kernels on the CPU in its interpreter; the paged "
+                                   "attention's kernels then serve CPU tensors too (their tests without a GPU)."),
     "CC": ("system", "the C compiler that builds the native kernels (default: cc, gcc or clang on PATH)."),
     "COLUMNS": ("system", "the width of the CLI's tables written to a file or pipe (rich reads it; unset: 200 "
                           "columns)."),
