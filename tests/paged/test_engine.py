@@ -224,3 +224,10 @@ def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone):
         for key, prompt, max_new, _ in convs:
             assert got[key] == lone(prompt, max_new), key
     assert {s for _, _, s in engine.graphs.keys} > {1}  # decode runs and chunk runs both went to the graphs
+
+
+def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(path, lone):
+    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=4, paged_kv=True, fusion=False)
+    assert engine.paged_refused == "fusion is off" and engine.stats()["paged_kv"] == "off: fusion is off"
+    assert run_one(engine, "x", [4, 5, 6], 6, keep=False) == lone([4, 5, 6], 6)
+    assert engine.stats()["gathered_bytes"] > 0

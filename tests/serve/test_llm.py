@@ -15,9 +15,10 @@ from dynashape.serve.llm import LLMServer
 from tests.paged.test_engine import lone, path  # noqa: F401  (fixtures)
 
 
-@pytest.fixture
-def server(path):  # noqa: F811
-    s = LLMServer(path, block_size=8, num_blocks=96, max_rows=8, token_budget=64, chunk=16)
+@pytest.fixture(params=[False, True], ids=["in-turn", "overlapped"])
+def server(path, request):  # noqa: F811
+    # overlapped: each step's tokens reach the streams after the next step is launched (the CUDA default)
+    s = LLMServer(path, block_size=8, num_blocks=96, max_rows=8, token_budget=64, chunk=16, overlap=request.param)
     yield s
     s.stop()
 
