@@ -92,6 +92,14 @@ def _fusion(tmp_path):
     assert session(linear_model(), graph_optimization_level=off).program.fused is None
 
 
+@effect("paged_kv")
+def _paged_kv(tmp_path):
+    from tests.models import llama
+    path = str(llama.model_path({**llama.TINY, "mask_input": True, "position_ids": True}))
+    assert "paged.tables" in [i.name for i in session(path, paged_kv=True).get_inputs()]
+    assert "paged.tables" not in [i.name for i in session(path).get_inputs()]
+
+
 @effect("decided_ifs")
 def _decided_ifs(tmp_path):
     from tests.test_decided_ifs import _model
