@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--gathered", action="store_true",
                     help="the pasts gathered from the blocks into dense inputs (paged_kv off), as before the "
                          "attention read the pool in place")
+    ap.add_argument("--paged", action="store_true",
+                    help="the attention reading the pool in place where it is not the default (the CPU)")
     ap.add_argument("--chunk-graphs", action="store_true",
                     help="prompt-chunk runs captured as CUDA graphs too (PagedEngine(chunk_graphs=True))")
     ap.add_argument("--no-lone", action="store_true")
@@ -179,6 +181,8 @@ def main() -> None:
     extra.update(o.split("=", 1) for o in args.option)
     if args.gathered:
         extra["paged_kv"] = False
+    if args.paged:
+        extra["paged_kv"] = True
     if args.chunk_graphs:
         extra["chunk_graphs"] = True
     server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,

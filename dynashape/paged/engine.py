@@ -158,9 +158,10 @@ class PagedEngine:
         session_options.setdefault("decode_graphs", "off")
         if self.convention == "concat" and cuda_asked and not isinstance(model, Model):
             # the pool read in place (the Triton kernels); on the CPU the torch form, which gathers each
-            # layer's positions itself, was slower than one gather a step (the tiny decoder, 2 cores:
-            # 4.2 against 4.0 ms a step with 32 conversations at once, a lone conversation's steps 2.7
-            # against 1.5 ms): the CPU keeps the gathered pasts unless paged_kv=True is asked
+            # layer's positions itself, was slower than one gather a step with many rows (the tiny
+            # decoder, 2 cores, 32 conversations at once: 4.0-4.9 against 3.5-4.1 ms a step; a lone
+            # conversation's steps alike, 1.44 against 1.49 ms): the CPU keeps the gathered pasts
+            # unless paged_kv=True is asked
             # (GroupQueryAttention models read the pool too with paged_kv=True: not measured on a GPU yet)
             session_options.setdefault("paged_kv", True)
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
