@@ -236,7 +236,6 @@ class PagedEngine:
                          # and the rest of a step: the plan, sampling (less the read), the commit and
                          # its events; the prompt chunks' runs (eager) apart from the decode runs
                          "plan_s": 0.0, "sample_s": 0.0, "commit_s": 0.0, "chunk_runs": 0, "host_chunk_s": 0.0}
-        self._read_before = 0.0
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -278,6 +277,7 @@ class PagedEngine:
         graphs = self.graphs.counters if self.graphs is not None else {}
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
                 "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
+                "overlap": self.overlap, "chunk_graphs": bool(getattr(self, "chunk_graphs", False)),
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}
