@@ -146,7 +146,9 @@ class PagedEngine:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
-        graphs = cuda_asked and step_graphs is not False and self.convention == "concat"
+        # (GroupQueryAttention models step in graphs where their attention reads the pool: paged_kv=True)
+        graphs = cuda_asked and step_graphs is not False and (self.convention == "concat"
+                                                              or session_options.get("paged_kv") is True)
         if graphs or not cuda_asked:
             # CUDA: the step graphs capture the whole decode run, the session's own graphs would nest
             # in them; CPU: a build (inductor) per region key would take the cores from the steps,
@@ -214,7 +216,8 @@ class PagedEngine:
                      for n in (io.input_ids, io.attention_mask, io.position_ids) if n}
         self.request = self.model.session.create_infer_request()
         # decode runs replayed as CUDA graphs, one per (rows bucket, past bucket) (step_graphs.py)
-        self.graphs = StepGraphs(self) if cuda and step_graphs is not False and self.convention == "concat" else None
+        self.graphs = StepGraphs(self) if cuda and step_graphs is not False and (
+            self.convention == "concat" or self.paged_refused is None) else None
         # prompt chunks captured too, per (rows bucket, chunk length), where the pool is read in place (the
         # tables as wide as a decode step's, the LM head over each row's last position only: a key's
         # buffers are its rows' inputs and one row of logits each). An eager chunk run took ~11 ms of

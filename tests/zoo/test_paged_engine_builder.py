@@ -32,13 +32,13 @@ def lone(model, prompt: list[int], steps: int) -> list[int]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_builder_conversations_at_random_steps_get_their_lone_tokens(genai_dir, seed, paged):  # noqa: F811
     # paged: GroupQueryAttention rewritten to PagedGroupQueryAttention (compile/paged_kv.py), continued
-    # prompts batched with the others
+    # prompts batched with the others; with the overlap for seed 1
     model = G.Model(genai_dir)
     rng = np.random.default_rng(seed)
     convs = {f"c{i}": (rng.integers(1, 200, rng.integers(2, 30)).tolist(), int(rng.integers(3, 25))) for i in range(10)}
     arrive = {k: int(rng.integers(0, 10)) for k in convs}
     engine = (PagedEngine(genai_dir, block_size=16, num_blocks=64, max_rows=8, token_budget=64, chunk=16,
-                          paged_kv=True) if paged else
+                          paged_kv=True, overlap=bool(seed)) if paged else
               PagedEngine(model, block_size=16, num_blocks=64, max_rows=8, token_budget=64, chunk=16))
     assert engine.convention == "gqa" and (engine.paged_refused is None) == paged, engine.paged_refused
     got: dict = {}
