@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from . import cpu_attention
 from .contrib_attention import _heads, _merge_heads, _rotate, _scale
 from .fused import DOMAIN, SDPA_GQA
 from .registry import op
@@ -143,18 +144,38 @@ def attend(q, pool_k, pool_v, tables, starts, lens, scale: float):
 
 def _torch(q, pool_k, pool_v, tables, starts, lens, scale: float):
     b, h, s, d = q.shape
-    bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
-    width = tables.shape[1] * bs
-    t = torch.arange(width, device=q.device)
-    slots = tables[:, t // bs].long() * bs + t % bs  # [B, P]: every table position's slot
+    kvh, dv = pool_k.shape[2], pool_v.shape[3]
+    slots, bias = _positions(tables, starts, lens, s, pool_k.shape[1])
     k = pool_k.reshape(-1, kvh, d)[slots].to(q.dtype).transpose(1, 2)  # [B, KVH, P, D]
     v = pool_v.reshape(-1, kvh, dv)[slots].to(q.dtype).transpose(1, 2)
-    last = torch.minimum(starts[:, None] + torch.arange(s, device=q.device), lens[:, None] - 1)  # [B, S]
-    mask = (t[None, None, :] <= last[:, :, None]).unsqueeze(1)  # [B, 1, S, P]
+    if q.is_cpu and q.dtype == torch.float32:  # the CPU attention kernel (the fused Attention's on the CPU)
+        r = cpu_attention.attention(q, k, v, bias, scale)
+        if r is not None:
+            return r
     if h != kvh and not SDPA_GQA:
         k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
     kw = {"enable_gqa": True} if h != kvh and SDPA_GQA else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale, **kw)
+
+
+_SHARED: dict = {}  # the last run's positions: the same tables, starts and lengths serve every layer of a run
+
+
+def _positions(tables, starts, lens, s: int, bs: int):
+    """Every table position's slot [B, P] and the additive causal mask [B, 1, S, P] (0 where a query
+    sees the position, -inf elsewhere), worked out once for the layers of a run (the same tensors)."""
+    key = (tables._version, starts._version, lens._version, s, bs)
+    hit = _SHARED.get("run")  # (one entry, read once: sessions in other threads replace it whole)
+    if hit is not None and hit[0] == key and hit[1] is tables and hit[2] is starts and hit[3] is lens:
+        return hit[4]
+    t = torch.arange(tables.shape[1] * bs, device=tables.device)
+    slots = tables[:, t // bs].long() * bs + t % bs
+    last = torch.minimum(starts[:, None] + torch.arange(s, device=tables.device), lens[:, None] - 1)  # [B, S]
+    bias = torch.zeros(last.shape + t.shape, dtype=torch.float32, device=tables.device)
+    bias.masked_fill_(t[None, None, :] > last[:, :, None], float("-inf"))
+    value = (slots, bias.unsqueeze(1))
+    _SHARED["run"] = (key, tables, starts, lens, value)
+    return value
 
 
 def _triton(q, pool_k, pool_v, tables, lens, scale: float):

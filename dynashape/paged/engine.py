@@ -159,11 +159,11 @@ class PagedEngine:
         # an H200, 64 conversations ran out of memory with them
         session_options.setdefault("decode_graphs", "off")
         if self.convention == "concat" and cuda_asked and not isinstance(model, Model):
-            # the pool read in place (the Triton kernels); on the CPU the torch form, which gathers each
-            # layer's positions itself, was slower than one gather a step with many rows (the tiny
-            # decoder, 2 cores, 32 conversations at once: 4.0-4.9 against 3.5-4.1 ms a step; a lone
-            # conversation's steps alike, 1.44 against 1.49 ms): the CPU keeps the gathered pasts
-            # unless paged_kv=True is asked
+            # the pool read in place (the Triton kernels). On the CPU the torch form gathers each layer's
+            # positions itself: with 32 conversations at once it was 15-20% slower than one gather a step,
+            # and alike (4.1-4.5 against 3.7-5.2 ms a step, the tiny decoder, 2 cores) once the slots
+            # and mask were shared by a run's layers; no gain measured, so the CPU keeps the gathered
+            # pasts unless paged_kv=True is asked
             # (GroupQueryAttention models read the pool too with paged_kv=True: not measured on a GPU yet)
             session_options.setdefault("paged_kv", True)
         self.model = model if isinstance(model, Model) else Model(model, device=device, **session_options)
