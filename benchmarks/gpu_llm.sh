@@ -13,7 +13,8 @@ case "${1:-load}" in
     T=240 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --no-lone \
       --static-impls off --json "$OUT/llm_load_static_off.json" ;;
   final)  # the paged engine's tests, then the load saturating it (128/s, all at once), at 32/s with the lone
-          # runs, and all at once with a token budget of 256 a step (the ITL's p99); CHUNK=--chunk-graphs
+          # runs, all at once with a token budget of 256 a step and 128/s with a prefill budget of 256 while
+          # decode rows run (the ITL's p99); CHUNK=--chunk-graphs
           # captures the prompt-chunk runs too
     DYNASHAPE_TEST_DEVICE=cuda T=90 run python3 -m pytest -q -x -p no:warnings -rfE \
       tests/ops/test_paged_attention.py tests/paged
@@ -24,7 +25,9 @@ case "${1:-load}" in
     T=60 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 \
       ${CHUNK:-} --json "$OUT/llm_load.json"
     T=45 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 0 --no-lone \
-      --token-budget 256 ${CHUNK:-} --json "$OUT/llm_load_budget256.json" ;;
+      --token-budget 256 ${CHUNK:-} --json "$OUT/llm_load_budget256.json"
+    T=45 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --prefill-budget 256 ${CHUNK:-} --json "$OUT/llm_load_prefill256.json" ;;
   paged)  # the attention reading the pool in place (PagedAttention): its tests, then the load at 32/s
          # against the pasts gathered, and all 64 at once
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE \

@@ -152,6 +152,8 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=64)
     ap.add_argument("--token-budget", type=int, default=1024)
     ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--prefill-budget", type=int, default=None,
+                    help="prompt positions a step takes while it has decode rows (the scheduler's prefill_budget)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--kv-blocks", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -183,6 +185,8 @@ def main() -> None:
         extra["paged_kv"] = False
     if args.paged:
         extra["paged_kv"] = True
+    if args.prefill_budget:
+        extra["prefill_budget"] = args.prefill_budget
     if args.chunk_graphs:
         extra["chunk_graphs"] = True
     server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,

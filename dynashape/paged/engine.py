@@ -130,9 +130,9 @@ class PagedEngine:
     """``model``: a decoder folder or .onnx file (or a ``dynashape.generate.Model``). ``num_blocks``
     of ``block_size`` positions; by default room for ``max_rows`` conversations of the model's
     context (DEFAULT_CONTEXT where its folder does not say), within the device's free memory less
-    ``headroom`` of it (CUDA) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``: the
-    scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the default on CUDA, so
-    that its shapes, and the static impls built for them, come back). ``past_multiple``: the past
+    ``headroom`` of it (CUDA) or ``CPU_POOL_BYTES`` (CPU). ``max_rows``, ``token_budget``, ``chunk``,
+    ``prefill_budget``: the scheduler's. ``pad_rows``: a decode batch padded to a bucket of rows (the
+    default on CUDA, so that its shapes, and the graphs captured for them, come back). ``past_multiple``: the past
     fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU).
     ``step_graphs``: decode runs replayed as CUDA graphs (step_graphs.py; the default on CUDA, where
     the session's own static impls are then off); ``chunk_graphs=True``: prompt-chunk runs too, where
@@ -142,7 +142,8 @@ class PagedEngine:
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
-                 overlap: bool | None = None, chunk_graphs: bool | None = None, **session_options) -> None:
+                 overlap: bool | None = None, chunk_graphs: bool | None = None, prefill_budget: int | None = None,
+                 **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -201,7 +202,8 @@ class PagedEngine:
             else:
                 num_blocks = min(num_blocks, max(1, CPU_POOL_BYTES // per))
         self.pool = BlockPool(num_blocks, block_size, len(self.layers), io.kv_heads, io.head_dim, kv_dtype, self.dev)
-        self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk)
+        self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk,
+                                   prefill_budget=prefill_budget)
         cuda = self.dev.type == "cuda"
         self.pad_rows = cuda if pad_rows is None else pad_rows
         # on CUDA a run's shapes come from a few values (rows in buckets, the past in multiples of

@@ -103,10 +103,16 @@ def bucket(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_rows: int = 64, token_budget: int = 512, chunk: int = 256) -> None:
-        if max_rows < 1 or token_budget < 1 or chunk < 1:
-            raise OptionsError(f"max_rows={max_rows}, token_budget={token_budget}, chunk={chunk}: expected >= 1")
+    def __init__(self, pool: BlockPool, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
+                 prefill_budget: int | None = None) -> None:
+        """``prefill_budget``: the prompt positions a step takes while it also has decode rows (None: the
+        token budget's rest). Smaller: a decode step carries less prompt work, so the inter-token
+        latency's tail shrinks, and the prompts take more steps (time to first token)."""
+        if max_rows < 1 or token_budget < 1 or chunk < 1 or (prefill_budget is not None and prefill_budget < 1):
+            raise OptionsError(f"max_rows={max_rows}, token_budget={token_budget}, chunk={chunk}, "
+                               f"prefill_budget={prefill_budget}: expected >= 1")
         self.pool, self.max_rows, self.token_budget, self.chunk = pool, max_rows, token_budget, chunk
+        self.prefill_budget = prefill_budget
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._order = itertools.count()
@@ -174,12 +180,21 @@ class Scheduler:
         rows: list[Row] = []
         preempted: list[Sequence] = []
         budget = self.token_budget
-        for seq in sorted(self.running, key=lambda s: s.order):
+        order = sorted(self.running, key=lambda s: s.order)
+        # prompt positions this step may take: fewer while it has decode rows (prefill_budget)
+        prompt_left = self.token_budget
+        if self.prefill_budget is not None and any(q.computed >= len(q.prompt) for q in order):
+            prompt_left = self.prefill_budget
+        for seq in order:
             if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows:
                 continue
             if len(seq.out) + seq.inflight >= seq.max_new:
                 continue  # its last token is in flight: it ends at that commit
-            n = min(len(seq.prompt) + len(seq.out) + seq.inflight - seq.computed, self.chunk, budget)
+            prompt = seq.computed < len(seq.prompt)  # a prompt's next chunk, not a decode row
+            if prompt and prompt_left <= 0:
+                continue
+            n = min(len(seq.prompt) + len(seq.out) + seq.inflight - seq.computed, self.chunk, budget,
+                    prompt_left if prompt else budget)
             while not self.pool.can_grow(seq.key, n):
                 if self._evict_parked():
                     continue
@@ -191,12 +206,13 @@ class Scheduler:
                 continue
             rows.append(self._row(seq, n))
             budget -= n
+            prompt_left -= n if prompt else 0
         for seq in list(self.waiting):  # arrival order; the preempted ones went to the front
-            if budget <= 0 or len(rows) >= self.max_rows:
+            if budget <= 0 or prompt_left <= 0 or len(rows) >= self.max_rows:
                 break
             if seq.inflight:
                 continue  # preempted while its token was in flight: recomputed once that token is in
-            n = min(len(seq.tokens) - seq.computed, self.chunk, budget)
+            n = min(len(seq.tokens) - seq.computed, self.chunk, budget, prompt_left)
             while not self.pool.can_grow(seq.key, n) and self._evict_parked():
                 pass
             if not self.pool.can_grow(seq.key, n):
@@ -206,6 +222,7 @@ class Scheduler:
             self.running.append(seq)
             rows.append(self._row(seq, n))
             budget -= n
+            prompt_left -= n
         self.stats["steps"] += 1
         return Plan(rows, preempted)
 

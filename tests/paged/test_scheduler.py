@@ -210,3 +210,25 @@ def test_paged_attention_equals_dense_causal_attention_over_each_conversation():
         want = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
         torch.testing.assert_close(got[start:start + n], want, rtol=1e-12, atol=1e-12)
         start += n
+
+
+def test_a_prefill_budget_caps_the_prompt_positions_of_a_step_with_decode_rows():
+    """``prefill_budget``: while decode rows run, a step takes at most that many prompt positions (the
+    inter-token latency's tail); a step without decode rows takes the whole token budget."""
+    pool = BlockPool(200, 8, 1, KVH, 4)
+    sched = Scheduler(pool, token_budget=64, chunk=32, prefill_budget=8)
+    sched.add(Sequence("a", list(range(1, 41)), 5))
+    first = sched.plan()  # no decode row yet: the whole budget (one chunk of 32)
+    assert [(r.start, r.end) for r in first.rows] == [(0, 32)]
+    sched.commit(first, {})
+    second = sched.plan()
+    assert [(r.start, r.end) for r in second.rows] == [(32, 40)]
+    sched.commit(second, {"a": 7})  # its prompt done: it decodes from now on
+    sched.add(Sequence("b", list(range(1, 50)), 5))
+    for _ in range(3):  # "a" decodes, "b"'s prompt goes 8 positions a step
+        plan = sched.plan()
+        rows = {r.seq.key: (r.start, r.end) for r in plan.rows}
+        assert rows["a"][1] - rows["a"][0] == 1 and rows["b"][1] - rows["b"][0] == 8
+        sched.commit(plan, {r.seq.key: 3 for r in plan.rows if r.samples})
+    with pytest.raises(errors.OptionsError, match="prefill_budget"):
+        Scheduler(pool, prefill_budget=0)
