@@ -202,6 +202,7 @@ class PagedEngine:
             else:
                 num_blocks = min(num_blocks, max(1, CPU_POOL_BYTES // per))
         self.pool = BlockPool(num_blocks, block_size, len(self.layers), io.kv_heads, io.head_dim, kv_dtype, self.dev)
+        self.headroom = headroom
         self.scheduler = Scheduler(self.pool, max_rows=max_rows, token_budget=token_budget, chunk=chunk,
                                    prefill_budget=prefill_budget)
         cuda = self.dev.type == "cuda"
@@ -277,6 +278,12 @@ class PagedEngine:
     @property
     def idle(self) -> bool:
         return self.scheduler.idle and self.inflight is None
+
+    def memory_stats(self) -> dict:
+        """The session's memory counters (InferenceSession.memory_stats) and the KV pool's: its blocks
+        and bytes, those in use and their peak, and the headroom it was sized with (CUDA: the share
+        of the free memory left for everything else)."""
+        return {**self.model.session.memory_stats(), **self.pool.stats(), "kv_headroom": self.headroom}
 
     def stats(self) -> dict:
         graphs = self.graphs.counters if self.graphs is not None else {}

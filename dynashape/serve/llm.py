@@ -182,6 +182,10 @@ class LLMServer:
         self.ttft.append(s.times[0] - s.arrived)
         self.itl.extend(np.diff(s.times).tolist())
 
+    def memory_stats(self) -> dict:
+        """The engine's session and KV pool memory (PagedEngine.memory_stats)."""
+        return self.engine.memory_stats()
+
     def stats(self) -> dict:
         def pct(xs, q):
             return float(np.percentile(xs, q) * 1e3) if xs else None

@@ -113,7 +113,7 @@ class LLMDeployment:
             stream.close()  # a caller gone mid-stream: its blocks are freed now
 
     def stats(self) -> dict:
-        return {**self.server.stats(), "replica": self.replica_id}
+        return {**self.server.stats(), "replica": self.replica_id, "memory": self.server.memory_stats()}
 
     def check_health(self) -> None:
         if not self.server._thread.is_alive():

@@ -231,3 +231,14 @@ def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(p
     assert engine.paged_refused == "fusion is off" and engine.stats()["paged_kv"] == "off: fusion is off"
     assert run_one(engine, "x", [4, 5, 6], 6, keep=False) == lone([4, 5, 6], 6)
     assert engine.stats()["gathered_bytes"] > 0
+
+
+def test_memory_stats_report_the_pool_beside_the_session(path):
+    engine = PagedEngine(path, block_size=8, num_blocks=16, max_rows=4, headroom=0.25)
+    engine.add("m", [1, 2, 3, 4, 5], 4)
+    engine.step()
+    m = engine.memory_stats()
+    per_block = 2 * CFG["layers"] * 8 * CFG["kv_heads"] * CFG["head_dim"] * 4
+    assert m["kv_blocks"] == 16 and m["kv_blocks_used"] == 1 and m["kv_pool_bytes"] == 16 * per_block
+    assert m["kv_used_bytes"] == per_block and m["kv_headroom"] == 0.25
+    assert set(engine.model.session.memory_stats()) <= set(m)  # the session's counters beside them

@@ -120,6 +120,7 @@ def test_a_client_that_disconnects_frees_its_blocks(cluster):
             break
         time.sleep(0.2)
     assert st["kv_blocks_used"] == 0 and st["aborted"] >= 1
+    assert st["memory"]["kv_blocks_used"] == 0 and st["memory"]["kv_pool_bytes"] > 0  # memory_stats beside
 
 
 def test_a_killed_replica_ends_only_its_own_streams(cluster, lone):  # noqa: F811
