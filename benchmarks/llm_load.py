@@ -145,6 +145,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tiny", action="store_true", help="the tests' 2-layer hidden-64 decoder")
+    ap.add_argument("--model", default=None,
+                    help="another decoder: a folder (onnxruntime-genai's builder, optimum) or .onnx file; its EOS "
+                         "ends a conversation on both sides")
     ap.add_argument("--conversations", type=int, default=64)
     ap.add_argument("--rate", type=float, default=32.0, help="arrivals per second (Poisson); 0: all at once")
     ap.add_argument("--prompt", type=int, nargs=2, default=(16, 512))
@@ -172,11 +175,17 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfg = {**(llama.TINY if args.tiny else config(args.layers, "float32")), "mask_input": True, "position_ids": True}
-    path = str(llama.model_path(cfg))
+    path, eos = str(llama.model_path(cfg)) if args.model is None else args.model, None
+    if args.model is not None:
+        probe = dg.Model(path)
+        eos = probe.config.eos or None
+        cfg["vocab"] = int(probe.session.get_outputs()[0].shape[-1])
+        del probe
     convs = workload(args.conversations, args.rate, tuple(args.prompt), tuple(args.output), cfg["vocab"], args.seed)
     data = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "args": vars(args),
-            "model": "tiny (2 layers, hidden 64)" if args.tiny else f"{args.layers} layers, hidden 768, fp32"}
+            "model": (os.path.basename(os.path.normpath(args.model)) if args.model else
+                      "tiny (2 layers, hidden 64)" if args.tiny else f"{args.layers} layers, hidden 768, fp32")}
     lone = None if args.no_lone else lone_runs(path, args.device, convs)
     gc.collect()  # the lone model's session and graphs gone before the server's
     extra = {"static_impls": args.static_impls} if args.static_impls else {}
@@ -189,7 +198,7 @@ def main() -> None:
         extra["prefill_budget"] = args.prefill_budget
     if args.chunk_graphs:
         extra["chunk_graphs"] = True
-    server = LLMServer(path, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
+    server = LLMServer(path, eos=eos, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
     passes = {}
     for name in ("first pass", "second pass"):
