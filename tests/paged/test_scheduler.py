@@ -91,6 +91,31 @@ def _serve(model, pool, arrivals, **kw):
     return sched
 
 
+def _serve_overlapped(model, pool, arrivals, **kw):
+    """``_serve`` as the engine's overlap runs it: each step planned before the last one's tokens are
+    committed, a decode row whose token is in flight fed that token (the engine does it on the device)."""
+    sched = Scheduler(pool, **kw)
+    pending = sorted(arrivals, key=lambda a: a[0])
+    step, prev = 0, None
+    while pending or not sched.idle or prev is not None:
+        while pending and pending[0][0] <= step:
+            sched.add(pending.pop(0)[1])
+        plan = sched.plan()
+        for r in plan.rows:
+            if r.pending:
+                r.tokens = [prev[1][r.seq.key]]
+        out = model.step(plan, pool)
+        if prev is not None:
+            sched.commit(*prev)
+        prev = (plan, out) if plan.rows else None
+        step += 1
+        assert step < 5000
+    return sched
+
+
+SERVES = {"in-turn": _serve, "overlapped": _serve_overlapped}
+
+
 def _conversations(rng, n, prompt=(3, 40), new=(4, 24)):
     """(arrival step, conversation) pairs: random prompts and answer lengths."""
     out = []
@@ -100,14 +125,15 @@ def _conversations(rng, n, prompt=(3, 40), new=(4, 24)):
     return out
 
 
+@pytest.mark.parametrize("serve", ["in-turn", "overlapped"])
 @pytest.mark.parametrize("blocks,chunk", [(200, 256), (200, 7), (24, 16)])
-def test_every_conversation_gets_its_lone_runs_tokens(blocks, chunk):
+def test_every_conversation_gets_its_lone_runs_tokens(blocks, chunk, serve):
     """Plenty of blocks; prompts in chunks of 7; so few blocks that running conversations are
-    preempted and recomputed."""
+    preempted and recomputed (overlapped: some while their token is in flight)."""
     model = Toy()
     pool = BlockPool(blocks, 4, LAYERS, KVH, 8, torch.float64)
     arrivals = _conversations(np.random.default_rng(blocks + chunk), 12)
-    sched = _serve(model, pool, arrivals, max_rows=8, token_budget=48, chunk=chunk)
+    sched = SERVES[serve](model, pool, arrivals, max_rows=8, token_budget=48, chunk=chunk)
     for _, seq in arrivals:
         assert seq.state == "done" and seq.out == model.lone(seq.prompt, seq.max_new), seq.key
     assert pool.used_blocks == 0 and not pool.tables  # every block back
@@ -116,14 +142,16 @@ def test_every_conversation_gets_its_lone_runs_tokens(blocks, chunk):
     assert sched.stats["finished"] == 12 and pool.peak_used <= blocks
 
 
-def test_a_stop_token_ends_a_conversation_and_frees_its_blocks():
+@pytest.mark.parametrize("serve", ["in-turn", "overlapped"])
+def test_a_stop_token_ends_a_conversation_and_frees_its_blocks(serve):
+    # overlapped: the row planned after the stop token (not read yet) is computed and dropped
     model = Toy(1)
     prompt = [3, 14, 15, 9, 2, 6]
     lone = model.lone(prompt, 20)
     eos = lone[4]
     seq = Sequence("s", prompt, 20, eos=eos)
     pool = BlockPool(16, 4, LAYERS, KVH, 8, torch.float64)
-    _serve(model, pool, [(0, seq)])
+    SERVES[serve](model, pool, [(0, seq)])
     assert seq.out == lone[:lone.index(eos) + 1] and pool.used_blocks == 0
 
 
