@@ -377,6 +377,11 @@ def _bench(**kw) -> int:
 @click.option("--block-size", type=int, default=16, help="--llm: positions per KV block")
 @click.option("--kv-blocks", type=int, default=None, help="--llm: KV blocks per replica [default: from free memory]")
 @click.option("--max-rows", type=int, default=64, help="--llm: conversations a step")
+@click.option("--token-budget", type=int, default=None, help="--llm: positions a step [default: 512]")
+@click.option("--prefill-budget", type=int, default=None,
+              help="--llm: prompt positions a step takes while it has decode rows (the ITL's tail against time "
+                   "to first token) [default: the token budget's rest]")
+@click.option("--chunk-graphs", is_flag=True, help="--llm: prompt-chunk runs captured as CUDA graphs too")
 def _serve(**kw) -> int:
     from .serve import command
     return command.main(_ns(**kw))

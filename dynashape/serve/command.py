@@ -97,6 +97,11 @@ def llm_options(args) -> dict:
         opts["num_blocks"] = args.kv_blocks
     if args.device:
         opts["device"] = args.device
+    for name in ("token_budget", "prefill_budget"):
+        if getattr(args, name, None):
+            opts[name] = getattr(args, name)
+    if getattr(args, "chunk_graphs", False):
+        opts["chunk_graphs"] = True
     return opts
 
 

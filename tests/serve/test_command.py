@@ -41,3 +41,16 @@ def test_llm_dry_run_checks_the_decoder(capsys):
     # a decoder that places its rotary by the past's length cannot batch rows: said before anything starts
     assert main(["serve", str(llama.model_path()), "--llm", "--dry-run"]) != 0
     assert "attention_mask" in capsys.readouterr().err
+
+
+def test_llm_options_reach_the_engine():
+    from types import SimpleNamespace
+
+    from dynashape.serve.command import llm_options
+    args = SimpleNamespace(replicas=1, cpus_per_replica=1.0, gpus_per_replica=0.0, block_size=16, max_rows=8,
+                           kv_blocks=None, device=None, token_budget=256, prefill_budget=64, chunk_graphs=True)
+    opts = llm_options(args)
+    assert opts["token_budget"] == 256 and opts["prefill_budget"] == 64 and opts["chunk_graphs"] is True
+    args.prefill_budget, args.chunk_graphs, args.token_budget = None, False, None
+    opts = llm_options(args)
+    assert "prefill_budget" not in opts and "chunk_graphs" not in opts and "token_budget" not in opts
