@@ -115,9 +115,9 @@ def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, o
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-def test_eos_per_row_abort_and_refusal(path, lone, overlap):
+def test_eos_per_row_abort_and_refusal(path, lone, overlap, device):
     # with overlap the row planned after the EOS (not read yet) is computed for nothing: no token of it is seen
-    engine = PagedEngine(path, block_size=8, num_blocks=16, max_rows=4, overlap=overlap)
+    engine = PagedEngine(path, device=device, block_size=8, num_blocks=16, max_rows=4, overlap=overlap)
     ref = lone([5, 6, 7], 12)
     eos = ref[4]
     want = ref[:ref.index(eos) + 1]
