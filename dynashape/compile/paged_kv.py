@@ -36,8 +36,6 @@ from ..ops.registry import lookup
 from ..shape import Dimension, PartialShape
 from .patterns import FUSED_DOMAIN, fuse, producer
 
-SHARED = ("paged.tables", "paged.starts", "paged.lens", "paged.slots")
-
 
 def _past_concat(v: Value | None, inputs: dict) -> tuple[Value, Value] | None:
     """``v = Concat(past, new)`` on the positions' axis, ``past`` a graph input: (past, new)."""
@@ -86,16 +84,18 @@ def paged_kv(graph: Graph) -> Graph:
     lens = new_input("paged.lens", [batch], i64)
     slots = new_input("paged.slots", [batch, Dimension.dynamic("paged_new")], i64)
     blocks, size = Dimension.dynamic("paged_blocks"), Dimension.dynamic("paged_block_size")
+
+    def pools(*pasts: Value) -> list[Value]:  # a layer's blocks, as inputs named after its pasts
+        return [new_input(f"{p.name}.pool", [blocks, size, p.shape[1], p.shape[3]], p.elem_type) for p in pasts]
+
     for n, (pk, k_new), (pv, v_new) in plan:
-        pools = [new_input(f"{p.name}.pool", [blocks, size, p.shape[1], p.shape[3]], p.elem_type) for p in (pk, pv)]
-        node = fuse(graph, [n], "PagedAttention", [n.inputs[0], k_new, v_new, *pools, tables, starts, lens, slots],
-                    {"scale": n.attrs.get("scale", 1.0), "heads_last": n.attrs.get("heads_last", 0)})
+        node = fuse(graph, [n], "PagedAttention", [n.inputs[0], k_new, v_new, *pools(pk, pv), tables, starts, lens,
+                                                   slots], {"scale": n.attrs.get("scale", 1.0)})
         node.unfused = []  # the dense attention would read the empty pasts: never a fallback
     for n in gqa:
-        pk, pv = n.inputs[3], n.inputs[4]
-        pools = [new_input(f"{p.name}.pool", [blocks, size, p.shape[1], p.shape[3]], p.elem_type) for p in (pk, pv)]
         ins = [n.inputs[i] if i < len(n.inputs) else None for i in (0, 1, 2, 7, 8)]
-        node = fuse(graph, [n], "PagedGroupQueryAttention", [*ins, *pools, tables, starts, lens, slots],
+        node = fuse(graph, [n], "PagedGroupQueryAttention", [*ins, *pools(n.inputs[3], n.inputs[4]), tables, starts,
+                                                             lens, slots],
                     {k: n.attrs[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")
                      if k in n.attrs})
         node.unfused = []
@@ -125,11 +125,10 @@ def _gqa_refusal(n, inputs: dict) -> str | None:
 def _last_positions(graph: Graph, batch, last_input) -> int:
     """The LM head's product over each row's ``last`` position only (PagedLast before it); how many
     outputs were so (``last_input()`` makes the ``paged.last`` input at the first)."""
-    presents = {v.name for v in graph.outputs if v.name.startswith("present")}
     last, done = None, 0
     for out in graph.outputs:
         n = out.producer
-        if out.name in presents or n is None or n.op_type not in ("MatMul", "Linear") or len(n.inputs) < 2:
+        if out.name.startswith("present") or n is None or n.op_type not in ("MatMul", "Linear") or len(n.inputs) < 2:
             continue
         x, w = n.inputs[0], n.inputs[1]
         if not w.is_const or x.shape is None or len(x.shape) != 3 or out.shape is None or len(out.shape) != 3:

@@ -48,7 +48,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU 
 COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each form served (traced or run)
 
 
-def _infer(shapes, values, *, scale=1.0, heads_last=0):
+def _infer(shapes, values, *, scale=1.0):
     q, k, v, pk, pv, tables = shapes[:6]
     if len(q) != 4 or len(k) != 4 or len(v) != 4 or len(pk) != 4 or len(pv) != 4 or len(tables) != 2:
         raise ShapeError(f"PagedAttention: expected q, k, v of rank 4, pools of rank 4 and tables of rank 2, got "
@@ -61,8 +61,7 @@ def _infer(shapes, values, *, scale=1.0, heads_last=0):
 
 @op("PagedAttention", 1, DOMAIN, infer=_infer, writes_out=False,
     notes="new keys and values written into a paged KV pool, attention over each row's blocks (compile/paged_kv)")
-def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots, *, scale=1.0, heads_last=0,
-                     out=None):
+def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots, *, scale=1.0, out=None):
     write(pool_k, pool_v, slots, k_new, v_new)
     return attend(q, pool_k, pool_v, tables, starts, lens, scale)
 

@@ -289,7 +289,7 @@ class PagedEngine:
         graphs = self.graphs.counters if self.graphs is not None else {}
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
                 "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
-                "overlap": self.overlap, "chunk_graphs": bool(getattr(self, "chunk_graphs", False)),
+                "overlap": self.overlap, "chunk_graphs": self.chunk_graphs,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}

@@ -100,11 +100,8 @@ class _Key:
         """This run's inputs into the graph's buffers (rows past ``batch.n`` write the scratch slot)."""
         t, n, b = self.t, batch.n, batch.b
         if batch.paged:  # (padding rows name the scratch slot and block already; from pinned memory: no wait)
-            for name, a in (("ids", batch.ids), ("mask", batch.mask), ("pos", batch.pos), ("tables", batch.tables),
-                            ("starts", batch.starts), ("lens", batch.lens), ("slots", batch.slots),
-                            ("last", batch.last)):
-                if name in t:
-                    t[name].copy_(stage(a, t[name].dtype), non_blocking=True)
+            for name, buf in t.items():  # (each buffer is the batch's array of its name)
+                buf.copy_(stage(getattr(batch, name), buf.dtype), non_blocking=True)
             return
         t["ids"].copy_(torch.from_numpy(batch.ids))
         t["mask"].copy_(torch.from_numpy(batch.mask))
