@@ -84,24 +84,68 @@ def lone_runs(path: str, device: str, convs) -> dict:
             "step_ms_p99": pct(steps, 99)}
 
 
+class GCPauses:
+    """The garbage collector's pauses while a pass runs (a pause stops the engine's step too)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._t = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._t))
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict:
+        ms = [1e3 * t for _, t in self.pauses]
+        return {"count": len(ms), "total_ms": sum(ms), "max_ms": max(ms, default=0.0),
+                "gen2": sum(g == 2 for g, _ in self.pauses)}
+
+
+def tail(trace, limit_ms: float) -> dict:
+    """The engine's steps (wall time, decode rows, prompt-chunk tokens, captures): where the ITL's
+    tail comes from, against ``limit_ms`` (3x the lone run's p99 step)."""
+    ms = np.asarray([1e3 * t for t, _, _, _ in trace])
+    chunk = np.asarray([c for _, _, c, _ in trace])
+    caps = np.asarray([k for _, _, _, k in trace])
+    slow = ms > limit_ms
+    return {"steps": len(ms), "limit_ms": limit_ms, "slow": int(slow.sum()),
+            "slow_with_chunk": int((slow & (chunk > 0)).sum()), "slow_with_capture": int((slow & (caps > 0)).sum()),
+            "slow_chunk_tokens_p50": float(np.median(chunk[slow])) if slow.any() else 0.0,
+            "step_ms_p99_decode_only": pct(ms[chunk == 0] / 1e3, 99),
+            "step_ms_p99_with_chunk": pct(ms[chunk > 0] / 1e3, 99),
+            "chunk_steps": int((chunk > 0).sum())}
+
+
 def served(server: LLMServer, convs) -> dict:
     """The conversations submitted at their arrival times; every stream read to its end."""
     server.ttft.clear()
     server.itl.clear()
+    server.engine.trace.clear()
     before = {k: v for k, v in server.stats().items() if isinstance(v, (int, float))}
     streams = []
-    t0 = time.perf_counter()
-    for arrival, prompt, n in convs:
-        wait = t0 + arrival - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        streams.append(server.submit(prompt, n))
-    tokens = [list(s) for s in streams]
+    with GCPauses() as pauses:
+        t0 = time.perf_counter()
+        for arrival, prompt, n in convs:
+            wait = t0 + arrival - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            streams.append(server.submit(prompt, n))
+        tokens = [list(s) for s in streams]
     end = max(s.times[-1] for s in streams)
     made = sum(len(t) for t in tokens)
     st = server.stats()
     return {"tokens": tokens, "seconds": end - t0, "tokens_per_s": made / (end - t0), "ttft_ms_p50": st["ttft_ms_p50"],
             "ttft_ms_p99": st["ttft_ms_p99"], "itl_ms_p50": st["itl_ms_p50"], "itl_ms_p99": st["itl_ms_p99"],
+            "trace": list(server.engine.trace), "gc": pauses.summary(),
             "stats": {k: v - before.get(k, 0) if k in COUNTED else v for k, v in st.items()
                       if isinstance(v, (int, float))}}
 
@@ -239,6 +283,15 @@ def main() -> None:
                     [[str(r["clients"]), f"{r['tokens_per_s']:,.0f}",
                       f"{r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f}",
                       f"{r['itl_ms_p50']:.2f} / {r['itl_ms_p99']:.2f}"] for r in sweep])
+    limit = 3 * lone["step_ms_p99"] if lone else 3.0
+    for name, r in passes.items():
+        r["tail"] = t = tail(r.pop("trace"), limit)
+        g = r["gc"]
+        print(f"{name}: steps over {limit:.2f} ms: {t['slow']} of {t['steps']} ({t['slow_with_chunk']} with a prompt "
+              f"chunk, median {t['slow_chunk_tokens_p50']:.0f} chunk tokens; {t['slow_with_capture']} capturing); "
+              f"step p99 {t['step_ms_p99_decode_only']:.2f} ms decode only, {t['step_ms_p99_with_chunk']:.2f} ms with "
+              f"a chunk ({t['chunk_steps']} steps); gc pauses {g['count']} ({g['gen2']} full), {g['total_ms']:.1f} ms, "
+              f"longest {g['max_ms']:.1f} ms")
     for name, r in passes.items():
         st = r["stats"]
         parts = ("plan_s", "host_feed_s", "host_model_s", "host_chunk_s", "sample_s", "read_s", "commit_s")

@@ -122,16 +122,24 @@ def _gqa_refusal(n, inputs: dict) -> str | None:
     return None
 
 
+# the LM heads PagedLast goes before: a product of each position by constant weights (the inputs named),
+# RMSNormLinear's norm included (CUDA's fuse_norm_linear: the norm is each position's own, so picking a
+# row's last position before it is the same as after)
+LAST_PRODUCTS = {"MatMul": (1,), "Linear": (1,), "RMSNormLinear": (1, 2)}
+
+
 def _last_positions(graph: Graph, batch, last_input) -> int:
     """The LM head's product over each row's ``last`` position only (PagedLast before it); how many
     outputs were so (``last_input()`` makes the ``paged.last`` input at the first)."""
     last, done = None, 0
     for out in graph.outputs:
         n = out.producer
-        if out.name.startswith("present") or n is None or n.op_type not in ("MatMul", "Linear") or len(n.inputs) < 2:
+        if out.name.startswith("present") or n is None or n.op_type not in LAST_PRODUCTS \
+                or len(n.inputs) <= max(LAST_PRODUCTS[n.op_type]):
             continue
-        x, w = n.inputs[0], n.inputs[1]
-        if not w.is_const or x.shape is None or len(x.shape) != 3 or out.shape is None or len(out.shape) != 3:
+        x = n.inputs[0]
+        if not all(n.inputs[i] is not None and n.inputs[i].is_const for i in LAST_PRODUCTS[n.op_type]) \
+                or x.shape is None or len(x.shape) != 3 or out.shape is None or len(out.shape) != 3:
             continue
         last = last or last_input()
         picked = Value(f"{x.name}.last", x.elem_type, PartialShape([batch, 1, x.shape[2]]))

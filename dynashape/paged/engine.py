@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,7 @@ from .step_graphs import StepGraphs
 
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
 DEFAULT_CONTEXT = 4096  # positions a conversation may reach where the model's folder does not say
+TRACE_STEPS = 8192  # steps the trace keeps
 CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
 CHUNK_GRAPH_TOKENS = 4096  # a prompt-chunk run padded beyond this many positions runs eagerly (each captured
                            # key keeps a request whose activations are planned for its shape)
@@ -245,6 +247,9 @@ class PagedEngine:
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
+        # the last steps' make-up, where an inter-token latency's tail comes from: (wall seconds, decode
+        # rows, prompt-chunk tokens, step graphs captured) a step
+        self.trace: deque = deque(maxlen=TRACE_STEPS)
 
     # ---- conversations ------------------------------------------------------------------------
     def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None, keep: bool = False) -> None:
@@ -299,7 +304,8 @@ class PagedEngine:
         """One step of every running conversation (and prompt chunks): the tokens made. With
         ``overlap`` the tokens are those of the step before, committed once this step's device work
         is launched: the host plans and launches a step while the device runs the last one."""
-        events = []
+        events, start = [], time.perf_counter()
+        captures = self._captures()
         if self.inflight is not None and (not self.overlap or self._needs_history()):
             events = self._commit()  # a repetition penalty reads every token made: none may be in flight
         t0 = time.perf_counter()
@@ -318,7 +324,15 @@ class PagedEngine:
         self.inflight = launched
         if launched is not None and not self.overlap:
             events += self._commit()
+        if plan.rows:
+            decode = sum(r.end - r.start == 1 and r.start > 0 for r in plan.rows)
+            chunk = sum(r.end - r.start for r in plan.rows) - decode
+            self.trace.append((time.perf_counter() - start, decode, chunk, self._captures() - captures))
         return events
+
+    def _captures(self) -> int:
+        c = self.graphs.counters if self.graphs is not None else None
+        return c["step_graphs"] + c["step_graphs_refused"] if c else 0
 
     def _needs_history(self) -> bool:
         return any(s.repetition_penalty != 1 for s, _ in self.sampling.values())

@@ -9,11 +9,14 @@ positions must never write a conversation's blocks."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 import dynashape as ds
+from dynashape.compile.pipeline import compile_graph
 from dynashape.errors import ShapeError
+from dynashape.frontend.parse import ParseOptions, parse_model
 from dynashape.ops import paged_attention as pa
 from dynashape.paged.attention import paged_attention, write_kv
 from dynashape.paged.blocks import BlockPool
@@ -112,6 +115,16 @@ def test_the_pass_rewrites_every_layer_and_the_session_takes_the_pool():
     assert paged.program.graph.paged_kv_refused is None
     assert "paged.tables" not in [i.name for i in plain.get_inputs()]
     assert plain.program.graph.paged_kv_refused == "the session's paged_kv is off"
+
+
+def test_the_lm_head_is_picked_before_cuda_s_fused_norm_and_product():
+    # CUDA's fuse_norm_linear makes the final RMSNorm and the LM head one RMSNormLinear: the rows are
+    # picked before it (the norm is each position's own); compiled for CUDA here, no GPU needed
+    proto = onnx.load(str(llama.model_path(CFG)))
+    fused = compile_graph(parse_model(proto, ParseOptions()), device="cuda", paged_kv=True).fused
+    head = next(o for o in fused.outputs if o.name == "logits").producer
+    assert fused.paged_last == 1 and head.op_type == "RMSNormLinear"
+    assert head.inputs[0].producer.op_type == "PagedLast"
 
 
 def test_a_graph_without_attention_over_a_past_is_left_as_it_is():

@@ -84,8 +84,10 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
     # on CUDA the decode runs replay CUDA graphs (step_graphs.py), the padding rows of a bucket included.
     # paged: the attention reads the blocks through the tables (PagedAttention); else the pasts are gathered.
     # overlap: a step is planned and launched before the last one's tokens are read (they are fed from the device)
+    # chunk_graphs: on CUDA the prompt-chunk runs replay graphs too where the pool is read in place
     engine = PagedEngine(path, device=device, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16,
-                         past_multiple=16 if device.startswith("cuda") else None, paged_kv=paged, overlap=overlap)
+                         past_multiple=16 if device.startswith("cuda") else None, paged_kv=paged, overlap=overlap,
+                         chunk_graphs=paged)
     arrivals = conversations(seed, 10, 25)
     got = drive(engine, arrivals)
     for convs in arrivals.values():
@@ -93,12 +95,17 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
             assert got[key] == lone(prompt, max_new), key
     st = engine.stats()
     assert st["kv_blocks_used"] == 0 and st["finished"] == 10 and st["runs"] > 0
+    if not overlap and not st["preemptions"]:  # the step trace: each prompt position and later token once
+        convs = [c for cs in arrivals.values() for c in cs]  # (a prompt's last piece of one token runs as decode)
+        assert sum(d + c for _, d, c, _ in engine.trace) == sum(len(p) + n - 1 for _, p, n, _ in convs)
+        assert any(c > 0 for _, _, c, _ in engine.trace) and all(t > 0 for t, _, _, _ in engine.trace)
     if paged:  # (and the LM head over each row's last position only)
         assert st["paged_kv"] == "on" and st["gathered_bytes"] == 0 and engine.last_only
     else:
         assert st["paged_kv"].startswith("off") and st["gathered_bytes"] > 0
     if device.startswith("cuda"):
         assert st["step_graph_replays"] > 0 and st["step_graphs_refused"] == 0, engine.graphs.refusals
+        assert engine.chunk_graphs == paged and any(s > 1 for _, _, s in engine.graphs.keys) == paged
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
