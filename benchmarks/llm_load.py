@@ -211,8 +211,10 @@ def main() -> None:
                          "attention read the pool in place")
     ap.add_argument("--paged", action="store_true",
                     help="the attention reading the pool in place where it is not the default (the CPU)")
-    ap.add_argument("--chunk-graphs", action="store_true",
-                    help="prompt-chunk runs captured as CUDA graphs too (PagedEngine(chunk_graphs=True))")
+    ap.add_argument("--no-chunk-graphs", action="store_true",
+                    help="prompt-chunk runs eager (PagedEngine(chunk_graphs=False); on by default on CUDA)")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="no step graphs captured before the first conversation (PagedEngine(warm_up=False))")
     ap.add_argument("--no-lone", action="store_true")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[],
                     help="then closed loops of this many clients each (throughput and latency against concurrency)")
@@ -240,10 +242,18 @@ def main() -> None:
         extra["paged_kv"] = True
     if args.prefill_budget:
         extra["prefill_budget"] = args.prefill_budget
-    if args.chunk_graphs:
-        extra["chunk_graphs"] = True
+    if args.no_chunk_graphs:
+        extra["chunk_graphs"] = False
+    if args.no_warm_up:
+        extra["warm_up"] = False
+    t0 = time.perf_counter()
     server = LLMServer(path, eos=eos, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
+    st = server.engine.stats()
+    data["start"] = {"seconds": time.perf_counter() - t0, "warm_up_s": st["warm_up_s"],
+                     "step_graphs": st.get("step_graphs", 0)}
+    print(f"server started in {data['start']['seconds']:.1f} s, of which {st['warm_up_s']:.1f} s capturing "
+          f"{data['start']['step_graphs']} step graphs")
     passes = {}
     for name in ("first pass", "second pass"):
         passes[name] = served(server, convs)

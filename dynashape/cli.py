@@ -381,7 +381,8 @@ def _bench(**kw) -> int:
 @click.option("--prefill-budget", type=int, default=None,
               help="--llm: prompt positions a step takes while it has decode rows (the ITL's tail against time "
                    "to first token) [default: the token budget's rest]")
-@click.option("--chunk-graphs", is_flag=True, help="--llm: prompt-chunk runs captured as CUDA graphs too")
+@click.option("--chunk-graphs/--no-chunk-graphs", default=None,
+              help="--llm: prompt-chunk runs captured as CUDA graphs too [default: on where decode runs are]")
 def _serve(**kw) -> int:
     from .serve import command
     return command.main(_ns(**kw))

@@ -157,3 +157,15 @@ def make_paged_batch(rows, pool, pad_rows: bool, chunk_multiple: int, width: int
     pos = starts[:, None] + new[None, :]
     mask = np.ones((b, s), dtype=np.int64)  # (the attention masks by the lengths; the graph's mask goes unused)
     return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens, ks - 1)
+
+
+def padding_batch(pool, b: int, s: int, width: int) -> Batch:
+    """A paged run of ``b`` padding rows of ``s`` new positions each, all written to the pool's scratch
+    slot (each row's table names the scratch block): a key's shapes, to capture before a step needs it."""
+    tables = np.full((b, width), pool.scratch_slot // pool.block_size, dtype=np.int64)
+    ids = np.zeros((b, s), dtype=np.int64)
+    pos = np.tile(np.arange(s, dtype=np.int64), (b, 1))
+    slots = np.full((b, s), pool.scratch_slot, dtype=np.int64)
+    zeros = np.zeros(b, dtype=np.int64)
+    return Batch(0, b, s, 0, s == 1, ids, np.ones((b, s), dtype=np.int64), pos, None, None, None, slots, tables,
+                 zeros, zeros + 1, zeros.copy())

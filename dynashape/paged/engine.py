@@ -53,11 +53,12 @@ from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
 from .batch import Batch, make_batch, make_paged_batch, to_device
 from .blocks import BlockPool, blocks_for_memory
-from .scheduler import Scheduler, Sequence
+from .scheduler import BUCKETS, Scheduler, Sequence, bucket
 from .step_graphs import StepGraphs
 
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
 DEFAULT_CONTEXT = 4096  # positions a conversation may reach where the model's folder does not say
+WARM_CHUNK_ROWS = 8  # prompt-chunk keys warm_up captures: runs of up to this many rows
 TRACE_STEPS = 8192  # steps the trace keeps
 CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
 CHUNK_GRAPH_TOKENS = 4096  # a prompt-chunk run padded beyond this many positions runs eagerly (each captured
@@ -137,15 +138,17 @@ class PagedEngine:
     default on CUDA, so that its shapes, and the graphs captured for them, come back). ``past_multiple``: the past
     fed is the longest row's rounded up to it (default 256 on CUDA, a block on the CPU).
     ``step_graphs``: decode runs replayed as CUDA graphs (step_graphs.py; the default on CUDA, where
-    the session's own static impls are then off); ``chunk_graphs=True``: prompt-chunk runs too, where
-    the attention reads the pool in place (opt-in: not measured on a GPU yet). ``overlap``: a step
-    planned and launched while the device runs the last one (the default on CUDA)."""
+    the session's own static impls are then off); ``chunk_graphs``: prompt-chunk runs too, where the
+    attention reads the pool in place (the default with step graphs). ``warm_up``: those graphs
+    captured at once for the usual keys (``warm_keys``; the default with step graphs), so that no
+    step waits for a capture. ``overlap``: a step planned and launched while the device runs the
+    last one (the default on CUDA)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
                  overlap: bool | None = None, chunk_graphs: bool | None = None, prefill_budget: int | None = None,
-                 **session_options) -> None:
+                 warm_up: bool | None = None, **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -226,10 +229,10 @@ class PagedEngine:
         # prompt chunks captured too, per (rows bucket, chunk length), where the pool is read in place (the
         # tables as wide as a decode step's, the LM head over each row's last position only: a key's
         # buffers are its rows' inputs and one row of logits each). An eager chunk run took ~11 ms of
-        # host time on an H200 (the 12-layer decoder's dynamic path), the step's ITL with it. Opt-in
-        # until a GPU run has measured it (built after this session's device time ran out)
+        # host time on an H200 (the 12-layer decoder's dynamic path), the step's ITL with it; replayed,
+        # ~0.1 ms (64 conversations at 32/s, every token equal to its lone run's)
         self.chunk_graphs = (self.graphs is not None and self.paged_refused is None and self.last_only
-                             and chunk_graphs is True)
+                             and chunk_graphs is not False)
         self.sampling: dict = {}
         # a step planned and launched while the device runs the last one (CUDA by default: on the
         # CPU the runs are the host's own work, there is nothing to overlap)
@@ -250,6 +253,33 @@ class PagedEngine:
         # the last steps' make-up, where an inter-token latency's tail comes from: (wall seconds, decode
         # rows, prompt-chunk tokens, step graphs captured) a step
         self.trace: deque = deque(maxlen=TRACE_STEPS)
+        self.warm_up_s = 0.0
+        if warm_up is not False and self.graphs is not None and self.paged_refused is None:
+            self.warm_up()
+
+    def warm_keys(self) -> list[tuple[int, int]]:
+        """The (rows, new positions) keys captured before the first step: a decode run per bucket of
+        rows up to ``max_rows``; with chunk graphs a prompt-chunk run per chunk length (multiples of
+        64 up to the chunk) and bucket of up to WARM_CHUNK_ROWS rows (a Poisson stream's prompts
+        mostly start alone; a burst's wider runs are captured when they come)."""
+        top = bucket(self.scheduler.max_rows)
+        keys = [(b, 1) for b in BUCKETS if b <= top]
+        if self.chunk_graphs:
+            longest = min(self.scheduler.chunk, self.scheduler.token_budget)
+            for s in range(self.chunk_multiple, -(-longest // self.chunk_multiple) * self.chunk_multiple + 1,
+                           self.chunk_multiple):
+                keys += [(b, s) for b in BUCKETS if b <= min(top, WARM_CHUNK_ROWS) and b * s <= CHUNK_GRAPH_TOKENS]
+        return keys
+
+    def warm_up(self) -> int:
+        """The step graphs of ``warm_keys`` captured now (each on a run of padding rows, which writes
+        the pool's scratch slot only); the keys captured, the seconds in ``stats()["warm_up_s"]``."""
+        t0 = time.perf_counter()
+        done = self.graphs.warm(self.warm_keys()) if self.graphs is not None else 0
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        self.warm_up_s += time.perf_counter() - t0
+        return done
 
     # ---- conversations ------------------------------------------------------------------------
     def add(self, key, prompt, max_new: int, eos=None, sampling: Sampling | None = None, keep: bool = False) -> None:
@@ -294,7 +324,7 @@ class PagedEngine:
         graphs = self.graphs.counters if self.graphs is not None else {}
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
                 "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
-                "overlap": self.overlap, "chunk_graphs": self.chunk_graphs,
+                "overlap": self.overlap, "chunk_graphs": self.chunk_graphs, "warm_up_s": self.warm_up_s,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}

@@ -27,7 +27,7 @@ import logging
 
 import torch
 
-from .batch import stage
+from .batch import padding_batch, stage
 
 log = logging.getLogger("dynashape.paged")
 
@@ -70,7 +70,9 @@ class StepGraphs:
             try:
                 graph = torch.cuda.CUDAGraph()
                 pool = self.pools.setdefault(key[2] > 1, torch.cuda.graph_pool_handle())
-                with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                # thread_local: a CUDA call from another thread (a client's submit making a sampling
+                # generator, the HTTP server's) does not invalidate the capture
+                with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
                     k.logits = eng.body(k.request, batch, k.t, k.dense)
             except Exception as e:  # noqa: BLE001  counted, the key stays eager
                 why = f"{type(e).__name__}: {e}"
@@ -87,6 +89,19 @@ class StepGraphs:
         self.counters["step_graphs"] += 1
         self.counters["step_graph_bytes"] += k.nbytes
         return logits
+
+
+    def warm(self, keys) -> int:
+        """Each (rows, new positions) key captured now, on a run of padding rows only (they write the
+        pool's scratch slot): a key's first run (eager, then the capture, ~0.1 s) is no step's tail.
+        The keys captured."""
+        eng, done = self.engine, 0
+        for b, s in keys:
+            if (b, 0, s) in self.keys or self.broken:
+                continue
+            self._first((b, 0, s), padding_batch(eng.pool, b, s, eng.table_width))
+            done += isinstance(self.keys.get((b, 0, s)), _Key)
+        return done
 
 
 class _Key:

@@ -100,8 +100,8 @@ def llm_options(args) -> dict:
     for name in ("token_budget", "prefill_budget"):
         if getattr(args, name, None):
             opts[name] = getattr(args, name)
-    if getattr(args, "chunk_graphs", False):
-        opts["chunk_graphs"] = True
+    if getattr(args, "chunk_graphs", None) is not None:
+        opts["chunk_graphs"] = bool(args.chunk_graphs)
     return opts
 
 

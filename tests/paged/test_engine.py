@@ -249,3 +249,28 @@ def test_memory_stats_report_the_pool_beside_the_session(path):
     assert m["kv_blocks"] == 16 and m["kv_blocks_used"] == 1 and m["kv_pool_bytes"] == 16 * per_block
     assert m["kv_used_bytes"] == per_block and m["kv_headroom"] == 0.25
     assert set(engine.model.session.memory_stats()) <= set(m)  # the session's counters beside them
+
+
+def test_warm_up_keys_and_their_padding_runs_touch_only_the_scratch_block(path, lone):
+    """What warm_up captures on CUDA, on the CPU: the keys (a decode run per bucket of rows, prompt-chunk
+    runs per chunk length and few rows), and a run of padding rows only, which must leave every real
+    block as it was (a capture's first run is eager) and the engine serving as before."""
+    import torch
+
+    from dynashape.paged.batch import padding_batch
+    engine = PagedEngine(path, block_size=8, num_blocks=32, max_rows=16, token_budget=512, chunk=100, paged_kv=True)
+    engine.chunk_multiple, engine.chunk_graphs = 64, True  # (CUDA's)
+    keys = engine.warm_keys()
+    assert [k for k in keys if k[1] == 1] == [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1)]
+    assert [k for k in keys if k[1] > 1] == [(b, s) for s in (64, 128) for b in (1, 2, 4, 8)]
+    assert run_one(engine, "a", [3, 1, 4, 1, 5], 3, keep=True) == lone([3, 1, 4, 1, 5], 3)  # blocks held (parked)
+    k, v = engine.pool.k.clone(), engine.pool.v.clone()
+    for b, s in [(1, 1), (4, 1), (2, 64)]:
+        batch = padding_batch(engine.pool, b, s, engine.table_width)
+        t = batch.tensors(engine.dev, engine._int, engine.io, scratch=engine.pool.scratch_slot)
+        logits = engine.body(engine.request, batch, t, engine.dense(batch))
+        assert logits.shape[:2] == (b, 1) and torch.isfinite(logits).all()
+    real = engine.pool.num_blocks
+    assert torch.equal(engine.pool.k[:, :real], k[:, :real]) and torch.equal(engine.pool.v[:, :real], v[:, :real])
+    assert not torch.equal(engine.pool.k[:, real], k[:, real])  # the scratch block took the padding's keys
+    assert run_one(engine, "b", [2, 7, 1, 8], 4) == lone([2, 7, 1, 8], 4)

@@ -51,6 +51,6 @@ def test_llm_options_reach_the_engine():
                            kv_blocks=None, device=None, token_budget=256, prefill_budget=64, chunk_graphs=True)
     opts = llm_options(args)
     assert opts["token_budget"] == 256 and opts["prefill_budget"] == 64 and opts["chunk_graphs"] is True
-    args.prefill_budget, args.chunk_graphs, args.token_budget = None, False, None
+    args.prefill_budget, args.chunk_graphs, args.token_budget = None, None, None
     opts = llm_options(args)
     assert "prefill_budget" not in opts and "chunk_graphs" not in opts and "token_budget" not in opts
