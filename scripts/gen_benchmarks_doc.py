@@ -807,7 +807,8 @@ AREAS = [
           "ms at batch 1: in place / off / onnxruntime (CPU build)", "x onnxruntime (time)", "run"], concat_inplace),
     Area("Serving LLMs: conversations batched over the paged KV cache", "llm_load.py",
          [("llm_load_h200_*.json", None), ("llm_load_rate128_h200_*.json", None), ("llm_load_burst_h200_*.json", None),
-         ("llm_load_cpu_*.json", None)],
+         ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
+         ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
           "ITL p99 / lone step p99", "rows a run", "tokens equal to lone", "run"], llm_load,
          "Greedy, random weights, fp32; a first pass on the fresh server, then a second; TTFT and ITL where the engine "

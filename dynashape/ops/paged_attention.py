@@ -206,7 +206,8 @@ def _on(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float):
+def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: int | None = None,
+                   block_n: int = BLOCK_N, warps: int | None = None, ieee: bool = True):
     """Prompt chunks: a program per (row, KV head, block of positions) walks the row's table up to
     its block's last visible position with a running softmax (flash attention's loop), the query
     heads of the KV head and the block's positions as the rows of its products. The output is laid
@@ -214,15 +215,21 @@ def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float):
     b, h, s, d = q.shape
     bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
     g = h // kvh
-    block_m = max(1, triton.next_power_of_2(CHUNK_ROWS // g + 1) // 2)  # positions a program: the largest
-    block_r = triton.next_power_of_2(block_m * g)                       # power of 2 with g of them <= 64
+    if rows is None:  # (an H200, 12-layer decoder's shapes, benchmarks/paged_chunks_tune.py: 1.5-4x the
+        # one tile of 64 rows and 4 warps) a grid of fewer than ~128 programs takes tiles of 16 rows, more
+        # programs each; a wider one tiles of 64 rows over 8 warps
+        wide = b * kvh * triton.cdiv(s, max(1, triton.next_power_of_2(CHUNK_ROWS // g + 1) // 2)) >= 128
+        rows, warps = (CHUNK_ROWS, warps or 8) if wide else (16, warps or 4)
+    warps = warps or 4
+    block_m = max(1, triton.next_power_of_2(rows // g + 1) // 2)  # positions a program: the largest
+    block_r = max(16, triton.next_power_of_2(block_m * g))        # power of 2 with g of them <= rows
     out = torch.empty((b, s, h, dv), dtype=q.dtype, device=q.device)
     with _on(q.device):
         _chunks[(b * kvh, triton.cdiv(s, block_m))](
             q, pool_k, pool_v, tables, starts, lens, out, scale, kvh, g, s, d, dv, bs,
             q.stride(0), q.stride(1), q.stride(2), tables.stride(0), out.stride(0), out.stride(1), out.stride(2),
-            BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
-            BLOCK_DV=max(16, triton.next_power_of_2(dv)), IEEE=q.dtype == torch.float32, num_warps=4)
+            BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+            BLOCK_DV=max(16, triton.next_power_of_2(dv)), IEEE=ieee and q.dtype == torch.float32, num_warps=warps)
     return out.transpose(1, 2)
 
 
