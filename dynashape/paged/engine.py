@@ -53,7 +53,7 @@ from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
 from .batch import Batch, make_batch, make_paged_batch, to_device
 from .blocks import BlockPool, blocks_for_memory
-from .scheduler import BUCKETS, Scheduler, Sequence, bucket
+from .scheduler import BUCKETS, Plan, Scheduler, Sequence, bucket
 from .step_graphs import StepGraphs
 
 DEFAULT_HEADROOM = 0.5  # of the device's free memory, left for activations when the pool is sized from it
@@ -94,6 +94,25 @@ class _Inflight:
     host: torch.Tensor
     event: object
     index: dict
+
+
+def _decode_row(r) -> bool:
+    """A row of one position after a past: a decode run's (a prompt's last position of one included)."""
+    return r.end - r.start == 1 and r.start > 0
+
+
+def _mark(dev):
+    """An event at the current stream's work so far (None on the CPU, whose work is done when launched)."""
+    if dev.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _ready(inf: _Inflight) -> bool:
+    """Whether the run's tokens are in (without waiting)."""
+    return inf.event is None or inf.event.query()
 
 
 @dataclass
@@ -142,13 +161,15 @@ class PagedEngine:
     attention reads the pool in place (the default with step graphs). ``warm_up``: those graphs
     captured at once for the usual keys (``warm_keys``; the default with step graphs), so that no
     step waits for a capture. ``overlap``: a step planned and launched while the device runs the
-    last one (the default on CUDA)."""
+    last one (the default on CUDA). ``chunk_stream``: with overlap and chunk graphs, prompt chunks
+    replayed on a CUDA stream of their own (the default), so a decode step's tokens never wait for
+    a prompt chunk launched beside it."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
                  overlap: bool | None = None, chunk_graphs: bool | None = None, prefill_budget: int | None = None,
-                 warm_up: bool | None = None, **session_options) -> None:
+                 warm_up: bool | None = None, chunk_stream: bool | None = None, **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -238,6 +259,15 @@ class PagedEngine:
         # CPU the runs are the host's own work, there is nothing to overlap)
         self.overlap = cuda if overlap is None else bool(overlap)
         self.inflight: _Inflight | None = None
+        # prompt chunks on a stream of their own: the decode runs' tokens do not wait for them. A chunk's
+        # conversations sit out the steps until its tokens are in (``held``, also while its run is
+        # planned but not launched: their blocks are written by a stream the main one does not wait
+        # for, so an abort meanwhile waits for that commit, ``abort_later``, and they are never preempted)
+        self.chunk_stream = torch.cuda.Stream(self.dev) if (
+            self.chunk_graphs and self.overlap and chunk_stream is not False) else None
+        self.chunks_inflight: list[_Inflight] = []
+        self.held: set = set()
+        self.abort_later: set = set()
         self.lock = threading.Lock()  # add / abort from other threads while steps run
         self.counters = {"runs": 0, "rows": 0, "padded_rows": 0, "tokens": 0, "gathered_bytes": 0,
                          # where a step's host time goes: the inputs made, the device work launched
@@ -246,7 +276,8 @@ class PagedEngine:
                          "host_feed_s": 0.0, "host_model_s": 0.0, "read_s": 0.0,
                          # and the rest of a step: the plan, sampling (less the read), the commit and
                          # its events; the prompt chunks' runs (eager) apart from the decode runs
-                         "plan_s": 0.0, "sample_s": 0.0, "commit_s": 0.0, "chunk_runs": 0, "host_chunk_s": 0.0}
+                         "plan_s": 0.0, "sample_s": 0.0, "commit_s": 0.0, "chunk_runs": 0, "host_chunk_s": 0.0,
+                         "chunk_stream_runs": 0}
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -301,6 +332,9 @@ class PagedEngine:
         with self.lock:
             if key in self.sampling:
                 raise InputError(f"conversation {key!r} is running already")
+            if key in self.abort_later:
+                raise InputError(f"conversation {key!r} is still leaving (a prompt chunk of it runs): add it "
+                                 "again once a step has passed")
             self.scheduler.add(Sequence(key, ids, int(max_new), stops or None, keep=keep))
             self.sampling[key] = (s, stops)
 
@@ -308,11 +342,14 @@ class PagedEngine:
         """A client gone: the conversation leaves, its blocks freed at once."""
         with self.lock:
             self.sampling.pop(key, None)
+            if key in self.held:  # its prompt chunk may still write its blocks: they go at that commit
+                self.abort_later.add(key)
+                return True
             return self.scheduler.abort(key)
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle and self.inflight is None
+        return self.scheduler.idle and self.inflight is None and not self.chunks_inflight
 
     def memory_stats(self) -> dict:
         """The session's memory counters (InferenceSession.memory_stats) and the KV pool's: its blocks
@@ -325,6 +362,7 @@ class PagedEngine:
         return {**self.scheduler.stats, **self.counters, **graphs, **self.pool.stats(),
                 "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
                 "overlap": self.overlap, "chunk_graphs": self.chunk_graphs, "warm_up_s": self.warm_up_s,
+                "chunk_stream": self.chunk_stream is not None,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}
@@ -338,9 +376,12 @@ class PagedEngine:
         captures = self._captures()
         if self.inflight is not None and (not self.overlap or self._needs_history()):
             events = self._commit()  # a repetition penalty reads every token made: none may be in flight
+        events += self._commit_chunks(wait=False)
         t0 = time.perf_counter()
         with self.lock:
-            plan = self.scheduler.plan()
+            plan = self.scheduler.plan(held=self.held)
+            if self.chunk_stream is not None:
+                self.held |= {r.seq.key for r in plan.rows if not _decode_row(r)}
             # the rows' options as the step began: an abort from another thread meanwhile drops them
             opts = {r.seq.key: self.sampling[r.seq.key][0] for r in plan.rows if r.seq.key in self.sampling}
             if self.pool.used_blocks > self.peak["blocks"]:
@@ -348,17 +389,37 @@ class PagedEngine:
                 self.peak = {"blocks": self.pool.used_blocks, "conversations": len(run),
                              "positions_reserved": sum(len(q.prompt) + q.max_new for q in run)}
         self.counters["plan_s"] += time.perf_counter() - t0
-        launched = self._launch(plan, opts) if plan.rows else None
+        try:
+            launched = self._launch(plan, opts) if plan.rows else None
+        except BaseException:
+            self._release_failed()
+            raise
         if self.inflight is not None:
             events += self._commit()
         self.inflight = launched
         if launched is not None and not self.overlap:
             events += self._commit()
+        if launched is None and self.inflight is None and self.chunks_inflight and not events:
+            events += self._commit_chunks(wait=True)  # nothing else to do: the oldest chunk's tokens
         if plan.rows:
             decode = sum(r.end - r.start == 1 and r.start > 0 for r in plan.rows)
             chunk = sum(r.end - r.start for r in plan.rows) - decode
             self.trace.append((time.perf_counter() - start, decode, chunk, self._captures() - captures))
         return events
+
+    def _release_failed(self) -> None:
+        """After a launch failed: the device waited for (nothing of the step still runs), so only the
+        chunks launched whole keep their conversations held; the aborts that waited are done."""
+        if not self.held:
+            return
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        with self.lock:
+            keep = {r.seq.key for inf in self.chunks_inflight for r in inf.plan.rows}
+            for key in (self.held - keep) & self.abort_later:
+                self.abort_later.discard(key)
+                self.scheduler.abort(key)
+            self.held &= keep
 
     def _captures(self) -> int:
         c = self.graphs.counters if self.graphs is not None else None
@@ -367,23 +428,53 @@ class PagedEngine:
     def _needs_history(self) -> bool:
         return any(s.repetition_penalty != 1 for s, _ in self.sampling.values())
 
-    def _launch(self, plan, opts: dict) -> _Inflight:
-        """The plan's runs and their sampling, launched; the tokens on their way to the host."""
+    def _launch(self, plan, opts: dict) -> _Inflight | None:
+        """The plan's runs and their sampling, launched; the tokens on their way to the host (a prompt
+        chunk replayed on the chunk stream goes to ``chunks_inflight``; None when nothing else ran)."""
         keys, logits = [], []
-        decode = [r for r in plan.rows if r.end - r.start == 1 and r.start > 0]
-        chunks = [r for r in plan.rows if not (r.end - r.start == 1 and r.start > 0)]
+        decode = [r for r in plan.rows if _decode_row(r)]
+        chunks = [r for r in plan.rows if not _decode_row(r)]
+        before = _mark(self.dev) if self.chunk_stream is not None and chunks else None  # the work before this step's
         groups = [decode] if decode else []
         if self.convention == "gqa" and self.paged_refused is not None:  # a continued prompt runs alone (the op's rule)
             first = [r for r in chunks if r.start == 0]
             groups += ([first] if first else []) + [[r] for r in chunks if r.start > 0]
         elif chunks:
             groups.append(chunks)
+        main = []
         for rows in groups:
-            k, x = self._run(rows)
+            batch = None
+            if self.chunk_stream is not None and not all(_decode_row(r) for r in rows):
+                t0 = time.perf_counter()
+                batch = self._batch(rows)
+                self.counters["host_feed_s"] += time.perf_counter() - t0
+            if batch is not None and batch.s > 1 and self._graphed(batch):
+                self.chunks_inflight.append(self._launch_apart(rows, batch, before, opts))
+                continue
+            k, x = self._run(rows, batch)
             keys += k
             logits.append(x)
+            main += rows
+        if not main:
+            return None
+        sub = plan if len(main) == len(plan.rows) else Plan(main, plan.preempted)
+        return self._send(sub, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
+
+    def _launch_apart(self, rows, batch, before, opts: dict) -> _Inflight:
+        """A prompt-chunk run replayed on the chunk stream, after the main stream's work launched before
+        this step (the blocks a preemption freed may still be written there), beside this step's decode."""
+        self.counters["chunk_stream_runs"] += 1
+        if before is None:  # (the CPU: work is done when launched; the tests drive this path there)
+            return self._send(Plan(rows, []), *self._run(rows, batch), opts)
+        self.chunk_stream.wait_event(before)
+        with torch.cuda.stream(self.chunk_stream):
+            keys, logits = self._run(rows, batch)
+            return self._send(Plan(rows, []), keys, logits, opts)
+
+    def _send(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> _Inflight:
+        """The sampling of ``keys``' rows of ``logits`` launched, their tokens on their way to the host."""
         t0 = time.perf_counter()
-        tokens = self._choose(plan, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
+        tokens = self._choose(plan, keys, logits, opts)
         host, event = tokens, None
         if tokens.is_cuda:  # read back without waiting; the commit waits for the event
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -393,9 +484,19 @@ class PagedEngine:
         self.counters["sample_s"] += time.perf_counter() - t0
         return _Inflight(plan, keys, tokens, host, event, {k: j for j, k in enumerate(keys)})
 
-    def _commit(self) -> list[Event]:
-        """The step in flight's tokens read back (the step's one wait for the device) and committed."""
-        inf, self.inflight = self.inflight, None
+    def _commit_chunks(self, wait: bool) -> list[Event]:
+        """The prompt chunks whose tokens are in, oldest first (``wait``: the oldest waited for)."""
+        events = []
+        while self.chunks_inflight and (wait or _ready(self.chunks_inflight[0])):
+            events += self._commit(self.chunks_inflight.pop(0))
+            wait = False
+        return events
+
+    def _commit(self, inf: _Inflight | None = None) -> list[Event]:
+        """The step in flight's tokens (or ``inf``'s) read back (the step's one wait for the device)
+        and committed."""
+        if inf is None:
+            inf, self.inflight = self.inflight, None
         t0 = time.perf_counter()
         if inf.event is not None:
             inf.event.synchronize()
@@ -406,6 +507,12 @@ class PagedEngine:
             done = self.scheduler.commit(inf.plan, chosen)
             for seq in done:
                 self.sampling.pop(seq.key, None)
+            if self.held:  # the chunk's conversations take part again; the aborts that waited for it
+                freed = {r.seq.key for r in inf.plan.rows if not _decode_row(r)} & self.held
+                self.held -= freed
+                for key in freed & self.abort_later:
+                    self.abort_later.discard(key)
+                    self.scheduler.abort(key)
         ended = {s.key for s in done}
         # (a row planned after its conversation's last token, or aborted since, made no token)
         live = {r.seq.key for r in inf.plan.rows if r.seq.state in ("running", "waiting")} | ended
@@ -414,18 +521,21 @@ class PagedEngine:
         self.counters["commit_s"] += time.perf_counter() - t1
         return events
 
-    def _run(self, rows) -> tuple[list, torch.Tensor]:
-        """The model over ``rows`` as one batch: the keys of the rows that sample and their last
-        positions' logits, [rows, vocab] in that order."""
-        t0 = time.perf_counter()
-        batch = self._batch(rows)
-        t1 = time.perf_counter()
-        graphed = self.graphs is not None and (
+    def _graphed(self, batch: Batch) -> bool:
+        """Whether the run goes to the step graphs (their keys' shapes)."""
+        return self.graphs is not None and (
             (batch.decode and (not batch.paged or batch.tables.shape[1] == self.table_width))
             or (self.chunk_graphs and batch.paged and batch.tables.shape[1] == self.table_width
                 and batch.b * batch.s <= CHUNK_GRAPH_TOKENS))
+
+    def _run(self, rows, batch: Batch | None = None) -> tuple[list, torch.Tensor]:
+        """The model over ``rows`` as one batch: the keys of the rows that sample and their last
+        positions' logits, [rows, vocab] in that order."""
+        t0 = time.perf_counter()
+        batch = batch if batch is not None else self._batch(rows)
+        t1 = time.perf_counter()
         patch = self._pending(rows)
-        logits = self.graphs.run(batch, patch) if graphed else None
+        logits = self.graphs.run(batch, patch) if self._graphed(batch) else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
             t = batch.tensors(self.dev, self._int, self.io, scratch=None)
             if patch is not None:

@@ -174,9 +174,11 @@ class Scheduler:
         return not self.waiting and not self.running
 
     # ---- a step ------------------------------------------------------------------------------
-    def plan(self) -> Plan:
+    def plan(self, held: set | frozenset = frozenset()) -> Plan:
         """The next step's rows: every running conversation's next position first (preempting the
-        newest ones when blocks run out), then prompt chunks within the token budget."""
+        newest ones when blocks run out), then prompt chunks within the token budget. ``held``: keys
+        of conversations that sit this step out and are never preempted (a prompt chunk of theirs is
+        still running on a stream of its own)."""
         rows: list[Row] = []
         preempted: list[Sequence] = []
         budget = self.token_budget
@@ -186,7 +188,7 @@ class Scheduler:
         if self.prefill_budget is not None and any(q.computed >= len(q.prompt) for q in order):
             prompt_left = self.prefill_budget
         for seq in order:
-            if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows:
+            if seq.state != "running" or budget <= 0 or len(rows) >= self.max_rows or seq.key in held:
                 continue
             if len(seq.out) + seq.inflight >= seq.max_new:
                 continue  # its last token is in flight: it ends at that commit
@@ -198,11 +200,14 @@ class Scheduler:
             while not self.pool.can_grow(seq.key, n):
                 if self._evict_parked():
                     continue
-                victim = max((s for s in self.running if s.state == "running"), key=lambda s: s.order)
+                victims = [s for s in self.running if s.state == "running" and s.key not in held]
+                if not victims:
+                    break
+                victim = max(victims, key=lambda s: s.order)
                 self._preempt(victim, preempted)
                 if victim is seq:
                     break
-            if seq.state != "running":
+            if seq.state != "running" or not self.pool.can_grow(seq.key, n):
                 continue
             rows.append(self._row(seq, n))
             budget -= n
@@ -210,7 +215,7 @@ class Scheduler:
         for seq in list(self.waiting):  # arrival order; the preempted ones went to the front
             if budget <= 0 or prompt_left <= 0 or len(rows) >= self.max_rows:
                 break
-            if seq.inflight:
+            if seq.inflight or seq.key in held:
                 continue  # preempted while its token was in flight: recomputed once that token is in
             n = min(len(seq.tokens) - seq.computed, self.chunk, budget, prompt_left)
             while not self.pool.can_grow(seq.key, n) and self._evict_parked():

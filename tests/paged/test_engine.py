@@ -204,24 +204,27 @@ def test_parked_conversations_give_their_blocks_back_when_others_need_them(path,
     assert run_one(engine, "a", nxt, 4) == lone(nxt, 4)  # computed whole again, the same tokens
 
 
+class Keys:
+    """A stand-in for the CUDA step graphs on the CPU: each run eagerly, as a key's first run is."""
+
+    def __init__(self, eng) -> None:
+        self.eng, self.keys, self.counters = eng, set(), {}
+
+    def run(self, batch, patch=None):
+        eng = self.eng
+        assert batch.paged and batch.tables.shape[1] == eng.table_width and batch.b in (1, 2, 4, 8)
+        self.keys.add((batch.b, batch.p, batch.s))
+        t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
+        if patch is not None:
+            patch(t["ids"])
+        return eng.body(eng.request, batch, t, eng.dense(batch))
+
+
 def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone):
     """The CUDA step graphs' side of the engine, on the CPU: decode runs and prompt-chunk runs handed
     to the graphs with their tables as wide as a conversation of the model's context (the shapes a
     captured key fixes), rows padded to buckets, tokens in flight patched in, the LM head over each
     row's last position only. A stand-in runs each eagerly (a capture needs CUDA)."""
-    class Keys:
-        def __init__(self, eng) -> None:
-            self.eng, self.keys, self.counters = eng, set(), {}
-
-        def run(self, batch, patch=None):
-            eng = self.eng
-            assert batch.paged and batch.tables.shape[1] == eng.table_width and batch.b in (1, 2, 4, 8)
-            self.keys.add((batch.b, batch.p, batch.s))
-            t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
-            if patch is not None:
-                patch(t["ids"])
-            return eng.body(eng.request, batch, t, eng.dense(batch))
-
     engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16, pad_rows=True,
                          paged_kv=True, overlap=True)
     engine.graphs, engine.chunk_graphs = Keys(engine), True
@@ -274,3 +277,46 @@ def test_warm_up_keys_and_their_padding_runs_touch_only_the_scratch_block(path, 
     assert torch.equal(engine.pool.k[:, :real], k[:, :real]) and torch.equal(engine.pool.v[:, :real], v[:, :real])
     assert not torch.equal(engine.pool.k[:, real], k[:, real])  # the scratch block took the padding's keys
     assert run_one(engine, "b", [2, 7, 1, 8], 4) == lone([2, 7, 1, 8], 4)
+
+
+def test_prompt_chunks_on_their_own_stream_hold_their_conversations_until_their_tokens_are_in(path, lone, monkeypatch):
+    """The chunk stream's bookkeeping, on the CPU: a prompt chunk launched apart (the stand-in graphs; its
+    tokens reported in only every other time they are asked for) keeps its conversation out of every
+    plan until its commit, and never preempted; an abort meanwhile waits for that commit. The tokens
+    stay the lone run's, every block comes back."""
+    import dynashape.paged.engine as pe
+
+    engine = PagedEngine(path, block_size=8, num_blocks=40, max_rows=8, token_budget=48, chunk=16, pad_rows=True,
+                         paged_kv=True, overlap=True)
+    engine.graphs, engine.chunk_graphs, engine.chunk_stream = Keys(engine), True, "stand-in"
+    asked = []
+    monkeypatch.setattr(pe, "_ready", lambda inf: asked.append(1) or len(asked) % 2 == 0)
+    plan, planned = engine.scheduler.plan, []
+
+    def checked(held=frozenset()):
+        p = plan(held=held)
+        assert not {r.seq.key for r in p.rows} & set(held), "a held conversation was planned"
+        assert not {q.key for q in p.preempted} & set(held), "a held conversation was preempted"
+        planned.append(len(held))
+        return p
+    engine.scheduler.plan = checked
+    arrivals = conversations(5, 10, 25)
+    got = drive(engine, arrivals)
+    for convs in arrivals.values():
+        for key, prompt, max_new, _ in convs:
+            assert got[key] == lone(prompt, max_new), key
+    st = engine.stats()
+    assert st["chunk_stream_runs"] > 0 and max(planned) > 0 and st["kv_blocks_used"] == 0 and not engine.held
+    # an abort while the conversation's chunk is out (beside another's decode): its blocks stay until
+    # that commit, then go
+    engine.add("stays", [7, 8, 9], 12)
+    got = [e.token for _ in range(3) for e in engine.step()]
+    engine.add("gone", list(range(1, 30)), 5)
+    got += [e.token for e in engine.step()]
+    assert "gone" in engine.held and engine.abort("gone") and engine.pool.used_blocks > 0
+    while not engine.idle:
+        events = engine.step()
+        assert all(e.key != "gone" for e in events)
+        got += [e.token for e in events]
+    assert got == lone([7, 8, 9], 12)
+    assert engine.pool.used_blocks == 0 and not engine.abort_later and engine.stats()["aborted"] == 1

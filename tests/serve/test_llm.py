@@ -61,11 +61,11 @@ def test_a_request_that_never_fits_is_refused_and_the_server_serves_on(server, l
 def test_a_failing_step_ends_its_own_streams_only(server, lone, monkeypatch):  # noqa: F811
     real, calls = server.engine._run, []
 
-    def flaky(rows):
+    def flaky(rows, batch=None):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("injected")
-        return real(rows)
+        return real(rows, batch)
     monkeypatch.setattr(server.engine, "_run", flaky)
     first = server.submit([1, 2, 3], 5)
     with pytest.raises(errors.StreamEndedError, match="injected"):
