@@ -161,9 +161,10 @@ class PagedEngine:
     attention reads the pool in place (the default with step graphs). ``warm_up``: those graphs
     captured at once for the usual keys (``warm_keys``; the default with step graphs), so that no
     step waits for a capture. ``overlap``: a step planned and launched while the device runs the
-    last one (the default on CUDA). ``chunk_stream``: with overlap and chunk graphs, prompt chunks
-    replayed on a CUDA stream of their own (the default), so a decode step's tokens never wait for
-    a prompt chunk launched beside it."""
+    last one (the default on CUDA). ``chunk_stream=True``: with overlap and chunk graphs, prompt
+    chunks replayed on a CUDA stream of their own, so that a decode step's tokens do not wait for a
+    prompt chunk launched beside it (opt-in: its CUDA tests pass, but the 12-layer load on an H200
+    stopped making tokens with it, cause not found yet; see docs/serving.md)."""
 
     def __init__(self, model, *, device: str | None = None, block_size: int = 16, num_blocks: int | None = None,
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
@@ -264,7 +265,7 @@ class PagedEngine:
         # planned but not launched: their blocks are written by a stream the main one does not wait
         # for, so an abort meanwhile waits for that commit, ``abort_later``, and they are never preempted)
         self.chunk_stream = torch.cuda.Stream(self.dev) if (
-            self.chunk_graphs and self.overlap and chunk_stream is not False) else None
+            self.chunk_graphs and self.overlap and chunk_stream is True) else None
         self.chunks_inflight: list[_Inflight] = []
         self.held: set = set()
         self.abort_later: set = set()
