@@ -37,7 +37,10 @@ class StepGraphs:
         self.engine = engine
         self.keys: dict = {}  # (rows, past, new positions) -> _Key, or a str: why it was refused
         self.pools: dict = {}  # decode keys' memory pool (False) and prompt-chunk keys' (True)
-        self.stream = torch.cuda.Stream(engine.dev)
+        # a capture stream per kind too: cuBLAS keeps a workspace per stream, and a graph replays the
+        # one it was captured with; decode and chunk graphs replayed at once on two streams (the engine's
+        # chunk_stream) must not share one (split-K products keep partial sums and flags there)
+        self.streams = {kind: torch.cuda.Stream(engine.dev) for kind in (False, True)}
         self.counters = {"step_graphs": 0, "step_graph_replays": 0, "step_graphs_refused": 0, "step_graph_bytes": 0}
         self.refusals: list[str] = []
         self.broken: str | None = None  # a failed capture may leave CUDA's or torch's state half way: no more
@@ -64,15 +67,16 @@ class StepGraphs:
         if patch is not None:
             patch(k.t["ids"])
         caller = torch.cuda.current_stream(eng.dev)
-        self.stream.wait_stream(caller)
-        with torch.cuda.stream(self.stream):
+        stream = self.streams[key[2] > 1]
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
             logits = eng.body(k.request, batch, k.t, k.dense)  # this step's result, eagerly
             try:
                 graph = torch.cuda.CUDAGraph()
                 pool = self.pools.setdefault(key[2] > 1, torch.cuda.graph_pool_handle())
                 # thread_local: a CUDA call from another thread (a client's submit making a sampling
                 # generator, the HTTP server's) does not invalidate the capture
-                with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     k.logits = eng.body(k.request, batch, k.t, k.dense)
             except Exception as e:  # noqa: BLE001  counted, the key stays eager
                 why = f"{type(e).__name__}: {e}"
@@ -80,9 +84,9 @@ class StepGraphs:
                 self.counters["step_graphs_refused"] += 1
                 self.refusals.append(f"rows {key[0]}, past {key[1]}, new {key[2]}: {why}"[:300])
                 log.warning("paged engine: a decode step could not be captured (%s); its steps run eagerly", why[:300])
-                caller.wait_stream(self.stream)
+                caller.wait_stream(stream)
                 return logits
-        caller.wait_stream(self.stream)
+        caller.wait_stream(stream)
         logits.record_stream(caller)
         k.graph = graph
         self.keys[key] = k
