@@ -94,6 +94,37 @@ def cuda_event_ms(f: Callable, sets: tuple | list = ((),), reps: int = 25, warmu
     return statistics.median(ts)
 
 
+def replay_us(graph, reps: int = 20) -> float:
+    """Device time of one replay of a captured CUDA graph, in microseconds (one replay first)."""
+    import torch
+    graph.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        graph.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return 1e3 * a.elapsed_time(b) / reps
+
+
+def graph_us(fn: Callable, calls: int = 1, reps: int = 20, warmup: int = 3) -> float:
+    """Device time of one call of ``fn()`` in microseconds, without launch overhead: ``calls`` calls
+    captured in one CUDA graph (after ``warmup`` on a side stream, as capture wants), replayed."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return replay_us(graph, reps) / calls
+
+
 def rel_err(got, ref) -> float:
     """||got - ref|| / ||ref|| in float64 (``ref`` float64 already, or made so)."""
     return float((got.double() - ref.double()).norm() / ref.double().norm())

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import graph_us  # noqa: E402
 
 # (in channels, out channels, kernel, stride, spatial size of the input): ResNet-50's distinct convs
 _SHAPES = [(64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56), (256, 64, 1, 1, 56),
@@ -22,24 +27,7 @@ _SHAPES = [(64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56), (256, 64
 
 
 def _graph_time(fn, reps: int = 50) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / reps * 1000.0  # us
+    return graph_us(fn, reps=reps)  # us
 
 
 _VARIANTS = ("plain", "relu", "fused_relu", "add_relu", "fused_add_relu")

@@ -8,33 +8,21 @@ stored [in, out] (ONNX MatMul's layout) against ``F.linear(x, W.T)`` with the we
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import graph_us  # noqa: E402
 
 SHAPES = [(768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]
 
 
 def timed(fn, reps: int = 200) -> float:
     """Microseconds per call of ``fn``, from one graph of ``reps`` calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * reps)
+    return graph_us(fn, calls=reps, reps=5, warmup=1)
 
 
 def main() -> None:

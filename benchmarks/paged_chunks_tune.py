@@ -9,6 +9,7 @@ IEEE precision throughout).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -16,6 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import graph_us  # noqa: E402
 from dynashape.ops import paged_attention as pa  # noqa: E402
 
 CASES = [(1, 64, 0), (1, 256, 256), (4, 256, 0), (8, 64, 448)]  # (rows, new positions, first position)
@@ -32,25 +34,9 @@ def inputs(b: int, s: int, start: int, blocks: int = 4096, bs: int = 16, width: 
     return q, pk, pv, tables, starts, starts + s
 
 
-def time_us(fn, *args, n: int = 20, **kw) -> float:
-    """Device time of one call: ``n`` calls captured in a CUDA graph, replayed (no launch overhead, as
-    in the engine's captured steps)."""
-    for _ in range(2):
-        fn(*args, **kw)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            fn(*args, **kw)
-    graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(5):
-        graph.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return 1e3 * a.elapsed_time(b) / (5 * n)
+def time_us(fn, *args, **kw) -> float:
+    """Device time of one call, as in the engine's captured steps (no launch overhead)."""
+    return graph_us(functools.partial(fn, *args, **kw), calls=20, reps=5, warmup=2)
 
 
 def main() -> None:

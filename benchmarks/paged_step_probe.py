@@ -14,23 +14,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import replay_us  # noqa: E402
 from benchmarks.decode_graphs import config  # noqa: E402
 from dynashape.paged.batch import padding_batch  # noqa: E402
 from dynashape.paged.engine import PagedEngine  # noqa: E402
 from tests.models import llama  # noqa: E402
-
-
-def replay_ms(graph, n: int = 20) -> float:
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        graph.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / n
 
 
 def main() -> None:
@@ -42,7 +30,7 @@ def main() -> None:
     eng = PagedEngine(str(llama.model_path(cfg)), device="cuda", max_rows=64, token_budget=1024, chunk=256)
     for (b, _, s), k in sorted(eng.graphs.keys.items()):
         if not isinstance(k, str):
-            print(f"rows {b:3d}, new {s:3d}: {replay_ms(k.graph):.3f} ms a replay", flush=True)
+            print(f"rows {b:3d}, new {s:3d}: {replay_us(k.graph) / 1e3:.3f} ms a replay", flush=True)
     b, s = args.profile
     batch = padding_batch(eng.pool, b, s, eng.table_width)
     t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
