@@ -25,9 +25,14 @@ case "${1:-load}" in
     done
     [ -d .cache/genai_tiny_int4 ] && T=90 run python3 benchmarks/llm_load.py --device cuda \
       --model .cache/genai_tiny_int4 --paged --conversations 64 --rate 32 --json "$OUT/llm_load_genai_tiny.json" ;;
-  stream)  # prompt chunks on a stream of their own (opt-in): the watchdog probe, then its tokens' equality
-    T=120 run python3 benchmarks/paged_stream_probe.py --conversations 32 --rate 0
-    T=120 run python3 benchmarks/paged_stream_probe.py --conversations 64 --rate 32 ;;
+  stream)  # prompt chunks on a stream of their own (opt-in): the watchdog probe (it exits at a stall with
+          # the streams' state and every thread's stack), then the load at 32/s and 128/s with it
+    T=120 run python3 benchmarks/paged_stream_probe.py --conversations 32 --rate 0 || exit 1
+    T=120 run python3 benchmarks/paged_stream_probe.py --conversations 64 --rate 32 || exit 1
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --chunk-stream \
+      --json "$OUT/llm_load_stream.json"
+    T=60 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --chunk-stream --json "$OUT/llm_load_stream_rate128.json" ;;
   paged)  # the attention reading the pool in place (PagedAttention): its tests, then the load at 32/s
          # against the pasts gathered, and all 64 at once
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE \

@@ -213,6 +213,8 @@ def main() -> None:
                     help="the attention reading the pool in place where it is not the default (the CPU)")
     ap.add_argument("--no-chunk-graphs", action="store_true",
                     help="prompt-chunk runs eager (PagedEngine(chunk_graphs=False); on by default on CUDA)")
+    ap.add_argument("--chunk-stream", action="store_true",
+                    help="prompt chunks replayed on a CUDA stream of their own (PagedEngine(chunk_stream=True))")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="no step graphs captured before the first conversation (PagedEngine(warm_up=False))")
     ap.add_argument("--no-lone", action="store_true")
@@ -246,6 +248,8 @@ def main() -> None:
         extra["chunk_graphs"] = False
     if args.no_warm_up:
         extra["warm_up"] = False
+    if args.chunk_stream:
+        extra["chunk_stream"] = True
     t0 = time.perf_counter()
     server = LLMServer(path, eos=eos, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
