@@ -44,6 +44,7 @@ class StepGraphs:
         self.counters = {"step_graphs": 0, "step_graph_replays": 0, "step_graphs_refused": 0, "step_graph_bytes": 0}
         self.refusals: list[str] = []
         self.broken: str | None = None  # a failed capture may leave CUDA's or torch's state half way: no more
+        self.failed: list = []  # the graphs whose capture failed, kept (see _first)
 
     def run(self, batch, patch=None):
         """The logits of a decode run replayed (or run then captured: the key's first run); None
@@ -71,8 +72,8 @@ class StepGraphs:
         stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             logits = eng.body(k.request, batch, k.t, k.dense)  # this step's result, eagerly
+            graph = torch.cuda.CUDAGraph()
             try:
-                graph = torch.cuda.CUDAGraph()
                 pool = self.pools.setdefault(key[2] > 1, torch.cuda.graph_pool_handle())
                 # thread_local: a CUDA call from another thread (a client's submit making a sampling
                 # generator, the HTTP server's) does not invalidate the capture
@@ -81,6 +82,9 @@ class StepGraphs:
             except Exception as e:  # noqa: BLE001  counted, the key stays eager
                 why = f"{type(e).__name__}: {e}"
                 self.keys[key] = self.broken = why
+                # kept: a graph destroyed clears the cuBLAS workspaces of its capture stream, which the
+                # live graphs captured there still use (pytorch/pytorch#193402)
+                self.failed.append(graph)
                 self.counters["step_graphs_refused"] += 1
                 self.refusals.append(f"rows {key[0]}, past {key[1]}, new {key[2]}: {why}"[:300])
                 log.warning("paged engine: a decode step could not be captured (%s); its steps run eagerly", why[:300])
@@ -93,7 +97,6 @@ class StepGraphs:
         self.counters["step_graphs"] += 1
         self.counters["step_graph_bytes"] += k.nbytes
         return logits
-
 
     def warm(self, keys) -> int:
         """Each (rows, new positions) key captured now, on a run of padding rows only (they write the
