@@ -180,7 +180,7 @@ def closed_loop(server: LLMServer, convs, clients: int) -> dict:
 
 
 COUNTED = ("steps", "runs", "rows", "padded_rows", "tokens", "gathered_bytes", "finished", "host_feed_s",
-           "plan_s", "sample_s", "commit_s", "chunk_runs", "host_chunk_s",
+           "plan_s", "sample_s", "commit_s", "chunk_runs", "host_chunk_s", "eager_runs", "chunk_stream_runs",
            "host_model_s", "read_s", "step_graph_replays")  # counters a pass adds to
 
 
@@ -317,7 +317,7 @@ def main() -> None:
               f"{per['sample_s']:.2f}, waiting for the tokens {per['read_s']:.2f}, commit {per['commit_s']:.2f}; "
               f"step graphs "
               f"{st.get('step_graphs', 0)}, replays {st.get('step_graph_replays', 0)}, refused "
-              f"{st.get('step_graphs_refused', 0)}")
+              f"{st.get('step_graphs_refused', 0)}, runs eager beside them {st.get('eager_runs', 0)}")
     print(f"KV pool at its fullest: {peak['conversations']} conversations in {peak['blocks']} blocks "
           f"({used} positions); storages reserved for prompt + longest answer would take "
           f"{peak['positions_reserved']} ({data['reserved_over_used'] or 0:.2f}x); storages of the workload's "

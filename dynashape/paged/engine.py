@@ -278,7 +278,7 @@ class PagedEngine:
                          # and the rest of a step: the plan, sampling (less the read), the commit and
                          # its events; the prompt chunks' runs (eager) apart from the decode runs
                          "plan_s": 0.0, "sample_s": 0.0, "commit_s": 0.0, "chunk_runs": 0, "host_chunk_s": 0.0,
-                         "chunk_stream_runs": 0}
+                         "chunk_stream_runs": 0, "eager_runs": 0}
         # the pool at its fullest: the conversations it held then and what storages reserved per
         # conversation for its prompt and longest answer would have needed for them
         self.peak = {"blocks": 0, "conversations": 0, "positions_reserved": 0}
@@ -538,6 +538,8 @@ class PagedEngine:
         patch = self._pending(rows)
         logits = self.graphs.run(batch, patch) if self._graphed(batch) else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
+            # (where step graphs run, an eager run is a key they refused or a chunk too long for one)
+            self.counters["eager_runs"] += self.graphs is not None
             t = batch.tensors(self.dev, self._int, self.io, scratch=None)
             if patch is not None:
                 patch(t["ids"])

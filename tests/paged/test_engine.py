@@ -106,6 +106,7 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
     if device.startswith("cuda"):
         assert st["step_graph_replays"] > 0 and st["step_graphs_refused"] == 0, engine.graphs.refusals
         assert engine.chunk_graphs == paged and any(s > 1 for _, _, s in engine.graphs.keys) == paged
+        assert (st["eager_runs"] == 0) == paged  # the pasts gathered: prompt chunks run eagerly
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
@@ -234,6 +235,7 @@ def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone):
         for key, prompt, max_new, _ in convs:
             assert got[key] == lone(prompt, max_new), key
     assert {s for _, _, s in engine.graphs.keys} > {1}  # decode runs and chunk runs both went to the graphs
+    assert engine.stats()["eager_runs"] == 0
 
 
 def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(path, lone):
