@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
-#   bash benchmarks/gpu_llm.sh [load|tests|final|stream|paged]
+#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|stream|paged]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-load}" in
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
@@ -25,6 +25,14 @@ case "${1:-load}" in
     done
     [ -d .cache/genai_tiny_int4 ] && T=90 run python3 benchmarks/llm_load.py --device cuda \
       --model .cache/genai_tiny_int4 --paged --conversations 64 --rate 32 --json "$OUT/llm_load_genai_tiny.json" ;;
+  packed)  # a step's decode rows and prompt chunks in one run (opt-in): the CUDA tests, the tokens' equality
+          # and the load at 32/s (with the lone runs) and 128/s, against the same without (final's)
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -x -p no:warnings -rfE \
+      tests/ops/test_paged_attention.py tests/paged
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --packed \
+      --json "$OUT/llm_load_packed.json"
+    T=60 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --packed --json "$OUT/llm_load_packed_rate128.json" ;;
   stream)  # prompt chunks on a stream of their own (opt-in): the watchdog probe (it exits at a stall with
           # the streams' state and every thread's stack), then the load at 32/s and 128/s with it
     T=120 run python3 benchmarks/paged_stream_probe.py --conversations 32 --rate 0 || exit 1

@@ -213,6 +213,8 @@ def main() -> None:
                     help="the attention reading the pool in place where it is not the default (the CPU)")
     ap.add_argument("--no-chunk-graphs", action="store_true",
                     help="prompt-chunk runs eager (PagedEngine(chunk_graphs=False); on by default on CUDA)")
+    ap.add_argument("--packed", action="store_true",
+                    help="a step's decode rows and prompt chunks in one run (PagedEngine(packed=True))")
     ap.add_argument("--chunk-stream", action="store_true",
                     help="prompt chunks replayed on a CUDA stream of their own (PagedEngine(chunk_stream=True))")
     ap.add_argument("--no-warm-up", action="store_true",
@@ -250,6 +252,8 @@ def main() -> None:
         extra["warm_up"] = False
     if args.chunk_stream:
         extra["chunk_stream"] = True
+    if args.packed:
+        extra["packed"] = True
     t0 = time.perf_counter()
     server = LLMServer(path, eos=eos, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)

@@ -5,7 +5,7 @@ past from a paged KV pool instead of a dense past input.
     y = Attention(q, present_k, present_v, mask)      (fuse_attention's op)
   ->
     y = PagedAttention(q, k_new, v_new, past_k.pool, past_v.pool, paged.tables, paged.starts,
-                       paged.lens, paged.slots)
+                       paged.lens, paged.slots, paged.qstarts)
 
 The logits: where a graph output (not a present) is a product of rank-3 hidden states with a constant
 weight (the LM head), the product takes each row's position ``paged.last`` only (``PagedLast``): a
@@ -13,7 +13,10 @@ prompt chunk's run computes and writes one row of logits, not one per position.
 
 The new graph inputs: a pool per past input (``<past>.pool``, one layer's [blocks, block_size,
 kv_heads, head_dim]) and the rows' block tables, first positions, lengths and new positions' slots
-(``paged.*``, shared by the layers). The op writes the new keys and values into the pool itself,
+(``paged.*``, shared by the layers), and where each row's queries start among the run's tokens
+(``paged.qstarts``: the rows may be packed along the tokens of a batch of one, so that decode rows
+and prompt chunks share a run; the tables, starts, lengths and ``paged.last`` are then per row,
+``paged_rows``, not per batch row). The op writes the new keys and values into the pool itself,
 so the caller feeds pasts of length 0 (the presents are then the new positions alone) and gathers
 nothing. The mask the graph computes goes unused (the op masks by the lengths) and is removed.
 
@@ -79,10 +82,12 @@ def paged_kv(graph: Graph) -> Graph:
         graph.inputs.append(val)
         return val
 
-    tables = new_input("paged.tables", [batch, Dimension.dynamic("paged_width")], i64)
-    starts = new_input("paged.starts", [batch], i64)
-    lens = new_input("paged.lens", [batch], i64)
+    rows = Dimension.dynamic("paged_rows")  # the batch's rows, or (packed) the rows of a batch of one
+    tables = new_input("paged.tables", [rows, Dimension.dynamic("paged_width")], i64)
+    starts = new_input("paged.starts", [rows], i64)
+    lens = new_input("paged.lens", [rows], i64)
     slots = new_input("paged.slots", [batch, Dimension.dynamic("paged_new")], i64)
+    qstarts = new_input("paged.qstarts", [rows], i64) if plan else None
     blocks, size = Dimension.dynamic("paged_blocks"), Dimension.dynamic("paged_block_size")
 
     def pools(*pasts: Value) -> list[Value]:  # a layer's blocks, as inputs named after its pasts
@@ -90,7 +95,7 @@ def paged_kv(graph: Graph) -> Graph:
 
     for n, (pk, k_new), (pv, v_new) in plan:
         node = fuse(graph, [n], "PagedAttention", [n.inputs[0], k_new, v_new, *pools(pk, pv), tables, starts, lens,
-                                                   slots], {"scale": n.attrs.get("scale", 1.0)})
+                                                   slots, qstarts], {"scale": n.attrs.get("scale", 1.0)})
         node.unfused = []  # the dense attention would read the empty pasts: never a fallback
     for n in gqa:
         ins = [n.inputs[i] if i < len(n.inputs) else None for i in (0, 1, 2, 7, 8)]
@@ -99,7 +104,7 @@ def paged_kv(graph: Graph) -> Graph:
                     {k: n.attrs[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")
                      if k in n.attrs})
         node.unfused = []
-    graph.paged_last = _last_positions(graph, batch, lambda: new_input("paged.last", [batch], i64))
+    graph.paged_last = _last_positions(graph, rows, lambda: new_input("paged.last", [rows], i64))
     graph.paged_kv_refused = None
     return graph
 
@@ -128,9 +133,10 @@ def _gqa_refusal(n, inputs: dict) -> str | None:
 LAST_PRODUCTS = {"MatMul": (1,), "Linear": (1,), "RMSNormLinear": (1, 2)}
 
 
-def _last_positions(graph: Graph, batch, last_input) -> int:
-    """The LM head's product over each row's ``last`` position only (PagedLast before it); how many
-    outputs were so (``last_input()`` makes the ``paged.last`` input at the first)."""
+def _last_positions(graph: Graph, rows, last_input) -> int:
+    """The LM head's product over each row's ``last`` token only (PagedLast before it: its index among
+    the run's tokens flattened), [rows, 1, ...]; how many outputs were so (``last_input()`` makes the
+    ``paged.last`` input at the first)."""
     last, done = None, 0
     for out in graph.outputs:
         n = out.producer
@@ -142,7 +148,7 @@ def _last_positions(graph: Graph, batch, last_input) -> int:
                 or x.shape is None or len(x.shape) != 3 or out.shape is None or len(out.shape) != 3:
             continue
         last = last or last_input()
-        picked = Value(f"{x.name}.last", x.elem_type, PartialShape([batch, 1, x.shape[2]]))
+        picked = Value(f"{x.name}.last", x.elem_type, PartialShape([rows, 1, x.shape[2]]))
         graph.values[picked.name] = picked
         node = Node("PagedLast", FUSED_DOMAIN, f"PagedLast_{out.name}", [x, last], [picked], {}, 1)
         node.opdef = lookup("PagedLast", FUSED_DOMAIN, 1)
@@ -150,7 +156,7 @@ def _last_positions(graph: Graph, batch, last_input) -> int:
         node.shape_of = False
         graph.nodes.insert(graph.nodes.index(n), node)
         n.inputs[0] = picked
-        out.shape = PartialShape([batch, 1, out.shape[2]])
+        out.shape = PartialShape([rows, 1, out.shape[2]])
         done += 1
     graph.rebuild_users()
     return done

@@ -11,6 +11,11 @@ com.dynashape; compile/paged_kv.py puts it where a decoder's attention read ``Co
 - ``tables`` [B, W]: row b's position p lives in block ``tables[b, p // block_size]``;
 - ``lens`` [B]: the positions row b holds after this run. A query sees the positions up to its own
   and below ``lens`` (a chunk's padding queries see the row's positions, never an unwritten one).
+- ``qstarts`` [R] (optional): where each row's queries start among the run's tokens flattened.
+  With R rows over a batch of one (``q`` [1, H, T, D]) the rows' queries are packed along T: row r's
+  ``lens[r] - starts[r]`` queries are tokens ``qstarts[r]...``, so decode rows and prompt chunks
+  share one run (tables, starts and lens are then [R, ...]); a token of no row gets zeros. With R
+  equal to the batch, row b's queries are ``q[b]`` (qstarts b * S, not read).
 
 So no past is gathered into a dense copy per step, and no row's work follows the longest row's
 length. The lengths are read on the device: a CUDA graph of a decode step replays at any length.
@@ -50,6 +55,9 @@ COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each
 
 def _infer(shapes, values, *, scale=1.0):
     q, k, v, pk, pv, tables = shapes[:6]
+    if tables[0] != q[0] and q[0] != 1:
+        raise ShapeError(f"PagedAttention: {tables[0]} rows' tables over a batch of {q[0]}: expected the batch's "
+                         "rows, or a batch of one with the rows' queries packed")
     if len(q) != 4 or len(k) != 4 or len(v) != 4 or len(pk) != 4 or len(pv) != 4 or len(tables) != 2:
         raise ShapeError(f"PagedAttention: expected q, k, v of rank 4, pools of rank 4 and tables of rank 2, got "
                          f"{[len(s) for s in shapes[:6]]}")
@@ -61,9 +69,10 @@ def _infer(shapes, values, *, scale=1.0):
 
 @op("PagedAttention", 1, DOMAIN, infer=_infer, writes_out=False,
     notes="new keys and values written into a paged KV pool, attention over each row's blocks (compile/paged_kv)")
-def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots, *, scale=1.0, out=None):
+def _paged_attention(q, k_new, v_new, pool_k, pool_v, tables, starts, lens, slots, qstarts=None, *, scale=1.0,
+                     out=None):
     write(pool_k, pool_v, slots, k_new, v_new)
-    return attend(q, pool_k, pool_v, tables, starts, lens, scale)
+    return attend(q, pool_k, pool_v, tables, starts, lens, scale, qstarts)
 
 
 def _last_infer(shapes, values):
@@ -71,14 +80,14 @@ def _last_infer(shapes, values):
     if len(x) < 2 or len(shapes[1]) != 1:
         raise ShapeError(f"PagedLast: expected x of rank >= 2 and last of rank 1, got {tuple(x)} and "
                          f"{tuple(shapes[1])}")
-    return [(x[0], 1) + tuple(x[2:])]
+    return [(shapes[1][0], 1) + tuple(x[2:])]
 
 
 @op("PagedLast", 1, DOMAIN, infer=_last_infer, writes_out=False,
-    notes="each row's position last[b] of x [B, S, ...]: the only logits a paged step samples (compile/paged_kv)")
+    notes="x [B, S, ...] at each row's last token (last[r]: its index among the B * S tokens): the only logits "
+          "a paged step samples, [R, 1, ...] (compile/paged_kv)")
 def _paged_last(x, last, *, out=None):
-    idx = last.view(-1, *([1] * (x.dim() - 1))).expand(x.shape[0], 1, *x.shape[2:])
-    return x.gather(1, idx)
+    return x.reshape(-1, *x.shape[2:]).index_select(0, last).unsqueeze(1)
 
 
 def _gqa_infer(shapes, values, *, num_heads, kv_num_heads, **_attrs):
@@ -125,12 +134,17 @@ def write(pool_k, pool_v, slots, k_new, v_new) -> None:
     pool_v.view(-1, kvh, dv).index_copy_(0, idx, v_new.transpose(1, 2).reshape(-1, kvh, dv).to(pool_v.dtype))
 
 
-def attend(q, pool_k, pool_v, tables, starts, lens, scale: float):
+def attend(q, pool_k, pool_v, tables, starts, lens, scale: float, qstarts=None):
     """Each query row over its row's positions in the pool (see the module's docstring): [B, H, S, Dv]."""
     b, h, s, d = q.shape
     kvh = pool_k.shape[2]
     if h % kvh:
         raise ShapeError(f"PagedAttention: {h} query heads over {kvh} KV heads (expected a multiple)")
+    if tables.shape[0] != b:  # the rows' queries packed along the tokens of a batch of one
+        if b != 1 or qstarts is None:
+            raise ShapeError(f"PagedAttention: {tables.shape[0]} rows over a batch of {b}: packed rows need a "
+                             "batch of one and their qstarts")
+        return _packed(q, pool_k, pool_v, tables, starts, lens, scale, qstarts)
     if triton is not None and (q.is_cuda or INTERPRET) and pool_k.is_contiguous() and pool_v.is_contiguous() \
             and tables.stride(1) == 1 and d <= 256 and pool_v.shape[3] <= 256 and h // kvh <= 64:
         COUNTS["paged_attention_triton"] += 1
@@ -139,6 +153,28 @@ def attend(q, pool_k, pool_v, tables, starts, lens, scale: float):
         return _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale)
     COUNTS["paged_attention_torch"] += 1
     return _torch(q, pool_k, pool_v, tables, starts, lens, scale)
+
+
+def _packed(q, pool_k, pool_v, tables, starts, lens, scale: float, qstarts):
+    """Packed rows: the Triton chunk kernel reading each row's queries where they start; elsewhere the
+    rows unpacked to [R, H, T, D] (row r's j-th query at token qstarts[r] + j), attended as a batch,
+    packed again (a token of no row: zeros)."""
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    kvh = pool_k.shape[2]
+    if triton is not None and (q.is_cuda or INTERPRET) and pool_k.is_contiguous() and pool_v.is_contiguous() \
+            and tables.stride(1) == 1 and d <= 256 and pool_v.shape[3] <= 256 and h // kvh <= 64:
+        COUNTS["paged_attention_triton"] += 1
+        return _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale, qstarts=qstarts)
+    COUNTS["paged_attention_torch"] += 1
+    j = torch.arange(t, device=q.device)
+    tok = qstarts.reshape(-1, 1).long() + j                       # [R, T]
+    mine = j < (lens - starts).reshape(-1, 1)                     # the row's own queries
+    rows = q[0].index_select(1, tok.clamp(max=t - 1).reshape(-1)).view(h, -1, t, d).transpose(0, 1)
+    y = _torch(rows, pool_k, pool_v, tables, starts, lens, scale)  # [R, H, T, Dv]
+    out = q.new_zeros((1, h, t, y.shape[3]))
+    flat = y.transpose(0, 1)[:, mine]                              # [H, tokens of rows, Dv]
+    out[0, :, tok[mine]] = flat.to(out.dtype)
+    return out
 
 
 def _torch(q, pool_k, pool_v, tables, starts, lens, scale: float):
@@ -207,12 +243,13 @@ def _on(device):
 
 
 def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: int | None = None,
-                   block_n: int = BLOCK_N, warps: int | None = None, ieee: bool = True):
+                   block_n: int = BLOCK_N, warps: int | None = None, ieee: bool = True, qstarts=None):
     """Prompt chunks: a program per (row, KV head, block of positions) walks the row's table up to
     its block's last visible position with a running softmax (flash attention's loop), the query
     heads of the KV head and the block's positions as the rows of its products. The output is laid
     out [B, S, H, Dv] (returned as its [B, H, S, Dv] view: the heads merge after it without a copy)."""
-    b, h, s, d = q.shape
+    _, h, s, d = q.shape
+    b = tables.shape[0]  # the rows (packed over a batch of one: qstarts says where each row's queries start)
     bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
     g = h // kvh
     if rows is None:  # (an H200, 12-layer decoder's shapes, benchmarks/paged_chunks_tune.py: 1.5-4x the
@@ -223,13 +260,15 @@ def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: 
     warps = warps or 4
     block_m = max(1, triton.next_power_of_2(rows // g + 1) // 2)  # positions a program: the largest
     block_r = max(16, triton.next_power_of_2(block_m * g))        # power of 2 with g of them <= rows
-    out = torch.empty((b, s, h, dv), dtype=q.dtype, device=q.device)
+    packed = qstarts is not None
+    out = (torch.zeros if packed else torch.empty)((q.shape[0], s, h, dv), dtype=q.dtype, device=q.device)
     with _on(q.device):
         _chunks[(b * kvh, triton.cdiv(s, block_m))](
-            q, pool_k, pool_v, tables, starts, lens, out, scale, kvh, g, s, d, dv, bs,
+            q, pool_k, pool_v, tables, starts, lens, qstarts if packed else starts, out, scale, kvh, g, s, d, dv, bs,
             q.stride(0), q.stride(1), q.stride(2), tables.stride(0), out.stride(0), out.stride(1), out.stride(2),
             BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-            BLOCK_DV=max(16, triton.next_power_of_2(dv)), IEEE=ieee and q.dtype == torch.float32, num_warps=warps)
+            BLOCK_DV=max(16, triton.next_power_of_2(dv)), IEEE=ieee and q.dtype == torch.float32, PACKED=packed,
+            num_warps=warps)
     return out.transpose(1, 2)
 
 
@@ -298,22 +337,29 @@ if triton is not None:
                  mask=(rows[:, None] < R) & (dv[None, :] < DV))
 
     @triton.jit(do_not_specialize=["S", "st0", "so0", "so1", "sq0", "sq2"])
-    def _chunks(Q, PK, PV, TABLES, STARTS, LENS, OUT, scale, KVH, G, S, D, DV, BS, sq0, sq1, sq2, st0, so0, so1, so2,
-                BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+    def _chunks(Q, PK, PV, TABLES, STARTS, LENS, QSTARTS, OUT, scale, KVH, G, S, D, DV, BS, sq0, sq1, sq2, st0, so0,
+                so1, so2, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, IEEE: tl.constexpr, PACKED: tl.constexpr):
         bh = tl.program_id(0)
         b = bh // KVH
         h = bh % KVH
         r = tl.arange(0, BLOCK_R)
         j = tl.program_id(1) * BLOCK_M + r // G  # the row's position in the chunk
         head = h * G + r % G
-        live = (r < BLOCK_M * G) & (j < S)
         start = tl.load(STARTS + b)
         length = tl.load(LENS + b)
+        if PACKED:  # the row's queries from its first token on (batch of one), its own only
+            live = (r < BLOCK_M * G) & (j < length - start)
+            qrow = 0
+            tok = tl.load(QSTARTS + b) + j
+        else:
+            live = (r < BLOCK_M * G) & (j < S)
+            qrow = b
+            tok = j
         last = tl.minimum(start + j, length - 1)  # the last position the row sees
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(Q + b * sq0 + head[:, None] * sq1 + j[:, None] * sq2 + d[None, :],
+        q = tl.load(Q + qrow * sq0 + head[:, None] * sq1 + tok[:, None] * sq2 + d[None, :],
                     mask=live[:, None] & (d[None, :] < D), other=0.0)
         m = tl.full([BLOCK_R], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_R], tl.float32)
@@ -344,5 +390,5 @@ if triton is not None:
             den = den * alpha + tl.sum(p, axis=1)
             m = m_new
         o = acc / den[:, None]
-        tl.store(OUT + b * so0 + j[:, None] * so1 + head[:, None] * so2 + dv[None, :], o.to(OUT.dtype.element_ty),
-                 mask=live[:, None] & (dv[None, :] < DV))
+        tl.store(OUT + qrow * so0 + tok[:, None] * so1 + head[:, None] * so2 + dv[None, :],
+                 o.to(OUT.dtype.element_ty), mask=live[:, None] & (dv[None, :] < DV))

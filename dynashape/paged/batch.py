@@ -30,6 +30,9 @@ def stage(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
     return staged.copy_(t)
 
 
+PAGED_ARRAYS = ("tables", "starts", "lens", "slots", "last", "qstarts")  # the session's paged.* inputs
+
+
 @dataclass
 class Batch:
     """A run's rows on the host: ``n`` real rows padded to ``b``, ``s`` new positions a row after a
@@ -51,11 +54,18 @@ class Batch:
     tables: np.ndarray | None = None  # the paged form: each row's blocks, first new position, length after
     starts: np.ndarray | None = None
     lens: np.ndarray | None = None
-    last: np.ndarray | None = None  # each row's last new position (the one whose logits it samples)
+    last: np.ndarray | None = None  # each row's last new token (its logits sampled), among the b * s flattened
+    qstarts: np.ndarray | None = None  # each row's first new token among them
+    packed: bool = False  # the rows' tokens packed along ``s`` of a batch of one (``b`` rows, ``s`` tokens)
 
     @property
     def paged(self) -> bool:
         return self.tables is not None
+
+    @property
+    def positions(self) -> int:
+        """The new positions the run computes, padding included."""
+        return self.s if self.packed else self.b * self.s
 
     def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
         """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
@@ -63,7 +73,7 @@ class Batch:
         if self.paged:  # padding rows and positions write the scratch slot already
             t = {"ids": to_device(self.ids, dev, ints[io.input_ids]),
                  "mask": to_device(self.mask, dev, ints[io.attention_mask]),
-                 **{k: to_device(getattr(self, k), dev) for k in ("tables", "starts", "lens", "slots", "last")}}
+                 **{k: to_device(getattr(self, k), dev) for k in PAGED_ARRAYS}}
             if io.position_ids is not None:
                 t["pos"] = to_device(self.pos, dev, ints[io.position_ids])
             return t
@@ -156,16 +166,53 @@ def make_paged_batch(rows, pool, pad_rows: bool, chunk_multiple: int, width: int
     new = np.arange(s)
     pos = starts[:, None] + new[None, :]
     mask = np.ones((b, s), dtype=np.int64)  # (the attention masks by the lengths; the graph's mask goes unused)
-    return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens, ks - 1)
+    qstarts = np.arange(b, dtype=np.int64) * s
+    return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens, qstarts + ks - 1,
+                 qstarts)
 
 
-def padding_batch(pool, b: int, s: int, width: int) -> Batch:
-    """A paged run of ``b`` padding rows of ``s`` new positions each, all written to the pool's scratch
-    slot (each row's table names the scratch block): a key's shapes, to capture before a step needs it."""
+def make_packed_batch(rows, pool, pad_rows: bool, multiple: int, width: int | None) -> Batch:
+    """``rows`` (decode rows and prompt chunks together) as one run of a batch of one whose tokens are
+    the rows' new positions one after another, ``multiple`` apart at most in padding (a padding row
+    one token of its own; the padding tokens write the scratch slot and belong to no row): the
+    products pass over the weights once for the whole step."""
+    bs, n = pool.block_size, len(rows)
+    b = bucket(n) if pad_rows else n
+    ks = np.ones(b, dtype=np.int64)
+    starts = np.zeros(b, dtype=np.int64)
+    ks[:n] = [r.end - r.start for r in rows]
+    starts[:n] = [r.start for r in rows]
+    qstarts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
+    s = -(-int(ks.sum()) // multiple) * multiple
+    lens = starts + ks
+    scratch_block = pool.scratch_slot // bs
+    tables = np.full((b, width or int(-(-lens.max() // bs))), scratch_block, dtype=np.int64)
+    ids = np.zeros((1, s), dtype=np.int64)
+    pos = np.zeros((1, s), dtype=np.int64)
+    slots = np.full((1, s), pool.scratch_slot, dtype=np.int64)
+    for i, r in enumerate(rows):
+        at = slice(qstarts[i], qstarts[i] + ks[i])
+        ids[0, at] = r.tokens
+        pos[0, at] = np.arange(r.start, r.end)
+        slots[0, at] = r.slots
+        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
+        if table is not None:
+            blocks = table.blocks[:tables.shape[1]]
+            tables[i, :len(blocks)] = blocks
+    return Batch(n, b, s, 0, False, ids, np.ones((1, s), dtype=np.int64), pos, None, None, None, slots, tables,
+                 starts, lens, qstarts + ks - 1, qstarts, packed=True)
+
+
+def padding_batch(pool, b: int, s: int, width: int, packed: bool = False) -> Batch:
+    """A paged run of ``b`` padding rows of ``s`` new positions each (``packed``: ``b`` rows of one token
+    among ``s`` of a batch of one), all written to the pool's scratch slot (each row's table names the
+    scratch block): a key's shapes, to capture before a step needs it."""
     tables = np.full((b, width), pool.scratch_slot // pool.block_size, dtype=np.int64)
-    ids = np.zeros((b, s), dtype=np.int64)
-    pos = np.tile(np.arange(s, dtype=np.int64), (b, 1))
-    slots = np.full((b, s), pool.scratch_slot, dtype=np.int64)
+    one = 1 if packed else b
+    ids = np.zeros((one, s), dtype=np.int64)
+    pos = np.zeros((one, s), dtype=np.int64) if packed else np.tile(np.arange(s, dtype=np.int64), (b, 1))
+    slots = np.full((one, s), pool.scratch_slot, dtype=np.int64)
     zeros = np.zeros(b, dtype=np.int64)
-    return Batch(0, b, s, 0, s == 1, ids, np.ones((b, s), dtype=np.int64), pos, None, None, None, slots, tables,
-                 zeros, zeros + 1, zeros.copy())
+    qstarts = np.arange(b, dtype=np.int64) * (1 if packed else s)
+    return Batch(0, b, s, 0, s == 1 and not packed, ids, np.ones((one, s), dtype=np.int64), pos, None, None, None,
+                 slots, tables, zeros, zeros + 1, qstarts.copy(), qstarts, packed=packed)

@@ -51,7 +51,7 @@ from ..generate.folder import read_folder
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
-from .batch import Batch, make_batch, make_paged_batch, to_device
+from .batch import Batch, make_batch, make_packed_batch, make_paged_batch, to_device
 from .blocks import BlockPool, blocks_for_memory
 from .scheduler import BUCKETS, Plan, Scheduler, Sequence, bucket
 from .step_graphs import StepGraphs
@@ -170,7 +170,8 @@ class PagedEngine:
                  headroom: float = DEFAULT_HEADROOM, max_rows: int = 64, token_budget: int = 512, chunk: int = 256,
                  pad_rows: bool | None = None, past_multiple: int | None = None, step_graphs: bool | None = None,
                  overlap: bool | None = None, chunk_graphs: bool | None = None, prefill_budget: int | None = None,
-                 warm_up: bool | None = None, chunk_stream: bool | None = None, **session_options) -> None:
+                 warm_up: bool | None = None, chunk_stream: bool | None = None, packed: bool | None = None,
+                 **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
         cuda_asked = str(device or "").startswith("cuda")
@@ -199,6 +200,8 @@ class PagedEngine:
         refused = getattr(graph, "paged_kv_refused", "the session was made without paged_kv")
         # the LM head computes each row's last position only (paged_kv's PagedLast): logits [rows, 1, vocab]
         self.last_only = refused is None and getattr(self.model.session.program.fused, "paged_last", 0) > 0
+        # PagedAttention's rows may be packed (where each starts among the tokens); not the GQA form's
+        self.takes_qstarts = "paged.qstarts" in {i.name for i in self.model.session.get_inputs()}
         # the attention reads the pool in place (None) or why the pasts are gathered instead
         self.paged_refused = refused
         io = self.model.io
@@ -264,8 +267,12 @@ class PagedEngine:
         # conversations sit out the steps until its tokens are in (``held``, also while its run is
         # planned but not launched: their blocks are written by a stream the main one does not wait
         # for, so an abort meanwhile waits for that commit, ``abort_later``, and they are never preempted)
+        # a step's decode rows and prompt chunks in one run of a batch of one, their tokens packed one after
+        # another (the attention told where each row's start: paged.qstarts), so the products pass over
+        # the weights once a step (opt-in until a GPU run has measured it)
+        self.packed = packed is True and self.paged_refused is None and self.last_only and self.takes_qstarts
         self.chunk_stream = torch.cuda.Stream(self.dev) if (
-            self.chunk_graphs and self.overlap and chunk_stream is True) else None
+            self.chunk_graphs and self.overlap and chunk_stream is True and not self.packed) else None
         self.chunks_inflight: list[_Inflight] = []
         self.held: set = set()
         self.abort_later: set = set()
@@ -293,10 +300,16 @@ class PagedEngine:
         """The (rows, new positions) keys captured before the first step: a decode run per bucket of
         rows up to ``max_rows``; with chunk graphs a prompt-chunk run per chunk length (multiples of
         64 up to the chunk) and bucket of up to WARM_CHUNK_ROWS rows (a Poisson stream's prompts
-        mostly start alone; a burst's wider runs are captured when they come)."""
+        mostly start alone; a burst's wider runs are captured when they come); packed, a run per
+        bucket of rows and number of tokens up to a chunk and a multiple more."""
         top = bucket(self.scheduler.max_rows)
         keys = [(b, 1) for b in BUCKETS if b <= top]
-        if self.chunk_graphs:
+        m = self.chunk_multiple
+        if self.chunk_graphs and self.packed:  # a step's rows (any bucket) over its tokens: a chunk and the decode rows
+            most = -(-min(self.scheduler.chunk, self.scheduler.token_budget) // m) * m + m
+            keys += [(b, s) for s in range(m, min(most, CHUNK_GRAPH_TOKENS) + 1, m) for b in BUCKETS
+                     if b <= top and b <= s]
+        elif self.chunk_graphs:
             longest = min(self.scheduler.chunk, self.scheduler.token_budget)
             for s in range(self.chunk_multiple, -(-longest // self.chunk_multiple) * self.chunk_multiple + 1,
                            self.chunk_multiple):
@@ -437,7 +450,9 @@ class PagedEngine:
         chunks = [r for r in plan.rows if not _decode_row(r)]
         before = _mark(self.dev) if self.chunk_stream is not None and chunks else None  # the work before this step's
         groups = [decode] if decode else []
-        if self.convention == "gqa" and self.paged_refused is not None:  # a continued prompt runs alone (the op's rule)
+        if self.packed and chunks:  # decode rows and prompt chunks in one run, their tokens packed
+            groups = [plan.rows]
+        elif self.convention == "gqa" and self.paged_refused is not None:  # a continued prompt alone (the op's rule)
             first = [r for r in chunks if r.start == 0]
             groups += ([first] if first else []) + [[r] for r in chunks if r.start > 0]
         elif chunks:
@@ -527,7 +542,7 @@ class PagedEngine:
         return self.graphs is not None and (
             (batch.decode and (not batch.paged or batch.tables.shape[1] == self.table_width))
             or (self.chunk_graphs and batch.paged and batch.tables.shape[1] == self.table_width
-                and batch.b * batch.s <= CHUNK_GRAPH_TOKENS))
+                and batch.positions <= CHUNK_GRAPH_TOKENS))
 
     def _run(self, rows, batch: Batch | None = None) -> tuple[list, torch.Tensor]:
         """The model over ``rows`` as one batch: the keys of the rows that sample and their last
@@ -535,7 +550,7 @@ class PagedEngine:
         t0 = time.perf_counter()
         batch = batch if batch is not None else self._batch(rows)
         t1 = time.perf_counter()
-        patch = self._pending(rows)
+        patch = self._pending(rows, batch)
         logits = self.graphs.run(batch, patch) if self._graphed(batch) else None
         if logits is None:  # the eager run (a key the step graphs refused, a prompt chunk, the CPU)
             # (where step graphs run, an eager run is a key they refused or a chunk too long for one)
@@ -569,7 +584,7 @@ class PagedEngine:
             return list(keys), logits[:len(i), 0]
         return list(keys), logits[to_device(np.asarray(i), logits.device), to_device(np.asarray(t), logits.device)]
 
-    def _pending(self, rows):
+    def _pending(self, rows, batch: Batch):
         """For rows whose token is the step in flight's (overlap): what writes those tokens into the
         run's ``input_ids`` on the device, after the host's placeholders (None when no row waits)."""
         dst = [i for i, r in enumerate(rows) if r.pending]
@@ -579,10 +594,12 @@ class PagedEngine:
         if prev is None:
             raise RuntimeError("paged engine: a row waits for a token no step has in flight")
         src = to_device(np.asarray([prev.index[rows[i].seq.key] for i in dst]), prev.tokens.device)
-        dst_t = to_device(np.asarray(dst), prev.tokens.device)
+        # each row's one token among the ids flattened (a packed run's rows start at their qstarts)
+        at = batch.qstarts[dst] if batch.packed else np.asarray(dst) * batch.ids.shape[1]
+        dst_t = to_device(np.asarray(at, dtype=np.int64), prev.tokens.device)
 
         def patch(ids: torch.Tensor) -> None:
-            ids[dst_t, 0] = prev.tokens[src].to(ids.dtype)
+            ids.view(-1)[dst_t] = prev.tokens[src].to(ids.dtype)
         return patch
 
     def _batch(self, rows) -> Batch:
@@ -591,6 +608,8 @@ class PagedEngine:
             decode = all(r.end - r.start == 1 for r in rows)
             graphed = self.graphs is not None and (decode or self.chunk_graphs)
             width = self.table_width if graphed and longest <= self.table_width * self.pool.block_size else None
+            if self.packed and not decode:
+                return make_packed_batch(rows, self.pool, self.pad_rows, self.chunk_multiple, width)
             return make_paged_batch(rows, self.pool, self.pad_rows, self.chunk_multiple, width)
         return make_batch(rows, self.pool, self.convention, self.pad_rows, self.past_multiple, self.chunk_multiple)
 
@@ -638,7 +657,7 @@ class PagedEngine:
         KV append fills in place (lend_room): without it the append would allocate a storage per layer
         every run (a driver allocation, which a CUDA graph cannot capture)."""
         L, h, d = len(self.layers), self.pool.k.shape[3], self.pool.k.shape[4]
-        room = self.pool.k.new_empty((2, L, batch.b, h, batch.s, d))
+        room = self.pool.k.new_empty((2, L, batch.ids.shape[0], h, batch.s, d))
         for layer, names in enumerate(self.layers):
             for j, store in enumerate((self.pool.k, self.pool.v)):
                 past = room[j, layer, :, :, :0]
@@ -649,6 +668,8 @@ class PagedEngine:
             feeds["paged." + k] = t[k]
         if self.last_only:
             feeds["paged.last"] = t["last"]
+        if self.takes_qstarts:
+            feeds["paged.qstarts"] = t["qstarts"]
         return request.run([self.io.logits], feeds)[0]
 
     def _choose(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> torch.Tensor:

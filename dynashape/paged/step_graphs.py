@@ -106,7 +106,7 @@ class StepGraphs:
         for b, s in keys:
             if (b, 0, s) in self.keys or self.broken:
                 continue
-            self._first((b, 0, s), padding_batch(eng.pool, b, s, eng.table_width))
+            self._first((b, 0, s), padding_batch(eng.pool, b, s, eng.table_width, packed=eng.packed and s > 1))
             done += isinstance(self.keys.get((b, 0, s)), _Key)
         return done
 

@@ -101,6 +101,29 @@ def test_shape_errors_name_the_op():
         pa.attend(q, pool.k[0], pool.v[0], t, t[:, 0], t[:, 0] + 1, 1.0)
 
 
+@pytest.mark.parametrize("kvh", [4, 2])
+def test_rows_packed_along_one_batch_row_attend_as_the_same_rows_batched(kvh):
+    # decode rows (one query) and prompt chunks (several) of different lengths packed one after another
+    # along the tokens of a batch of one (qstarts: where each row's start), against the rows batched
+    torch.manual_seed(1)
+    heads, d, bs = 4, 16, 4
+    pk, pv = torch.randn(41, bs, kvh, d), torch.randn(41, bs, kvh, d)
+    tables = torch.stack([torch.randperm(40)[:8] for _ in range(4)])
+    starts = torch.tensor([12, 0, 29, 3])
+    lens = starts + torch.tensor([1, 7, 1, 3])
+    q = torch.randn(4, heads, 7, d)
+    want = pa.attend(q, pk, pv, tables, starts, lens, 0.25)
+    qp, qstarts = _pack(q, lens - starts, 2)
+    got = pa.attend(qp, pk, pv, tables, starts, lens, 0.25, qstarts)
+    assert got.shape == (1, heads, qp.shape[2], d)
+    for i in range(4):
+        n, at = int(lens[i] - starts[i]), int(qstarts[i])
+        torch.testing.assert_close(got[0, :, at:at + n], want[i, :, :n], atol=1e-6, rtol=1e-5)
+    assert not got[0, :, -2:].any()
+    with pytest.raises(ShapeError, match="packed rows need a batch of one"):
+        pa.attend(q[:2], pk, pv, tables, starts, lens, 0.25)
+
+
 def test_the_pass_rewrites_every_layer_and_the_session_takes_the_pool():
     path = str(llama.model_path(CFG))
     plain = ds.InferenceSession(path)
@@ -161,9 +184,30 @@ for b, heads, kvh, d, bs, s in [(3, 12, 4, 64, 16, 1), (3, 12, 4, 64, 16, 37), (
     for i in range(b):
         n = int(lens[i] - starts[i])
         torch.testing.assert_close(got[i, :, :n], want[i, :, :n], atol=2e-6, rtol=1e-5)
-assert pa.COUNTS == {"paged_attention_triton": 4, "paged_attention_torch": 0}  # every call a kernel
+    if s > 1:  # the same rows packed along the tokens of a batch of one (three tokens of no row at the end)
+        qp, qstarts = _pack(q, lens - starts, 3)
+        packed = pa.attend(qp, pk, pv, tables, starts, lens, 0.125, qstarts)
+        for i in range(b):
+            n, at = int(lens[i] - starts[i]), int(qstarts[i])
+            torch.testing.assert_close(packed[0, :, at:at + n], want[i, :, :n], atol=2e-6, rtol=1e-5)
+        assert not packed[0, :, -3:].any()
+assert pa.COUNTS == {"paged_attention_triton": 7, "paged_attention_torch": 0}  # every call a kernel
 print("ok")
 """
+
+PACK_IMPORT = "from tests.ops.test_paged_attention import _pack\n"
+
+
+def _pack(q, counts, spare):
+    """Rows' first ``counts`` queries of q [B, H, S, D] one after another along the tokens of a batch of
+    one, then ``spare`` tokens of no row (their output must be zeros); and where each row starts."""
+    qs = [q[i, :, :int(c)] for i, c in enumerate(counts)]
+    tail = q.new_zeros(q.shape[1], spare, q.shape[3]) + 7.0
+    starts = torch.tensor([0] + [int(c) for c in counts][:-1]).cumsum(0)
+    return torch.cat(qs + [tail], 1)[None], starts
+
+
+INTERPRETED = INTERPRETED.replace("import torch\n", "import torch\n" + PACK_IMPORT, 1)
 
 
 def test_triton_kernels_interpreted_on_the_cpu_match_the_torch_form():

@@ -221,21 +221,44 @@ class Keys:
         return eng.body(eng.request, batch, t, eng.dense(batch))
 
 
-def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone):
+@pytest.mark.parametrize("packed", [False, True], ids=["apart", "packed"])
+def test_runs_as_the_step_graphs_take_them_give_the_lone_tokens(path, lone, packed):
     """The CUDA step graphs' side of the engine, on the CPU: decode runs and prompt-chunk runs handed
     to the graphs with their tables as wide as a conversation of the model's context (the shapes a
     captured key fixes), rows padded to buckets, tokens in flight patched in, the LM head over each
-    row's last position only. A stand-in runs each eagerly (a capture needs CUDA)."""
+    row's last position only. A stand-in runs each eagerly (a capture needs CUDA). ``packed``: a
+    step's decode rows and prompt chunks in one run, their tokens one after another (a multiple of 8
+    of them, as CUDA's are of 64)."""
     engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16, pad_rows=True,
-                         paged_kv=True, overlap=True)
-    engine.graphs, engine.chunk_graphs = Keys(engine), True
+                         paged_kv=True, overlap=True, packed=packed)
+    engine.graphs, engine.chunk_graphs, engine.chunk_multiple = Keys(engine), True, 8
     arrivals = conversations(3, 10, 25)
     got = drive(engine, arrivals)
     for convs in arrivals.values():
         for key, prompt, max_new, _ in convs:
             assert got[key] == lone(prompt, max_new), key
     assert {s for _, _, s in engine.graphs.keys} > {1}  # decode runs and chunk runs both went to the graphs
-    assert engine.stats()["eager_runs"] == 0
+    assert engine.stats()["eager_runs"] == 0 and engine.packed == packed
+    if packed:  # a run's tokens a multiple of 8, at least one a row
+        assert all(s % 8 == 0 and s >= b for b, _, s in engine.graphs.keys if s > 1)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
+def test_packed_runs_of_decode_rows_and_prompt_chunks_give_the_lone_tokens(path, lone, overlap):
+    """Decode rows and prompt chunks of one step in one run of a batch of one (PagedEngine(packed=True)),
+    their tokens one after another: every conversation's lone tokens, in fewer runs than apart."""
+    runs = {}
+    for packed in (False, True):
+        engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=8, token_budget=48, chunk=16, paged_kv=True,
+                             overlap=overlap, packed=packed)
+        arrivals = conversations(0, 10, 25)
+        got = drive(engine, arrivals)
+        for convs in arrivals.values():
+            for key, prompt, max_new, _ in convs:
+                assert got[key] == lone(prompt, max_new), (packed, key)
+        runs[packed] = engine.stats()["runs"]
+        assert engine.stats()["kv_blocks_used"] == 0
+    assert runs[True] < runs[False]
 
 
 def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(path, lone):
@@ -268,10 +291,13 @@ def test_warm_up_keys_and_their_padding_runs_touch_only_the_scratch_block(path, 
     keys = engine.warm_keys()
     assert [k for k in keys if k[1] == 1] == [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1)]
     assert [k for k in keys if k[1] > 1] == [(b, s) for s in (64, 128) for b in (1, 2, 4, 8)]
+    engine.packed = True  # a step's rows (any bucket up to max_rows) over its tokens, up to a chunk and 64 more
+    assert [k for k in engine.warm_keys() if k[1] > 1] == [(b, s) for s in (64, 128, 192) for b in (1, 2, 4, 8, 16)]
+    engine.packed = False
     assert run_one(engine, "a", [3, 1, 4, 1, 5], 3, keep=True) == lone([3, 1, 4, 1, 5], 3)  # blocks held (parked)
     k, v = engine.pool.k.clone(), engine.pool.v.clone()
-    for b, s in [(1, 1), (4, 1), (2, 64)]:
-        batch = padding_batch(engine.pool, b, s, engine.table_width)
+    for b, s, packed in [(1, 1, False), (4, 1, False), (2, 64, False), (4, 64, True)]:
+        batch = padding_batch(engine.pool, b, s, engine.table_width, packed=packed)
         t = batch.tensors(engine.dev, engine._int, engine.io, scratch=engine.pool.scratch_slot)
         logits = engine.body(engine.request, batch, t, engine.dense(batch))
         assert logits.shape[:2] == (b, 1) and torch.isfinite(logits).all()
