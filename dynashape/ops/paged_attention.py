@@ -254,8 +254,10 @@ def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: 
     g = h // kvh
     if rows is None:  # (an H200, 12-layer decoder's shapes, benchmarks/paged_chunks_tune.py: 1.5-4x the
         # one tile of 64 rows and 4 warps) a grid of fewer than ~128 programs takes tiles of 16 rows, more
-        # programs each; a wider one tiles of 64 rows over 8 warps
-        wide = b * kvh * triton.cdiv(s, max(1, triton.next_power_of_2(CHUNK_ROWS // g + 1) // 2)) >= 128
+        # programs each; a wider one tiles of 64 rows over 8 warps. Packed rows take tiles of 16: a decode
+        # row's one query would leave most of a wider tile idle
+        per = max(1, triton.next_power_of_2(CHUNK_ROWS // g + 1) // 2)  # positions a wide tile holds
+        wide = qstarts is None and b * kvh * triton.cdiv(s, per) >= 128
         rows, warps = (CHUNK_ROWS, warps or 8) if wide else (16, warps or 4)
     warps = warps or 4
     block_m = max(1, triton.next_power_of_2(rows // g + 1) // 2)  # positions a program: the largest
@@ -365,7 +367,10 @@ if triton is not None:
         den = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
         top = tl.minimum(start + tl.program_id(1) * BLOCK_M + BLOCK_M - 1, length - 1)  # the block's last seen
-        for kb in range(0, tl.cdiv(top + 1, BLOCK_N)):
+        steps = tl.cdiv(top + 1, BLOCK_N)
+        if PACKED:  # a block past the row's queries (a decode row's, mostly) reads nothing
+            steps = tl.where(tl.program_id(1) * BLOCK_M < length - start, steps, 0)
+        for kb in range(0, steps):
             n = kb * BLOCK_N + tl.arange(0, BLOCK_N)
             valid = n <= top
             block = tl.load(TABLES + b * st0 + n // BS, mask=valid, other=0).to(tl.int64)
