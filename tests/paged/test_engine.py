@@ -110,14 +110,16 @@ def test_conversations_joining_at_random_steps_get_their_lone_greedy_tokens(path
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlapped"])
-def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, overlap, device):
+@pytest.mark.parametrize("packed", [False, True], ids=["runs-apart", "packed"])
+def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, overlap, packed, device):
     # 12 blocks of 8 positions for 6 conversations of up to ~60 positions: the newest are preempted
-    # (with overlap, some while their token is in flight: recomputed once it is in)
+    # (with overlap, some while their token is in flight: recomputed once it is in). packed: a step's
+    # decode rows and prompt chunks (the recomputed ones too) in one run
     engine = PagedEngine(path, device=device, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32,
-                         overlap=overlap)
+                         overlap=overlap, **({"paged_kv": True, "packed": True} if packed else {}))
     arrivals = {0: [(f"p{i}", list(range(3 + 5 * i, 20 + 5 * i)), 30, None) for i in range(6)]}
     got = drive(engine, arrivals)
-    assert engine.stats()["preemptions"] > 0
+    assert engine.stats()["preemptions"] > 0 and engine.packed == packed
     for key, prompt, max_new, _ in arrivals[0]:
         assert got[key] == lone(prompt, max_new), key
 
