@@ -271,6 +271,11 @@ class PagedEngine:
         # another (the attention told where each row's start: paged.qstarts), so the products pass over
         # the weights once a step (opt-in until a GPU run has measured it)
         self.packed = packed is True and self.paged_refused is None and self.last_only and self.takes_qstarts
+        why = ("not asked" if packed is not True else f"the pool is not read in place: {self.paged_refused}"
+               if self.paged_refused is not None else "the LM head is not over each row's last token"
+               if not self.last_only else "the attention cannot take packed rows (GroupQueryAttention)"
+               if not self.takes_qstarts else None)
+        self.packed_refused = None if self.packed else why
         self.chunk_stream = torch.cuda.Stream(self.dev) if (
             self.chunk_graphs and self.overlap and chunk_stream is True and not self.packed) else None
         self.chunks_inflight: list[_Inflight] = []
@@ -377,6 +382,7 @@ class PagedEngine:
                 "paged_kv": "on" if self.paged_refused is None else f"off: {self.paged_refused}",
                 "overlap": self.overlap, "chunk_graphs": self.chunk_graphs, "warm_up_s": self.warm_up_s,
                 "chunk_stream": self.chunk_stream is not None,
+                "packed": "on" if self.packed else f"off: {self.packed_refused}",
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "parked": len(self.scheduler.parked),
                 **{f"peak_{k}": v for k, v in self.peak.items()}}

@@ -259,13 +259,15 @@ def test_packed_runs_of_decode_rows_and_prompt_chunks_give_the_lone_tokens(path,
             for key, prompt, max_new, _ in convs:
                 assert got[key] == lone(prompt, max_new), (packed, key)
         runs[packed] = engine.stats()["runs"]
-        assert engine.stats()["kv_blocks_used"] == 0
+        st = engine.stats()
+        assert st["kv_blocks_used"] == 0 and st["packed"] == ("on" if packed else "off: not asked")
     assert runs[True] < runs[False]
 
 
 def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(path, lone):
-    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=4, paged_kv=True, fusion=False)
+    engine = PagedEngine(path, block_size=8, num_blocks=64, max_rows=4, paged_kv=True, fusion=False, packed=True)
     assert engine.paged_refused == "fusion is off" and engine.stats()["paged_kv"] == "off: fusion is off"
+    assert engine.stats()["packed"] == "off: the pool is not read in place: fusion is off"
     assert run_one(engine, "x", [4, 5, 6], 6, keep=False) == lone([4, 5, 6], 6)
     assert engine.stats()["gathered_bytes"] > 0
 
