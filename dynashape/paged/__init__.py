@@ -4,7 +4,8 @@
 ``attention``: attention of query rows over their conversations' blocks (the torch reference).
 ``scheduler``: which conversations step together, prompt chunks, preemption when blocks run out.
 ``engine``: ``PagedEngine``, an exported ONNX decoder's steps for many conversations over the pool
-(``batch``: a run's host arrays; ``step_graphs``: decode runs as CUDA graphs). It loads a model
+(``batch``: a run's host arrays; ``step_graphs``: decode and prompt-chunk runs as CUDA graphs;
+``inflight``: a step's records, its runs whose tokens are on their way, the tokens it hands out). It loads a model
 session, so it is imported from ``dynashape.paged.engine``, not here.
 """
 

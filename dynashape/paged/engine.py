@@ -41,18 +41,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..errors import InputError, InvalidModelError, OptionsError
+from ..errors import InputError, InvalidModelError
 from ..generate.folder import read_folder
 from ..generate.generator import KV_DTYPES, Model
 from ..generate.sampling import next_tokens
 from ..runtime.kv_append import lend_room
 from .batch import Batch, make_batch, make_packed_batch, make_paged_batch, to_device
 from .blocks import BlockPool, blocks_for_memory
+from .inflight import Event, Inflight, Sampling, decode_row, mark, ready
 from .scheduler import BUCKETS, Plan, Scheduler, Sequence, bucket
 from .step_graphs import StepGraphs
 
@@ -63,65 +63,6 @@ TRACE_STEPS = 8192  # steps the trace keeps
 CPU_POOL_BYTES = 256 << 20  # the pool on the CPU unless num_blocks says otherwise
 CHUNK_GRAPH_TOKENS = 4096  # a prompt-chunk run padded beyond this many positions runs eagerly (each captured
                            # key keeps a request whose activations are planned for its shape)
-
-
-@dataclass
-class Sampling:
-    """A conversation's search options (onnxruntime-genai's names)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    generator: torch.Generator | None = field(default=None, repr=False)
-
-    def check(self) -> None:
-        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
-            raise OptionsError(f"sampling {self}: expected temperature > 0, 0 < top_p <= 1, top_k >= 0, "
-                               "repetition_penalty > 0")
-
-
-@dataclass
-class _Inflight:
-    """A launched step: its plan, the keys of its sampling rows and their tokens (on the device, and
-    on their way to ``host``; ``event`` marks their arrival), ``index``: key -> place in ``tokens``."""
-
-    plan: object
-    keys: list
-    tokens: torch.Tensor
-    host: torch.Tensor
-    event: object
-    index: dict
-
-
-def _decode_row(r) -> bool:
-    """A row of one position after a past: a decode run's (a prompt's last position of one included)."""
-    return r.end - r.start == 1 and r.start > 0
-
-
-def _mark(dev):
-    """An event at the current stream's work so far (None on the CPU, whose work is done when launched)."""
-    if dev.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
-
-
-def _ready(inf: _Inflight) -> bool:
-    """Whether the run's tokens are in (without waiting)."""
-    return inf.event is None or inf.event.query()
-
-
-@dataclass
-class Event:
-    """A token made for a conversation by a step; ``finished``: its last."""
-
-    key: object
-    token: int
-    finished: bool
 
 
 def _pairs(io) -> list[tuple[str, str, str, str]]:
@@ -262,7 +203,7 @@ class PagedEngine:
         # a step planned and launched while the device runs the last one (CUDA by default: on the
         # CPU the runs are the host's own work, there is nothing to overlap)
         self.overlap = cuda if overlap is None else bool(overlap)
-        self.inflight: _Inflight | None = None
+        self.inflight: Inflight | None = None
         # prompt chunks on a stream of their own: the decode runs' tokens do not wait for them. A chunk's
         # conversations sit out the steps until its tokens are in (``held``, also while its run is
         # planned but not launched: their blocks are written by a stream the main one does not wait
@@ -278,7 +219,7 @@ class PagedEngine:
         self.packed_refused = None if self.packed else why
         self.chunk_stream = torch.cuda.Stream(self.dev) if (
             self.chunk_graphs and self.overlap and chunk_stream is True and not self.packed) else None
-        self.chunks_inflight: list[_Inflight] = []
+        self.chunks_inflight: list[Inflight] = []
         self.held: set = set()
         self.abort_later: set = set()
         self.lock = threading.Lock()  # add / abort from other threads while steps run
@@ -401,7 +342,7 @@ class PagedEngine:
         with self.lock:
             plan = self.scheduler.plan(held=self.held)
             if self.chunk_stream is not None:
-                self.held |= {r.seq.key for r in plan.rows if not _decode_row(r)}
+                self.held |= {r.seq.key for r in plan.rows if not decode_row(r)}
             # the rows' options as the step began: an abort from another thread meanwhile drops them
             opts = {r.seq.key: self.sampling[r.seq.key][0] for r in plan.rows if r.seq.key in self.sampling}
             if self.pool.used_blocks > self.peak["blocks"]:
@@ -448,13 +389,13 @@ class PagedEngine:
     def _needs_history(self) -> bool:
         return any(s.repetition_penalty != 1 for s, _ in self.sampling.values())
 
-    def _launch(self, plan, opts: dict) -> _Inflight | None:
+    def _launch(self, plan, opts: dict) -> Inflight | None:
         """The plan's runs and their sampling, launched; the tokens on their way to the host (a prompt
         chunk replayed on the chunk stream goes to ``chunks_inflight``; None when nothing else ran)."""
         keys, logits = [], []
-        decode = [r for r in plan.rows if _decode_row(r)]
-        chunks = [r for r in plan.rows if not _decode_row(r)]
-        before = _mark(self.dev) if self.chunk_stream is not None and chunks else None  # the work before this step's
+        decode = [r for r in plan.rows if decode_row(r)]
+        chunks = [r for r in plan.rows if not decode_row(r)]
+        before = mark(self.dev) if self.chunk_stream is not None and chunks else None  # the work before this step's
         groups = [decode] if decode else []
         if self.packed and chunks:  # decode rows and prompt chunks in one run, their tokens packed
             groups = [plan.rows]
@@ -466,7 +407,7 @@ class PagedEngine:
         main = []
         for rows in groups:
             batch = None
-            if self.chunk_stream is not None and not all(_decode_row(r) for r in rows):
+            if self.chunk_stream is not None and not all(decode_row(r) for r in rows):
                 t0 = time.perf_counter()
                 batch = self._batch(rows)
                 self.counters["host_feed_s"] += time.perf_counter() - t0
@@ -482,7 +423,7 @@ class PagedEngine:
         sub = plan if len(main) == len(plan.rows) else Plan(main, plan.preempted)
         return self._send(sub, keys, torch.cat(logits) if len(logits) > 1 else logits[0], opts)
 
-    def _launch_apart(self, rows, batch, before, opts: dict) -> _Inflight:
+    def _launch_apart(self, rows, batch, before, opts: dict) -> Inflight:
         """A prompt-chunk run replayed on the chunk stream, after the main stream's work launched before
         this step (the blocks a preemption freed may still be written there), beside this step's decode."""
         self.counters["chunk_stream_runs"] += 1
@@ -493,7 +434,7 @@ class PagedEngine:
             keys, logits = self._run(rows, batch)
             return self._send(Plan(rows, []), keys, logits, opts)
 
-    def _send(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> _Inflight:
+    def _send(self, plan, keys: list, logits: torch.Tensor, opts: dict) -> Inflight:
         """The sampling of ``keys``' rows of ``logits`` launched, their tokens on their way to the host."""
         t0 = time.perf_counter()
         tokens = self._choose(plan, keys, logits, opts)
@@ -504,17 +445,17 @@ class PagedEngine:
             event = torch.cuda.Event()
             event.record()
         self.counters["sample_s"] += time.perf_counter() - t0
-        return _Inflight(plan, keys, tokens, host, event, {k: j for j, k in enumerate(keys)})
+        return Inflight(plan, keys, tokens, host, event, {k: j for j, k in enumerate(keys)})
 
     def _commit_chunks(self, wait: bool) -> list[Event]:
         """The prompt chunks whose tokens are in, oldest first (``wait``: the oldest waited for)."""
         events = []
-        while self.chunks_inflight and (wait or _ready(self.chunks_inflight[0])):
+        while self.chunks_inflight and (wait or ready(self.chunks_inflight[0])):
             events += self._commit(self.chunks_inflight.pop(0))
             wait = False
         return events
 
-    def _commit(self, inf: _Inflight | None = None) -> list[Event]:
+    def _commit(self, inf: Inflight | None = None) -> list[Event]:
         """The step in flight's tokens (or ``inf``'s) read back (the step's one wait for the device)
         and committed."""
         if inf is None:
@@ -530,7 +471,7 @@ class PagedEngine:
             for seq in done:
                 self.sampling.pop(seq.key, None)
             if self.held:  # the chunk's conversations take part again; the aborts that waited for it
-                freed = {r.seq.key for r in inf.plan.rows if not _decode_row(r)} & self.held
+                freed = {r.seq.key for r in inf.plan.rows if not decode_row(r)} & self.held
                 self.held -= freed
                 for key in freed & self.abort_later:
                     self.abort_later.discard(key)

@@ -322,7 +322,7 @@ def test_prompt_chunks_on_their_own_stream_hold_their_conversations_until_their_
                          paged_kv=True, overlap=True)
     engine.graphs, engine.chunk_graphs, engine.chunk_stream = Keys(engine), True, "stand-in"
     asked = []
-    monkeypatch.setattr(pe, "_ready", lambda inf: asked.append(1) or len(asked) % 2 == 0)
+    monkeypatch.setattr(pe, "ready", lambda inf: asked.append(1) or len(asked) % 2 == 0)
     plan, planned = engine.scheduler.plan, []
 
     def checked(held=frozenset()):
