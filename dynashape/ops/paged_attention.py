@@ -394,6 +394,6 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             den = den * alpha + tl.sum(p, axis=1)
             m = m_new
-        o = acc / den[:, None]
+        o = acc / tl.where(den > 0, den, 1.0)[:, None]  # (a block of no live query: nothing summed)
         tl.store(OUT + qrow * so0 + tok[:, None] * so1 + head[:, None] * so2 + dv[None, :],
                  o.to(OUT.dtype.element_ty), mask=live[:, None] & (dv[None, :] < DV))
