@@ -275,6 +275,13 @@ def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: 
 
 
 if triton is not None:
+    @triton.jit
+    def _dot(a, b, IEEE: tl.constexpr):
+        """a @ b, float32 products in IEEE precision where asked (not TF32)."""
+        if IEEE:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b)
+
     # the table's width and the row count change with the batch: not specialised on, so that a new
     # bucket's capture compiles nothing
     @triton.jit(do_not_specialize=["st0", "SPLITS"])
@@ -299,19 +306,13 @@ if triton is not None:
                         other=0.0)
             kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None], mask=valid[None, :] & (d[:, None] < D),
                          other=0.0)
-            if IEEE:
-                s = tl.dot(q, kt.to(q.dtype), input_precision="ieee")
-            else:
-                s = tl.dot(q, kt.to(q.dtype))
+            s = _dot(q, kt.to(q.dtype), IEEE)
             s = tl.where(valid[None, :], s * scale, float("-inf"))
             m = tl.max(s, axis=1)
             p = tl.exp(s - m[:, None])
             vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
                          other=0.0)
-            if IEEE:
-                acc = tl.dot(p, vv.to(tl.float32), input_precision="ieee")
-            else:
-                acc = tl.dot(p.to(q.dtype), vv.to(q.dtype))
+            acc = _dot(p.to(q.dtype), vv.to(q.dtype), IEEE)  # (IEEE: q is float32, p is already)
             base = (bh * SPLITS + split) * BLOCK_R
             tl.store(MX + base + rows, m)
             tl.store(DEN + base + rows, tl.sum(p, axis=1))
@@ -377,20 +378,14 @@ if triton is not None:
             slot = block * BS + n % BS
             kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None], mask=valid[None, :] & (d[:, None] < D),
                          other=0.0)
-            if IEEE:
-                sc = tl.dot(q, kt.to(q.dtype), input_precision="ieee")
-            else:
-                sc = tl.dot(q, kt.to(q.dtype))
+            sc = _dot(q, kt.to(q.dtype), IEEE)
             sc = tl.where(n[None, :] <= last[:, None], sc * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=1))  # finite from the first block on (position 0 is seen)
             alpha = tl.exp(m - m_new)
             p = tl.exp(sc - m_new[:, None])
             vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
                          other=0.0)
-            if IEEE:
-                pv = tl.dot(p, vv.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(q.dtype), vv.to(q.dtype))
+            pv = _dot(p.to(q.dtype), vv.to(q.dtype), IEEE)
             acc = acc * alpha[:, None] + pv
             den = den * alpha + tl.sum(p, axis=1)
             m = m_new
