@@ -135,36 +135,44 @@ def make_batch(rows, pool, convention: str, pad_rows: bool, past_multiple: int, 
     return Batch(n, b, s, p, decode, ids, mask, pos, gather, new_b, new_t, slots)
 
 
+def _paged_rows(rows, pool, pad_rows: bool, width: int | None):
+    """What both paged forms share: ``n`` rows padded to ``b`` (a bucket with ``pad_rows``), each row's
+    new positions (a padding row: one) and first position, its length after the run, and its block
+    table (``width`` blocks wide, or the widest row's; a padding row's and a table's unused entries
+    name the scratch block)."""
+    bs, n = pool.block_size, len(rows)
+    b = bucket(n) if pad_rows else n
+    ks = np.ones(b, dtype=np.int64)
+    starts = np.zeros(b, dtype=np.int64)
+    ks[:n] = [r.end - r.start for r in rows]
+    starts[:n] = [r.start for r in rows]
+    lens = starts + ks
+    tables = np.full((b, width or int(-(-lens.max() // bs))), pool.scratch_slot // bs, dtype=np.int64)
+    for i, r in enumerate(rows):
+        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
+        if table is not None:  # (blocks past the width hold no position below the row's length)
+            blocks = table.blocks[:tables.shape[1]]
+            tables[i, :len(blocks)] = blocks
+    return n, b, ks, starts, lens, tables
+
+
 def make_paged_batch(rows, pool, pad_rows: bool, chunk_multiple: int, width: int | None) -> Batch:
     """``rows`` as one run of a model whose attention reads the pool (the session's ``paged_kv``):
     no past is fed, each row's block table (``width`` blocks wide, or the widest row's), first new
     position and length after the run are. Padding rows (a bucket) and padding positions (a chunk
     padded to ``chunk_multiple``) write the pool's scratch slot; a padding row's table names the
     scratch block, so it attends to its own position only."""
-    bs, n = pool.block_size, len(rows)
+    n, b, ks, starts, lens, tables = _paged_rows(rows, pool, pad_rows, width)
     decode = all(r.end - r.start == 1 for r in rows)
-    b = bucket(n) if pad_rows else n
-    ks = np.ones(b, dtype=np.int64)  # new positions a row (a padding row: one)
-    starts = np.zeros(b, dtype=np.int64)
-    ks[:n] = [r.end - r.start for r in rows]
-    starts[:n] = [r.start for r in rows]
     s = int(ks.max())
     if not decode:
         s = -(-s // chunk_multiple) * chunk_multiple
-    lens = starts + ks
-    scratch_block = pool.scratch_slot // bs
-    tables = np.full((b, width or int(-(-lens.max() // bs))), scratch_block, dtype=np.int64)
     ids = np.zeros((b, s), dtype=np.int64)
     slots = np.full((b, s), pool.scratch_slot, dtype=np.int64)
     for i, r in enumerate(rows):
         ids[i, :ks[i]] = r.tokens
         slots[i, :ks[i]] = r.slots
-        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
-        if table is not None:  # (blocks past the width hold no position below the row's length)
-            blocks = table.blocks[:tables.shape[1]]
-            tables[i, :len(blocks)] = blocks
-    new = np.arange(s)
-    pos = starts[:, None] + new[None, :]
+    pos = starts[:, None] + np.arange(s)[None, :]
     mask = np.ones((b, s), dtype=np.int64)  # (the attention masks by the lengths; the graph's mask goes unused)
     qstarts = np.arange(b, dtype=np.int64) * s
     return Batch(n, b, s, 0, decode, ids, mask, pos, None, None, None, slots, tables, starts, lens, qstarts + ks - 1,
@@ -176,17 +184,9 @@ def make_packed_batch(rows, pool, pad_rows: bool, multiple: int, width: int | No
     the rows' new positions one after another, ``multiple`` apart at most in padding (a padding row
     one token of its own; the padding tokens write the scratch slot and belong to no row): the
     products pass over the weights once for the whole step."""
-    bs, n = pool.block_size, len(rows)
-    b = bucket(n) if pad_rows else n
-    ks = np.ones(b, dtype=np.int64)
-    starts = np.zeros(b, dtype=np.int64)
-    ks[:n] = [r.end - r.start for r in rows]
-    starts[:n] = [r.start for r in rows]
+    n, b, ks, starts, lens, tables = _paged_rows(rows, pool, pad_rows, width)
     qstarts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
     s = -(-int(ks.sum()) // multiple) * multiple
-    lens = starts + ks
-    scratch_block = pool.scratch_slot // bs
-    tables = np.full((b, width or int(-(-lens.max() // bs))), scratch_block, dtype=np.int64)
     ids = np.zeros((1, s), dtype=np.int64)
     pos = np.zeros((1, s), dtype=np.int64)
     slots = np.full((1, s), pool.scratch_slot, dtype=np.int64)
@@ -195,10 +195,6 @@ def make_packed_batch(rows, pool, pad_rows: bool, multiple: int, width: int | No
         ids[0, at] = r.tokens
         pos[0, at] = np.arange(r.start, r.end)
         slots[0, at] = r.slots
-        table = pool.tables.get(r.seq.key)  # None: aborted since the plan (its row is dropped)
-        if table is not None:
-            blocks = table.blocks[:tables.shape[1]]
-            tables[i, :len(blocks)] = blocks
     return Batch(n, b, s, 0, False, ids, np.ones((1, s), dtype=np.int64), pos, None, None, None, slots, tables,
                  starts, lens, qstarts + ks - 1, qstarts, packed=True)
 
