@@ -204,19 +204,15 @@ class PagedEngine:
         # CPU the runs are the host's own work, there is nothing to overlap)
         self.overlap = cuda if overlap is None else bool(overlap)
         self.inflight: Inflight | None = None
+        # a step's decode rows and prompt chunks in one run of a batch of one, their tokens packed one after
+        # another (the attention told where each row's start: paged.qstarts), so the products pass over
+        # the weights once a step (opt-in until a GPU run has measured it)
+        self.packed_refused = self._packed_refusal(packed)
+        self.packed = self.packed_refused is None
         # prompt chunks on a stream of their own: the decode runs' tokens do not wait for them. A chunk's
         # conversations sit out the steps until its tokens are in (``held``, also while its run is
         # planned but not launched: their blocks are written by a stream the main one does not wait
         # for, so an abort meanwhile waits for that commit, ``abort_later``, and they are never preempted)
-        # a step's decode rows and prompt chunks in one run of a batch of one, their tokens packed one after
-        # another (the attention told where each row's start: paged.qstarts), so the products pass over
-        # the weights once a step (opt-in until a GPU run has measured it)
-        self.packed = packed is True and self.paged_refused is None and self.last_only and self.takes_qstarts
-        why = ("not asked" if packed is not True else f"the pool is not read in place: {self.paged_refused}"
-               if self.paged_refused is not None else "the LM head is not over each row's last token"
-               if not self.last_only else "the attention cannot take packed rows (GroupQueryAttention)"
-               if not self.takes_qstarts else None)
-        self.packed_refused = None if self.packed else why
         self.chunk_stream = torch.cuda.Stream(self.dev) if (
             self.chunk_graphs and self.overlap and chunk_stream is True and not self.packed) else None
         self.chunks_inflight: list[Inflight] = []
@@ -241,6 +237,18 @@ class PagedEngine:
         self.warm_up_s = 0.0
         if warm_up is not False and self.graphs is not None and self.paged_refused is None:
             self.warm_up()
+
+    def _packed_refusal(self, asked) -> str | None:
+        """Why a step's rows do not run packed (None: they do)."""
+        if asked is not True:
+            return "not asked"
+        if self.paged_refused is not None:
+            return f"the pool is not read in place: {self.paged_refused}"
+        if not self.last_only:
+            return "the LM head is not over each row's last token"
+        if not self.takes_qstarts:
+            return "the attention cannot take packed rows (GroupQueryAttention)"
+        return None
 
     def warm_keys(self) -> list[tuple[int, int]]:
         """The (rows, new positions) keys captured before the first step: a decode run per bucket of
