@@ -346,6 +346,8 @@ def test_prompt_chunks_on_their_own_stream_hold_their_conversations_until_their_
     engine.add("gone", list(range(1, 30)), 5)
     got += [e.token for e in engine.step()]
     assert "gone" in engine.held and engine.abort("gone") and engine.pool.used_blocks > 0
+    with pytest.raises(errors.InputError, match="'gone' is still leaving"):  # its blocks are not free yet
+        engine.add("gone", [1, 2], 3)
     while not engine.idle:
         events = engine.step()
         assert all(e.key != "gone" for e in events)
