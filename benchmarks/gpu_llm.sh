@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
-#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|stream|paged]
+#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|stream|paged]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-load}" in
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
@@ -29,6 +29,16 @@ case "${1:-load}" in
           # and the load at 32/s (with the lone runs) and 128/s, against the same without (final's)
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -x -p no:warnings -rfE \
       tests/ops/test_paged_attention.py tests/paged
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --packed \
+      --json "$OUT/llm_load_packed.json"
+    T=60 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --packed --json "$OUT/llm_load_packed_rate128.json" ;;
+  verify)  # after CPU-only changes to the CUDA path: its CUDA tests, the default path's load at 32/s (tokens
+          # checked against the lone runs), then packed runs at 32/s and 128/s
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -x -p no:warnings -rfE \
+      tests/ops/test_paged_attention.py tests/paged tests/serve/test_llm.py || exit 1
+    T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 \
+      --json "$OUT/llm_load.json"
     T=100 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 32 --packed \
       --json "$OUT/llm_load_packed.json"
     T=60 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
