@@ -542,10 +542,11 @@ def llm_load(runs: list[Run]) -> list[list[str]]:
         if lone and d.get("lone"):
             rows.append([load, "one at a time (dynashape.generate)", num(lone["tokens_per_s"]), "1.00", "-",
                          f"{num(lone['step_ms_p50'])} / {num(lone['step_ms_p99'])}", "-", "-", "-", run.run_cell()])
+        packed = " (packed runs)" if a.get("packed") else ""
         for i, (name, r) in enumerate(d["passes"].items()):
             st = r["stats"]
             eq = r.get("equal_to_lone")
-            rows.append(["" if d.get("lone") or i else load, f"paged engine, {name}", num(r["tokens_per_s"]),
+            rows.append(["" if d.get("lone") or i else load, f"paged engine{packed}, {name}", num(r["tokens_per_s"]),
                          bold_if(ratio(r["tokens_per_s"], lone["tokens_per_s"]), True) if lone else "-",
                          f"{num(r['ttft_ms_p50'])} / {num(r['ttft_ms_p99'])}",
                          f"{num(r['itl_ms_p50'])} / {num(r['itl_ms_p99'])}",
@@ -807,6 +808,7 @@ AREAS = [
           "ms at batch 1: in place / off / onnxruntime (CPU build)", "x onnxruntime (time)", "run"], concat_inplace),
     Area("Serving LLMs: conversations batched over the paged KV cache", "llm_load.py",
          [("llm_load_h200_*.json", None), ("llm_load_rate128_h200_*.json", None), ("llm_load_burst_h200_*.json", None),
+         ("llm_load_packed_h200_*.json", None), ("llm_load_packed_rate128_h200_*.json", None),
          ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
          ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
