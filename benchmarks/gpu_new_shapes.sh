@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree]
+#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  retune)  # tuned rebuilds beside the calls (default) against only while they pause (DYNASHAPE_RETUNE=idle):
+           # ResNet-50 random and cycled, BERT-base cycled, eager side by side, each cold; the idle runs then again
+           # in a second process with their disk cache
+    T=240 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle bert_cycle --models-dir $M \
+      --cache-dir /tmp/dcache_beside --json "$OUT/new_shapes_beside.json"
+    DYNASHAPE_RETUNE=idle T=240 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle \
+      bert_cycle --models-dir $M --cache-dir /tmp/dcache_idle --second-process --json "$OUT/new_shapes_idle.json" ;;
   tokens_small)  # token regions bucketed only up to 1,024 tokens (the calls bound by the host; larger ones, bound by
                  # the GPU, on the dynamic path): BERT random and cycled with eager, then without token regions
     small='import sys, runpy; import dynashape.runtime.aligned as a; a.MAX_TOKENS = 1024; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'

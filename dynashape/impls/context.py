@@ -50,21 +50,34 @@ import contextvars
 import functools
 import itertools
 import logging
+import os
 import queue
 import sys
 import threading
 import time
 import weakref
 
+from ..errors import OptionsError
 from ..ops import split_tf32
 
 log = logging.getLogger(__name__)
 EXIT_WAIT_S = 120.0  # the longest an exiting process waits for the build running on a worker
 SWITCH_S = 0.0005  # the interpreter's switch interval while a worker builds (module docstring)
 SETTLE_S = 0.5  # no first graph queued for this long before a tuned rebuild begins (module docstring)
+IDLE_S = 0.1  # with retune 'idle': no call for this long before a tuned rebuild times a key (``idle``)
 _contexts: weakref.WeakSet = weakref.WeakSet()
 _switching = [0, None]  # workers building now; the interval they found
 _switch_lock = threading.Lock()
+
+
+def retune_policy() -> str:
+    """When a CUDA region's tuned rebuild times its forms: DYNASHAPE_RETUNE 'beside' (default:
+    while calls run, giving way only to first graphs) or 'idle' (only while the calls pause:
+    ``idle``; it gives way before each key once a call comes)."""
+    text = os.environ.get("DYNASHAPE_RETUNE", "beside")
+    if text not in ("beside", "idle"):
+        raise OptionsError(f"DYNASHAPE_RETUNE={text!r}: expected 'beside' or 'idle'")
+    return text
 
 
 class Requeue(Exception):  # noqa: N818  (a signal, not an error)
@@ -103,6 +116,7 @@ class CompilationContext:
         self._urgent = 0  # builds of priority 0 queued (not running)
         self._last_urgent = time.monotonic()  # when the last build of priority 0 was queued
         self._arrival = threading.Event()  # set when a build of priority 0 is queued
+        self._last_call = 0.0  # when a call last began or ended (``note_call``)
         self._pending: set = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -140,6 +154,28 @@ class CompilationContext:
     def settled(self, quiet_s: float = SETTLE_S) -> bool:
         """Whether no build of priority 0 waits and none was queued within ``quiet_s``."""
         return not self._urgent and time.monotonic() - self._last_urgent >= quiet_s
+
+    def note_call(self) -> None:
+        """A call of the session begins or ends (``idle`` reads it; a float store, no lock)."""
+        self._last_call = time.monotonic()
+
+    def idle(self, quiet_s: float = IDLE_S) -> bool:
+        """Whether no call began or ended within ``quiet_s``."""
+        return time.monotonic() - self._last_call >= quiet_s
+
+    def may_tune(self, idle_only: bool = False):
+        """For a tuned rebuild about to time forms: raises ``Requeue`` while it should wait (a first
+        graph is queued, or was within ``SETTLE_S``; with ``idle_only``, a call ran within
+        ``IDLE_S``), else gives the ``give_way()`` its build asks before each key."""
+        if self.urgent():
+            raise Requeue("a first graph waits")
+        if not self.settled():  # first graphs of other buckets may follow
+            raise Requeue("first graphs were queued just now", delay=SETTLE_S / 5)
+        if not idle_only:
+            return self.urgent
+        if not self.idle():  # the timing would slow the calls it runs beside
+            raise Requeue("calls are running", delay=IDLE_S)
+        return lambda: self.urgent() or not self.idle()
 
     def queued(self, key) -> bool:
         """Whether a build of ``key`` is queued or running."""

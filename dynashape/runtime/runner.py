@@ -182,11 +182,17 @@ class CompiledRunner:
         self.owned = []
         self.traced = False
         self.model.calls += 1  # (racy across requests: a threshold, not a count anyone reads exactly)
+        ctx = self.model.context
+        if ctx is not None:  # a tuned rebuild may wait for the calls to pause (impls/context.py idle)
+            ctx.note_call()
         try:
             outs = st.spec.run(st, *inputs)
         except Exception as e:
             self._forget()
             raise _named(e, st.spec) from e
+        finally:
+            if ctx is not None:
+                ctx.note_call()
         self.stats["compiled_runs"] += 1
         if st.spec.inplace_inputs:
             self.stats["concat_inputs_in_place"] += st.spec.inplace_inputs

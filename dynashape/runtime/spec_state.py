@@ -23,7 +23,7 @@ from ..codegen import SpecCode
 from ..compile.arena import plan_offsets
 from ..errors import ShapeError
 from ..impls import CannotCapture, static_builder
-from ..impls.context import SETTLE_S, Requeue
+from ..impls.context import retune_policy
 from ..impls.static import cpu_kind
 from ..ops import split_tf32
 from ..ops.limits import check_output_sizes, shape_failure
@@ -290,6 +290,7 @@ class SpecState:
         calls instead of hundreds (impls/static.py ``detached``)."""
         first: list = []
         ctx, impls = self.runner.model.context, self.runner.model.impls  # (not ``self``: held weakly)
+        idle_only = retune_policy() == "idle"
 
         def quick():
             impl = build(False)
@@ -301,11 +302,7 @@ class SpecState:
                 raise Unneeded("the first graph took forms timed before")
             if impls.peek(k) is not first[0]:
                 raise Unneeded("the first graph is no longer served")
-            if ctx.urgent():
-                raise Requeue("a first graph waits")
-            if not ctx.settled():  # first graphs of other buckets may follow (impls/context.py SETTLE_S)
-                raise Requeue("first graphs were queued just now", delay=SETTLE_S / 5)
-            return build(True, ctx.urgent)
+            return build(True, ctx.may_tune(idle_only))  # (or Requeue: it waits behind first graphs)
         ctx.submit(k, *self._weak(quick, True))
         ctx.submit((*k, "tuned"), *self._weak(tuned, True, "_rebuilt"), priority=1)
 

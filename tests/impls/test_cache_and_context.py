@@ -201,3 +201,43 @@ def test_the_switch_interval_is_short_while_the_worker_builds_and_restored_after
     assert ctx.wait(10)
     assert seen and seen[0] <= SWITCH_S + 1e-9
     assert sys.getswitchinterval() == before
+
+
+def test_a_tuned_rebuild_waits_for_first_graphs_and_with_retune_idle_for_the_calls_to_pause(monkeypatch):
+    """``may_tune``: a rebuild gives way to a first graph queued or queued just now; with
+    retune 'idle' also to calls, before it starts (a delay of IDLE_S) and before each key."""
+    from dynashape.errors import OptionsError
+    from dynashape.impls import context
+    from dynashape.impls.context import Requeue, retune_policy
+    ctx = CompilationContext("async")
+    ctx._last_urgent = time.monotonic() - 10  # the first graphs were queued long ago
+    give_way = ctx.may_tune(idle_only=False)
+    ctx.note_call()  # calls do not hold a rebuild back by default
+    assert ctx.may_tune(idle_only=False)() is False and give_way() is False
+    with pytest.raises(Requeue) as rq:
+        ctx.may_tune(idle_only=True)
+    assert rq.value.delay == context.IDLE_S
+    ctx._last_call = time.monotonic() - 2 * context.IDLE_S  # the calls paused
+    give_way = ctx.may_tune(idle_only=True)
+    assert give_way() is False
+    ctx.note_call()  # a call comes: the build stops before its next key
+    assert give_way() is True
+    ctx._last_urgent = time.monotonic()  # a first graph was queued just now: everyone waits
+    for idle_only in (False, True):
+        with pytest.raises(Requeue):
+            ctx.may_tune(idle_only)
+    monkeypatch.setenv("DYNASHAPE_RETUNE", "idle")
+    assert retune_policy() == "idle"
+    monkeypatch.setenv("DYNASHAPE_RETUNE", "sometimes")
+    with pytest.raises(OptionsError, match="DYNASHAPE_RETUNE"):
+        retune_policy()
+
+
+def test_calls_mark_the_context_so_a_tuned_rebuild_can_wait_for_them_to_pause():
+    import dynashape
+    from tests.impls.test_static_impls import feeds, mlp
+    sess = dynashape.InferenceSession(mlp(), device="cpu", static_impls="async")
+    ctx = sess.compiled.context
+    assert ctx.idle(0.0)
+    sess.run(None, feeds(2, 3, "cpu", 0))
+    assert not ctx.idle(60.0)  # the call just now
