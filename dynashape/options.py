@@ -342,9 +342,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_FORM_PRIORS": ("experiment", "'1' (default): a build that times nothing (a region's first graph) "
                                             "takes each convolution's form from a rule measured on the H200 "
                                             "(ops/tuned_conv.py guess); '0': the ops' own calls."),
-    "DYNASHAPE_RETUNE": ("experiment", "when a CUDA region's tuned rebuild times its forms: 'beside' (default: "
-                                       "while the calls run) or 'idle' (only while they pause, giving way before "
-                                       "each key once a call comes)."),
+    "DYNASHAPE_RETUNE": ("experiment", "when a CUDA region's tuned rebuild times its forms: 'idle' (default: "
+                                       "only while the calls pause, giving way before each key once a call comes) "
+                                       "or 'beside' (while they run; measured slower, impls/context.py)."),
     "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": ("experiment", "cuDNN algorithms a static build times per convolution "
                                                       "(default 10; 0: all)."),
     "DYNASHAPE_SPLIT_ONE_CALL_K": ("experiment", "K up to which a split TF32 product (fp32_products) is one "

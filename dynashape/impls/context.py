@@ -71,10 +71,17 @@ _switch_lock = threading.Lock()
 
 
 def retune_policy() -> str:
-    """When a CUDA region's tuned rebuild times its forms: DYNASHAPE_RETUNE 'beside' (default:
-    while calls run, giving way only to first graphs) or 'idle' (only while the calls pause:
-    ``idle``; it gives way before each key once a call comes)."""
-    text = os.environ.get("DYNASHAPE_RETUNE", "beside")
+    """When a CUDA region's tuned rebuild times its forms: DYNASHAPE_RETUNE 'idle' (default: only
+    while the calls pause, ``idle``; it gives way before each key once a call comes) or 'beside'
+    (while calls run, giving way only to first graphs). Timing beside the calls made them slower
+    than the tuned graphs could make them fast: on an H200 (2026-11-29, one lease, cold processes)
+    ResNet-50 at a random batch per call, last 50 calls 2.27x eager beside, 2.56x idle (the first
+    process's graph replays had run ~1.2 ms slower than a second process's, the tuning's kernels and
+    its Python beside them); cycling batches 1, 8, 3, 16: 296 -> 220 ms for 60 calls, its slowest
+    call 3.9 -> 2.9x eager's slowest; BERT-base cycling 7 shapes 892 -> 802 ms. A server with
+    pauses between requests tunes in them; one that never pauses keeps its first graphs, and a
+    second process times the forms at load (the disk cache)."""
+    text = os.environ.get("DYNASHAPE_RETUNE", "idle")
     if text not in ("beside", "idle"):
         raise OptionsError(f"DYNASHAPE_RETUNE={text!r}: expected 'beside' or 'idle'")
     return text
