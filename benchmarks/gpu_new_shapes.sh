@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune]
+#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  idle_final)  # tuned rebuilds only while the calls pause (the default now): the CUDA tests of builds and the disk
+               # cache; every workload cold, eager side by side, then a second process with the disk cache
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_conv_buckets.py \
+      tests/impls/test_cache_and_context.py tests/test_disk_cache.py tests/test_host_syncs.py
+    T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
+      --second-process --json "$OUT/new_shapes_idle.json" ;;
   retune)  # tuned rebuilds beside the calls (default) against only while they pause (DYNASHAPE_RETUNE=idle):
            # ResNet-50 random and cycled, BERT-base cycled, eager side by side, each cold; the idle runs then again
            # in a second process with their disk cache
