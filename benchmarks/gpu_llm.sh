@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
-#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|chunk128|stream|paged]
+#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|chunk128|budget128|stream|paged]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-load}" in
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
@@ -49,6 +49,12 @@ case "${1:-load}" in
       T=70 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate $r --no-lone \
         --chunk 128 --json "$OUT/llm_load_chunk128_rate$r.json"
     done ;;
+  budget128)  # at 128/s, chunks of 128 and at most 128 prompt positions a step (a step with a chunk then costs a
+              # decode run and one chunk run of 128), rows apart and packed
+    T=70 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --chunk 128 --prefill-budget 128 --json "$OUT/llm_load_budget128_rate128.json"
+    T=70 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
+      --chunk 128 --prefill-budget 128 --packed --json "$OUT/llm_load_budget128_packed_rate128.json" ;;
   stream)  # prompt chunks on a stream of their own (opt-in): the watchdog probe (it exits at a stall with
           # the streams' state and every thread's stack), then the load at 32/s and 128/s with it
     T=120 run python3 benchmarks/paged_stream_probe.py --conversations 32 --rate 0 || exit 1
