@@ -346,14 +346,15 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     keys left so, which a tuned rebuild would time (runtime/spec_state.py builds a region's first
     graph so: at a random batch on every call, ResNet-50's first bucket built with every form timed
     landed after ~2.8 s of calls on an H200, ~170 calls; untimed, a bucket's build takes ~0.1 s).
-    ``give_way()``: asked before each key is timed; when true the build stops and raises
-    ``Requeue`` (the forms timed so far are kept, so it resumes where it stopped)."""
+    ``give_way()``: asked before each key is timed, and before each of its forms; when true the
+    build stops and raises ``Requeue`` (the keys timed so far are kept, so it resumes where it
+    stopped; a key stopped midway is timed again)."""
     tuner = tuning.fastest if tune else specialise.untimed
     if tune and give_way is not None:
         def tuner(key, runs):
             if give_way():
-                raise Requeue("a first graph waits")
-            return tuning.fastest(key, runs)
+                raise Requeue("a first graph or a call waits")
+            return tuning.fastest(key, runs, give_way)
     # the capture takes the forms the warm run took (specialise.pinning says why)
     with torch.cuda.device(device), split_tf32.run_flags(), specialise.pinning():  # the run's TF32 switches
         side = _capture_stream(device)

@@ -23,6 +23,7 @@ import time
 import torch
 
 from ..ops import specialise
+from .context import Requeue
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,13 @@ def _host_us(fn) -> float:
     return (time.perf_counter() - t0) * 1e6
 
 
-def fastest(key: tuple, runs: list) -> int | None:
+def fastest(key: tuple, runs: list, give_way=None) -> int | None:
     """The index of the fastest of ``runs`` (callables on the current stream), or None where
-    nothing can be timed (the stream is capturing)."""
+    nothing can be timed (the stream is capturing). ``give_way``: see ``timings``."""
     if torch.cuda.is_current_stream_capturing():
         return None
     t0 = time.perf_counter()
-    times = timings(runs)
+    times = timings(runs, give_way)
     best = min(range(len(runs)), key=times.__getitem__)
     specialise.STATS["tuned"] += 1
     specialise.STATS["tune_s"] += time.perf_counter() - t0
@@ -90,8 +91,12 @@ def fastest(key: tuple, runs: list) -> int | None:
     return best if times[best] < float("inf") else 0
 
 
-def timings(runs: list) -> list[float]:
+def timings(runs: list, give_way=None) -> list[float]:
     """Microseconds per run of each callable, cold operands, inf for one that fails.
+    ``give_way()`` (a tuned rebuild's, impls/context.py ``may_tune``) is asked before each form is
+    queued; when true, the round is abandoned (its queued work waited for) and ``Requeue`` raised:
+    the key is timed again later. A call that came while a key was timed had waited for the whole
+    key (~20-60 ms on an H200: calls of 4-7 ms took 30 ms), now for one form's runs at most.
 
     All the forms of a key are timed in one queue: the GPU held, then the flush alone and each
     form's ``REPS`` runs between CUDA events, one wait at the end (per round), where a form had
@@ -129,6 +134,9 @@ def timings(runs: list) -> list[float]:
         t0 = time.perf_counter()
         evs[0].record()
         for body, ev in zip(bodies, evs[1:]):
+            if give_way is not None and give_way():
+                torch.cuda.current_stream().synchronize()  # what was queued, before its buffers go
+                raise Requeue("a call came while a key's forms were timed")
             body()
             ev.record()
         queued = (time.perf_counter() - t0) * 1e6

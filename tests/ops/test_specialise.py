@@ -404,3 +404,29 @@ def test_a_cuda_session_compiles_its_convolutions_kernels_at_load(device):
     assert {(True, False, True), (True, True, True)} <= winograd._READY
     assert all(conv_epilogue.ready(torch.float32, False, False, False, n) for n in (49, 196, 3136))
     assert all(conv_epilogue.ready(torch.float32, True, True, True, n) for n in (49, 196, 3136))
+
+
+def test_timing_forms_gives_way_midway_and_leaves_nothing_queued(device):
+    # a tuned rebuild's timing of one key stops before its next form once a call comes (tuning.timings)
+    if not device.startswith("cuda"):
+        pytest.skip("forms are timed with CUDA events: DYNASHAPE_TEST_DEVICE=cuda")
+    from dynashape.impls import tuning
+    from dynashape.impls.context import Requeue
+    a = torch.randn(256, 256, device=device)
+    ran = []
+
+    def form(i):
+        def run():
+            ran.append(i)
+            return a @ a
+        return run
+    asked = []
+
+    def give_way():  # the first two forms are queued, then a call comes
+        asked.append(1)
+        return len(asked) > 3
+    with pytest.raises(Requeue):
+        tuning.timings([form(0), form(1), form(2)], give_way)
+    assert len(asked) == 4 and set(ran) == {0, 1, 2}  # each form's first run, then the flush and two forms
+    times = tuning.timings([form(0), form(1)], lambda: False)
+    assert all(0 < t < float("inf") for t in times)
