@@ -542,7 +542,9 @@ def llm_load(runs: list[Run]) -> list[list[str]]:
         if lone and d.get("lone"):
             rows.append([load, "one at a time (dynashape.generate)", num(lone["tokens_per_s"]), "1.00", "-",
                          f"{num(lone['step_ms_p50'])} / {num(lone['step_ms_p99'])}", "-", "-", "-", run.run_cell()])
-        packed = " (packed runs)" if a.get("packed") else ""
+        how = [w for w, on in (("packed runs", a.get("packed")), (f"chunks of {a.get('chunk')}", a.get("chunk") != 256),
+                               (f"prefill budget {a.get('prefill_budget')}", a.get("prefill_budget"))) if on]
+        packed = f" ({', '.join(how)})" if how else ""
         for i, (name, r) in enumerate(d["passes"].items()):
             st = r["stats"]
             eq = r.get("equal_to_lone")
@@ -630,6 +632,21 @@ AREAS = [
          "from call 4, then 21 ms a 10 calls. Each file has its own eager pass, and eager's times moved between "
          "the runs (its cycle took 0.285 s in *prior_final*'s and 0.486 s in *prior_off*'s for the same 60 "
          "calls): across files compare the *total s* column."),
+    Area("GPU: tuned rebuilds only while the calls pause", "new_shapes_gpu.py",
+         [("new_shapes_retune_beside_*.json", None), ("new_shapes_retune_idle_*.json", None),
+          ("new_shapes_midway_*.json", None), ("new_shapes_idle_h*.json", None)],
+         NEW_SHAPES_COLUMNS, new_shapes_per_file,
+         "A region's first graph is built untimed; a tuned rebuild times its forms later. *retune_beside*: it timed "
+         "them beside the calls (the earlier default); *retune_idle*: only while the calls pause (no call for 0.1 s, "
+         "DYNASHAPE_RETUNE=idle, now the default), giving way before each key once a call comes; these two in one "
+         "lease, minutes apart, each cold with its own eager pass. *midway*: the timing also gives way before each "
+         "form of a key (a call that came had waited for the whole key, ~20-60 ms); another lease. *idle*: every "
+         "workload with a second process, a third lease, whose machine ran our calls slower and eager's faster than "
+         "the others (BERT random, which builds nothing, 0.997x there against 1.37x in the run of the main table "
+         "below, with one call of 531 ms not seen before or since). The cycles' first rounds are slowed by the first "
+         "graphs built beside them (the worker's Python shares the GIL with the calls): ResNet-50's cycle's calls at "
+         "batch 16 took ~20 ms against eager's 7 while its first graphs were built. Each file has its own eager pass, "
+         "whose times moved between runs (BERT's cycle: 1.34 s beside, 1.16 s idle): across files compare *total s*."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          NEW_SHAPES_COLUMNS, new_shapes_gpu,
@@ -809,6 +826,9 @@ AREAS = [
     Area("Serving LLMs: conversations batched over the paged KV cache", "llm_load.py",
          [("llm_load_h200_*.json", None), ("llm_load_rate128_h200_*.json", None), ("llm_load_burst_h200_*.json", None),
          ("llm_load_packed_h200_*.json", None), ("llm_load_packed_rate128_h200_*.json", None),
+         ("llm_load_chunk128_h200_*.json", None), ("llm_load_chunk128_rate128_h200_*.json", None),
+         ("llm_load_chunk128_rate0_h200_*.json", None), ("llm_load_budget128_rate128_h200_*.json", None),
+         ("llm_load_budget128_packed_rate128_h200_*.json", None),
          ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
          ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
