@@ -34,7 +34,7 @@ from ..errors import OptionsError
 from ..ops import packed_linear, specialise, split_tf32
 from ..ops.conv_act import fused_epilogues
 from . import capture_guard, tuning
-from .context import Requeue
+from .context import Courtesy, Requeue
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ class CudaGraphImpl:
 
 
 def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[bool],
-             device: torch.device, tune: bool = True, give_way=None) -> CudaGraphImpl:
+             device: torch.device, tune: bool = True, give_way=None, busy=None) -> CudaGraphImpl:
     """A CUDA static impl built off the calling thread while the dynamic impl serves (async
     builds; ``CompiledRunner.static``): no call waits for it. Nothing the caller owns is read
     or written before the graph's first replay: the region first runs on scratch live-ins of the
@@ -348,7 +348,8 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
     landed after ~2.8 s of calls on an H200, ~170 calls; untimed, a bucket's build takes ~0.1 s).
     ``give_way()``: asked before each key is timed, and before each of its forms; when true the
     build stops and raises ``Requeue`` (the keys timed so far are kept, so it resumes where it
-    stopped; a key stopped midway is timed again)."""
+    stopped; a key stopped midway is timed again). ``busy()``: whether a call of the session is
+    being launched, for which the build pauses before each torch call (context.py ``Courtesy``)."""
     tuner = tuning.fastest if tune else specialise.untimed
     if tune and give_way is not None:
         def tuner(key, runs):
@@ -356,7 +357,8 @@ def detached(fn, symvals: tuple, ins: tuple, refresh: list[bool], results: list[
                 raise Requeue("a first graph or a call waits")
             return tuning.fastest(key, runs, give_way)
     # the capture takes the forms the warm run took (specialise.pinning says why)
-    with torch.cuda.device(device), split_tf32.run_flags(), specialise.pinning():  # the run's TF32 switches
+    with torch.cuda.device(device), split_tf32.run_flags(), specialise.pinning(), \
+            (Courtesy(busy) if busy is not None else contextlib.nullcontext()):  # (the run's TF32 switches)
         side = _capture_stream(device)
         with torch.cuda.stream(side):
             t0 = time.perf_counter()
@@ -482,8 +484,8 @@ def static_builder(device: torch.device, fn, body: list[str], params: list[str],
     worker."""
     if device.type == "cuda":
         if detach:
-            return lambda tune=True, give_way=None: detached(fn, symvals, ins, refresh, results, device, tune,
-                                                             give_way)
+            return lambda tune=True, give_way=None, busy=None: detached(fn, symvals, ins, refresh, results, device,
+                                                                        tune, give_way, busy)
         return lambda: CudaGraphImpl(fn, symvals, ins, refresh, results, device)
 
     def specialized(why: str | None = None):

@@ -32,7 +32,7 @@ from ..codegen import MemoRefused, SpecCode, build_spec, tokens
 from ..compile.shape_program import trace
 from ..impls import CompilationContext, ImplCache, capture_guard, compile_process
 from ..impls.cache import capacity_from
-from ..impls.context import retune_policy
+from ..impls.context import courtesy_on, retune_policy
 from ..impls.static import cpu_kind, cudnn_benchmark_limit, timed_forms
 from ..ir import Graph, Value
 from .aligned import aligned_value, conv_bucket, token_bucket
@@ -74,6 +74,7 @@ class CompiledModel:
             timed_forms()
             cudnn_benchmark_limit()
             retune_policy()
+            courtesy_on()
         self.context = CompilationContext(static) if static else None
         self.disk_cache = None  # impls/disk_cache.py (cache_dir=): set by the session
         self.align = fc_align if static else 0  # FC fake alignment (aligned.py; fc_align=, checked by the session)

@@ -183,8 +183,8 @@ class CompiledRunner:
         self.traced = False
         self.model.calls += 1  # (racy across requests: a threshold, not a count anyone reads exactly)
         ctx = self.model.context
-        if ctx is not None:  # a tuned rebuild may wait for the calls to pause (impls/context.py idle)
-            ctx.note_call()
+        if ctx is not None:  # builds beside may wait or pause for the call (impls/context.py idle, Courtesy)
+            ctx.call_began()
         try:
             outs = st.spec.run(st, *inputs)
         except Exception as e:
@@ -192,7 +192,7 @@ class CompiledRunner:
             raise _named(e, st.spec) from e
         finally:
             if ctx is not None:
-                ctx.note_call()
+                ctx.call_ended()
         self.stats["compiled_runs"] += 1
         if st.spec.inplace_inputs:
             self.stats["concat_inputs_in_place"] += st.spec.inplace_inputs

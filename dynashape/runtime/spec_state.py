@@ -23,7 +23,7 @@ from ..codegen import SpecCode
 from ..compile.arena import plan_offsets
 from ..errors import ShapeError
 from ..impls import CannotCapture, static_builder
-from ..impls.context import retune_policy
+from ..impls.context import courtesy_on, retune_policy
 from ..impls.static import cpu_kind
 from ..ops import split_tf32
 from ..ops.limits import check_output_sizes, shape_failure
@@ -291,9 +291,10 @@ class SpecState:
         first: list = []
         ctx, impls = self.runner.model.context, self.runner.model.impls  # (not ``self``: held weakly)
         idle_only = retune_policy() == "idle"
+        busy = ctx.calls_running if courtesy_on() else None
 
         def quick():
-            impl = build(False)
+            impl = build(False, None, busy)
             first.append(impl)
             return impl
 
@@ -302,7 +303,7 @@ class SpecState:
                 raise Unneeded("the first graph took forms timed before")
             if impls.peek(k) is not first[0]:
                 raise Unneeded("the first graph is no longer served")
-            return build(True, ctx.may_tune(idle_only))  # (or Requeue: it waits behind first graphs)
+            return build(True, ctx.may_tune(idle_only), busy)  # (or Requeue: it waits behind first graphs)
         ctx.submit(k, *self._weak(quick, True))
         ctx.submit((*k, "tuned"), *self._weak(tuned, True, "_rebuilt"), priority=1)
 

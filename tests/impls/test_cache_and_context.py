@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from dynashape.impls import CompilationContext, ImplCache
 from dynashape.impls.cache import capacity_from
@@ -212,7 +213,8 @@ def test_a_tuned_rebuild_waits_for_first_graphs_and_with_retune_idle_for_the_cal
     ctx = CompilationContext("async")
     ctx._last_urgent = time.monotonic() - 10  # the first graphs were queued long ago
     give_way = ctx.may_tune(idle_only=False)
-    ctx.note_call()  # calls do not hold a rebuild back by default
+    ctx.call_began()  # calls do not hold a rebuild back by default
+    ctx.call_ended()
     assert ctx.may_tune(idle_only=False)() is False and give_way() is False
     with pytest.raises(Requeue) as rq:
         ctx.may_tune(idle_only=True)
@@ -220,7 +222,7 @@ def test_a_tuned_rebuild_waits_for_first_graphs_and_with_retune_idle_for_the_cal
     ctx._last_call = time.monotonic() - 2 * context.IDLE_S  # the calls paused
     give_way = ctx.may_tune(idle_only=True)
     assert give_way() is False
-    ctx.note_call()  # a call comes: the build stops before its next key
+    ctx.call_began()  # a call comes: the build stops before its next key
     assert give_way() is True
     ctx._last_urgent = time.monotonic()  # a first graph was queued just now: everyone waits
     for idle_only in (False, True):
@@ -239,5 +241,28 @@ def test_calls_mark_the_context_so_a_tuned_rebuild_can_wait_for_them_to_pause():
     sess = dynashape.InferenceSession(mlp(), device="cpu", static_impls="async")
     ctx = sess.compiled.context
     assert ctx.idle(0.0)
+    seen = []
+    ctx.call_ended = lambda f=ctx.call_ended: (seen.append(ctx.calls_running()), f())  # inside the call: running
     sess.run(None, feeds(2, 3, "cpu", 0))
+    assert seen == [True] and not ctx.calls_running()
     assert not ctx.idle(60.0)  # the call just now
+
+
+def test_a_courteous_build_pauses_before_each_torch_call_only_while_a_call_runs(monkeypatch):
+    from dynashape.errors import OptionsError
+    from dynashape.impls import context
+    from dynashape.impls.context import Courtesy, courtesy_on
+    slept = []
+    monkeypatch.setattr(context.time, "sleep", slept.append)
+    busy = [False]
+    x = torch.ones(3)
+    with Courtesy(lambda: busy[0]):
+        y = torch.add(x, 1)
+        busy[0] = True
+        z = torch.mul(y, 2) + 1  # two torch calls while busy
+    assert slept == [context.COURTESY_S] * 2 and z.tolist() == [5.0] * 3
+    monkeypatch.setenv("DYNASHAPE_BUILD_COURTESY", "1")
+    assert courtesy_on()
+    monkeypatch.setenv("DYNASHAPE_BUILD_COURTESY", "yes")
+    with pytest.raises(OptionsError, match="DYNASHAPE_BUILD_COURTESY"):
+        courtesy_on()

@@ -187,7 +187,7 @@ def test_a_first_graph_untimed_then_a_tuned_rebuild_replaces_it(untuned):
     st = next(iter(sess._default.runner.states.values()))
     asked = []
 
-    def build(tune=True, give_way=None):
+    def build(tune=True, give_way=None, busy=None):
         asked.append(tune)
         return _FakeGraph(0 if tune else untuned)
     k = (st.token, 0, (16, "aligned"))
@@ -212,7 +212,7 @@ def test_a_tuned_rebuild_of_a_graph_no_longer_served_is_dropped():
     asked = []
     gate = __import__("threading").Event()
 
-    def build(tune=True, give_way=None):
+    def build(tune=True, give_way=None, busy=None):
         asked.append(tune)
         if not tune:
             return _FakeGraph(2)
@@ -241,7 +241,7 @@ def test_queued_two_phase_builds_hold_their_session_weakly():
     st = next(iter(sess._default.runner.states.values()))
     ctx, gate, asked = sess.compiled.context, threading.Event(), []
     ctx.submit("hold", lambda: gate.wait(5), lambda *a: None)
-    st._submit_detached((st.token, 0, (8, "aligned")), lambda tune=True, give_way=None: asked.append(tune))
+    st._submit_detached((st.token, 0, (8, "aligned")), lambda tune=True, give_way=None, busy=None: asked.append(tune))
     alive = weakref.ref(st)
     del st, sess
     gc.collect()
