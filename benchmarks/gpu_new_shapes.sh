@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway]
+#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
@@ -10,6 +10,14 @@ case "${1:-final}" in
       tests/impls/test_cache_and_context.py tests/test_disk_cache.py tests/test_host_syncs.py
     T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache \
       --second-process --json "$OUT/new_shapes_idle.json" ;;
+  courtesy)  # background builds pause while a call is launched (DYNASHAPE_BUILD_COURTESY=1) against not: the CUDA
+             # tests of builds, then ResNet-50 random and cycled and BERT-base cycled, eager side by side, each cold
+    DYNASHAPE_TEST_DEVICE=cuda DYNASHAPE_BUILD_COURTESY=1 T=120 run python3 -m pytest -q -p no:warnings -rfE \
+      tests/impls/test_conv_buckets.py tests/impls/test_cache_and_context.py
+    DYNASHAPE_BUILD_COURTESY=1 T=200 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle \
+      bert_cycle --models-dir $M --cache-dir /tmp/dcache_courtesy --json "$OUT/new_shapes_courtesy.json"
+    T=200 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_random resnet_cycle bert_cycle --models-dir $M \
+      --cache-dir /tmp/dcache_plain --json "$OUT/new_shapes_courtesy_off.json" ;;
   midway)  # a tuned rebuild's timing gives way before each form: its CUDA tests, then ResNet-50 random and cycled and
            # BERT-base cycled, eager side by side, cold (the slow calls listed)
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
