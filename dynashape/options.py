@@ -345,9 +345,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_RETUNE": ("experiment", "when a CUDA region's tuned rebuild times its forms: 'idle' (default: "
                                        "only while the calls pause, giving way before each key once a call comes) "
                                        "or 'beside' (while they run; measured slower, impls/context.py)."),
-    "DYNASHAPE_BUILD_COURTESY": ("experiment", "'1': a CUDA background build pauses before each torch call while "
-                                               "a call of its session is launched (impls/context.py Courtesy); "
-                                               "'0' (default): they share the interpreter."),
+    "DYNASHAPE_BUILD_COURTESY": ("experiment", "'1' (default): a CUDA background build pauses before each torch "
+                                               "call while a call of its session is launched (impls/context.py "
+                                               "Courtesy); '0': they share the interpreter (measured slower)."),
     "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": ("experiment", "cuDNN algorithms a static build times per convolution "
                                                       "(default 10; 0: all)."),
     "DYNASHAPE_SPLIT_ONE_CALL_K": ("experiment", "K up to which a split TF32 product (fp32_products) is one "

@@ -92,8 +92,11 @@ def retune_policy() -> str:
 
 def courtesy_on() -> bool:
     """Whether a background build pauses before each torch call while a call of its session runs:
-    DYNASHAPE_BUILD_COURTESY '1', or '0' (default). Measuring."""
-    text = os.environ.get("DYNASHAPE_BUILD_COURTESY", "0")
+    DYNASHAPE_BUILD_COURTESY '1' (default) or '0'. Measured on an H200 (2026-11-29, one lease, cold
+    processes, eager side by side): ResNet-50 cycling batches 1, 8, 3, 16, its first 20 calls 183 ->
+    91 ms (60 calls 271 -> 232); BERT-base cycling 7 shapes, first 20 calls 368 -> 287 ms; ResNet-50
+    at a random batch, first 20 calls 240 -> 157 ms, its last 50 unchanged (236 -> 232)."""
+    text = os.environ.get("DYNASHAPE_BUILD_COURTESY", "1")
     if text not in ("0", "1"):
         raise OptionsError(f"DYNASHAPE_BUILD_COURTESY={text!r}: expected '1' or '0'")
     return text == "1"
