@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
-#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|chunk128|budget128|stream|paged]
+#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|chunk128|budget128|budget128_lone|stream|paged]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-load}" in
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
@@ -55,6 +55,9 @@ case "${1:-load}" in
       --chunk 128 --prefill-budget 128 --json "$OUT/llm_load_budget128_rate128.json"
     T=70 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 --no-lone \
       --chunk 128 --prefill-budget 128 --packed --json "$OUT/llm_load_budget128_packed_rate128.json" ;;
+  budget128_lone)  # packed runs, chunks of 128 and one a step, at 128/s with the lone runs in the same process
+    T=150 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 \
+      --chunk 128 --prefill-budget 128 --packed --json "$OUT/llm_load_budget128_packed_lone_rate128.json" ;;
   stream)  # prompt chunks on a stream of their own (opt-in): the watchdog probe (it exits at a stall with
           # the streams' state and every thread's stack), then the load at 32/s and 128/s with it
     T=120 run python3 benchmarks/paged_stream_probe.py --conversations 32 --rate 0 || exit 1
