@@ -198,9 +198,10 @@ def main() -> None:
     ap.add_argument("--output", type=int, nargs=2, default=(16, 512))
     ap.add_argument("--max-rows", type=int, default=64)
     ap.add_argument("--token-budget", type=int, default=1024)
-    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=None, help="the scheduler's chunk (default: the engine's)")
     ap.add_argument("--prefill-budget", type=int, default=None,
-                    help="prompt positions a step takes while it has decode rows (the scheduler's prefill_budget)")
+                    help="prompt positions a step takes while it has decode rows (the scheduler's prefill_budget; "
+                         "0: none; default: the engine's)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--kv-blocks", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -213,8 +214,9 @@ def main() -> None:
                     help="the attention reading the pool in place where it is not the default (the CPU)")
     ap.add_argument("--no-chunk-graphs", action="store_true",
                     help="prompt-chunk runs eager (PagedEngine(chunk_graphs=False); on by default on CUDA)")
-    ap.add_argument("--packed", action="store_true",
-                    help="a step's decode rows and prompt chunks in one run (PagedEngine(packed=True))")
+    ap.add_argument("--packed", action=argparse.BooleanOptionalAction, default=None,
+                    help="a step's decode rows and prompt chunks in one run (PagedEngine(packed=...); default: the "
+                         "engine's, on with chunk graphs)")
     ap.add_argument("--chunk-stream", action="store_true",
                     help="prompt chunks replayed on a CUDA stream of their own (PagedEngine(chunk_stream=True))")
     ap.add_argument("--no-warm-up", action="store_true",
@@ -244,20 +246,22 @@ def main() -> None:
         extra["paged_kv"] = False
     if args.paged:
         extra["paged_kv"] = True
-    if args.prefill_budget:
-        extra["prefill_budget"] = args.prefill_budget
+    if args.prefill_budget is not None:  # (0: none)
+        extra["prefill_budget"] = args.prefill_budget or None
     if args.no_chunk_graphs:
         extra["chunk_graphs"] = False
     if args.no_warm_up:
         extra["warm_up"] = False
     if args.chunk_stream:
         extra["chunk_stream"] = True
-    if args.packed:
-        extra["packed"] = True
+    if args.packed is not None:
+        extra["packed"] = args.packed
     t0 = time.perf_counter()
     server = LLMServer(path, eos=eos, device=args.device, block_size=args.block_size, num_blocks=args.kv_blocks,
                        max_rows=args.max_rows, token_budget=args.token_budget, chunk=args.chunk, **extra)
     st = server.engine.stats()
+    eng = server.engine  # the settings the engine took (its defaults where the arguments left them)
+    data["args"].update(chunk=eng.scheduler.chunk, prefill_budget=eng.scheduler.prefill_budget, packed=eng.packed)
     data["start"] = {"seconds": time.perf_counter() - t0, "warm_up_s": st["warm_up_s"],
                      "step_graphs": st.get("step_graphs", 0)}
     print(f"server started in {data['start']['seconds']:.1f} s, of which {st['warm_up_s']:.1f} s capturing "

@@ -835,6 +835,8 @@ AREAS = [
          ("llm_load_chunk128_h200_*.json", None), ("llm_load_chunk128_rate128_h200_*.json", None),
          ("llm_load_chunk128_rate0_h200_*.json", None), ("llm_load_budget128_rate128_h200_*.json", None),
          ("llm_load_budget128_packed_rate128_h200_*.json", None),
+         ("llm_load_packed_defaults_rate128_h200_*.json", None), ("llm_load_packed_defaults_rate32_h200_*.json", None),
+         ("llm_load_packed_defaults_rate0_h200_*.json", None),
          ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
          ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",

@@ -261,8 +261,20 @@ def test_packed_runs_of_decode_rows_and_prompt_chunks_give_the_lone_tokens(path,
                 assert got[key] == lone(prompt, max_new), (packed, key)
         runs[packed] = engine.stats()["runs"]
         st = engine.stats()
-        assert st["kv_blocks_used"] == 0 and st["packed"] == ("on" if packed else "off: not asked")
+        assert st["kv_blocks_used"] == 0 and st["packed"] == ("on" if packed else "off: turned off")
     assert runs[True] < runs[False]
+
+
+def test_packed_runs_take_chunks_of_128_one_a_step_by_default_and_are_on_where_chunk_runs_are_captured(path):
+    # packed runs: chunks of 128, at most one a step while decode rows run (the H200's measured setting)
+    packed = PagedEngine(path, block_size=8, num_blocks=64, paged_kv=True, packed=True)
+    assert packed.packed and (packed.scheduler.chunk, packed.scheduler.prefill_budget) == (128, 128)
+    mine = PagedEngine(path, block_size=8, num_blocks=64, paged_kv=True, packed=True, chunk=32, prefill_budget=None)
+    assert (mine.scheduler.chunk, mine.scheduler.prefill_budget) == (32, None)
+    # by default on where chunk runs are captured (CUDA's step graphs): not on the CPU, whose defaults stay
+    plain = PagedEngine(path, block_size=8, num_blocks=64, paged_kv=True)
+    assert not plain.packed and (plain.scheduler.chunk, plain.scheduler.prefill_budget) == (256, None)
+    assert plain.stats()["packed"].startswith("off: no prompt-chunk graphs")
 
 
 def test_a_graph_the_pass_cannot_rewrite_keeps_the_gathered_pasts_and_says_why(path, lone):
