@@ -130,20 +130,26 @@ def test_a_killed_replica_ends_only_its_own_streams(cluster, lone):  # noqa: F81
     assert len(replicas) == 2
     reqs = [([7 + i, 8, 9], 240) for i in range(10)]
     results: dict = {}
+    streaming = threading.Semaphore(0)  # released by each stream at its fifth token
 
     def one(i):
         got = []
         try:
             for t in tokens(cluster["two"], *reqs[i]):
                 got.append(t)
-                time.sleep(0.002)  # a reader slower than the steps: the stream is still open at the kill
+                if len(got) == 5:
+                    streaming.release()
+                # a reader slower than the steps (240 tokens take it > 1 s): every stream is still open at
+                # the kill (a 2 ms sleep and a kill at 0.5 s once let every stream end before it, CI)
+                time.sleep(0.005)
             results[i] = got
         except StreamEndedError as e:
             results[i] = e
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    for _ in reqs:  # every stream has begun: the kill finds them all open
+        assert streaming.acquire(timeout=60)
     ray.kill(ray.get_actor(replicas[0]["name"], namespace="serve"), no_restart=False)
     for t in threads:
         t.join(120)
