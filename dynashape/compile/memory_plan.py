@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..ir import Node, Value
 from ..shape import expr as E
 from ..shape.symint import SymInt, is_one
+from .channels_last import NHWC
 from .shape_program import Trace
 
 # ops the generated code writes as views although their kernel copies (the result is only read)
@@ -190,12 +191,15 @@ def _split_as_views(t: Trace, node: Node, cls: dict, graph_outputs: set) -> bool
     """A Split of a planned buffer, or of a kernel's own result, into parts the graph reads but
     does not return: the parts are views of it (``narrow``: made with the buffer's group, never
     per call, or where the node runs), where the parts were copied out one by one (a fused QKV
-    product's three heads per layer: on a GPU three copy kernels)."""
+    product's three heads per layer: on a GPU three copy kernels). A channels-last buffer's parts
+    are strided views, which its readers take as they are (a CPU convolution's C tile reads a
+    channel slice in place: cpu_conv_dense.pixel_stride): a YOLOv8 C2f block had copied each part of
+    its Split out, and the Concat after it copied them again."""
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx") or not node.outputs:
         return False
     src = node.inputs[0]
     if src is None or cls.get(id(src)) not in ("arena", "adopt") or t.of(src).dims is None \
-            or t.of(src).layout is not None:
+            or t.of(src).layout not in (None, NHWC):
         return False
     return all(v is not None and id(v) not in graph_outputs and t.of(v).dims is not None for v in node.outputs)
 

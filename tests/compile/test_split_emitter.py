@@ -118,3 +118,40 @@ def test_parts_of_a_kernels_own_result_are_views_where_it_runs():
         np.testing.assert_allclose(sess.run(None, feeds)[0], o.run(None, feeds)[0], rtol=1e-6, atol=1e-6)
     run = sess.compiled.specs[0].source.split("def run(")[1]
     assert ".copy_(" not in run and run.count(".narrow(") == 2, run
+
+
+def test_a_split_of_a_channels_last_image_is_views_its_convolutions_read_in_place():
+    """A YOLOv8 C2f block: a convolution's channels split in two, one half through two more
+    convolutions and a residual add, the three concatenated. Its tensors are channels-last on the
+    CPU: the halves are strided views of the first convolution's result (no copy per part), and the
+    values are onnxruntime's over changing image sizes and batches."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(3)
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32) * 0.3
+    inits = [numpy_helper.from_array(w(16, 3, 3, 3), "w0"), numpy_helper.from_array(w(8, 8, 3, 3), "w1"),
+             numpy_helper.from_array(w(8, 8, 3, 3), "w2"), numpy_helper.from_array(w(8, 24, 1, 1), "w3"),
+             numpy_helper.from_array(np.array([8, 8], np.int64), "split")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Split", ["r0", "split"], ["a", "b"], axis=1),
+             helper.make_node("Conv", ["b", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["b", "c2"], ["m"]),
+             helper.make_node("Concat", ["a", "b", "m"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["y"])]
+    g = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = dynashape.InferenceSession(m, device=DEVICE)
+    o = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, h, wd in [(1, 16, 24), (2, 20, 12), (1, 9, 31), (3, 16, 24)]:
+        feeds = {"x": rng.standard_normal((n, 3, h, wd)).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], o.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    if DEVICE == "cpu":  # (channels-last is the CPU's: on CUDA fp32 convolutions stay NCHW)
+        plan = sess.compiled.specs[0]
+        src = plan.source
+        assert "r0.narrow(1, 0, 8)" in src.replace("t_r0", "r0") and "r0.narrow(1, 8, 8)" in src.replace("t_r0", "r0")
+        assert ".copy_(t_r0" not in src and ".copy_(r0" not in src  # no part copied out of the first result
