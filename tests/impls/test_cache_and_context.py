@@ -261,6 +261,23 @@ def test_a_courteous_build_pauses_before_each_torch_call_only_while_a_call_runs(
         busy[0] = True
         z = torch.mul(y, 2) + 1  # two torch calls while busy
     assert slept == [context.COURTESY_S] * 2 and z.tolist() == [5.0] * 3
+    # the mode is the build thread's alone: the caller's torch calls meanwhile never pause
+    inside, outside = threading.Event(), threading.Event()
+
+    def build():
+        with Courtesy(lambda: True):
+            inside.set()
+            outside.wait(10)
+            torch.add(x, 1)
+    worker = threading.Thread(target=build)
+    worker.start()
+    assert inside.wait(10)
+    slept.clear()
+    torch.mul(x, 3) + 2  # a caller's calls while the build's mode is on
+    assert slept == []
+    outside.set()
+    worker.join(10)
+    assert slept == [context.COURTESY_S]
     monkeypatch.setenv("DYNASHAPE_BUILD_COURTESY", "1")
     assert courtesy_on()
     monkeypatch.setenv("DYNASHAPE_BUILD_COURTESY", "yes")
