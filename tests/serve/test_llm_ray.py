@@ -128,7 +128,10 @@ def test_a_killed_replica_ends_only_its_own_streams(cluster, lone):  # noqa: F81
     replicas = [a for a in ray.util.list_named_actors(all_namespaces=True)
                 if a["name"].startswith("SERVE_REPLICA::pair#")]
     assert len(replicas) == 2
-    reqs = [([7 + i, 8, 9], 240) for i in range(10)]
+    # 8 conversations of 123 positions (16 blocks of 8 each): all 8 on one replica would still fit its 8 rows and
+    # 128 blocks, so every stream begins at once, without preemptions or waits (10 of 243 positions once left one
+    # waiting for blocks while the test waited for it to begin)
+    reqs = [([7 + i, 8, 9], 120) for i in range(8)]
     results: dict = {}
     streaming = threading.Semaphore(0)  # released by each stream at its fifth token
 
@@ -139,9 +142,9 @@ def test_a_killed_replica_ends_only_its_own_streams(cluster, lone):  # noqa: F81
                 got.append(t)
                 if len(got) == 5:
                     streaming.release()
-                # a reader slower than the steps (240 tokens take it > 1 s): every stream is still open at
+                # a reader slower than the steps (120 tokens take it > 1 s): every stream is still open at
                 # the kill (a 2 ms sleep and a kill at 0.5 s once let every stream end before it, CI)
-                time.sleep(0.005)
+                time.sleep(0.01)
             results[i] = got
         except StreamEndedError as e:
             results[i] = e
