@@ -388,9 +388,8 @@ class PagedEngine:
         if launched is None and self.inflight is None and self.chunks_inflight and not events:
             events += self._commit_chunks(wait=True)  # nothing else to do: the oldest chunk's tokens
         if plan.rows:
-            decode = sum(r.end - r.start == 1 and r.start > 0 for r in plan.rows)
-            chunk = sum(r.end - r.start for r in plan.rows) - decode
-            self.trace.append((time.perf_counter() - start, decode, chunk, self._captures() - captures))
+            decode = plan.decode_rows
+            self.trace.append((time.perf_counter() - start, decode, plan.tokens - decode, self._captures() - captures))
         return events
 
     def _release_failed(self) -> None:

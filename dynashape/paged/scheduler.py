@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import OptionsError
 from .blocks import BlockPool
+from .inflight import decode_row
 
 # rows a decode run is padded to (a CUDA graph each): steps of 8 up to 64, so that a padded row costs
 # at most ~1/5 of a run's products (fp32 products at 33 rows padded to 64 took ~2x the work)
@@ -94,7 +95,7 @@ class Plan:
 
     @property
     def decode_rows(self) -> int:
-        return sum(1 for r in self.rows if r.end - r.start == 1 and r.start > 0)
+        return sum(1 for r in self.rows if decode_row(r))
 
 
 def bucket(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
