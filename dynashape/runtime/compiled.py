@@ -76,6 +76,9 @@ class CompiledModel:
             retune_policy()
             courtesy_on()
         self.context = CompilationContext(static) if static else None
+        # calls mark the context as they begin and end where builds run beside them on the worker
+        # (CUDA's async builds wait or pause for the calls: impls/context.py); elsewhere nothing reads it
+        self.marks_calls = static == "async" and device.type == "cuda"
         self.disk_cache = None  # impls/disk_cache.py (cache_dir=): set by the session
         self.align = fc_align if static else 0  # FC fake alignment (aligned.py; fc_align=, checked by the session)
         # convolutional regions keyed by batch buckets (aligned.py): CUDA graphs only

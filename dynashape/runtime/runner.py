@@ -182,7 +182,7 @@ class CompiledRunner:
         self.owned = []
         self.traced = False
         self.model.calls += 1  # (racy across requests: a threshold, not a count anyone reads exactly)
-        ctx = self.model.context
+        ctx = self.model.context if self.model.marks_calls else None
         if ctx is not None:  # builds beside may wait or pause for the call (impls/context.py idle, Courtesy)
             ctx.call_began()
         try:
