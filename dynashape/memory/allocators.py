@@ -6,7 +6,7 @@ Which allocator, and why
 driver (``cuMemAlloc`` / ``cuMemFree`` for device memory, ``cuMemHostAlloc`` / ``cuMemFreeHost`` for
 pinned host memory, ``cuMemAllocManaged`` for shared memory), so an allocation the Engine counts is
 an allocation the device really made, with its real cost: tens of microseconds to milliseconds,
-and a free that waits for the device. That is the cost OpenVINO's ShapePredictor and memory pool
+and a free that needs the device idle. That is the cost OpenVINO's ShapePredictor and memory pool
 exist to avoid, so with this allocator what they save shows up in the Engine's counts, its
 ``alloc_time_s`` and ``torch.cuda.mem_get_info``.
 
@@ -38,9 +38,11 @@ buffer is freed when the caller's last tensor on it goes away. (The CUDA allocat
 torch: a tensor built from ``__cuda_array_interface__`` keeps the owner object alive, and the
 owner frees the pointer when it is collected.)
 
-Frees and streams: a CUDA free first synchronises torch's current stream of the device, so no
-kernel queued there still uses the memory (correctness before speed; ``cuMemFree`` waits for the
-device as well). A buffer used on another stream must be synchronised by whoever used it there.
+Frees and streams: a CUDA free must not give back memory a kernel queued on torch's current
+stream still uses, and ``cuMemFree`` waits for the device besides. The direct allocator notes the
+free with an event and does it once the stream has run dry, or after a counted wait when too much
+is held back (``deferred_frees.py``); the torch allocator's pinned blocks still wait for the
+stream. A buffer used on another stream must be synchronised by whoever used it there.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import torch
 
 from ..errors import OptionsError
 from ..ops import host_sync
+from .deferred_frees import DeferredFrees
 
 ALLOC_TYPES = ("device", "host", "shared")
 ALLOCATORS = ("direct", "torch")
@@ -292,10 +295,33 @@ FREE_GUARD: list = [contextlib.nullcontext]
 
 
 def _sync(device: torch.device) -> None:
-    # the memory may still be read by queued kernels; counted as a host sync (ops/host_sync.py):
-    # it happens where an arena is given back (a re-plan), not on a call that reuses its plan
+    # the memory may still be read by queued kernels; counted as a host sync (ops/host_sync.py)
     host_sync.count("free of device memory")
     torch.cuda.current_stream(device).synchronize()
+
+
+def _mark(device: torch.device):
+    """An event after the work queued so far on this thread's stream (None while it captures)."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(device))
+    return ev
+
+
+def _idle(device: torch.device) -> bool:
+    return not torch.cuda.is_current_stream_capturing() and torch.cuda.current_stream(device).query()
+
+
+# pending frees held back at most: past this a free waits for the stream (deferred_frees.py)
+DEFERRED_FREE_SHARE = 1 / 32
+DEFERRED_FREE_MIN = 256 << 20
+
+
+def _driver_free(drv: _Driver, ctx, call: str, ptr: int) -> None:
+    with FREE_GUARD[0]():  # no capture on another thread meanwhile (impls/capture_guard.py)
+        with drv.on(ctx):
+            drv.call(call, ptr)
 
 
 class CudaDriverAllocator:
@@ -308,15 +334,33 @@ class CudaDriverAllocator:
         self.device = device
         self._drv = _driver()
         self._ctx = self._drv.primary_context(device.index)
+        total = torch.cuda.get_device_properties(device).total_memory
+        # nothing in it refers to self: the finalizer below must not keep the allocator alive
+        self.deferred = DeferredFrees(
+            functools.partial(_driver_free, self._drv, self._ctx), functools.partial(_mark, device),
+            lambda ev: ev.query(), functools.partial(_idle, device),
+            lambda: torch.cuda.current_stream(device).synchronize(),
+            max(DEFERRED_FREE_MIN, int(total * DEFERRED_FREE_SHARE)))
+        # frees still pending when the allocator goes (its last buffer gone) are done then
+        weakref.finalize(self, self.deferred.flush)
 
     def alloc(self, nbytes: int, alloc_type: str) -> tuple[torch.Tensor, CudaBuffer]:
+        self.deferred.reap()
+        try:
+            return self._alloc(nbytes, alloc_type)
+        except OutOfDeviceMemory:
+            if not self.deferred.reap(force=True):
+                raise
+            return self._alloc(nbytes, alloc_type)  # the frees held back made room
+
+    def _alloc(self, nbytes: int, alloc_type: str) -> tuple[torch.Tensor, CudaBuffer]:
         drv = self._drv
         with drv.on(self._ctx):
             if alloc_type == "host":
                 hptr, dptr = ctypes.c_void_p(), ctypes.c_uint64()
                 flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
                 drv.call("cuMemHostAlloc", ctypes.byref(hptr), nbytes, flags, oom=MemoryError)
-                owner = CudaBuffer(0, nbytes, functools.partial(self._free, "cuMemFreeHost", hptr.value))
+                owner = CudaBuffer(0, nbytes, functools.partial(self._free, "cuMemFreeHost", hptr.value, nbytes))
                 # with unified addressing this is the host pointer itself; ask anyway
                 drv.call("cuMemHostGetDevicePointer_v2", ctypes.byref(dptr), hptr, 0)
             else:
@@ -325,18 +369,17 @@ class CudaDriverAllocator:
                     drv.call("cuMemAllocManaged", ctypes.byref(dptr), nbytes, CU_MEM_ATTACH_GLOBAL)
                 else:
                     drv.call("cuMemAlloc_v2", ctypes.byref(dptr), nbytes)
-                owner = CudaBuffer(0, nbytes, functools.partial(self._free, "cuMemFree_v2", dptr.value))
+                owner = CudaBuffer(0, nbytes, functools.partial(self._free, "cuMemFree_v2", dptr.value, nbytes))
         owner.ptr = dptr.value
         return _wrap(owner, self.device), owner
 
     def free(self, handle: CudaBuffer, alloc_type: str) -> None:
         handle.free()
 
-    def _free(self, call: str, ptr: int) -> None:
-        with FREE_GUARD[0]():  # no capture on another thread meanwhile (impls/capture_guard.py)
-            _sync(self.device)
-            with self._drv.on(self._ctx):
-                self._drv.call(call, ptr)
+    def _free(self, call: str, ptr: int, nbytes: int) -> None:
+        # done when the stream has run dry, not with a sync now (deferred_frees.py)
+        self.deferred.put(call, ptr, nbytes)
+
 
 
 class TorchCachingAllocator:
