@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .scheduler import bucket
+from .staging import Staged
 
 
 def to_device(a: np.ndarray, dev: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -67,16 +68,19 @@ class Batch:
         """The new positions the run computes, padding included."""
         return self.s if self.packed else self.b * self.s
 
+    def paged_arrays(self, ints: dict, io) -> dict:
+        """The paged form's arrays and their device dtypes (``staging.Staged``'s input)."""
+        out = {"ids": (self.ids, ints[io.input_ids]), "mask": (self.mask, ints[io.attention_mask]),
+               **{k: (getattr(self, k), torch.int64) for k in PAGED_ARRAYS}}
+        if io.position_ids is not None:
+            out["pos"] = (self.pos, ints[io.position_ids])
+        return out
+
     def tensors(self, dev, ints: dict, io, scratch: int | None) -> dict:
         """The arrays on the device. ``scratch``: every row of the bucket written (a captured step's
         fixed work), the padding rows' keys and values into the pool's scratch slot."""
         if self.paged:  # padding rows and positions write the scratch slot already
-            t = {"ids": to_device(self.ids, dev, ints[io.input_ids]),
-                 "mask": to_device(self.mask, dev, ints[io.attention_mask]),
-                 **{k: to_device(getattr(self, k), dev) for k in PAGED_ARRAYS}}
-            if io.position_ids is not None:
-                t["pos"] = to_device(self.pos, dev, ints[io.position_ids])
-            return t
+            return Staged(self.paged_arrays(ints, io), dev).tensors
         if scratch is None:
             nb, nt, slots = self.new_b, self.new_t, self.slots
         else:

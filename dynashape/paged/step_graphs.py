@@ -27,7 +27,8 @@ import logging
 
 import torch
 
-from .batch import padding_batch, stage
+from .batch import padding_batch
+from .staging import Staged
 
 log = logging.getLogger("dynashape.paged")
 
@@ -116,7 +117,10 @@ class _Key:
 
     def __init__(self, eng, batch) -> None:
         self.request = eng.model.session.create_infer_request()
-        self.t = batch.tensors(eng.dev, eng._int, eng.io, scratch=eng.pool.scratch_slot)
+        self.ints, self.io = eng._int, eng.io
+        self.staged = Staged(batch.paged_arrays(self.ints, self.io), eng.dev) if batch.paged else None
+        self.t = self.staged.tensors if batch.paged else batch.tensors(eng.dev, eng._int, eng.io,
+                                                                       scratch=eng.pool.scratch_slot)
         self.dense = eng.dense(batch)
         self.nbytes = sum(x.numel() * x.element_size() for x in (*self.t.values(), *self.dense))
         self.graph = self.logits = None
@@ -125,9 +129,8 @@ class _Key:
     def fill(self, batch) -> None:
         """This run's inputs into the graph's buffers (rows past ``batch.n`` write the scratch slot)."""
         t, n, b = self.t, batch.n, batch.b
-        if batch.paged:  # (padding rows name the scratch slot and block already; from pinned memory: no wait)
-            for name, buf in t.items():  # (each buffer is the batch's array of its name)
-                buf.copy_(stage(getattr(batch, name), buf.dtype), non_blocking=True)
+        if batch.paged:  # (padding rows name the scratch slot and block already; one copy, no wait)
+            self.staged.fill(batch.paged_arrays(self.ints, self.io))
             return
         t["ids"].copy_(torch.from_numpy(batch.ids))
         t["mask"].copy_(torch.from_numpy(batch.mask))
