@@ -115,8 +115,10 @@ def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy(folder, device):
                                   np.stack([greedy.get_sequence(r) for r in range(2)]))
 
 
-def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder, device):
-    model = Model(folder, device=device)
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder, device, graphs):
+    # "on": steps run ahead of the token's read until row 0 ends, then wait for the read (the pad)
+    model = Model(folder, device=device, decode_graphs=graphs, kv_bucket=16)
     p = prompt(2, 5, 3)
     want = reference_greedy(p, 20)
     eos = int(want[0, 6])  # row 0's 7th token ends it
@@ -134,6 +136,8 @@ def test_each_row_ends_on_its_own_eos_then_takes_the_pad_token(folder, device):
     np.testing.assert_array_equal(row0[:7], want[0, :7])
     assert (row0[7:] == 0).all()  # the pad token after its EOS
     assert g.get_sequence(1)[5:5 + 8].tolist() == want[1, :8].tolist()
+    if graphs == "on":  # ahead from the first bound step until row 0's EOS
+        assert 3 <= g.ahead_steps <= 7, g.ahead_steps
     model.config.eos = (EOS_FREE,)
 
 
@@ -209,6 +213,7 @@ def test_the_lean_step_serves_decode_steps_and_hands_the_kv_back_to_runs(folder,
         assert np.array_equal(np.stack([g.get_sequence(r)[5:] for r in range(2)]), want)
         st = g.request.stats()
         assert st["decode_bound_steps"] >= 30, st
+        assert g.ahead_steps >= 30  # each launched before the host read the token it runs on
         assert 2 <= st["decode_bound_declines"] <= 6, st  # bucket ends at 16, 32 and the first decode step
         assert st["decode_graph_replays"] >= st["decode_bound_steps"]
     # appended tokens after bound steps: a run serves them, over the KV the bound steps wrote

@@ -142,6 +142,9 @@ class Generator:
         self.bound = None  # the lean step (runtime/bound_step.py) while the last run was a whole-step graph's
         self.fed = 0  # tokens the KV cache holds
         self.logits: torch.Tensor | None = None  # [batch, vocab] after the last token run, None until run
+        self._tok_host: torch.Tensor | None = None  # pinned: the chosen tokens read while the next step runs
+        self._tok_read = None
+        self.ahead_steps = 0  # steps launched before the host read the token they run on
         s = params.search
         seed = int(s["random_seed"])
         self.rng = torch.Generator(device=self.dev)
@@ -263,7 +266,11 @@ class Generator:
                           repetition_penalty=penalty, generator=self.rng, banned=banned)
         # the step's one read from the device: the tokens (a streaming caller reads them anyway); the
         # rows' EOS bookkeeping is then the host's
-        last = tok.cpu().numpy()
+        ahead = self.bound is not None and not self.done_rows.any() and self.length + 1 < int(s["max_length"])
+        if ahead:
+            last = self._run_ahead(tok)
+        else:
+            last = tok.cpu().numpy()
         if self.done_rows.any():
             last[self.done_rows] = self.pad
             tok = torch.from_numpy(last).to(self.dev)
@@ -274,6 +281,10 @@ class Generator:
         if self._seq_dev is not None:
             self._seq_dev[:, self.length] = tok
         self.length += 1
+        if ahead:  # its run is done: the token is in the cache, the next logits are there
+            if self.is_done():
+                self._lend()
+            return
         self._pending = tok[:, None]
         self.logits = None
         if self.is_done():
@@ -284,6 +295,27 @@ class Generator:
             # Nothing the caller can do in between changes that step: appended tokens come after
             # this token in the cache, as they would after a lazy run
             self._run(self._pending)
+
+    def _run_ahead(self, tok: torch.Tensor) -> np.ndarray:
+        """The next step launched on ``tok`` from the device before the host reads it, then the read:
+        the device runs that step while the host takes the token and the caller handles it, instead
+        of waiting for the host between two steps. (Only while no row has ended: an ended row's token
+        is replaced by the pad on the host.) The read is queued before the step, so it waits for the
+        choice only."""
+        if tok.is_cuda:
+            if self._tok_host is None or self._tok_host.shape != tok.shape:
+                self._tok_host = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
+                self._tok_read = torch.cuda.Event()
+            self._tok_host.copy_(tok, non_blocking=True)
+            self._tok_read.record()
+            self._run(tok[:, None])
+            self._tok_read.synchronize()
+            last = self._tok_host.numpy().copy()
+        else:
+            self._run(tok[:, None])
+            last = tok.numpy().copy()
+        self.ahead_steps += 1
+        return last
 
     # ---- the request, lent to the model's next generator once this one is done ----------------------
     def _lend(self) -> None:
