@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # One device call for LLM serving (issue 39): the paged engine's load figures, results under $OUT.
-#   bash benchmarks/gpu_llm.sh [load|tests|final|packed|verify|chunk128|budget128|budget128_lone|stream|paged]
+#   bash benchmarks/gpu_llm.sh [load|staged|tests|final|packed|verify|chunk128|budget128|budget128_lone|stream|paged]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-load}" in
+  staged)  # a paged run's inputs in one copy (paged/staging.py), the generator's steps launched ahead of the token's
+           # read, the direct allocator's deferred frees: their CUDA tests, the streaming loops (fp32 with a profile,
+           # bf16, batch 16), the load at 128/s with the lone runs in the same process
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -x -p no:warnings -rfE tests/memory/test_engine_cuda.py \
+      tests/test_generate.py tests/ops/test_paged_attention.py tests/paged
+    T=100 run python3 benchmarks/generate_gpu.py --profile --json "$OUT/generate_gpu_ahead.json"
+    T=80 run python3 benchmarks/generate_gpu.py --dtype bfloat16 --json "$OUT/generate_gpu_ahead_bf16.json"
+    T=80 run python3 benchmarks/generate_gpu.py --batch 16 --json "$OUT/generate_gpu_ahead_b16.json"
+    T=150 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 \
+      --json "$OUT/llm_load_staged_rate128.json" ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;
