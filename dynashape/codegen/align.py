@@ -50,7 +50,7 @@ ELEMENTWISE = frozenset({
 VIEWS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Concat", "Split"})
 LAST_AXIS = frozenset({"RMSNorm", "LayerNorm"})  # our fused norms: over the last axis
 AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})  # over axis (and after): not the first
-PRODUCTS = frozenset({"MatMul", "Gemm", "Linear", "MatMulAdd", "RMSNormLinear"})
+PRODUCTS = frozenset({"MatMul", "Gemm", "Linear", "MatMulAdd", "GatedMatMulAdd", "RMSNormLinear"})
 # convolutions over a constant weight: image by image along the batch (our fused forms included)
 CONVS = frozenset({"Conv", "ConvAct", "ConvRelu", "ConvAddRelu", "ConvTranspose"})
 # over one image's channels and pixels, never across images

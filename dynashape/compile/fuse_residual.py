@@ -7,7 +7,8 @@ MLP down projection): two kernels fewer per layer in a decode step, where each i
 microseconds of a step bound by kernel latencies. Runs after ``linear_layout`` (the weight in
 the layout chosen for the device; ``transposed`` says which).
 
-``Mul(Silu(a), b)`` with ``a`` and ``b`` of one shape becomes ``SiluMul(a, b)`` (one kernel).
+``Mul(Silu(a), b)`` with ``a`` and ``b`` of one shape becomes ``SiluMul(a, b)`` (one kernel), and a
+``MatMulAdd`` over it ``GatedMatMulAdd`` (the gate computed as the product reads its input).
 
 ``Linear(RMSNorm(x, g), W)`` (float32 W in the [out, in] layout, no bias, the norm read by nothing
 else) becomes ``RMSNormLinear(x, g, W)``: for a single row (a batch-1 decode step) one Triton
@@ -54,6 +55,20 @@ def fuse_silu_mul(graph: Graph) -> Graph:
                 continue
             fuse(graph, [silu, mul], "SiluMul", [silu.inputs[0], b], {})
             break
+    return graph
+
+
+def fuse_gated_matmul_add(graph: Graph) -> Graph:
+    """``MatMulAdd(SiluMul(a, b), W, r)``, the gate read by nothing else, becomes
+    ``GatedMatMulAdd(a, W, r, b)``: at one row (a batch-1 decode step) one kernel for the gate, the
+    down projection and the residual. Runs after ``fuse_silu_mul`` and ``fuse_matmul_add``."""
+    for mm in [n for n in graph.nodes if n.op_type == "MatMulAdd" and n.domain == FUSED_DOMAIN]:
+        x = mm.inputs[0]
+        gate = fused_producer(x, "SiluMul")
+        if gate is None or not only_feeds(x, [mm], graph):
+            continue
+        fuse(graph, [gate, mm], "GatedMatMulAdd", [gate.inputs[0], mm.inputs[1], mm.inputs[2], gate.inputs[1]],
+             dict(mm.attrs))
     return graph
 
 

@@ -30,7 +30,7 @@ from .fuse_linear import fuse_linear
 from .fuse_norms import fuse_layer_norm, fuse_rms_norm
 from .fuse_parallel_matmul import fuse_parallel_matmul
 from .fuse_qdq import fuse_qdq
-from .fuse_residual import fuse_matmul_add, fuse_norm_linear, fuse_silu_mul
+from .fuse_residual import fuse_gated_matmul_add, fuse_matmul_add, fuse_norm_linear, fuse_silu_mul
 from .fuse_rotary import fuse_rotary
 from .fuse_squeeze_excite import fuse_squeeze_excite
 from .inline_if import inline_constant_if
@@ -109,7 +109,7 @@ CONV_RELU_DEVICES = ("cuda",)
 def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """Fusion passes whose choice depends on the device (measured there): after the others."""
     residual = [("fuse_silu_mul", fuse_silu_mul), ("fuse_matmul_add", fuse_matmul_add),
-                ("fuse_norm_linear", fuse_norm_linear)]
+                ("fuse_gated_matmul_add", fuse_gated_matmul_add), ("fuse_norm_linear", fuse_norm_linear)]
     if str(device).split(":")[0] not in RESIDUAL_FUSION_DEVICES:
         residual = []
     conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")

@@ -9,9 +9,16 @@ value (the product is rounded once either way before ``r`` is added).
 
 ``SiluMul(a, b) = silu(a) * b``: the gate of a SwiGLU MLP, one kernel on CUDA (Triton) instead of
 two; elsewhere the torch form, which is what the replaced nodes computed.
+
+``GatedMatMulAdd(a, w, r, b) = silu(a) * b @ w + r``: the gate, the down projection and the residual
+of a SwiGLU MLP. At one float32 row on CUDA it is one Triton kernel, as ``MatMulAdd`` is there
+(``_gemv_add``); otherwise the two ops above in turn.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +56,8 @@ def _matmul_add_infer(shapes, values, *, transposed=0):
     notes="x @ w + r in one BLAS call, r added in its epilogue (fuse_residual)")
 @small_work.when_small(lambda x, w, r, *a, **k: x.numel() * r.shape[-1])
 def _matmul_add(x, w, r, *, transposed=0, out=None):
+    if _one_row(x, w, r, transposed, out):
+        return _gemv_add(x, None, w, r, out)
     wt = w.t() if transposed else w
     k, n = wt.shape
     x2, r2 = x.reshape(-1, k), r.reshape(-1, n)
@@ -65,6 +74,20 @@ def _matmul_add(x, w, r, *, transposed=0, out=None):
     if out is None:
         return res
     return out.copy_(res)
+
+
+def _gated_infer(shapes, values, *, transposed=0):
+    if not _same_shape(tuple(shapes[0]), tuple(shapes[3])):
+        raise CannotServe("a gate and an input of other shapes")
+    return _matmul_add_infer(shapes[:3], values, transposed=transposed)
+
+
+@op("GatedMatMulAdd", 1, DOMAIN, infer=_gated_infer,
+    notes="silu(a) * b @ w + r: a SwiGLU MLP's gate, down projection and residual (fuse_gated_matmul_add)")
+def _gated_matmul_add(a, w, r, b, *, transposed=0, out=None):
+    if _one_row(a, w, r, transposed, out) and b.dtype == a.dtype and b.numel() == a.numel():
+        return _gemv_add(a, b, w, r, out)
+    return _matmul_add(_silu_mul(a, b), w, r, transposed=transposed, out=out)
 
 
 def _silu_mul_infer(shapes, values):
@@ -141,6 +164,53 @@ if triton is not None:
         y = tl.load(B + row * sb + j, mask=m, other=0.0)
         s = (x * tl.sigmoid(x)).to(OUT.dtype.element_ty)  # rounded to the dtype as torch's silu is
         tl.store(OUT + row * D + j, (s.to(tl.float32) * y.to(tl.float32)).to(OUT.dtype.element_ty), mask=m)
+
+
+# ---- one row: the product, the residual (and the gate) in one Triton kernel -----------------------
+# A decode step at batch 1: addmm copies the residual into its output before cuBLAS's matrix-vector
+# kernel adds onto it (two kernels; in a whole-step graph 24 copies a step of a 12-layer decoder), and
+# the SwiGLU gate is a kernel of its own before the down projection. Here each is one kernel that
+# reads the weight [out, in] row by row (as _norm_gemv does), the gate computed as its input is read.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernel on the CPU (its tests without a GPU)
+
+
+def _one_row(x, w, r, transposed, out) -> bool:
+    """One float32 row by a [out, in] weight with a residual of the output's size, on CUDA."""
+    return (triton is not None and (x.is_cuda or INTERPRET) and bool(transposed) and x.dtype == torch.float32
+            and w.dtype == x.dtype and r.dtype == x.dtype and w.dim() == 2 and w.stride(-1) == 1
+            and x.numel() == w.shape[1] and r.numel() == w.shape[0] and (out is None or out.is_contiguous()))
+
+
+def _gemv_add(x, gate, w, r, out):
+    n, k = w.shape
+    res = out if out is not None else torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    xr, rr = x.reshape(k), r.reshape(n)
+    gr = gate.reshape(k) if gate is not None else xr
+    xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
+    block_n, block_k = 4, 256  # as _norm_gemv's (benchmarks/gemv_triton.py)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _gemv_add_kernel[(triton.cdiv(n, block_n),)](xr, gr, w, rr, res, n, k, w.stride(0), GATED=gate is not None,
+                                                     BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    return res
+
+
+if triton is not None:
+    @triton.jit
+    def _gemv_add_kernel(X, G, W, R, OUT, N, K, swn, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            km = kk < K
+            xk = tl.load(X + kk, mask=km, other=0.0)
+            if GATED:  # silu(a) * b, a the gate (float32: no rounding between the two)
+                xk = xk * tl.sigmoid(xk) * tl.load(G + kk, mask=km, other=0.0)
+            wk = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(wk * xk[None, :], axis=1)
+        acc += tl.load(R + n, mask=nm, other=0.0)
+        tl.store(OUT + n, acc, mask=nm)
 
 
 # ---- RMSNorm into the product that reads it ------------------------------------------------------

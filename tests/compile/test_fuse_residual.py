@@ -161,3 +161,96 @@ def test_rmsnorm_linear_triton_one_row(k, n):
     got = residual._norm_linear(x, nw, w, epsilon=1e-5)
     want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x.double(), (k,), nw.double(), 1e-5), w.double())
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def mlp_model(gate_also_output=False):
+    """A SwiGLU MLP's end: silu(a) * u, its down projection, the residual."""
+    b = Builder()
+    a = b.input("a", ["b", "s", K])
+    u = b.input("u", ["b", "s", K])
+    r = b.input("r", ["b", "s", N])
+    gate = b.op("Mul", b.op("Mul", a, b.op("Sigmoid", a)), u)
+    y = b.op("Add", b.op("MatMul", gate, b.const(np.random.default_rng(9).standard_normal((K, N)))), r)
+    return b.model([y] + ([gate] if gate_also_output else []))
+
+
+def _mlp_feeds(rng):
+    return [{"a": randn(rng, b, s, K), "u": randn(rng, b, s, K), "r": randn(rng, b, s, N)} for b, s in SHAPES]
+
+
+def test_the_gate_joins_the_down_projection_and_its_residual():
+    sess = check_sequence(mlp_model(), _mlp_feeds(np.random.default_rng(10)))
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.GatedMatMulAdd"] == 1 and ops[f"{FUSED}.SiluMul"] == 0, dict(ops)
+    assert ops[f"{FUSED}.MatMulAdd"] == 0 and ops["MatMul"] == 0 and ops["Add"] == 0, dict(ops)
+
+
+def test_a_gate_read_elsewhere_stays_apart():
+    sess = check_sequence(mlp_model(gate_also_output=True), _mlp_feeds(np.random.default_rng(11)))
+    ops = fused_ops(sess)
+    assert ops[f"{FUSED}.GatedMatMulAdd"] == 0 and ops[f"{FUSED}.SiluMul"] == 1 and ops[f"{FUSED}.MatMulAdd"] == 1
+
+
+def test_the_decoder_compiled_for_cuda_has_one_gated_product_a_layer():
+    import onnx
+
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model
+    from tests.models import llama
+    program = compile_graph(parse_model(onnx.load(str(llama.model_path())), ParseOptions()), device="cuda")
+    ops = [n.op_type for n in program.fused.nodes]
+    assert ops.count("GatedMatMulAdd") == llama.TINY["layers"] and ops.count("SiluMul") == 0
+    assert ops.count("MatMulAdd") == llama.TINY["layers"]  # the attention's output projection
+
+
+ONE_ROW = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from dynashape.ops import residual
+g = torch.Generator().manual_seed(12)
+for k, n in ((64, 24), (300, 37), (512, 256)):
+    x, u = torch.randn(1, 1, k, generator=g), torch.randn(1, 1, k, generator=g)
+    w, r = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(1, 1, n, generator=g)
+    assert residual._one_row(x, w, r, 1, None)
+    torch.testing.assert_close(residual._matmul_add(x, w, r, transposed=1), x @ w.t() + r, atol=2e-6, rtol=1e-5)
+    want = (torch.nn.functional.silu(x) * u) @ w.t() + r
+    out = torch.full((1, 1, n), float("nan"))
+    assert residual._gated_matmul_add(x, w, r, u, transposed=1, out=out) is out
+    torch.testing.assert_close(out, want, atol=2e-6, rtol=1e-5)
+    # the gate and the input as halves of the merged gate/up product
+    merged = torch.randn(1, 1, 2 * k, generator=g)
+    a, b = merged[..., :k], merged[..., k:]
+    want = (torch.nn.functional.silu(a) * b) @ w.t() + r
+    torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, atol=2e-6, rtol=1e-5)
+x = torch.randn(2, 1, 64, generator=g)  # two rows: the two ops as before
+assert not residual._one_row(x, torch.randn(24, 64), torch.randn(2, 1, 24), 1, None)
+print("ok")
+"""
+
+
+def test_one_row_kernel_interpreted_on_the_cpu_matches_the_ops():
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU: the compiled kernel is tested instead")
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", ONE_ROW], cwd=root, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or residual.triton is None, reason="needs CUDA and Triton")
+@pytest.mark.parametrize("k,n", [(768, 768), (2048, 768), (100, 37)])
+def test_one_row_kernel_on_cuda_matches_the_ops(k, n):
+    g = torch.Generator(device="cuda").manual_seed(13)
+    merged = torch.randn(1, 1, 2 * k, generator=g, device="cuda")
+    a, b = merged[..., :k], merged[..., k:]
+    w = torch.randn(n, k, generator=g, device="cuda") / k ** 0.5
+    r = torch.randn(1, 1, n, generator=g, device="cuda")
+    want = ((torch.nn.functional.silu(a) * b).double() @ w.t().double() + r.double()).float()
+    torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, atol=1e-5, rtol=1e-5)
+    plain = (a.double() @ w.t().double() + r.double()).float()
+    torch.testing.assert_close(residual._matmul_add(a, w, r, transposed=1), plain, atol=1e-5, rtol=1e-5)

@@ -70,6 +70,6 @@ def test_llama_projections_all_move():
     # the LM head (a vocabulary of 1000: in the Linear layout) from the final norm
     assert ops.count("RMSNormLinear") == 2 * llama.TINY["layers"] + 1
     # the output and down projections end residual branches: the add rides the product, which
-    # reads the weight in the Linear layout too
-    adds = [n for n in program.fused.nodes if n.op_type == "MatMulAdd"]
+    # reads the weight in the Linear layout too (the down projection with the SwiGLU gate)
+    adds = [n for n in program.fused.nodes if n.op_type in ("MatMulAdd", "GatedMatMulAdd")]
     assert len(adds) == 2 * llama.TINY["layers"] and all(n.attrs["transposed"] == 1 for n in adds)

@@ -481,15 +481,16 @@ def test_a_capacity_value_that_is_not_a_prefix_is_refused(hf, monkeypatch):
 
 
 def test_the_cuda_fusions_decode_correctly_on_the_cpu_too(eager, device, monkeypatch):
-    """The fusions that run on CUDA only (the residual add in the product, the SwiGLU gate, the
-    RMSNorm folded into the product: compile/fuse_residual.py) switched on for a CPU session, and
-    the weights in CUDA's layout, so that CI runs their torch forms inside whole-step decode."""
+    """The fusions that run on CUDA only (the residual add in the product, the SwiGLU gate in the down
+    projection, the RMSNorm folded into the product: compile/fuse_residual.py) switched on for a CPU
+    session, and the weights in CUDA's layout, so that CI runs their torch forms inside whole-step
+    decode."""
     from dynashape.compile import linear_layout, pipeline
     monkeypatch.setattr(pipeline, "RESIDUAL_FUSION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(linear_layout, "_cpu", linear_layout._cuda)
     sess = _session(str(llama.model_path()), device)
     ops = {n.op_type for n in sess.program.fused.nodes}
-    assert {"MatMulAdd", "SiluMul", "RMSNormLinear"} <= ops, ops
+    assert {"MatMulAdd", "GatedMatMulAdd", "RMSNormLinear"} <= ops, ops
     st = _decode(sess, eager, device, 24)
     assert st["decode_graph_replays"] >= 15 and st.get("decode_graph_fallbacks", 0) == 0
 
