@@ -181,17 +181,22 @@ def _one_row(x, w, r, transposed, out) -> bool:
             and x.numel() == w.shape[1] and r.numel() == w.shape[0] and (out is None or out.is_contiguous()))
 
 
-def _gemv_add(x, gate, w, r, out):
+def _gemv_add(x, gate, w, r, out, tiles=None):
+    """``tiles``: (BLOCK_N, BLOCK_K, warps) to use (benchmarks/gemv_add_sweep.py), else ``_tiles``'s."""
     n, k = w.shape
     res = out if out is not None else torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     xr, rr = x.reshape(k), r.reshape(n)
     gr = gate.reshape(k) if gate is not None else xr
     xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
-    block_n, block_k = 4, 256  # as _norm_gemv's (benchmarks/gemv_triton.py)
+    block_n, block_k, warps = tiles or _tiles(n, k)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _gemv_add_kernel[(triton.cdiv(n, block_n),)](xr, gr, w, rr, res, n, k, w.stride(0), GATED=gate is not None,
-                                                     BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+                                                     BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     return res
+
+
+def _tiles(n: int, k: int) -> tuple[int, int, int]:
+    return 4, 256, 4  # as _norm_gemv's (benchmarks/gemv_triton.py)
 
 
 if triton is not None:

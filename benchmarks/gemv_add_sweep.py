@@ -1,0 +1,91 @@
+"""The one-row product with its residual (and SwiGLU gate) as one Triton kernel (ops/residual.py
+``_gemv_add``) against cuBLAS's addmm (and the gate's own kernel before it), over tile shapes: each
+form replayed as a CUDA graph of 200 calls back to back (as in a decode step's graph), per call.
+
+    python benchmarks/gemv_add_sweep.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from dynashape.ops import residual  # noqa: E402
+
+SHAPES = [(768, 768, False), (2048, 768, True), (2048, 768, False), (768, 2304, False), (4096, 4096, True)]
+TILES = [(4, 256, 4), (4, 512, 4), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8), (2, 1024, 4),
+         (4, 1024, 4), (4, 2048, 8), (32, 128, 4)]
+
+
+def per_call_us(fn, calls: int = 200) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / (5 * calls))
+    return best * 1e6
+
+
+def cublas(a, gate, w, r, out, g2):
+    """What the ops ran before: the gate's kernel, then addmm (the residual copied into the output first)."""
+    n, k = w.shape
+    x = residual._silu_mul(a, gate, out=g2) if gate is not None else a
+    torch.addmm(r.view(1, n), x.view(1, k), w.t(), out=out.view(1, n))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for k, n, gated in SHAPES:
+        merged = torch.randn(1, 1, 2 * k, device="cuda")
+        a, b = merged[..., :k], merged[..., k:]
+        w = torch.randn(n, k, device="cuda") / k ** 0.5
+        r = torch.randn(1, 1, n, device="cuda")
+        out = torch.empty(1, 1, n, device="cuda")
+        g2 = torch.empty(1, 1, k, device="cuda")
+        want = ((torch.nn.functional.silu(a) * b if gated else a) @ w.t() + r)
+
+        res = {"k": k, "n": n, "gated": gated,
+               "cublas_us": per_call_us(functools.partial(cublas, a, b if gated else None, w, r, out, g2))}
+        for bn, bk, nw in TILES:
+            triton_form = functools.partial(residual._gemv_add, a, b if gated else None, w, r, out, tiles=(bn, bk, nw))
+            triton_form()
+            err = (out - want).abs().max().item()
+            res[f"triton_{bn}x{bk}w{nw}_us"] = per_call_us(triton_form)
+            res[f"triton_{bn}x{bk}w{nw}_err"] = err
+        best = min((v, key) for key, v in res.items() if key.startswith("triton") and key.endswith("_us"))
+        print(f"k {k} n {n} gated {gated}: cuBLAS {res['cublas_us']:.2f} us, best Triton {best[1]} {best[0]:.2f} us",
+              flush=True)
+        rows.append(res)
+    print(json.dumps(rows, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
