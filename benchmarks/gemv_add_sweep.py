@@ -1,6 +1,8 @@
 """The one-row product with its residual (and SwiGLU gate) as one Triton kernel (ops/residual.py
 ``_gemv_add``) against cuBLAS's addmm (and the gate's own kernel before it), over tile shapes: each
-form replayed as a CUDA graph of 200 calls back to back (as in a decode step's graph), per call.
+form replayed as a CUDA graph of 200 calls back to back (as in a decode step's graph), per call,
+over a ring of weight copies larger than the L2 cache (a decode step reads each layer's weights
+once: from memory, not from L2).
 
     python benchmarks/gemv_add_sweep.py [--json out.json]
 """
@@ -19,21 +21,30 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dynashape.ops import residual  # noqa: E402
 
-SHAPES = [(768, 768, False), (2048, 768, True), (2048, 768, False), (768, 2304, False), (4096, 4096, True)]
+SHAPES = [(768, 768, False), (2048, 768, True), (2048, 768, False), (768, 2304, False), (768, 1280, False),
+          (768, 4096, False), (4096, 4096, True)]
 TILES = [(4, 256, 4), (4, 512, 4), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8), (2, 1024, 4),
-         (4, 1024, 4), (4, 2048, 8), (32, 128, 4)]
+         (4, 1024, 4), (4, 2048, 8), (32, 128, 4), (2, 512, 2), (1, 1024, 2), (2, 2048, 4), (1, 2048, 4)]
 
 
-def per_call_us(fn, calls: int = 200) -> float:
+RING_BYTES = 256 << 20  # several times an H100's or H200's L2
+
+
+def ring(w: torch.Tensor) -> list[torch.Tensor]:
+    return [w.clone() for _ in range(max(4, -(-RING_BYTES // (w.numel() * w.element_size()))))]
+
+
+def per_call_us(fns, calls: int = 200) -> float:
+    """``fns``: one call per weight of the ring, replayed in turn."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        fn()
+        fns[0]()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fns[i % len(fns)]()
     g.replay()
     torch.cuda.synchronize()
     best = float("inf")
@@ -53,6 +64,10 @@ def cublas(a, gate, w, r, out, g2):
     torch.addmm(r.view(1, n), x.view(1, k), w.t(), out=out.view(1, n))
 
 
+def norm_then_linear(x, nw, w):
+    return torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (x.shape[-1],), nw, 1e-6), w)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -68,14 +83,25 @@ def main() -> None:
         g2 = torch.empty(1, 1, k, device="cuda")
         want = ((torch.nn.functional.silu(a) * b if gated else a) @ w.t() + r)
 
+        ws = ring(w)
+        gate = b if gated else None
         res = {"k": k, "n": n, "gated": gated,
-               "cublas_us": per_call_us(functools.partial(cublas, a, b if gated else None, w, r, out, g2))}
+               "cublas_us": per_call_us([functools.partial(cublas, a, gate, x, r, out, g2) for x in ws])}
         for bn, bk, nw in TILES:
-            triton_form = functools.partial(residual._gemv_add, a, b if gated else None, w, r, out, tiles=(bn, bk, nw))
-            triton_form()
+            residual._gemv_add(a, gate, w, r, out, tiles=(bn, bk, nw))
             err = (out - want).abs().max().item()
-            res[f"triton_{bn}x{bk}w{nw}_us"] = per_call_us(triton_form)
+            res[f"triton_{bn}x{bk}w{nw}_us"] = per_call_us(
+                [functools.partial(residual._gemv_add, a, gate, x, r, out, tiles=(bn, bk, nw)) for x in ws])
             res[f"triton_{bn}x{bk}w{nw}_err"] = err
+        if not gated:  # the norm's kernel over the same shape (RMSNormLinear, one row)
+            nw = torch.randn(k, device="cuda")
+            res["norm_cublas_us"] = per_call_us([functools.partial(norm_then_linear, a, nw, x) for x in ws])
+            for bn, bk, warps in TILES:
+                res[f"norm_{bn}x{bk}w{warps}_us"] = per_call_us(
+                    [functools.partial(residual._norm_gemv, a, nw, x, 1e-6, tiles=(bn, bk, warps)) for x in ws])
+            nbest = min((v, key) for key, v in res.items() if key.startswith("norm_") and key[5].isdigit())
+            print(f"  RMSNormLinear k {k} n {n}: rms_norm + cuBLAS {res['norm_cublas_us']:.2f} us, 4x256w4 "
+                  f"{res['norm_4x256w4_us']:.2f}, best {nbest[1]} {nbest[0]:.2f} us", flush=True)
         best = min((v, key) for key, v in res.items() if key.startswith("triton") and key.endswith("_us"))
         print(f"k {k} n {n} gated {gated}: cuBLAS {res['cublas_us']:.2f} us, best Triton {best[1]} {best[0]:.2f} us",
               flush=True)

@@ -196,7 +196,19 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
 
 
 def _tiles(n: int, k: int) -> tuple[int, int, int]:
-    return 4, 256, 4  # as _norm_gemv's (benchmarks/gemv_triton.py)
+    # (BLOCK_N, BLOCK_K, warps), measured in CUDA graphs on an H200 with the weights read from memory
+    # (benchmarks/gemv_add_sweep.py, results/gemv_add_sweep_ring_h200_2026-11-29.json): one or two rows
+    # a program, a long stretch of K a load; 768 -> 768 2.77 us (cuBLAS with the residual's copy 4.57),
+    # gated 2048 -> 768 4.62 us (cuBLAS and the gate's kernel 6.71)
+    if k >= 2048:
+        return (1, 2048, 4) if n <= 2048 else (4, 2048, 8)
+    return 2, 1024, 4
+
+
+def norm_tiles(n: int, k: int) -> tuple[int, int, int]:
+    """_norm_gemv's tiles (the same sweep): 768 -> 1280 3.68 us against 4.38 with 4 x 256; a wide
+    output (768 -> 4096) keeps 4 x 256 (5.79 us against 7.51)."""
+    return (1, 2048, 4) if n <= 1536 and k <= 2048 else (4, 256, 4)
 
 
 if triton is not None:
@@ -240,18 +252,20 @@ def _norm_linear(x, norm_weight, weight, *, epsilon=1e-5, out=None):
 MAX_NORM_K = 8192  # the row is held whole by each program for its sum of squares
 
 
-def _norm_gemv(x, norm_weight, weight, eps: float):
+def _norm_gemv(x, norm_weight, weight, eps: float, tiles=None):
+    """``tiles``: (BLOCK_N, BLOCK_K, warps) to use (benchmarks/gemv_add_sweep.py), else ``norm_tiles``'s."""
     n, k = weight.shape
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     xr = x.reshape(k)
     if xr.stride(0) != 1:
         xr = xr.contiguous()
-    block_n, block_k = 4, 256  # measured best for one fp32 row (benchmarks/gemv_triton.py, H100)
+    block_n, block_k, warps = tiles or norm_tiles(n, k)
     with torch.cuda.device(x.device):
         _norm_gemv_kernel[(triton.cdiv(n, block_n),)](xr, norm_weight, weight, out, n, k, eps, weight.stride(0),
                                                       K_ALL=triton.next_power_of_2(k), BLOCK_N=block_n,
-                                                      BLOCK_K=block_k, num_warps=4)
+                                                      BLOCK_K=block_k, num_warps=warps)
     return out
+
 
 
 if triton is not None:
