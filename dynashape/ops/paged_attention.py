@@ -21,8 +21,9 @@ So no past is gathered into a dense copy per step, and no row's work follows the
 length. The lengths are read on the device: a CUDA graph of a decode step replays at any length.
 
 Kernels: on CUDA with Triton, one-query rows (decode steps) take a split-K kernel that walks the
-table (``_partial`` / ``_combine``: a program per (row, KV head, 64 positions), those beyond the
-row's length return at once; float32 products in IEEE precision). Otherwise (prompt chunks, the
+table (``_partial`` / ``_combine``: a program per (row, KV head, 64 positions; 128 where a KV head
+has at most 8 query heads, whose products are then sums over d rather than a 16-row dot), those
+beyond the row's length return at once; float32 products in IEEE precision). Otherwise (prompt chunks, the
 CPU) the rows' positions are gathered through the tables into one [B, W * block_size] batch and
 scaled_dot_product_attention runs with the causal mask of each row.
 """
@@ -48,6 +49,13 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
 BLOCK_N = 64  # positions a program of the split kernel reads (a multiple of the pool's block size or not)
+# Query heads per KV head up to which the decode kernel takes each head's products as sums over d
+# instead of a dot (whose tile is 16 rows at least: 3 heads of a GQA model used 3 of its 16), and the
+# positions a program reads then. An H200, the 12-layer decoder's shapes (benchmarks/paged_decode_sweep.py,
+# results/paged_decode_sweep_h200_2026-11-29.json): 48 rows 63.3 -> 30.3 us, 64 rows 80.7 -> 37.7, 1 row
+# 12.6 -> 9.3.
+SMALL_GROUP = 8
+SMALL_BLOCK_N = 128
 CHUNK_ROWS = 64  # query rows (positions x the query heads of a KV head) a program of the chunks' kernel holds
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU (their tests without a GPU)
 COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each form served (traced or run)
@@ -213,12 +221,17 @@ def _positions(tables, starts, lens, s: int, bs: int):
     return value
 
 
-def _triton(q, pool_k, pool_v, tables, lens, scale: float):
+def _triton(q, pool_k, pool_v, tables, lens, scale: float, block_n: int | None = None, small: bool | None = None,
+            warps: int = 4):
+    """``block_n`` (positions a program), ``small`` (the query heads' products as sums, not a dot of
+    16 rows at least) and ``warps``: the probe's (benchmarks/paged_decode_sweep.py), else the defaults."""
     b, h, _, d = q.shape
     bs, kvh, dv = pool_k.shape[1], pool_k.shape[2], pool_v.shape[3]
     g = h // kvh
-    splits = triton.cdiv(tables.shape[1] * bs, BLOCK_N)
-    block_r = max(16, triton.next_power_of_2(g))
+    small = g <= SMALL_GROUP if small is None else small
+    block_n = block_n or (SMALL_BLOCK_N if small else BLOCK_N)
+    splits = triton.cdiv(tables.shape[1] * bs, block_n)
+    block_r = triton.next_power_of_2(g) if small else max(16, triton.next_power_of_2(g))
     block_dv = max(16, triton.next_power_of_2(dv))
     q3 = q.reshape(b * kvh, g, d)
     if q3.stride(-1) != 1:
@@ -230,10 +243,10 @@ def _triton(q, pool_k, pool_v, tables, lens, scale: float):
     with _on(q.device):
         _partial[(b * kvh, splits)](q3, pool_k, pool_v, tables, lens, part, mx, den, scale, kvh, g, d, dv, bs,
                                     q3.stride(0), q3.stride(1), tables.stride(0), splits,
-                                    BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                                    BLOCK_DV=block_dv, IEEE=q.dtype == torch.float32, num_warps=4)
+                                    BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                                    BLOCK_DV=block_dv, IEEE=q.dtype == torch.float32, SMALL=small, num_warps=warps)
         _combine[(b * kvh,)](part, mx, den, out, lens, kvh, g, dv, splits, out.stride(0), out.stride(1),
-                             BLOCK_R=block_r, BLOCK_N=BLOCK_N, BLOCK_DV=block_dv, num_warps=4)
+                             BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_DV=block_dv, num_warps=4)
     return out.view(b, h, 1, dv)
 
 
@@ -287,7 +300,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["st0", "SPLITS"])
     def _partial(Q, PK, PV, TABLES, LENS, PART, MX, DEN, scale, KVH, R, D, DV, BS, sq0, sq1, st0, SPLITS,
                  BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 IEEE: tl.constexpr):
+                 IEEE: tl.constexpr, SMALL: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // KVH
@@ -304,15 +317,30 @@ if triton is not None:
             slot = block * BS + n % BS  # [BLOCK_N]: the pool positions of this program's keys
             q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
                         other=0.0)
-            kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None], mask=valid[None, :] & (d[:, None] < D),
+            vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
                          other=0.0)
-            s = _dot(q, kt.to(q.dtype), IEEE)
+            if SMALL:  # a few query heads: each one's products as a sum over d (no 16-row dot tile)
+                k = tl.load(PK + (slot[:, None] * KVH + h) * D + d[None, :], mask=valid[:, None] & (d[None, :] < D),
+                            other=0.0).to(tl.float32)
+                s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+                for r in tl.static_range(BLOCK_R):
+                    qr = tl.sum(tl.where(rows[:, None] == r, q.to(tl.float32), 0.0), axis=0)  # [BLOCK_D]
+                    s = tl.where(rows[:, None] == r, tl.sum(k * qr[None, :], axis=1)[None, :], s)
+            else:
+                kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None],
+                             mask=valid[None, :] & (d[:, None] < D), other=0.0)
+                s = _dot(q, kt.to(q.dtype), IEEE)
             s = tl.where(valid[None, :], s * scale, float("-inf"))
             m = tl.max(s, axis=1)
             p = tl.exp(s - m[:, None])
-            vv = tl.load(PV + (slot[:, None] * KVH + h) * DV + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
-                         other=0.0)
-            acc = _dot(p.to(q.dtype), vv.to(q.dtype), IEEE)  # (IEEE: q is float32, p is already)
+            if SMALL:
+                v32 = vv.to(tl.float32)
+                acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+                for r in tl.static_range(BLOCK_R):
+                    pr = tl.sum(tl.where(rows[:, None] == r, p, 0.0), axis=0)  # [BLOCK_N]
+                    acc = tl.where(rows[:, None] == r, tl.sum(v32 * pr[:, None], axis=0)[None, :], acc)
+            else:
+                acc = _dot(p.to(q.dtype), vv.to(q.dtype), IEEE)  # (IEEE: q is float32, p is already)
             base = (bh * SPLITS + split) * BLOCK_R
             tl.store(MX + base + rows, m)
             tl.store(DEN + base + rows, tl.sum(p, axis=1))

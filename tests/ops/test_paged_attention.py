@@ -184,6 +184,10 @@ for b, heads, kvh, d, bs, s in [(3, 12, 4, 64, 16, 1), (3, 12, 4, 64, 16, 37), (
     for i in range(b):
         n = int(lens[i] - starts[i])
         torch.testing.assert_close(got[i, :, :n], want[i, :, :n], atol=2e-6, rtol=1e-5)
+    if s == 1:  # the decode kernel's other forms: a 16-row dot (many query heads a KV head), other tiles
+        for bn, small in ((64, False), (32, True), (256, True)):
+            other = pa._triton(q, pk, pv, tables, lens, 0.125, block_n=bn, small=small)
+            torch.testing.assert_close(other, want, atol=2e-6, rtol=1e-5)
     if s > 1:  # the same rows packed along the tokens of a batch of one (three tokens of no row at the end)
         qp, qstarts = _pack(q, lens - starts, 3)
         packed = pa.attend(qp, pk, pv, tables, starts, lens, 0.125, qstarts)
