@@ -20,6 +20,9 @@ products, masked by ``neg`` (0 for the keys written, -inf beyond).
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 try:  # CI has no GPU and no triton: the torch form serves there
@@ -30,6 +33,10 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BLOCK_N = 64  # keys per program of the split kernel (benchmarks/kv_attention_tune.py)
 NUM_WARPS = 4
+# query rows of a KV head (heads x new positions) up to which their products are sums over d rather
+# than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
+SMALL_ROWS = 8
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU (their tests without a GPU)
 
 
 def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind: str = "add"):
@@ -38,8 +45,8 @@ def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind
     rows = (h // kvh) * s
     q3 = q.reshape(b * kvh, rows, d)
     bias = None if mask is None else _additive(mask, kind).expand(b, h, s, cap)
-    if triton is not None and q.is_cuda and d <= 256 and dv <= 256 and rows <= 64 and k.stride(-1) == 1 \
-            and v.stride(-1) == 1:
+    if triton is not None and (q.is_cuda or INTERPRET) and d <= 256 and dv <= 256 and rows <= 64 \
+            and k.stride(-1) == 1 and v.stride(-1) == 1:
         return _triton(q3, k, v, length, n_new, scale, bias, s).view(b, h, s, dv)
     full = neg.view(1, 1, cap)
     if bias is not None:  # the query heads of a KV head are its rows: [b * kv_heads, rows, capacity]
@@ -58,11 +65,12 @@ def _additive(mask, kind: str):
                                                                                          float("-inf"))
 
 
-def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1):
+def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
     splits = triton.cdiv(cap, BLOCK_N)
-    block_r = max(16, triton.next_power_of_2(rows))
+    small = rows <= SMALL_ROWS if small is None else small
+    block_r = triton.next_power_of_2(rows) if small else max(16, triton.next_power_of_2(rows))
     block_dv = max(16, triton.next_power_of_2(dv))
     if q3.stride(-1) != 1:
         q3 = q3.contiguous()
@@ -73,13 +81,14 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1):
     ieee = q3.dtype == torch.float32
     has_mask = bias is not None
     sb = bias.stride() if has_mask else (0, 0, 0, 0)
-    with torch.cuda.device(q3.device):  # Triton launches on the current device: make it q's (cuda:1)
+    # Triton launches on the current device: make it q's (cuda:1)
+    with torch.cuda.device(q3.device) if q3.is_cuda else contextlib.nullcontext():
         _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, n_new, scale, kvh, rows,
                                d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
                                v.stride(0), v.stride(1), v.stride(2), splits, s, *sb,
                                HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=BLOCK_N,
                                BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=block_dv, IEEE=ieee,
-                               num_warps=NUM_WARPS)
+                               SMALL=small, num_warps=NUM_WARPS)
         _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
                         BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
     return out
@@ -92,7 +101,7 @@ if triton is not None:
     def _partial(Q, K, V, LEN, PART, MX, DEN, B, n_new, scale, KVH, R, D, DV,
                  sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS, S, sb0, sb1, sb2, sb3,
                  HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr, IEEE: tl.constexpr):
+                 BLOCK_DV: tl.constexpr, IEEE: tl.constexpr, SMALL: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // KVH
@@ -107,12 +116,20 @@ if triton is not None:
         q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
                     other=0.0)
         valid = n < length
-        kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None], mask=valid[None, :] & (d[:, None] < D),
-                     other=0.0)
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
+        if SMALL:  # a few query rows: each one's products as a sum over d (a dot's tile is 16 rows at least)
+            kn = tl.load(K + b * sk0 + h * sk1 + n[:, None] * sk2 + d[None, :],
+                         mask=valid[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+            s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+            for r in tl.static_range(BLOCK_R):
+                qr = tl.sum(tl.where(rows[:, None] == r, q.to(tl.float32), 0.0), axis=0)
+                s = tl.where(rows[:, None] == r, tl.sum(kn * qr[None, :], axis=1)[None, :], s)
         else:
-            s = tl.dot(q, kt)
+            kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None],
+                         mask=valid[None, :] & (d[:, None] < D), other=0.0)
+            if IEEE:
+                s = tl.dot(q, kt, input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         if HAS_MASK:  # row r is query r % S of query head h * (R // S) + r // S
             hq = h * (R // S) + rows // S
@@ -123,7 +140,13 @@ if triton is not None:
         p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # such a block adds 0
         vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
                      other=0.0)
-        if IEEE:
+        if SMALL:
+            v32 = vv.to(tl.float32)
+            acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+            for r in tl.static_range(BLOCK_R):
+                pr = tl.sum(tl.where(rows[:, None] == r, p, 0.0), axis=0)
+                acc = tl.where(rows[:, None] == r, tl.sum(v32 * pr[:, None], axis=0)[None, :], acc)
+        elif IEEE:
             acc = tl.dot(p, vv, input_precision="ieee")
         else:
             acc = tl.dot(p.to(vv.dtype), vv)

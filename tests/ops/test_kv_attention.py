@@ -108,3 +108,46 @@ def test_triton_kernels_apply_a_key_mask(b, h, kvh, s, cap, past, kind, dtype):
     out = ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, kind)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out.float(), ref, **tol)
+
+
+@pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES[:3])
+def test_triton_dot_form_matches_too(b, h, kvh, s, cap, past, monkeypatch):
+    """Few query rows take sums over d (SMALL_ROWS); the 16-row dot form, which more rows take, on them too."""
+    if not torch.cuda.is_available() or ka.triton is None:
+        pytest.skip("the Triton kernels need CUDA and triton")
+    monkeypatch.setattr(ka, "SMALL_ROWS", 0)
+    q, k, v, length, neg, total = _case("cuda", torch.float32, b, h, kvh, s, cap, past)
+    out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
+    torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
+
+
+INTERPRETED = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from dynashape.ops import kv_attention as ka
+from tests.ops.test_kv_attention import CASES, MASKED_CASES, _case, _masked_case, _reference
+for b, h, kvh, s, cap, past in CASES:
+    for small in (0, 8):
+        ka.SMALL_ROWS = small
+        q, k, v, length, neg, total = _case("cpu", torch.float32, b, h, kvh, s, cap, past)
+        out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
+        torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
+for b, h, kvh, s, cap, past in MASKED_CASES:
+    q, k, v, length, neg, mask, ref = _masked_case("cpu", torch.float32, b, h, kvh, s, cap, past, "add")
+    torch.testing.assert_close(ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, "add"), ref, atol=2e-5,
+                               rtol=1e-4)
+print("ok")
+"""
+
+
+def test_triton_kernels_interpreted_on_the_cpu_match_the_reference():
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU: the compiled kernels are tested instead")
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=root, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
