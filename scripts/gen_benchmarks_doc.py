@@ -393,7 +393,8 @@ def generate_gpu(runs: list[Run]) -> list[list[str]]:
         d = run.data
         eager = d["eager"]["tokens_per_s"]
         steps = d.get("steps") or (240 if "1024" not in run.base else 1016)
-        what = f"{d.get('dtype', 'float32')}, batch {d.get('batch', 1)}, {steps} tokens"
+        what = f"{d.get('dtype', 'float32')}, batch {d.get('batch', 1)}, {steps} tokens" + (
+            f" ({d['label']})" if d.get("label") else "")
         for key, label in names.items():
             r = d.get(key)
             if not r:
@@ -543,7 +544,8 @@ def llm_load(runs: list[Run]) -> list[list[str]]:
             rows.append([load, "one at a time (dynashape.generate)", num(lone["tokens_per_s"]), "1.00", "-",
                          f"{num(lone['step_ms_p50'])} / {num(lone['step_ms_p99'])}", "-", "-", "-", run.run_cell()])
         how = [w for w, on in (("packed runs", a.get("packed")), (f"chunks of {a.get('chunk')}", a.get("chunk") != 256),
-                               (f"prefill budget {a.get('prefill_budget')}", a.get("prefill_budget"))) if on]
+                               (f"prefill budget {a.get('prefill_budget')}", a.get("prefill_budget")),
+                               (d.get("label"), d.get("label"))) if on]
         packed = f" ({', '.join(how)})" if how else ""
         for i, (name, r) in enumerate(d["passes"].items()):
             st = r["stats"]
@@ -636,7 +638,8 @@ AREAS = [
          "new_shapes_gpu.py",
          [("new_shapes_retune_beside_*.json", None), ("new_shapes_retune_idle_*.json", None),
           ("new_shapes_midway_*.json", None), ("new_shapes_idle_h*.json", None),
-          ("new_shapes_courtesy_off_*.json", None), ("new_shapes_courtesy_h*.json", None)],
+          ("new_shapes_courtesy_off_*.json", None), ("new_shapes_courtesy_h*.json", None),
+          ("new_shapes_deferred_frees_*.json", None)],
          NEW_SHAPES_COLUMNS, new_shapes_per_file,
          "A region's first graph is built untimed; a tuned rebuild times its forms later. *retune_beside*: it timed "
          "them beside the calls (the earlier default); *retune_idle*: only while the calls pause (no call for 0.1 s, "
@@ -652,7 +655,10 @@ AREAS = [
          "*courtesy_off* and *courtesy* (a fourth lease, minutes apart): without and with the pauses a background "
          "build makes before each torch call while a call is launched (DYNASHAPE_BUILD_COURTESY, now on by default): "
          "the cycles' first 20 calls 183 -> 91 ms (ResNet-50) and 368 -> 287 ms (BERT-base), ResNet-50 random's "
-         "240 -> 157 ms, the last 50 calls unchanged but for ResNet-50's cycle (160 -> 184 ms: one call of 21 ms)."),
+         "240 -> 157 ms, the last 50 calls unchanged but for ResNet-50's cycle (160 -> 184 ms: one call of 21 ms). "
+         "*deferred_frees* (a later lease): BERT-base's cycle with the direct allocator's frees put off until the "
+         "stream has run dry (memory/deferred_frees.py): host_syncs 0, where the runs above counted 5, every one a "
+         "re-plan's free of device memory."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
          NEW_SHAPES_COLUMNS, new_shapes_gpu,
@@ -788,14 +794,23 @@ AREAS = [
          "Where several runs measured a row, the later file in the script's list holds it."),
     Area("GPU: generation, every token read back", "generate_gpu.py",
          [("generate_gpu_h200_*.json", None), ("generate_gpu_1024_h200_*.json", None),
-          ("generate_gpu_bf16_h200_*.json", None), ("generate_gpu_b16_h200_*.json", None)],
+          ("generate_gpu_bf16_h200_*.json", None), ("generate_gpu_b16_h200_*.json", None),
+          ("generate_gpu_ahead_h200_*.json", None), ("generate_gpu_ahead_bf16_h200_*.json", None),
+          ("generate_gpu_ahead_b16_h200_*.json", None), ("generate_gpu_gated_h200_*.json", None),
+          ("generate_gpu_tiles_h200_*.json", None), ("generate_gpu_final_h200_*.json", None)],
          ["run of", "loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager",
           "tokens equal to eager", "run"], generate_gpu,
          "The 12-layer hidden-768 decoder, 8 prompt tokens then the tokens named, greedy, every row's token read "
          "back to the host each step, after two warm generations (a new Generator each: the model's next "
          "generator takes the finished one's request and its graphs). `dynashape.generate` runs its steps "
          "through the lean step (runtime/bound_step.py) and starts each step before the caller reads the last "
-         "token."),
+         "token. The runs of 2026-11-29 (one H200 lease, in this order; eager's own times moved 82-124 tokens/s "
+         "between its machines): the next step launched on the chosen tokens from the device before the host "
+         "reads them (the read queued first: the device is never idle between steps, now bound by the step's "
+         "kernels, ~0.43-0.49 ms: benchmarks/profile_decode.py); then one Triton kernel for a row's product with "
+         "its residual (and the SwiGLU gate) in place of addmm's copy and cuBLAS's matrix-vector kernel (and the "
+         "gate's kernel), its tiles from benchmarks/gemv_add_sweep.py; then the decode attention's 3 query heads "
+         "a KV head as sums over d instead of a 16-row dot."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None),
           ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),
@@ -836,7 +851,8 @@ AREAS = [
          ("llm_load_chunk128_rate0_h200_*.json", None), ("llm_load_budget128_rate128_h200_*.json", None),
          ("llm_load_budget128_packed_rate128_h200_*.json", None),
          ("llm_load_packed_defaults_rate128_h200_*.json", None), ("llm_load_packed_defaults_rate32_h200_*.json", None),
-         ("llm_load_packed_defaults_rate0_h200_*.json", None),
+         ("llm_load_packed_defaults_rate0_h200_*.json", None), ("llm_load_staged_rate128_h200_*.json", None),
+         ("llm_load_tiles_rate128_h200_*.json", None), ("llm_load_final_rate128_h200_*.json", None),
          ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
          ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
