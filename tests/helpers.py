@@ -67,3 +67,23 @@ def assert_moments(x: np.ndarray, mean: float, var: float, mu4: float, what: str
     sd_mean, sd_var = (var / n) ** 0.5, ((mu4 - var * var) / n) ** 0.5
     assert abs(m - mean) <= SIGMAS * sd_mean, f"{what}: mean {m:.5g}, expected {mean} +- {SIGMAS * sd_mean:.3g}"
     assert abs(v - var) <= SIGMAS * sd_var, f"{what}: variance {v:.5g}, expected {var} +- {SIGMAS * sd_var:.3g}"
+
+
+def run_interpreted(code: str, timeout: float = 900, ends_ok: bool = True) -> str:
+    """Run ``code`` (a script that sets TRITON_INTERPRET=1 before importing triton and, with ``ends_ok``,
+    prints "ok" at its end) in a fresh process from the repository's root: Triton kernels checked on the
+    CPU, where CI runs. Skipped without triton, and where a GPU is present (the compiled kernels are
+    tested there, and the interpreter differs between Triton versions). Returns what it printed."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU: the compiled kernels are tested instead")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0 and (res.stdout.strip().endswith("ok") or not ends_ok), res.stderr[-3000:]
+    return res.stdout

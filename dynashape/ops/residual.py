@@ -189,10 +189,16 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     gr = gate.reshape(k) if gate is not None else xr
     xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
     block_n, block_k, warps = tiles or _tiles(n, k)
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _gemv_add_kernel[(triton.cdiv(n, block_n),)](xr, gr, w, rr, res, n, k, w.stride(0), GATED=gate is not None,
+    with _on(x):
+        _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, gr, xr, w, rr, res, n, k, 0.0, w.stride(0), NORM=False,
+                                                     GATED=gate is not None, RESIDUAL=True, K_ALL=16,
                                                      BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     return res
+
+
+def _on(x):
+    """Triton launches on the current device: make it ``x``'s (nothing to do in the interpreter)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _tiles(n: int, k: int) -> tuple[int, int, int]:
@@ -212,22 +218,32 @@ def norm_tiles(n: int, k: int) -> tuple[int, int, int]:
 
 
 if triton is not None:
-    @triton.jit
-    def _gemv_add_kernel(X, G, W, R, OUT, N, K, swn, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+    @triton.jit(do_not_specialize=["eps"])
+    def _row_gemv_kernel(X, G, NW, W, R, OUT, N, K, eps, swn, NORM: tl.constexpr, GATED: tl.constexpr,
+                         RESIDUAL: tl.constexpr, K_ALL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One row: OUT[n] = sum over k of f(X)[k] * W[n, k] (+ R[n]), f the RMS norm (NORM: X scaled by
+        1 / sqrt(mean(X^2) + eps), times NW) or the SwiGLU gate (GATED: silu(X) * G) or nothing."""
+        scale = 1.0
+        if NORM:  # each program reads the whole row for its scale (a few KB, from L2 after the first)
+            ka = tl.arange(0, K_ALL)
+            xa = tl.load(X + ka, mask=ka < K, other=0.0).to(tl.float32)
+            scale = 1.0 / tl.sqrt(tl.sum(xa * xa, axis=0) / K + eps)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < N
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             km = kk < K
-            xk = tl.load(X + kk, mask=km, other=0.0)
+            xk = tl.load(X + kk, mask=km, other=0.0).to(tl.float32)
+            if NORM:
+                xk = xk * scale * tl.load(NW + kk, mask=km, other=0.0).to(tl.float32)
             if GATED:  # silu(a) * b, a the gate (float32: no rounding between the two)
                 xk = xk * tl.sigmoid(xk) * tl.load(G + kk, mask=km, other=0.0)
             wk = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-            acc += tl.sum(wk * xk[None, :], axis=1)
-        acc += tl.load(R + n, mask=nm, other=0.0)
-        tl.store(OUT + n, acc, mask=nm)
+            acc += tl.sum(wk.to(tl.float32) * xk[None, :], axis=1)
+        if RESIDUAL:
+            acc += tl.load(R + n, mask=nm, other=0.0)
+        tl.store(OUT + n, acc.to(OUT.dtype.element_ty), mask=nm)
 
 
 # ---- RMSNorm into the product that reads it ------------------------------------------------------
@@ -242,7 +258,7 @@ def _norm_linear_infer(shapes, values, *, epsilon=1e-5):
     notes="rms_norm(x) * norm_weight @ weight.T, one kernel for a single row on CUDA (fuse_norm_linear)")
 def _norm_linear(x, norm_weight, weight, *, epsilon=1e-5, out=None):
     k = x.shape[-1]
-    if (triton is not None and x.is_cuda and x.dtype == torch.float32 and weight.dtype == x.dtype
+    if (triton is not None and (x.is_cuda or INTERPRET) and x.dtype == torch.float32 and weight.dtype == x.dtype
             and x.numel() == k and k <= MAX_NORM_K and weight.stride(-1) == 1 and norm_weight is not None):
         return _norm_gemv(x, norm_weight, weight, epsilon)
     y = F.rms_norm(x, (k,), norm_weight, epsilon)  # several rows: the norm's kernel and cuBLAS, as unfused
@@ -260,30 +276,9 @@ def _norm_gemv(x, norm_weight, weight, eps: float, tiles=None):
     if xr.stride(0) != 1:
         xr = xr.contiguous()
     block_n, block_k, warps = tiles or norm_tiles(n, k)
-    with torch.cuda.device(x.device):
-        _norm_gemv_kernel[(triton.cdiv(n, block_n),)](xr, norm_weight, weight, out, n, k, eps, weight.stride(0),
-                                                      K_ALL=triton.next_power_of_2(k), BLOCK_N=block_n,
-                                                      BLOCK_K=block_k, num_warps=warps)
+    with _on(x):
+        _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, xr, norm_weight, weight, out, out, n, k, eps,
+                                                     weight.stride(0), NORM=True, GATED=False, RESIDUAL=False,
+                                                     K_ALL=triton.next_power_of_2(k), BLOCK_N=block_n,
+                                                     BLOCK_K=block_k, num_warps=warps)
     return out
-
-
-
-if triton is not None:
-    @triton.jit(do_not_specialize=["eps"])
-    def _norm_gemv_kernel(X, NW, W, OUT, N, K, eps, swn, K_ALL: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-        # each program reads the whole row for its scale (a few KB, from L2 after the first)
-        ka = tl.arange(0, K_ALL)
-        xa = tl.load(X + ka, mask=ka < K, other=0.0).to(tl.float32)
-        scale = 1.0 / tl.sqrt(tl.sum(xa * xa, axis=0) / K + eps)
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = n < N
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            km = kk < K
-            xn = tl.load(X + kk, mask=km, other=0.0).to(tl.float32) * scale * \
-                tl.load(NW + kk, mask=km, other=0.0).to(tl.float32)
-            w = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * xn[None, :], axis=1)
-        tl.store(OUT + n, acc.to(OUT.dtype.element_ty), mask=nm)

@@ -13,6 +13,7 @@ import torch
 from dynashape.compile import pipeline
 from dynashape.ops import residual
 from tests.compile.test_fusion import FUSED, Builder, check_sequence, fused_nodes, fused_ops, randn
+from tests.helpers import run_interpreted
 
 K, N = 16, 24
 CUDA_ONLY = pipeline.RESIDUAL_FUSION_DEVICES  # as shipped, before the fixture switches CPU on
@@ -226,20 +227,16 @@ for k, n in ((64, 24), (300, 37), (512, 256)):
     torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, atol=2e-6, rtol=1e-5)
 x = torch.randn(2, 1, 64, generator=g)  # two rows: the two ops as before
 assert not residual._one_row(x, torch.randn(24, 64), torch.randn(2, 1, 24), 1, None)
+for k, n in ((64, 24), (300, 1500)):  # RMSNormLinear's row: the same kernel, the norm as it reads the row
+    x, nw, w = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g), torch.randn(n, k, generator=g)
+    want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (k,), nw, 1e-6), w)
+    torch.testing.assert_close(residual._norm_linear(x, nw, w, epsilon=1e-6), want, atol=1e-5, rtol=1e-5)
 print("ok")
 """
 
 
 def test_one_row_kernel_interpreted_on_the_cpu_matches_the_ops():
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU: the compiled kernel is tested instead")
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", ONE_ROW], cwd=root, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    run_interpreted(ONE_ROW)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or residual.triton is None, reason="needs CUDA and Triton")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from dynashape.ops import kv_attention as ka
+from tests.helpers import run_interpreted
 
 
 def _reference(q, k, v, total, scale):
@@ -126,6 +127,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from dynashape.ops import kv_attention as ka
+from tests.helpers import run_interpreted
 from tests.ops.test_kv_attention import CASES, MASKED_CASES, _case, _masked_case, _reference
 for b, h, kvh, s, cap, past in CASES:
     for small in (0, 8):
@@ -142,12 +144,4 @@ print("ok")
 
 
 def test_triton_kernels_interpreted_on_the_cpu_match_the_reference():
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU: the compiled kernels are tested instead")
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=root, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    run_interpreted(INTERPRETED)

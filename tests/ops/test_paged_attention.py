@@ -20,6 +20,7 @@ from dynashape.frontend.parse import ParseOptions, parse_model
 from dynashape.ops import paged_attention as pa
 from dynashape.paged.attention import paged_attention, write_kv
 from dynashape.paged.blocks import BlockPool
+from tests.helpers import run_interpreted
 from tests.models import llama
 
 CFG = {**llama.TINY, "mask_input": True, "position_ids": True}
@@ -170,6 +171,7 @@ import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from dynashape.ops import paged_attention as pa
+from tests.helpers import run_interpreted
 torch.manual_seed(0)
 for b, heads, kvh, d, bs, s in [(3, 12, 4, 64, 16, 1), (3, 12, 4, 64, 16, 37), (2, 4, 2, 16, 4, 9),
                                 (2, 2, 2, 16, 4, 5)]:
@@ -218,16 +220,7 @@ def test_triton_kernels_interpreted_on_the_cpu_match_the_torch_form():
     # the decode kernel (one query a row) and the chunks' kernel (a running softmax over the table) in
     # Triton's interpreter: their logic checked where there is no GPU (CI has no triton: skipped there;
     # with a GPU the compiled kernels are tested below, and the interpreter differs between Triton versions)
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("a GPU: the compiled kernels are tested instead")
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=root, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    run_interpreted(INTERPRETED, timeout=600)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 
 from dynashape import errors
 from dynashape.paged.engine import PagedEngine, Sampling
+from tests.helpers import run_interpreted
 from tests.models import llama
 
 CFG = {**llama.TINY, "mask_input": True, "position_ids": True}
@@ -389,17 +389,7 @@ def test_the_engine_through_the_triton_kernels_interpreted_on_the_cpu(path, lone
     # the attention as CUDA runs it (the decode and chunk kernels, packed rows too), in Triton's interpreter
     # on the CPU: every conversation's lone tokens (no triton in CI: skipped there; with a GPU the CUDA
     # tests run the compiled kernels instead)
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():  # the compiled kernels run in the CUDA tests; the machine's triton may differ
-        pytest.skip("a GPU is here: the CUDA tests run the compiled kernels")
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", INTERPRETED_ENGINE], cwd=root, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_interpreted(INTERPRETED_ENGINE, timeout=600, ends_ok=False)
     want = sorted((key, lone(prompt, n)) for convs in conversations(0, 6, 15).values() for key, prompt, n, _ in convs)
-    lines = res.stdout.strip().splitlines()
+    lines = out.strip().splitlines()
     assert lines == [f"{packed} {want}" for packed in (False, True)]
