@@ -381,7 +381,6 @@ class CudaDriverAllocator:
         self.deferred.put(call, ptr, nbytes)
 
 
-
 class TorchCachingAllocator:
     """torch's allocators ("torch"): the caching device allocator, torch's pinned host allocator
     for host memory, and the driver's managed memory for shared (torch has no managed allocator)."""
