@@ -20,10 +20,9 @@ products, masked by ``neg`` (0 for the keys written, -inf beyond).
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
+
+from .triton_launch import INTERPRET, on
 
 try:  # CI has no GPU and no triton: the torch form serves there
     import triton
@@ -36,7 +35,6 @@ NUM_WARPS = 4
 # query rows of a KV head (heads x new positions) up to which their products are sums over d rather
 # than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
 SMALL_ROWS = 8
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU (their tests without a GPU)
 
 
 def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind: str = "add"):
@@ -81,8 +79,7 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, s
     ieee = q3.dtype == torch.float32
     has_mask = bias is not None
     sb = bias.stride() if has_mask else (0, 0, 0, 0)
-    # Triton launches on the current device: make it q's (cuda:1)
-    with torch.cuda.device(q3.device) if q3.is_cuda else contextlib.nullcontext():
+    with on(q3.device):
         _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, n_new, scale, kvh, rows,
                                d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
                                v.stride(0), v.stride(1), v.stride(2), splits, s, *sb,

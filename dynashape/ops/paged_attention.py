@@ -30,9 +30,6 @@ scaled_dot_product_attention runs with the causal mask of each row.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -41,6 +38,7 @@ from . import cpu_attention
 from .contrib_attention import _heads, _merge_heads, _rotate, _scale
 from .fused import DOMAIN, SDPA_GQA
 from .registry import op
+from .triton_launch import INTERPRET, on
 
 try:  # CI has no GPU and no triton: the torch form serves there
     import triton
@@ -57,7 +55,6 @@ BLOCK_N = 64  # positions a program of the split kernel reads (a multiple of the
 SMALL_GROUP = 8
 SMALL_BLOCK_N = 128
 CHUNK_ROWS = 64  # query rows (positions x the query heads of a KV head) a program of the chunks' kernel holds
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernels on the CPU (their tests without a GPU)
 COUNTS = {"paged_attention_triton": 0, "paged_attention_torch": 0}  # calls each form served (traced or run)
 
 
@@ -240,7 +237,7 @@ def _triton(q, pool_k, pool_v, tables, lens, scale: float, block_n: int | None =
     mx = torch.empty((b * kvh, splits, block_r), dtype=torch.float32, device=q.device)
     den = torch.empty_like(mx)
     out = torch.empty((b * kvh, g, dv), dtype=q.dtype, device=q.device)
-    with _on(q.device):
+    with on(q.device):
         _partial[(b * kvh, splits)](q3, pool_k, pool_v, tables, lens, part, mx, den, scale, kvh, g, d, dv, bs,
                                     q3.stride(0), q3.stride(1), tables.stride(0), splits,
                                     BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
@@ -248,11 +245,6 @@ def _triton(q, pool_k, pool_v, tables, lens, scale: float, block_n: int | None =
         _combine[(b * kvh,)](part, mx, den, out, lens, kvh, g, dv, splits, out.stride(0), out.stride(1),
                              BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_DV=block_dv, num_warps=4)
     return out.view(b, h, 1, dv)
-
-
-def _on(device):
-    """Triton launches on the current device: make it ``device``'s (nothing to do on the CPU)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: int | None = None,
@@ -277,7 +269,7 @@ def _triton_chunks(q, pool_k, pool_v, tables, starts, lens, scale: float, rows: 
     block_r = max(16, triton.next_power_of_2(block_m * g))        # power of 2 with g of them <= rows
     packed = qstarts is not None
     out = (torch.zeros if packed else torch.empty)((q.shape[0], s, h, dv), dtype=q.dtype, device=q.device)
-    with _on(q.device):
+    with on(q.device):
         _chunks[(b * kvh, triton.cdiv(s, block_m))](
             q, pool_k, pool_v, tables, starts, lens, qstarts if packed else starts, out, scale, kvh, g, s, d, dv, bs,
             q.stride(0), q.stride(1), q.stride(2), tables.stride(0), out.stride(0), out.stride(1), out.stride(2),

@@ -17,9 +17,6 @@ of a SwiGLU MLP. At one float32 row on CUDA it is one Triton kernel, as ``MatMul
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -27,6 +24,7 @@ from ..errors import ShapeError
 from . import small_work, split_tf32, tuned_gemm
 from .fused import DOMAIN, CannotServe
 from .registry import op
+from .triton_launch import INTERPRET, on
 
 try:  # CI has no GPU and no triton: the torch form serves there
     import triton
@@ -171,7 +169,6 @@ if triton is not None:
 # kernel adds onto it (two kernels; in a whole-step graph 24 copies a step of a 12-layer decoder), and
 # the SwiGLU gate is a kernel of its own before the down projection. Here each is one kernel that
 # reads the weight [out, in] row by row (as _norm_gemv does), the gate computed as its input is read.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # the kernel on the CPU (its tests without a GPU)
 
 
 def _one_row(x, w, r, transposed, out) -> bool:
@@ -189,16 +186,11 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     gr = gate.reshape(k) if gate is not None else xr
     xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
     block_n, block_k, warps = tiles or _tiles(n, k)
-    with _on(x):
+    with on(x.device):
         _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, gr, xr, w, rr, res, n, k, 0.0, w.stride(0), NORM=False,
                                                      GATED=gate is not None, RESIDUAL=True, K_ALL=16,
                                                      BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     return res
-
-
-def _on(x):
-    """Triton launches on the current device: make it ``x``'s (nothing to do in the interpreter)."""
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _tiles(n: int, k: int) -> tuple[int, int, int]:
@@ -276,7 +268,7 @@ def _norm_gemv(x, norm_weight, weight, eps: float, tiles=None):
     if xr.stride(0) != 1:
         xr = xr.contiguous()
     block_n, block_k, warps = tiles or norm_tiles(n, k)
-    with _on(x):
+    with on(x.device):
         _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, xr, norm_weight, weight, out, out, n, k, eps,
                                                      weight.stride(0), NORM=True, GATED=False, RESIDUAL=False,
                                                      K_ALL=triton.next_power_of_2(k), BLOCK_N=block_n,
