@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_launch import INTERPRET, on
+from .triton_launch import INTERPRET, few_rows_scores, few_rows_weighted, on
 
 try:  # CI has no GPU and no triton: the torch form serves there
     import triton
@@ -116,10 +116,7 @@ if triton is not None:
         if SMALL:  # a few query rows: each one's products as a sum over d (a dot's tile is 16 rows at least)
             kn = tl.load(K + b * sk0 + h * sk1 + n[:, None] * sk2 + d[None, :],
                          mask=valid[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
-            s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-            for r in tl.static_range(BLOCK_R):
-                qr = tl.sum(tl.where(rows[:, None] == r, q.to(tl.float32), 0.0), axis=0)
-                s = tl.where(rows[:, None] == r, tl.sum(kn * qr[None, :], axis=1)[None, :], s)
+            s = few_rows_scores(q, kn, BLOCK_R, BLOCK_N)
         else:
             kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None],
                          mask=valid[None, :] & (d[:, None] < D), other=0.0)
@@ -138,11 +135,7 @@ if triton is not None:
         vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
                      other=0.0)
         if SMALL:
-            v32 = vv.to(tl.float32)
-            acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-            for r in tl.static_range(BLOCK_R):
-                pr = tl.sum(tl.where(rows[:, None] == r, p, 0.0), axis=0)
-                acc = tl.where(rows[:, None] == r, tl.sum(v32 * pr[:, None], axis=0)[None, :], acc)
+            acc = few_rows_weighted(p, vv, BLOCK_R, BLOCK_DV)
         elif IEEE:
             acc = tl.dot(p, vv, input_precision="ieee")
         else:

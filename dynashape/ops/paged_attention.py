@@ -38,7 +38,7 @@ from . import cpu_attention
 from .contrib_attention import _heads, _merge_heads, _rotate, _scale
 from .fused import DOMAIN, SDPA_GQA
 from .registry import op
-from .triton_launch import INTERPRET, on
+from .triton_launch import INTERPRET, few_rows_scores, few_rows_weighted, on
 
 try:  # CI has no GPU and no triton: the torch form serves there
     import triton
@@ -314,10 +314,7 @@ if triton is not None:
             if SMALL:  # a few query heads: each one's products as a sum over d (no 16-row dot tile)
                 k = tl.load(PK + (slot[:, None] * KVH + h) * D + d[None, :], mask=valid[:, None] & (d[None, :] < D),
                             other=0.0).to(tl.float32)
-                s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-                for r in tl.static_range(BLOCK_R):
-                    qr = tl.sum(tl.where(rows[:, None] == r, q.to(tl.float32), 0.0), axis=0)  # [BLOCK_D]
-                    s = tl.where(rows[:, None] == r, tl.sum(k * qr[None, :], axis=1)[None, :], s)
+                s = few_rows_scores(q, k, BLOCK_R, BLOCK_N)
             else:
                 kt = tl.load(PK + (slot[None, :] * KVH + h) * D + d[:, None],
                              mask=valid[None, :] & (d[:, None] < D), other=0.0)
@@ -326,11 +323,7 @@ if triton is not None:
             m = tl.max(s, axis=1)
             p = tl.exp(s - m[:, None])
             if SMALL:
-                v32 = vv.to(tl.float32)
-                acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-                for r in tl.static_range(BLOCK_R):
-                    pr = tl.sum(tl.where(rows[:, None] == r, p, 0.0), axis=0)  # [BLOCK_N]
-                    acc = tl.where(rows[:, None] == r, tl.sum(v32 * pr[:, None], axis=0)[None, :], acc)
+                acc = few_rows_weighted(p, vv, BLOCK_R, BLOCK_DV)
             else:
                 acc = _dot(p.to(q.dtype), vv.to(q.dtype), IEEE)  # (IEEE: q is float32, p is already)
             base = (bh * SPLITS + split) * BLOCK_R
