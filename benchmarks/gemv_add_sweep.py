@@ -19,6 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import ring_graph_us  # noqa: E402
 from dynashape.ops import residual  # noqa: E402
 
 SHAPES = [(768, 768, False), (2048, 768, True), (2048, 768, False), (768, 2304, False), (768, 1280, False),
@@ -34,27 +35,9 @@ def ring(w: torch.Tensor) -> list[torch.Tensor]:
     return [w.clone() for _ in range(max(4, -(-RING_BYTES // (w.numel() * w.element_size()))))]
 
 
-def per_call_us(fns, calls: int = 200) -> float:
-    """``fns``: one call per weight of the ring, replayed in turn."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fns[0]()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / (5 * calls))
-    return best * 1e6
+def per_call_us(fns) -> float:
+    """200 calls taken in turn from ``fns`` (one per weight of the ring)."""
+    return ring_graph_us(fns, calls=200)
 
 
 def cublas(a, gate, w, r, out, g2):

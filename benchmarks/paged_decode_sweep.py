@@ -20,6 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import ring_graph_us  # noqa: E402
 from dynashape.ops import paged_attention as pa  # noqa: E402
 
 VARIANTS = [(64, False, 4), (64, True, 4), (64, True, 2), (32, True, 2), (128, True, 4), (128, True, 8),
@@ -47,29 +48,6 @@ def check(rows=5, ctx=256) -> None:
     print("ok")
 
 
-def graph_us(fns, reps: int = 10) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / (reps * len(fns)))
-    return best * 1e6
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 48])
@@ -90,8 +68,9 @@ def main() -> None:
             name = f"{bn}{'s' if small else 'd'}w{warps}"
             got = pa._triton(q, *pools[0], tables, lens, 0.125, block_n=bn, small=small, warps=warps)
             row[name + "_err"] = (got - want).abs().max().item()
-            row[name + "_us"] = graph_us([functools.partial(pa._triton, q, pk, pv, tables, lens, 0.125, block_n=bn,
-                                                            small=small, warps=warps) for pk, pv in pools])
+            row[name + "_us"] = ring_graph_us([functools.partial(pa._triton, q, pk, pv, tables, lens, 0.125,
+                                                                 block_n=bn, small=small, warps=warps)
+                                               for pk, pv in pools], reps=10)
         print(rows, " ".join(f"{k[:-3]}={v:.1f}" for k, v in row.items() if k.endswith("_us")),
               f"max err {max(v for k, v in row.items() if k.endswith('_err')):.1e}", flush=True)
         res.append(row)
