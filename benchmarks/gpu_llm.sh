@@ -13,6 +13,17 @@ case "${1:-load}" in
     T=80 run python3 benchmarks/generate_gpu.py --batch 16 --json "$OUT/generate_gpu_ahead_b16.json"
     T=150 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 \
       --json "$OUT/llm_load_staged_rate128.json" ;;
+  check)  # the first call after CPU-only changes to compiled Triton code (the one-row GEMV kernel, the few-row
+          # attention helpers): their CUDA tests, the streaming loop fp32, then where the step's device time goes
+          # (fp32 and bf16 at batch 1, fp32 at 16) and the paged engine's kernels
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -x -p no:warnings -rfE tests/compile/test_fuse_residual.py \
+      tests/impls/test_decode_graphs.py tests/test_generate.py tests/memory tests/ops/test_kv_attention.py \
+      tests/ops/test_paged_attention.py tests/paged || exit 1
+    T=80 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_check.json"
+    T=50 run python3 benchmarks/profile_decode.py
+    T=50 run python3 benchmarks/profile_decode.py --dtype bfloat16
+    T=50 run python3 benchmarks/profile_decode.py --batch 16
+    T=80 run python3 benchmarks/llm_step_probe.py --kernels ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;
