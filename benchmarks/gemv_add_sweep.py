@@ -4,7 +4,7 @@ form replayed as a CUDA graph of 200 calls back to back (as in a decode step's g
 over a ring of weight copies larger than the L2 cache (a decode step reads each layer's weights
 once: from memory, not from L2).
 
-    python benchmarks/gemv_add_sweep.py [--json out.json]
+    python benchmarks/gemv_add_sweep.py [--dtype bfloat16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -54,17 +54,19 @@ def norm_then_linear(x, nw, w):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
+    dt = getattr(torch, args.dtype)
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for k, n, gated in SHAPES:
-        merged = torch.randn(1, 1, 2 * k, device="cuda")
+        merged = torch.randn(1, 1, 2 * k, device="cuda", dtype=dt)
         a, b = merged[..., :k], merged[..., k:]
-        w = torch.randn(n, k, device="cuda") / k ** 0.5
-        r = torch.randn(1, 1, n, device="cuda")
-        out = torch.empty(1, 1, n, device="cuda")
-        g2 = torch.empty(1, 1, k, device="cuda")
-        want = ((torch.nn.functional.silu(a) * b if gated else a) @ w.t() + r)
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dt)
+        r = torch.randn(1, 1, n, device="cuda", dtype=dt)
+        out = torch.empty(1, 1, n, device="cuda", dtype=dt)
+        g2 = torch.empty(1, 1, k, device="cuda", dtype=dt)
+        want = ((residual.silu_mul_torch(a, b) if gated else a).float() @ w.float().t() + r.float())
 
         ws = ring(w)
         gate = b if gated else None
@@ -72,12 +74,12 @@ def main() -> None:
                "cublas_us": per_call_us([functools.partial(cublas, a, gate, x, r, out, g2) for x in ws])}
         for bn, bk, nw in TILES:
             residual._gemv_add(a, gate, w, r, out, tiles=(bn, bk, nw))
-            err = (out - want).abs().max().item()
+            err = (out.float() - want).abs().max().item()
             res[f"triton_{bn}x{bk}w{nw}_us"] = per_call_us(
                 [functools.partial(residual._gemv_add, a, gate, x, r, out, tiles=(bn, bk, nw)) for x in ws])
             res[f"triton_{bn}x{bk}w{nw}_err"] = err
         if not gated:  # the norm's kernel over the same shape (RMSNormLinear, one row)
-            nw = torch.randn(k, device="cuda")
+            nw = torch.randn(k, device="cuda", dtype=dt)
             res["norm_cublas_us"] = per_call_us([functools.partial(norm_then_linear, a, nw, x) for x in ws])
             for bn, bk, warps in TILES:
                 res[f"norm_{bn}x{bk}w{warps}_us"] = per_call_us(
@@ -92,7 +94,8 @@ def main() -> None:
     print(json.dumps(rows, indent=1))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "dtype": args.dtype,
+                       "rows": rows}, f,
                       indent=1)
 
 

@@ -16,14 +16,21 @@ case "${1:-load}" in
   check)  # the first call after CPU-only changes to compiled Triton code (the one-row GEMV kernel, the few-row
           # attention helpers): their CUDA tests, the streaming loop fp32, then where the step's device time goes
           # (fp32 and bf16 at batch 1, fp32 at 16) and the paged engine's kernels
-    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -x -p no:warnings -rfE tests/compile/test_fuse_residual.py \
+    DYNASHAPE_TEST_DEVICE=cuda T=240 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_residual.py \
       tests/impls/test_decode_graphs.py tests/test_generate.py tests/memory tests/ops/test_kv_attention.py \
-      tests/ops/test_paged_attention.py tests/paged || exit 1
+      tests/ops/test_paged_attention.py tests/paged
     T=80 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_check.json"
     T=50 run python3 benchmarks/profile_decode.py
     T=50 run python3 benchmarks/profile_decode.py --dtype bfloat16
     T=50 run python3 benchmarks/profile_decode.py --batch 16
     T=80 run python3 benchmarks/llm_step_probe.py --kernels ;;
+  rows)  # one-row kernels in half precision, the decode attention's blocks a program: their CUDA tests, then the
+         # attention's sweep (block, warps, blocks a program) and the one-row kernels' tiles in bfloat16
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_residual.py \
+      tests/compile/test_linear_layout.py tests/ops/test_kv_attention.py tests/impls/test_decode_graphs.py \
+      tests/test_generate.py
+    T=150 run python3 benchmarks/kv_attention_tune.py --json "$OUT/kv_attention_tune.json"
+    T=150 run python3 benchmarks/gemv_add_sweep.py --dtype bfloat16 --json "$OUT/gemv_add_sweep_bf16.json" ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;

@@ -1,13 +1,18 @@
-"""Time the decode attention over KV storages (ops/kv_attention.py) per block size and warps,
-against its torch form, each as 100 calls replayed from one CUDA graph.
+"""Time the decode attention over KV storages (ops/kv_attention.py) per block size, warps and blocks
+a program (``ITERS``: a running softmax over several blocks; one program per KV head where it spans
+the capacity, with no combine kernel), against its torch form, each as 100 calls replayed from one
+CUDA graph, the length at half the capacity.
 
-    python benchmarks/kv_attention_tune.py
+    python benchmarks/kv_attention_tune.py [--json out.json]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+import time
 
 import torch
 
@@ -15,11 +20,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.gemv_layouts import timed  # noqa: E402
 from dynashape.ops import kv_attention as ka  # noqa: E402
 
+SHAPES = ((1, 256), (1, 1024), (1, 4096), (4, 256), (16, 256), (16, 1024))  # (batch, capacity)
+
 
 def main() -> None:
-    print("dtype batch cap | torch us | (block, warps): us")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    print("dtype batch cap | torch us | rule us | best (block, warps, iters): us", flush=True)
     for dt in (torch.float32, torch.bfloat16):
-        for b, cap in ((1, 256), (1, 1024), (16, 256)):
+        for b, cap in SHAPES:
             q = torch.randn(b, 12, 1, 64, device="cuda", dtype=dt)
             k = torch.randn(b, 4, cap, 64, device="cuda", dtype=dt)
             v = torch.randn_like(k)
@@ -33,12 +44,26 @@ def main() -> None:
             ka.triton = None
             base = timed(call, reps=100)
             ka.triton = saved
-            row = []
-            for block in (16, 32, 64, 128):
-                for warps in (1, 2, 4):
-                    ka.BLOCK_N, ka.NUM_WARPS = block, warps
-                    row.append(f"({block},{warps}): {timed(call, reps=100):.2f}")
-            print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | " + "  ".join(row), flush=True)
+            rule = timed(call, reps=100)
+            found = {}
+            for block in (32, 64, 128):
+                for warps in (2, 4):
+                    for iters in (1, 2, 4, 8, 16):
+                        if block * iters > 2 * cap:
+                            continue
+                        ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = block, warps, iters
+                        found[(block, warps, iters)] = timed(call, reps=100)
+            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = 64, 4, None
+            best = sorted(found.items(), key=lambda kv: kv[1])[:4]
+            print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | {rule:.2f} | "
+                  + "  ".join(f"{key}: {us:.2f}" for key, us in best)
+                  + f" | (64,4,1): {found[(64, 4, 1)]:.2f}", flush=True)
+            rows.append({"dtype": str(dt)[6:], "batch": b, "capacity": cap, "torch_us": base, "rule_us": rule,
+                         "configs": {f"{bl},{w},{it}": us for (bl, w, it), us in found.items()}})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ the layout chosen for the device; ``transposed`` says which).
 ``Mul(Silu(a), b)`` with ``a`` and ``b`` of one shape becomes ``SiluMul(a, b)`` (one kernel), and a
 ``MatMulAdd`` over it ``GatedMatMulAdd`` (the gate computed as the product reads its input).
 
-``Linear(RMSNorm(x, g), W)`` (float32 W in the [out, in] layout, no bias, the norm read by nothing
-else) becomes ``RMSNormLinear(x, g, W)``: for a single row (a batch-1 decode step) one Triton
-kernel normalises the row and multiplies it (the norm's kernel gone, the product read faster
+``Linear(RMSNorm(x, g), W)`` (W in the [out, in] layout, float32, bfloat16 or float16 as g is, no
+bias, the norm read by nothing else) becomes ``RMSNormLinear(x, g, W)``: for a single row (a
+batch-1 decode step) one Triton kernel normalises the row and multiplies it (the norm's kernel gone, the product read faster
 than cuBLAS reads it at one row: benchmarks/gemv_triton.py); for more rows the two kernels as
 before.
 """
@@ -72,16 +72,19 @@ def fuse_gated_matmul_add(graph: Graph) -> Graph:
     return graph
 
 
+_ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # those of RMSNormLinear's one-row kernel
+
+
 def fuse_norm_linear(graph: Graph) -> Graph:
     for lin in [n for n in graph.nodes if n.op_type == "Linear" and n.domain == FUSED_DOMAIN]:
         x, w = lin.inputs[0], lin.inputs[1]
         norm = fused_producer(x, "RMSNorm")
         if norm is None or (len(lin.inputs) > 2 and lin.inputs[2] is not None) or not only_feeds(x, [lin], graph):
             continue
-        if not w.is_const or w.const.dim() != 2 or w.const.dtype != torch.float32:
+        if not w.is_const or w.const.dim() != 2 or w.const.dtype not in _ROW_DTYPES:
             continue
         g = norm.inputs[1] if len(norm.inputs) > 1 else None
-        if g is None or not g.is_const:
+        if g is None or not g.is_const or g.const.dtype != w.const.dtype:
             continue
         fuse(graph, [norm, lin], "RMSNormLinear", [norm.inputs[0], g, w], {"epsilon": norm.attrs.get("epsilon", 1e-5)})
     return graph

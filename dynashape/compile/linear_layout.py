@@ -6,8 +6,10 @@ layout was measured faster on the session's device.
 Which products, measured (``benchmarks/gemv_layouts.py``; CPU with 2 threads):
 - CUDA, fp32, outputs up to 8192: cuBLAS's matrix-vector kernels read [out, in] faster at the
   few rows of a decode step (H200, 1 row: 768 x 1280 2.7 us against 5.5, 768 x 768 2.7 against
-  3.8, 2048 x 768 3.0 against 4.3); not a 768 x 32000 LM head (equal at 1 row, slower at 4), not
-  half precision (equal or slower);
+  3.8, 2048 x 768 3.0 against 4.3); not a 768 x 32000 LM head (equal at 1 row, slower at 4). Half
+  precision too: cuBLAS alone was equal or slower there, but at one row the products that end in the
+  residual or read a norm run as one Triton kernel that reads [out, in] (ops/residual.py), the norm's
+  and the gate's kernels gone;
 - CPU, fp16 / bf16: torch's kernels for [in, out] half-precision weights are 15-40x slower
   (bf16, 1 row by 768 x 32000: 48.9 ms against 3.2; fp16, 4 rows by 2048 x 768: 16.5 against
   0.55); fp32 stays (MKL: no faster, sometimes slower).
@@ -28,7 +30,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def _cuda(w: torch.Tensor) -> bool:
-    return w.dtype == torch.float32 and w.shape[1] <= MAX_OUT_CUDA
+    return w.dtype in (torch.float32, *HALF) and w.shape[1] <= MAX_OUT_CUDA
 
 
 def _cpu(w: torch.Tensor) -> bool:

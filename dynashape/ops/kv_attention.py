@@ -63,31 +63,51 @@ def _additive(mask, kind: str):
                                                                                          float("-inf"))
 
 
-def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None):
+def iters_for(bh: int, cap: int) -> int:
+    """Blocks of BLOCK_N keys a program walks (a running softmax over them). Few programs (batch 1: a
+    program per KV head and block) left each one's chain of loads exposed; walking more blocks per
+    program with the next block's loads in flight, and one program per KV head where the capacity
+    allows (no combine kernel then), trades that latency for parallelism the step lacked anyway."""
+    if ITERS is not None:  # the tuner's choice (benchmarks/kv_attention_tune.py)
+        return ITERS
+    return 1
+
+
+ITERS = None  # blocks a program: iters_for's rule unless set
+
+
+def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None,
+            iters: int | None = None):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
-    splits = triton.cdiv(cap, BLOCK_N)
+    iters = iters or iters_for(bh, cap)
+    splits = triton.cdiv(cap, BLOCK_N * iters)
     small = rows <= SMALL_ROWS if small is None else small
     block_r = triton.next_power_of_2(rows) if small else max(16, triton.next_power_of_2(rows))
     block_dv = max(16, triton.next_power_of_2(dv))
     if q3.stride(-1) != 1:
         q3 = q3.contiguous()
-    part = torch.empty((bh, splits, block_r, block_dv), dtype=torch.float32, device=q3.device)
-    mx = torch.empty((bh, splits, block_r), dtype=torch.float32, device=q3.device)
-    den = torch.empty_like(mx)
     out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
+    direct = splits == 1  # one program per KV head: it writes the output, no combine
+    if direct:
+        part = mx = den = out
+    else:
+        part = torch.empty((bh, splits, block_r, block_dv), dtype=torch.float32, device=q3.device)
+        mx = torch.empty((bh, splits, block_r), dtype=torch.float32, device=q3.device)
+        den = torch.empty_like(mx)
     ieee = q3.dtype == torch.float32
     has_mask = bias is not None
     sb = bias.stride() if has_mask else (0, 0, 0, 0)
     with on(q3.device):
-        _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, n_new, scale, kvh, rows,
-                               d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
-                               v.stride(0), v.stride(1), v.stride(2), splits, s, *sb,
+        _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, out, n_new, scale, kvh,
+                               rows, d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                               v.stride(0), v.stride(1), v.stride(2), splits, s, *sb, out.stride(0), out.stride(1),
                                HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=BLOCK_N,
                                BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=block_dv, IEEE=ieee,
-                               SMALL=small, num_warps=NUM_WARPS)
-        _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
-                        BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
+                               SMALL=small, ITERS=iters, DIRECT=direct, num_warps=NUM_WARPS)
+        if not direct:
+            _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
+                            BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
     return out
 
 
@@ -95,54 +115,73 @@ if triton is not None:
     # ints that change with the capacity are not specialised on: a new bucket's capture must not
     # compile a kernel variant
     @triton.jit(do_not_specialize=["n_new", "sk0", "sk1", "sv0", "sv1", "SPLITS", "sb0", "sb1", "sb2"])
-    def _partial(Q, K, V, LEN, PART, MX, DEN, B, n_new, scale, KVH, R, D, DV,
-                 sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS, S, sb0, sb1, sb2, sb3,
+    def _partial(Q, K, V, LEN, PART, MX, DEN, B, OUT, n_new, scale, KVH, R, D, DV,
+                 sq0, sq1, sk0, sk1, sk2, sv0, sv1, sv2, SPLITS, S, sb0, sb1, sb2, sb3, so0, so1,
                  HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr, IEEE: tl.constexpr, SMALL: tl.constexpr):
+                 BLOCK_DV: tl.constexpr, IEEE: tl.constexpr, SMALL: tl.constexpr, ITERS: tl.constexpr,
+                 DIRECT: tl.constexpr):
+        """Keys [split * ITERS * BLOCK_N, + ITERS * BLOCK_N) of KV head bh, up to the length: a running
+        softmax over its blocks; DIRECT (one split) writes the output, else the split's max, sum and
+        numerator for _combine."""
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // KVH
         h = bh % KVH
         length = tl.load(LEN) + n_new
-        start = split * BLOCK_N
+        first = split * (ITERS * BLOCK_N)
+        stop = tl.minimum(first + ITERS * BLOCK_N, length)
         rows = tl.arange(0, BLOCK_R)
         dv = tl.arange(0, BLOCK_DV)
-        base = (bh * SPLITS + split) * BLOCK_R
         d = tl.arange(0, BLOCK_D)
-        n = start + tl.arange(0, BLOCK_N)
         q = tl.load(Q + bh * sq0 + rows[:, None] * sq1 + d[None, :], mask=(rows[:, None] < R) & (d[None, :] < D),
                     other=0.0)
-        valid = n < length
-        if SMALL:  # a few query rows: each one's products as a sum over d (a dot's tile is 16 rows at least)
-            kn = tl.load(K + b * sk0 + h * sk1 + n[:, None] * sk2 + d[None, :],
-                         mask=valid[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
-            s = few_rows_scores(q, kn, BLOCK_R, BLOCK_N)
-        else:
-            kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None],
-                         mask=valid[None, :] & (d[:, None] < D), other=0.0)
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee")
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+        for start in range(first, stop, BLOCK_N):  # none for a split beyond the length: it adds 0
+            n = start + tl.arange(0, BLOCK_N)
+            valid = n < length
+            # both blocks' loads issued before either is used: one memory latency a block, not two
+            vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :],
+                         mask=valid[:, None] & (dv[None, :] < DV), other=0.0)
+            if SMALL:  # a few query rows: each one's products as a sum over d (a dot's tile is 16 rows at least)
+                kn = tl.load(K + b * sk0 + h * sk1 + n[:, None] * sk2 + d[None, :],
+                             mask=valid[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+                s = few_rows_scores(q, kn, BLOCK_R, BLOCK_N)
             else:
-                s = tl.dot(q, kt)
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
-        if HAS_MASK:  # row r is query r % S of query head h * (R // S) + r // S
-            hq = h * (R // S) + rows // S
-            bias = tl.load(B + b * sb0 + hq[:, None] * sb1 + (rows % S)[:, None] * sb2 + n[None, :] * sb3,
-                           mask=(rows[:, None] < R) & valid[None, :], other=0.0)
-            s = s + bias
-        m = tl.max(s, axis=1)  # -inf in a block beyond the length (every load masked: no reads)
-        p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # such a block adds 0
-        vv = tl.load(V + b * sv0 + h * sv1 + n[:, None] * sv2 + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
-                     other=0.0)
-        if SMALL:
-            acc = few_rows_weighted(p, vv, BLOCK_R, BLOCK_DV)
-        elif IEEE:
-            acc = tl.dot(p, vv, input_precision="ieee")
+                kt = tl.load(K + b * sk0 + h * sk1 + n[None, :] * sk2 + d[:, None],
+                             mask=valid[None, :] & (d[:, None] < D), other=0.0)
+                if IEEE:
+                    s = tl.dot(q, kt, input_precision="ieee")
+                else:
+                    s = tl.dot(q, kt)
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+            if HAS_MASK:  # row r is query r % S of query head h * (R // S) + r // S
+                hq = h * (R // S) + rows // S
+                bias = tl.load(B + b * sb0 + hq[:, None] * sb1 + (rows % S)[:, None] * sb2 + n[None, :] * sb3,
+                               mask=(rows[:, None] < R) & valid[None, :], other=0.0)
+                s = s + bias
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: adds 0, no NaN
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(s - m_use[:, None])
+            if SMALL:
+                pv = few_rows_weighted(p, vv, BLOCK_R, BLOCK_DV)
+            elif IEEE:
+                pv = tl.dot(p, vv, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(vv.dtype), vv)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        if DIRECT:
+            tl.store(OUT + bh * so0 + rows[:, None] * so1 + dv[None, :], (acc / l_i[:, None]).to(OUT.dtype.element_ty),
+                     mask=(rows[:, None] < R) & (dv[None, :] < DV))
         else:
-            acc = tl.dot(p.to(vv.dtype), vv)
-        tl.store(MX + base + rows, m)
-        tl.store(DEN + base + rows, tl.sum(p, axis=1))
-        tl.store(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :], acc)
+            base = (bh * SPLITS + split) * BLOCK_R
+            tl.store(MX + base + rows, m_i)
+            tl.store(DEN + base + rows, l_i)
+            tl.store(PART + (base + rows[:, None]) * BLOCK_DV + dv[None, :], acc)
 
     @triton.jit(do_not_specialize=["SPLITS"])
     def _combine(PART, MX, DEN, OUT, R, DV, SPLITS, so0, so1, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):

@@ -11,7 +11,7 @@ value (the product is rounded once either way before ``r`` is added).
 two; elsewhere the torch form, which is what the replaced nodes computed.
 
 ``GatedMatMulAdd(a, w, r, b) = silu(a) * b @ w + r``: the gate, the down projection and the residual
-of a SwiGLU MLP. At one float32 row on CUDA it is one Triton kernel, as ``MatMulAdd`` is there
+of a SwiGLU MLP. At one row on CUDA it is one Triton kernel, as ``MatMulAdd`` is there
 (``_gemv_add``); otherwise the two ops above in turn.
 """
 
@@ -172,8 +172,9 @@ if triton is not None:
 
 
 def _one_row(x, w, r, transposed, out) -> bool:
-    """One float32 row by a [out, in] weight with a residual of the output's size, on CUDA."""
-    return (triton is not None and (x.is_cuda or INTERPRET) and bool(transposed) and x.dtype == torch.float32
+    """One row (float32, bfloat16 or float16) by a [out, in] weight of its dtype with a residual of the
+    output's size, on CUDA."""
+    return (triton is not None and (x.is_cuda or INTERPRET) and bool(transposed) and x.dtype in _TRITON_DTYPES
             and w.dtype == x.dtype and r.dtype == x.dtype and w.dim() == 2 and w.stride(-1) == 1
             and x.numel() == w.shape[1] and r.numel() == w.shape[0] and (out is None or out.is_contiguous()))
 
@@ -185,7 +186,7 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     xr, rr = x.reshape(k), r.reshape(n)
     gr = gate.reshape(k) if gate is not None else xr
     xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
-    block_n, block_k, warps = tiles or _tiles(n, k)
+    block_n, block_k, warps = tiles or _tiles(n, k, w.dtype)
     with on(x.device):
         _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, gr, xr, w, rr, res, n, k, 0.0, w.stride(0), NORM=False,
                                                      GATED=gate is not None, RESIDUAL=True, K_ALL=16,
@@ -193,7 +194,7 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     return res
 
 
-def _tiles(n: int, k: int) -> tuple[int, int, int]:
+def _tiles(n: int, k: int, dtype=torch.float32) -> tuple[int, int, int]:
     # (BLOCK_N, BLOCK_K, warps), measured in CUDA graphs on an H200 with the weights read from memory
     # (benchmarks/gemv_add_sweep.py, results/gemv_add_sweep_ring_h200_2026-11-29.json): one or two rows
     # a program, a long stretch of K a load; 768 -> 768 2.77 us (cuBLAS with the residual's copy 4.57),
@@ -203,7 +204,7 @@ def _tiles(n: int, k: int) -> tuple[int, int, int]:
     return 2, 1024, 4
 
 
-def norm_tiles(n: int, k: int) -> tuple[int, int, int]:
+def norm_tiles(n: int, k: int, dtype=torch.float32) -> tuple[int, int, int]:
     """_norm_gemv's tiles (the same sweep): 768 -> 1280 3.68 us against 4.38 with 4 x 256; a wide
     output (768 -> 4096) keeps 4 x 256 (5.79 us against 7.51)."""
     return (1, 2048, 4) if n <= 1536 and k <= 2048 else (4, 256, 4)
@@ -214,7 +215,9 @@ if triton is not None:
     def _row_gemv_kernel(X, G, NW, W, R, OUT, N, K, eps, swn, NORM: tl.constexpr, GATED: tl.constexpr,
                          RESIDUAL: tl.constexpr, K_ALL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """One row: OUT[n] = sum over k of f(X)[k] * W[n, k] (+ R[n]), f the RMS norm (NORM: X scaled by
-        1 / sqrt(mean(X^2) + eps), times NW) or the SwiGLU gate (GATED: silu(X) * G) or nothing."""
+        1 / sqrt(mean(X^2) + eps), times NW) or the SwiGLU gate (GATED: silu(X) * G) or nothing. Sums in
+        float32; in a half dtype f's result is rounded to it as the unfused ops' output was (the norm once,
+        silu and the product each), and OUT once, the residual added before."""
         scale = 1.0
         if NORM:  # each program reads the whole row for its scale (a few KB, from L2 after the first)
             ka = tl.arange(0, K_ALL)
@@ -229,12 +232,14 @@ if triton is not None:
             xk = tl.load(X + kk, mask=km, other=0.0).to(tl.float32)
             if NORM:
                 xk = xk * scale * tl.load(NW + kk, mask=km, other=0.0).to(tl.float32)
-            if GATED:  # silu(a) * b, a the gate (float32: no rounding between the two)
-                xk = xk * tl.sigmoid(xk) * tl.load(G + kk, mask=km, other=0.0)
+                xk = xk.to(X.dtype.element_ty).to(tl.float32)
+            if GATED:  # silu(a) * b, a the gate
+                sx = (xk * tl.sigmoid(xk)).to(X.dtype.element_ty).to(tl.float32)
+                xk = (sx * tl.load(G + kk, mask=km, other=0.0).to(tl.float32)).to(X.dtype.element_ty).to(tl.float32)
             wk = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
             acc += tl.sum(wk.to(tl.float32) * xk[None, :], axis=1)
         if RESIDUAL:
-            acc += tl.load(R + n, mask=nm, other=0.0)
+            acc += tl.load(R + n, mask=nm, other=0.0).to(tl.float32)
         tl.store(OUT + n, acc.to(OUT.dtype.element_ty), mask=nm)
 
 
@@ -250,8 +255,9 @@ def _norm_linear_infer(shapes, values, *, epsilon=1e-5):
     notes="rms_norm(x) * norm_weight @ weight.T, one kernel for a single row on CUDA (fuse_norm_linear)")
 def _norm_linear(x, norm_weight, weight, *, epsilon=1e-5, out=None):
     k = x.shape[-1]
-    if (triton is not None and (x.is_cuda or INTERPRET) and x.dtype == torch.float32 and weight.dtype == x.dtype
-            and x.numel() == k and k <= MAX_NORM_K and weight.stride(-1) == 1 and norm_weight is not None):
+    if (triton is not None and (x.is_cuda or INTERPRET) and x.dtype in _TRITON_DTYPES and weight.dtype == x.dtype
+            and norm_weight is not None and norm_weight.dtype == x.dtype and x.numel() == k and k <= MAX_NORM_K
+            and weight.stride(-1) == 1):
         return _norm_gemv(x, norm_weight, weight, epsilon)
     y = F.rms_norm(x, (k,), norm_weight, epsilon)  # several rows: the norm's kernel and cuBLAS, as unfused
     return F.linear(y, weight)
@@ -267,7 +273,7 @@ def _norm_gemv(x, norm_weight, weight, eps: float, tiles=None):
     xr = x.reshape(k)
     if xr.stride(0) != 1:
         xr = xr.contiguous()
-    block_n, block_k, warps = tiles or norm_tiles(n, k)
+    block_n, block_k, warps = tiles or norm_tiles(n, k, weight.dtype)
     with on(x.device):
         _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, xr, norm_weight, weight, out, out, n, k, eps,
                                                      weight.stride(0), NORM=True, GATED=False, RESIDUAL=False,

@@ -231,6 +231,21 @@ for k, n in ((64, 24), (300, 1500)):  # RMSNormLinear's row: the same kernel, th
     x, nw, w = torch.randn(1, 1, k, generator=g), torch.randn(k, generator=g), torch.randn(n, k, generator=g)
     want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (k,), nw, 1e-6), w)
     torch.testing.assert_close(residual._norm_linear(x, nw, w, epsilon=1e-6), want, atol=1e-5, rtol=1e-5)
+for dt in (torch.float16, torch.bfloat16):  # a half row: float32 sums, f's result rounded as the ops round it
+    tol = dict(atol=2e-2, rtol=2e-2)
+    for k, n in ((64, 24), (300, 37)):
+        merged = torch.randn(1, 1, 2 * k, generator=g).to(dt)
+        a, b = merged[..., :k], merged[..., k:]
+        w, r = (torch.randn(n, k, generator=g) / k ** 0.5).to(dt), torch.randn(1, 1, n, generator=g).to(dt)
+        assert residual._one_row(a, w, r, 1, None)
+        want = (residual.silu_mul_torch(a, b).float() @ w.float().t() + r.float()).to(dt)
+        torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, **tol)
+        torch.testing.assert_close(residual._matmul_add(a, w, r, transposed=1),
+                                   (a.float() @ w.float().t() + r.float()).to(dt), **tol)
+        nw = torch.randn(k, generator=g).to(dt)
+        normed = torch.nn.functional.rms_norm(a.float(), (k,), nw.float(), 1e-6).to(dt)
+        torch.testing.assert_close(residual._norm_linear(a, nw, w, epsilon=1e-6),
+                                   (normed.float() @ w.float().t()).to(dt), **tol)
 print("ok")
 """
 
@@ -240,14 +255,21 @@ def test_one_row_kernel_interpreted_on_the_cpu_matches_the_ops():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or residual.triton is None, reason="needs CUDA and Triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,n", [(768, 768), (2048, 768), (100, 37)])
-def test_one_row_kernel_on_cuda_matches_the_ops(k, n):
+def test_one_row_kernel_on_cuda_matches_the_ops(k, n, dtype):
     g = torch.Generator(device="cuda").manual_seed(13)
-    merged = torch.randn(1, 1, 2 * k, generator=g, device="cuda")
+    merged = torch.randn(1, 1, 2 * k, generator=g, device="cuda").to(dtype)
     a, b = merged[..., :k], merged[..., k:]
-    w = torch.randn(n, k, generator=g, device="cuda") / k ** 0.5
-    r = torch.randn(1, 1, n, generator=g, device="cuda")
-    want = ((torch.nn.functional.silu(a) * b).double() @ w.t().double() + r.double()).float()
-    torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, atol=1e-5, rtol=1e-5)
-    plain = (a.double() @ w.t().double() + r.double()).float()
-    torch.testing.assert_close(residual._matmul_add(a, w, r, transposed=1), plain, atol=1e-5, rtol=1e-5)
+    w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).to(dtype)
+    r = torch.randn(1, 1, n, generator=g, device="cuda").to(dtype)
+    assert residual._one_row(a, w, r, 1, None)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    want = (residual.silu_mul_torch(a, b).double() @ w.t().double() + r.double()).to(dtype)
+    torch.testing.assert_close(residual._gated_matmul_add(a, w, r, b, transposed=1), want, **tol)
+    plain = (a.double() @ w.t().double() + r.double()).to(dtype)
+    torch.testing.assert_close(residual._matmul_add(a, w, r, transposed=1), plain, **tol)
+    nw = torch.randn(k, generator=g, device="cuda").to(dtype)
+    normed = torch.nn.functional.rms_norm(a.double(), (k,), nw.double(), 1e-5).to(dtype)
+    torch.testing.assert_close(residual._norm_linear(a, nw, w, epsilon=1e-5), (normed.double() @ w.t().double())
+                               .to(dtype), **tol)

@@ -46,11 +46,13 @@ def test_torch_form_sees_only_the_keys_written(b, h, kvh, s, cap, past, monkeypa
     torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("iters", [None, 1, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES)
-def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype):
+def test_triton_kernels_match(b, h, kvh, s, cap, past, dtype, iters, monkeypatch):
     if not torch.cuda.is_available() or ka.triton is None:
         pytest.skip("the Triton kernels need CUDA and triton")
+    monkeypatch.setattr(ka, "ITERS", iters)  # blocks a program (None: the rule's); 8: no combine here
     q, k, v, length, neg, total = _case("cuda", dtype, b, h, kvh, s, cap, past)
     out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -129,16 +131,20 @@ import torch
 from dynashape.ops import kv_attention as ka
 from tests.helpers import run_interpreted
 from tests.ops.test_kv_attention import CASES, MASKED_CASES, _case, _masked_case, _reference
+# blocks a program: one (a combine over the splits), three (a running softmax, splits of uneven use),
+# eight (one program per KV head at these capacities: the output written directly, no combine)
 for b, h, kvh, s, cap, past in CASES:
-    for small in (0, 8):
-        ka.SMALL_ROWS = small
+    for small, iters in ((0, 1), (8, 1), (8, 3), (0, 8), (8, 8)):
+        ka.SMALL_ROWS, ka.ITERS = small, iters
         q, k, v, length, neg, total = _case("cpu", torch.float32, b, h, kvh, s, cap, past)
         out = ka.kv_attention(q, k, v, length, s, neg, 0.125)
         torch.testing.assert_close(out, _reference(q, k, v, total, 0.125), atol=2e-5, rtol=1e-4)
 for b, h, kvh, s, cap, past in MASKED_CASES:
-    q, k, v, length, neg, mask, ref = _masked_case("cpu", torch.float32, b, h, kvh, s, cap, past, "add")
-    torch.testing.assert_close(ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, "add"), ref, atol=2e-5,
-                               rtol=1e-4)
+    for iters in (1, 8):
+        ka.ITERS = iters
+        q, k, v, length, neg, mask, ref = _masked_case("cpu", torch.float32, b, h, kvh, s, cap, past, "add")
+        torch.testing.assert_close(ka.kv_attention(q, k, v, length, s, neg, 0.125, mask, "add"), ref, atol=2e-5,
+                                   rtol=1e-4)
 print("ok")
 """
 

@@ -117,7 +117,7 @@ def test_preempted_conversations_are_recomputed_to_the_same_tokens(path, lone, o
     # (with overlap, some while their token is in flight: recomputed once it is in). packed: a step's
     # decode rows and prompt chunks (the recomputed ones too) in one run
     engine = PagedEngine(path, device=device, block_size=8, num_blocks=12, max_rows=6, token_budget=64, chunk=32,
-                         overlap=overlap, **({"paged_kv": True, "packed": True} if packed else {}))
+                         overlap=overlap, **({"paged_kv": True, "packed": True} if packed else {"packed": False}))
     arrivals = {0: [(f"p{i}", list(range(3 + 5 * i, 20 + 5 * i)), 30, None) for i in range(6)]}
     got = drive(engine, arrivals)
     assert engine.stats()["preemptions"] > 0 and engine.packed == packed
