@@ -31,6 +31,16 @@ case "${1:-load}" in
       tests/test_generate.py
     T=150 run python3 benchmarks/kv_attention_tune.py --json "$OUT/kv_attention_tune.json"
     T=150 run python3 benchmarks/gemv_add_sweep.py --dtype bfloat16 --json "$OUT/gemv_add_sweep_bf16.json" ;;
+  rowsmeasure)  # after rows: the attention's block rule and the half tiles, their CUDA tests, then the streaming
+               # loops (fp32, bf16, fp32 batch 16), bf16's step profile and the paged load at 128/s with the lone runs
+    DYNASHAPE_TEST_DEVICE=cuda T=100 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_kv_attention.py \
+      tests/compile/test_fuse_residual.py
+    T=80 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_rows.json"
+    T=80 run python3 benchmarks/generate_gpu.py --dtype bfloat16 --json "$OUT/generate_gpu_rows_bf16.json"
+    T=70 run python3 benchmarks/generate_gpu.py --batch 16 --json "$OUT/generate_gpu_rows_b16.json"
+    T=60 run python3 benchmarks/profile_decode.py --dtype bfloat16
+    T=150 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 \
+      --json "$OUT/llm_load_rows_rate128.json" ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;

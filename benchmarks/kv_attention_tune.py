@@ -26,10 +26,11 @@ SHAPES = ((1, 256), (1, 1024), (1, 4096), (4, 256), (16, 256), (16, 1024))  # (b
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args()
     rows = []
     print("dtype batch cap | torch us | rule us | best (block, warps, iters): us", flush=True)
-    for dt in (torch.float32, torch.bfloat16):
+    for dt in (getattr(torch, name) for name in args.dtypes):
         for b, cap in SHAPES:
             q = torch.randn(b, 12, 1, 64, device="cuda", dtype=dt)
             k = torch.randn(b, 4, cap, 64, device="cuda", dtype=dt)
@@ -44,7 +45,7 @@ def main() -> None:
             ka.triton = None
             base = timed(call, reps=100)
             ka.triton = saved
-            rule = timed(call, reps=100)
+            rule = timed(call, reps=100)  # blocks_for's choice
             found = {}
             for block in (32, 64, 128):
                 for warps in (2, 4):
@@ -53,7 +54,7 @@ def main() -> None:
                             continue
                         ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = block, warps, iters
                         found[(block, warps, iters)] = timed(call, reps=100)
-            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = 64, 4, None
+            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = None, 4, None
             best = sorted(found.items(), key=lambda kv: kv[1])[:4]
             print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | {rule:.2f} | "
                   + "  ".join(f"{key}: {us:.2f}" for key, us in best)

@@ -9,9 +9,9 @@ capacity: what it holds beyond the length does not matter), ``mask`` broadcast t
 [b, heads, s, capacity] is added to the scores (``kind`` 'add'), or says which keys are seen
 ('keep') or not ('drop'). The query heads that share a KV head are that head's rows.
 
-On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, block of 64
-keys) computes its block's softmax numerator and running max, a second kernel combines the
-blocks; blocks beyond the length return at once, so the work follows the length, not the
+On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, one or two
+blocks of 32 or 64 keys: ``blocks_for``) computes its keys' softmax numerator and running max, a
+second kernel combines the splits (none where one split spans the capacity); blocks beyond the length return at once, so the work follows the length, not the
 capacity. torch's fused attention kernels parallelise over heads and query blocks, which a decode
 step has few of (measured on an H200, 12 heads / 4 KV heads, 256 keys: 30 us for the
 memory-efficient kernel, ~15 us for two batched products and a softmax). Elsewhere: the batched
@@ -30,7 +30,6 @@ try:  # CI has no GPU and no triton: the torch form serves there
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
-BLOCK_N = 64  # keys per program of the split kernel (benchmarks/kv_attention_tune.py)
 NUM_WARPS = 4
 # query rows of a KV head (heads x new positions) up to which their products are sums over d rather
 # than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
@@ -63,25 +62,30 @@ def _additive(mask, kind: str):
                                                                                          float("-inf"))
 
 
-def iters_for(bh: int, cap: int) -> int:
-    """Blocks of BLOCK_N keys a program walks (a running softmax over them). Few programs (batch 1: a
-    program per KV head and block) left each one's chain of loads exposed; walking more blocks per
-    program with the next block's loads in flight, and one program per KV head where the capacity
-    allows (no combine kernel then), trades that latency for parallelism the step lacked anyway."""
-    if ITERS is not None:  # the tuner's choice (benchmarks/kv_attention_tune.py)
-        return ITERS
-    return 1
+def blocks_for(bh: int, cap: int) -> tuple[int, int]:
+    """(keys a block, blocks a program), measured on an H200 in CUDA graphs at 12 query / 4 KV heads,
+    d 64, float32 (benchmarks/kv_attention_tune.py, results/kv_attention_tune_h200_2026-11-29.json):
+    blocks of 32 keys up to a capacity of 256 (batch 1: 8.7 us against 10.1 with 64), else 64; two
+    blocks a program (a running softmax over them) past 256 programs of one (batch 16 at 1,024: 27.6
+    us against 31.2), one below, where the split's parallelism is what the step lacks (one program
+    per KV head over the whole capacity, with no combine, took 1.5-3x longer at batch 1)."""
+    block = BLOCK_N or (32 if cap <= 256 else 64)
+    iters = ITERS or (2 if bh * -(-cap // block) > 256 else 1)
+    return block, iters
 
 
-ITERS = None  # blocks a program: iters_for's rule unless set
+# the tuner's overrides of blocks_for's rule (None: the rule's)
+BLOCK_N: int | None = None
+ITERS: int | None = None
 
 
 def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None,
             iters: int | None = None):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
-    iters = iters or iters_for(bh, cap)
-    splits = triton.cdiv(cap, BLOCK_N * iters)
+    block_n, rule_iters = blocks_for(bh, cap)
+    iters = iters or rule_iters
+    splits = triton.cdiv(cap, block_n * iters)
     small = rows <= SMALL_ROWS if small is None else small
     block_r = triton.next_power_of_2(rows) if small else max(16, triton.next_power_of_2(rows))
     block_dv = max(16, triton.next_power_of_2(dv))
@@ -102,7 +106,7 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, s
         _partial[(bh, splits)](q3, k, v, length, part, mx, den, bias if has_mask else part, out, n_new, scale, kvh,
                                rows, d, dv, q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
                                v.stride(0), v.stride(1), v.stride(2), splits, s, *sb, out.stride(0), out.stride(1),
-                               HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=BLOCK_N,
+                               HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=block_n,
                                BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=block_dv, IEEE=ieee,
                                SMALL=small, ITERS=iters, DIRECT=direct, num_warps=NUM_WARPS)
         if not direct:

@@ -186,7 +186,7 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     xr, rr = x.reshape(k), r.reshape(n)
     gr = gate.reshape(k) if gate is not None else xr
     xr, rr, gr = (t if t.stride(0) == 1 else t.contiguous() for t in (xr, rr, gr))
-    block_n, block_k, warps = tiles or _tiles(n, k, w.dtype)
+    block_n, block_k, warps = tiles or _tiles(n, k, w.dtype, gate is not None)
     with on(x.device):
         _row_gemv_kernel[(triton.cdiv(n, block_n),)](xr, gr, xr, w, rr, res, n, k, 0.0, w.stride(0), NORM=False,
                                                      GATED=gate is not None, RESIDUAL=True, K_ALL=16,
@@ -194,11 +194,15 @@ def _gemv_add(x, gate, w, r, out, tiles=None):
     return res
 
 
-def _tiles(n: int, k: int, dtype=torch.float32) -> tuple[int, int, int]:
+def _tiles(n: int, k: int, dtype=torch.float32, gated: bool = False) -> tuple[int, int, int]:
     # (BLOCK_N, BLOCK_K, warps), measured in CUDA graphs on an H200 with the weights read from memory
     # (benchmarks/gemv_add_sweep.py, results/gemv_add_sweep_ring_h200_2026-11-29.json): one or two rows
     # a program, a long stretch of K a load; 768 -> 768 2.77 us (cuBLAS with the residual's copy 4.57),
-    # gated 2048 -> 768 4.62 us (cuBLAS and the gate's kernel 6.71)
+    # gated 2048 -> 768 4.62 us (cuBLAS and the gate's kernel 6.71). bfloat16 (the same sweep,
+    # results/gemv_add_sweep_bf16_h200_2026-11-29.json): the same tiles but a gated K of 2048 on, which
+    # takes 4 rows of 8 warps (3.77 us against 4.25; cuBLAS and the gate's kernel 10.3)
+    if dtype != torch.float32 and gated and k >= 2048:
+        return 4, 2048, 8
     if k >= 2048:
         return (1, 2048, 4) if n <= 2048 else (4, 2048, 8)
     return 2, 1024, 4
@@ -206,7 +210,10 @@ def _tiles(n: int, k: int, dtype=torch.float32) -> tuple[int, int, int]:
 
 def norm_tiles(n: int, k: int, dtype=torch.float32) -> tuple[int, int, int]:
     """_norm_gemv's tiles (the same sweep): 768 -> 1280 3.68 us against 4.38 with 4 x 256; a wide
-    output (768 -> 4096) keeps 4 x 256 (5.79 us against 7.51)."""
+    output (768 -> 4096) keeps 4 x 256 (5.79 us against 7.51). bfloat16: 2 rows of 1,024 a load up
+    to a K of 1,024 at every width measured (768 -> 4096 4.36 us, rms_norm and cuBLAS 6.98)."""
+    if dtype != torch.float32 and k <= 2048:
+        return (2, 1024, 4) if k <= 1024 else (1, 2048, 4)
     return (1, 2048, 4) if n <= 1536 and k <= 2048 else (4, 256, 4)
 
 
