@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape import dim_ceildiv
-from . import cpu_conv, tuned_conv
+from . import cpu_conv, native, tuned_conv
 from .registry import op
 
 
@@ -32,6 +32,11 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     if groups == c == o > 1 and d == 1 and out_len > 0 and x.device.type == "cpu" and not x.requires_grad \
             and k <= DW_TAPS and x.dtype in (torch.float32, torch.float64):  # (half: torch sums in float32)
         return _depthwise1d(x, w, b, s, p, out_len)
+    if (groups == 1 and out_len > 0 and x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == x.dtype
+            and not x.requires_grad and n * out_len * c * k * o <= C_MACS and (b is None or b.dtype == x.dtype)):
+        y = _native1d(x, w, b, s, p, d, out_len)
+        if y is not None:
+            return y
     if (x.device.type != "cpu" or groups != 1 or d != 1 or n * out_len > GEMM_ROWS
             or not GEMM_MIN[n >= 2] <= n * out_len * c * k <= GEMM_COLS or out_len <= 0 or x.requires_grad):
         return F.conv1d(x, w, b, stride, padding, dilation, groups)
@@ -40,6 +45,28 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     w2 = w.reshape(o, c * k).t()
     y = torch.addmm(b, cols, w2) if b is not None else torch.mm(cols, w2)
     return y.view(n, out_len, o).transpose(1, 2).contiguous()
+
+
+def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
+    """A small dense conv1d in C (csrc/conv1d.c), its weight packed [c * k][o] once (kept on the
+    weight, remade if the weight changes), or None where the C kernel cannot be built (counted as
+    ``conv1d_torch_fallbacks``: torch's forms serve)."""
+    fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiiii", fallbacks="conv1d")
+    if fn is None:
+        return None
+    n, c, length = x.shape
+    o, _, k = w.shape
+    packed = getattr(w, "_dynashape_conv1d", None)
+    if packed is None or packed[0] != w._version:
+        packed = (w._version, w.detach().reshape(o, c * k).t().contiguous())
+        w._dynashape_conv1d = packed
+    x = x.contiguous()
+    bc = b.contiguous() if b is not None else None
+    y = torch.empty((n, o, out_len), dtype=x.dtype)
+    fn(x.data_ptr(), y.data_ptr(), packed[1].data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, o,
+       k, s, p, d, out_len, torch.get_num_threads())
+    native.count(NATIVE_CONV1D)
+    return y
 
 
 def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
@@ -65,6 +92,9 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     return y
 
 
+# a dense float32 conv1d of up to this many multiply-adds runs in C (``_native1d``); beyond, torch's
+C_MACS = 1 << 20
+NATIVE_CONV1D = "conv1d_native_calls"
 DW_TAPS = 16  # depthwise conv1d of up to this many taps in torch ops (``_depthwise1d``)
 DW_UNFOLD = 1 << 14
 GEMM_ROWS = 32  # conv1d as a product up to this many output positions (batch x length)...

@@ -1,6 +1,6 @@
-"""ops/conv.py ``conv1d``: tiny 1-D convolutions on CPU run as one matrix product over the
-unfolded windows (at batch 1 from 512 unfolded elements); everything else is torch's conv1d.
-Both against torch on random inputs, across strides, pads, kernel sizes, batch sizes, with and
+"""ops/conv.py ``conv1d``: small dense float32 1-D convolutions on CPU run in C (csrc/conv1d.c);
+without it, tiny ones run as one matrix product over the unfolded windows (at batch 1 from 512
+unfolded elements); everything else is torch's conv1d. Each against torch on random inputs, across strides, pads, kernel sizes, batch sizes, with and
 without bias; the path taken is checked too (a stand-in that would hide a fallback would pass the values alone)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynashape.ops import conv as C
+from dynashape.ops import native
 
 
 @settings(max_examples=120, deadline=None)
@@ -62,7 +63,43 @@ def test_a_depthwise_conv1d_takes_each_form_by_size(monkeypatch):
     assert len(calls) == 3
 
 
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 6), c=st.integers(1, 140), length=st.integers(1, 80), o=st.integers(1, 260),
+       k=st.integers(1, 9), s=st.integers(1, 4), p=st.integers(0, 3), d=st.integers(1, 3), bias=st.booleans(),
+       seed=st.integers(0, 99))
+def test_the_c_kernel_matches_torch_conv1d(n, c, length, o, k, s, p, d, bias, seed):
+    if length + 2 * p < d * (k - 1) + 1 or n * c * k * o * length > C.C_MACS:
+        return  # no window fits (torch refuses), or beyond the C kernel's bound
+    if native.library("conv1d") is None:
+        pytest.skip(f"no C kernel: {native.why('conv1d')}")
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(n, c, length, generator=g), torch.randn(o, c, k, generator=g)
+    b = torch.randn(o, generator=g) if bias else None
+    before = native.counters().get(C.NATIVE_CONV1D, 0)
+    got = C.conv1d(x, w, b, (s,), (p,), (d,), 1)
+    assert native.counters().get(C.NATIVE_CONV1D, 0) == before + 1  # the C kernel served it
+    want = F.conv1d(x, w, b, s, p, d, 1)
+    assert got.shape == want.shape and got.is_contiguous()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_c_kernel_repacks_a_weight_that_changed_and_leaves_other_dtypes_to_torch():
+    if native.library("conv1d") is None:
+        pytest.skip(f"no C kernel: {native.why('conv1d')}")
+    x, w, b = torch.randn(2, 16, 9), torch.randn(8, 16, 3), torch.randn(8)
+    torch.testing.assert_close(C.conv1d(x, w, b, 1, 1), F.conv1d(x, w, b, 1, 1), atol=1e-5, rtol=1e-5)
+    w.mul_(-2.0)  # in place: the packed copy made from the old values must not serve
+    torch.testing.assert_close(C.conv1d(x, w, b, 1, 1), F.conv1d(x, w, b, 1, 1), atol=1e-5, rtol=1e-5)
+    before = native.counters().get(C.NATIVE_CONV1D, 0)
+    x64, w64 = x.double(), w.double()
+    torch.testing.assert_close(C.conv1d(x64, w64, None, 1, 1), F.conv1d(x64, w64, None, 1, 1))
+    big = torch.randn(1, 64, 2000)  # 64 x 3 x 64 x 2000 multiply-adds: beyond C_MACS, torch's
+    assert C.conv1d(big, torch.randn(64, 64, 3), None, 1, 1).shape == (1, 64, 2000)
+    assert native.counters().get(C.NATIVE_CONV1D, 0) == before
+
+
 def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
+    monkeypatch.setattr(C, "C_MACS", 0)  # the forms without the C kernel
     calls = []
     real = torch.addmm
     mm_calls = []

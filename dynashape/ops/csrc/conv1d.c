@@ -1,0 +1,46 @@
+/* A small dense 1-D convolution (NCL), float32: the convolutions of audio front ends at a few output
+ * positions (silero-vad's STFT as a 258-filter convolution over 4 windows, its encoder's 3-tap layers
+ * over 1-4 positions).
+ *
+ * Why: torch's CPU convolution costs 10-60 us per call before its arithmetic at these sizes (oneDNN's
+ * primitive, or the unfold-and-product form of ops/conv.py: 5-8 torch calls), where the arithmetic is
+ * ~0.01-0.3M multiply-adds. silero-vad's six took 240 us of a 670 us call at batch 1, against
+ * onnxruntime's 150 us for the whole call. Per output position, each input tap's value times the
+ * weight's row for it (the weight packed [c * k][o] once, ops/conv.py) is added into a row of o sums:
+ * the output-channel loop vectorises. The sums run in (channel, tap) order per output.
+ *
+ * x [n][c][l] (contiguous), wp [c * k][o], b [o] or NULL, y [n][o][lo]; stride s, pad p (both sides
+ * the same, taps beyond the input read as 0), dilation d.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include "subnormal.h"
+
+void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64_t n, int64_t c, int64_t l,
+                int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo, int64_t threads) {
+    #pragma omp parallel num_threads(threads) if (threads > 1 && n * lo * c * k * o > 131072)
+    {
+        const unsigned csr = flush_subnormals();
+        float *acc = (float *)malloc(sizeof(float) * (size_t)o);
+        #pragma omp for collapse(2)
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t t = 0; t < lo; t++) {
+                for (int64_t q = 0; q < o; q++) acc[q] = b ? b[q] : 0.0f;
+                for (int64_t ci = 0; ci < c; ci++) {
+                    const float *xr = x + (i * c + ci) * l;
+                    for (int64_t j = 0; j < k; j++) {
+                        const int64_t pos = t * s - p + j * d;
+                        if (pos < 0 || pos >= l) continue;
+                        const float xv = xr[pos];
+                        const float *wr = wp + (ci * k + j) * o;
+                        for (int64_t q = 0; q < o; q++) acc[q] += xv * wr[q];
+                    }
+                }
+                float *yp = y + i * o * lo + t;
+                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
+            }
+        }
+        free(acc);
+        restore_subnormals(csr);
+    }
+}
