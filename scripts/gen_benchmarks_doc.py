@@ -297,6 +297,19 @@ def real_models(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def real_models_by_run(runs: list[Run]) -> list[list[str]]:
+    """The same models measured before and after a change: a row per model and run (its label)."""
+    rows = []
+    for run in runs:
+        for model, m in run.data["models"].items():
+            rts = m["runtimes"]
+            ds, ort, ov = (_steady_ms(rts.get(k)) for k in ("dynashape", "onnxruntime", "openvino"))
+            ov_cell = "fails" if rts.get("openvino", {}).get("status", "ok") != "ok" else num(ov)
+            rows.append([model, run.data.get("label", ""), num(ds), num(ort), ov_cell, bold_if(ratio(ds, ort), True),
+                         run.run_cell()])
+    return rows
+
+
 def zoo(runs: list[Run]) -> list[list[str]]:
     """The whole zoo (docs/models.md's table), summed up per run its models came from."""
     run, groups = runs[0], {}
@@ -763,6 +776,15 @@ AREAS = [
          "faster than on the AMD EPYC of the earlier runs) the same set measured a median of 1.65x the faster "
          "peer before the subnormal weights were flushed (PP-OCRv6 det 3.74x: results/real_models_pypi15_cpu_rounds_"
          "2026-11-29.json) and 1.39x after."),
+    Area("CPU: small 1-D convolutions in C (audio front ends)", "real_models.py",
+         [("real_models_silero_before_cpu_*.json", None), ("real_models_silero_conv1d_cpu_*.json", None)],
+         ["model", "conv1d", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x onnxruntime (time)", "run"],
+         real_models_by_run,
+         "The silero-vad models over their sequences (batches 1-8, chunks of 576 or 288 samples), 3 rounds, steady "
+         "time as above; the two runs minutes apart on this 2-core machine, whose timings of the same runtime moved "
+         "up to 1.7x between them (onnxruntime's silero_vad: 0.163 and 0.272 ms): compare dynashape's rows. A dense "
+         "float32 conv1d of up to 1M multiply-adds runs in C, its weight packed [c * k][o] once "
+         "(ops/csrc/conv1d.c): silero-vad's six convolutions at batch 1 240 -> 116 us."),
     Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
          ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
          "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
@@ -797,7 +819,9 @@ AREAS = [
           ("generate_gpu_bf16_h200_*.json", None), ("generate_gpu_b16_h200_*.json", None),
           ("generate_gpu_ahead_h200_*.json", None), ("generate_gpu_ahead_bf16_h200_*.json", None),
           ("generate_gpu_ahead_b16_h200_*.json", None), ("generate_gpu_gated_h200_*.json", None),
-          ("generate_gpu_tiles_h200_*.json", None), ("generate_gpu_final_h200_*.json", None)],
+          ("generate_gpu_tiles_h200_*.json", None), ("generate_gpu_final_h200_*.json", None),
+          ("generate_gpu_rows_h200_*.json", None), ("generate_gpu_rows_bf16_h200_*.json", None),
+          ("generate_gpu_rows_b16_h200_*.json", None)],
          ["run of", "loop", "tokens/s", "median step ms", "slowest / median step", "speed-up over eager",
           "tokens equal to eager", "run"], generate_gpu,
          "The 12-layer hidden-768 decoder, 8 prompt tokens then the tokens named, greedy, every row's token read "
@@ -810,7 +834,10 @@ AREAS = [
          "kernels, ~0.43-0.49 ms: benchmarks/profile_decode.py); then one Triton kernel for a row's product with "
          "its residual (and the SwiGLU gate) in place of addmm's copy and cuBLAS's matrix-vector kernel (and the "
          "gate's kernel), its tiles from benchmarks/gemv_add_sweep.py; then the decode attention's 3 query heads "
-         "a KV head as sums over d instead of a 16-row dot."),
+         "a KV head as sums over d instead of a 16-row dot. Later that day (another lease): the one-row kernels "
+         "in bfloat16 and float16 too, half weights stored [out, in] on CUDA so that they apply (bf16 1,907 -> 2,518 "
+         "tokens/s; its tokens leave eager's at step 81-100 in every bf16 run, by rounding), and the decode "
+         "attention's blocks of 32 keys up to a capacity of 256 (fp32 unchanged within the spread)."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None),
           ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),
@@ -853,7 +880,7 @@ AREAS = [
          ("llm_load_packed_defaults_rate128_h200_*.json", None), ("llm_load_packed_defaults_rate32_h200_*.json", None),
          ("llm_load_packed_defaults_rate0_h200_*.json", None), ("llm_load_staged_rate128_h200_*.json", None),
          ("llm_load_tiles_rate128_h200_*.json", None), ("llm_load_final_rate128_h200_*.json", None),
-         ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
+         ("llm_load_rows_rate128_h200_*.json", None), ("llm_load_cpu_*.json", None), ("llm_load_builder_tiny_paged_h200_*.json", None),
          ("llm_load_builder_tiny_paged_cpu_*.json", None)],
          ["load", "serving", "tokens/s", "x one at a time", "TTFT ms p50 / p99", "ITL ms p50 / p99",
           "ITL p99 / lone step p99", "rows a run", "tokens equal to lone", "run"], llm_load,
