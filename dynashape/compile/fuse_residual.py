@@ -12,9 +12,9 @@ the layout chosen for the device; ``transposed`` says which).
 
 ``Linear(RMSNorm(x, g), W)`` (W in the [out, in] layout, float32, bfloat16 or float16 as g is, no
 bias, the norm read by nothing else) becomes ``RMSNormLinear(x, g, W)``: for a single row (a
-batch-1 decode step) one Triton kernel normalises the row and multiplies it (the norm's kernel gone, the product read faster
-than cuBLAS reads it at one row: benchmarks/gemv_triton.py); for more rows the two kernels as
-before.
+batch-1 decode step) one Triton kernel normalises the row and multiplies it (the norm's kernel
+gone, the product read faster than cuBLAS reads it at one row: benchmarks/gemv_triton.py); for
+more rows the two kernels as before.
 """
 
 from __future__ import annotations

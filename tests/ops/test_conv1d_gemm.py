@@ -1,7 +1,8 @@
 """ops/conv.py ``conv1d``: small dense float32 1-D convolutions on CPU run in C (csrc/conv1d.c);
 without it, tiny ones run as one matrix product over the unfolded windows (at batch 1 from 512
-unfolded elements); everything else is torch's conv1d. Each against torch on random inputs, across strides, pads, kernel sizes, batch sizes, with and
-without bias; the path taken is checked too (a stand-in that would hide a fallback would pass the values alone)."""
+unfolded elements); everything else is torch's conv1d. Each against torch on random inputs,
+across strides, pads, kernel sizes, batch sizes, with and without bias; the path taken is checked
+too (a stand-in that would hide a fallback would pass the values alone)."""
 
 from __future__ import annotations
 
