@@ -13,8 +13,9 @@ On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head
 blocks of 32 or 64 keys: ``blocks_for``) computes its keys' softmax numerator and running max, a
 second kernel combines the splits (none where one split spans the capacity); blocks beyond the
 length return at once, so the work follows the length, not the capacity. torch's fused attention
-kernels parallelise over heads and query blocks, which a decode step has few of (measured on an H200, 12 heads / 4 KV heads, 256 keys: 30 us for the
-memory-efficient kernel, ~15 us for two batched products and a softmax). Elsewhere: the batched
+kernels parallelise over heads and query blocks, which a decode step has few of (measured on an
+H200, 12 heads / 4 KV heads, 256 keys: 30 us for the memory-efficient kernel, ~15 us for two
+batched products and a softmax). Elsewhere: the batched
 products, masked by ``neg`` (0 for the keys written, -inf beyond).
 """
 
