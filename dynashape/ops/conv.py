@@ -48,10 +48,10 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
-    """A small dense conv1d in C (csrc/conv1d.c), its weight packed [c * k][o] once (kept on the
-    weight, remade if the weight changes), or None where the C kernel cannot be built (counted as
+    """A small dense conv1d in C (csrc/conv1d.c, one thread: it says why), its weight packed
+    [c * k][o] once (kept on the weight, remade if the weight changes), or None where the C kernel cannot be built (counted as
     ``conv1d_torch_fallbacks``: torch's forms serve)."""
-    fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiiii", fallbacks="conv1d")
+    fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiii", fallbacks="conv1d")
     if fn is None:
         return None
     n, c, length = x.shape
@@ -64,7 +64,7 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
     bc = b.contiguous() if b is not None else None
     y = torch.empty((n, o, out_len), dtype=x.dtype)
     fn(x.data_ptr(), y.data_ptr(), packed[1].data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, o,
-       k, s, p, d, out_len, torch.get_num_threads())
+       k, s, p, d, out_len)
     native.count(NATIVE_CONV1D)
     return y
 

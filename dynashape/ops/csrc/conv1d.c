@@ -9,6 +9,10 @@
  * weight's row for it (the weight packed [c * k][o] once, ops/conv.py) is added into a row of o sums:
  * the output-channel loop vectorises. The sums run in (channel, tap) order per output.
  *
+ * One thread: at these sizes (up to ~1M multiply-adds, ~60 us) a second OpenMP thread cost more than
+ * it saved: openwakeword's silero-vad v4, 14 such convolutions a call, took 1.85 ms a call with an
+ * OpenMP team for its largest one and 0.75 ms without (this project's 2-core CPU).
+ *
  * x [n][c][l] (contiguous), wp [c * k][o], b [o] or NULL, y [n][o][lo]; stride s, pad p (both sides
  * the same, taps beyond the input read as 0), dilation d.
  */
@@ -17,30 +21,26 @@
 #include "subnormal.h"
 
 void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64_t n, int64_t c, int64_t l,
-                int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo, int64_t threads) {
-    #pragma omp parallel num_threads(threads) if (threads > 1 && n * lo * c * k * o > 131072)
-    {
-        const unsigned csr = flush_subnormals();
-        float *acc = (float *)malloc(sizeof(float) * (size_t)o);
-        #pragma omp for collapse(2)
-        for (int64_t i = 0; i < n; i++) {
-            for (int64_t t = 0; t < lo; t++) {
-                for (int64_t q = 0; q < o; q++) acc[q] = b ? b[q] : 0.0f;
-                for (int64_t ci = 0; ci < c; ci++) {
-                    const float *xr = x + (i * c + ci) * l;
-                    for (int64_t j = 0; j < k; j++) {
-                        const int64_t pos = t * s - p + j * d;
-                        if (pos < 0 || pos >= l) continue;
-                        const float xv = xr[pos];
-                        const float *wr = wp + (ci * k + j) * o;
-                        for (int64_t q = 0; q < o; q++) acc[q] += xv * wr[q];
-                    }
+                int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo) {
+    const unsigned csr = flush_subnormals();
+    float *acc = (float *)malloc(sizeof(float) * (size_t)o);
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t t = 0; t < lo; t++) {
+            for (int64_t q = 0; q < o; q++) acc[q] = b ? b[q] : 0.0f;
+            for (int64_t ci = 0; ci < c; ci++) {
+                const float *xr = x + (i * c + ci) * l;
+                for (int64_t j = 0; j < k; j++) {
+                    const int64_t pos = t * s - p + j * d;
+                    if (pos < 0 || pos >= l) continue;
+                    const float xv = xr[pos];
+                    const float *wr = wp + (ci * k + j) * o;
+                    for (int64_t q = 0; q < o; q++) acc[q] += xv * wr[q];
                 }
-                float *yp = y + i * o * lo + t;
-                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
             }
+            float *yp = y + i * o * lo + t;
+            for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
         }
-        free(acc);
-        restore_subnormals(csr);
     }
+    free(acc);
+    restore_subnormals(csr);
 }
