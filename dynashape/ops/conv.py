@@ -49,8 +49,8 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
     """A small dense conv1d in C (csrc/conv1d.c, one thread: it says why), its weight packed
-    [c * k][o] once (kept on the weight, remade if the weight changes), or None where the C kernel cannot be built (counted as
-    ``conv1d_torch_fallbacks``: torch's forms serve)."""
+    [c * k][o] once (kept on the weight, remade if the weight changes), or None where the C kernel
+    cannot be built (counted as ``conv1d_torch_fallbacks``: torch's forms serve)."""
     fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiii", fallbacks="conv1d")
     if fn is None:
         return None
