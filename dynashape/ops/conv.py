@@ -70,14 +70,25 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
 
 
 def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
-    """A depthwise conv1d (one filter per channel) in torch ops: up to ``DW_UNFOLD`` unfolded
-    elements the windows times the taps summed, beyond it one multiply-add per tap over shifted
-    views. torch's own CPU kernel for it costs 47-67 us however small the input (silero-vad v4's
+    """A depthwise conv1d (one filter per channel): float32 up to ``DW_C`` multiply-adds in C
+    (csrc/conv1d.c); else in torch ops: up to ``DW_UNFOLD`` unfolded elements the windows times
+    the taps summed, beyond it one multiply-add per tap over shifted views. torch's own CPU kernel for it costs 47-67 us however small the input (silero-vad v4's
     four: ~300 us of a 1.1 ms call, where onnxruntime's whole call takes 0.11 ms) and 1.8 ms at
     258 x 2000 (the taps: 0.56 ms); measured on this project's 2-core CPU (unfold 11-32 us below
     the bound, taps 35 us at 64 x 64)."""
-    n, c, _ = x.shape
+    n, c, length = x.shape
     k = w.shape[-1]
+    if x.dtype == torch.float32 and w.dtype == x.dtype and (b is None or b.dtype == x.dtype) \
+            and n * c * out_len * k <= DW_C:
+        fn = native.function("conv1d", "dw_conv1d_ncl", "ppppiiiiiii", fallbacks="dw_conv1d")
+        if fn is not None:
+            x, wc = x.contiguous(), w.contiguous()
+            bc = b.contiguous() if b is not None else None
+            y = torch.empty((n, c, out_len), dtype=x.dtype)
+            fn(x.data_ptr(), y.data_ptr(), wc.data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, k,
+               s, p, out_len)
+            native.count(NATIVE_DW_CONV1D)
+            return y
     xp = F.pad(x, (p, p)) if p else x
     if n * c * out_len * k <= DW_UNFOLD:
         y = (xp.unfold(2, k, s) * w.view(1, c, 1, k)).sum(-1)
@@ -95,6 +106,10 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
 # a dense float32 conv1d of up to this many multiply-adds runs in C (``_native1d``); beyond, torch's
 C_MACS = 1 << 20
 NATIVE_CONV1D = "conv1d_native_calls"
+NATIVE_DW_CONV1D = "dw_conv1d_native_calls"
+# a depthwise float32 conv1d of up to this many multiply-adds in C (a scalar loop over the taps: ~1-2
+# multiply-adds a ns; the torch forms cost 15-50 us a call before their arithmetic)
+DW_C = 1 << 16
 DW_TAPS = 16  # depthwise conv1d of up to this many taps in torch ops (``_depthwise1d``)
 DW_UNFOLD = 1 << 14
 GEMM_ROWS = 32  # conv1d as a product up to this many output positions (batch x length)...

@@ -48,7 +48,23 @@ def test_a_depthwise_conv1d_matches_torch_in_both_forms(n, c, length, k, s, p, b
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_a_depthwise_conv1d_in_c_up_to_its_bound():
+    if native.library("conv1d") is None:
+        pytest.skip(f"no C kernel: {native.why('conv1d')}")
+    g = torch.Generator().manual_seed(3)
+    before = native.counters().get(C.NATIVE_DW_CONV1D, 0)
+    for n, c, length, k, s, p in ((1, 258, 8, 5, 1, 2), (2, 16, 4, 5, 2, 2), (3, 7, 1, 3, 1, 1), (1, 32, 40, 1, 1, 0)):
+        x, w, b = torch.randn(n, c, length, generator=g), torch.randn(c, 1, k, generator=g), torch.randn(c, generator=g)
+        for bias in (b, None):
+            torch.testing.assert_close(C.conv1d(x, w, bias, s, p, 1, c), F.conv1d(x, w, bias, s, p, 1, c), atol=1e-5,
+                                       rtol=1e-5)
+    assert native.counters().get(C.NATIVE_DW_CONV1D, 0) == before + 8
+    C.conv1d(torch.randn(8, 258, 64), torch.randn(258, 1, 5), None, 1, 2, 1, 258)  # beyond DW_C: torch's forms
+    assert native.counters().get(C.NATIVE_DW_CONV1D, 0) == before + 8
+
+
 def test_a_depthwise_conv1d_takes_each_form_by_size(monkeypatch):
+    monkeypatch.setattr(C, "DW_C", 0)  # the forms without the C kernel
     calls = []
     real = F.conv1d
     monkeypatch.setattr(F, "conv1d", lambda *a, **k: calls.append(1) or real(*a, **k))
