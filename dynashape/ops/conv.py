@@ -72,10 +72,10 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
 def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     """A depthwise conv1d (one filter per channel): float32 up to ``DW_C`` multiply-adds in C
     (csrc/conv1d.c); else in torch ops: up to ``DW_UNFOLD`` unfolded elements the windows times
-    the taps summed, beyond it one multiply-add per tap over shifted views. torch's own CPU kernel for it costs 47-67 us however small the input (silero-vad v4's
-    four: ~300 us of a 1.1 ms call, where onnxruntime's whole call takes 0.11 ms) and 1.8 ms at
-    258 x 2000 (the taps: 0.56 ms); measured on this project's 2-core CPU (unfold 11-32 us below
-    the bound, taps 35 us at 64 x 64)."""
+    the taps summed, beyond it one multiply-add per tap over shifted views. torch's own CPU kernel
+    for it costs 47-67 us however small the input (silero-vad v4's four: ~300 us of a 1.1 ms call,
+    where onnxruntime's whole call takes 0.11 ms) and 1.8 ms at 258 x 2000 (the taps: 0.56 ms);
+    measured on this project's 2-core CPU (unfold 11-32 us below the bound, taps 35 us at 64 x 64)."""
     n, c, length = x.shape
     k = w.shape[-1]
     if x.dtype == torch.float32 and w.dtype == x.dtype and (b is None or b.dtype == x.dtype) \
