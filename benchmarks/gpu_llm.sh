@@ -41,6 +41,12 @@ case "${1:-load}" in
     T=60 run python3 benchmarks/profile_decode.py --dtype bfloat16
     T=150 run python3 benchmarks/llm_load.py --device cuda --layers 12 --conversations 64 --rate 128 \
       --json "$OUT/llm_load_rows_rate128.json" ;;
+  warps)  # the decode attention's warps (one warp: its few-row sums reduce within a warp), then the fp32 loop with
+          # the rule's warps and with one warp for both kernels
+    T=200 run python3 benchmarks/kv_attention_tune.py --quick --dtypes float32 --json "$OUT/kv_attention_warps.json"
+    T=80 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_warps4.json"
+    T=80 run python3 -c "import runpy, sys; import dynashape.ops.kv_attention as ka; ka.NUM_WARPS = ka.COMBINE_WARPS = 1; \
+sys.argv = ['generate_gpu.py', '--json', '$OUT/generate_gpu_warps1.json']; runpy.run_path('benchmarks/generate_gpu.py', run_name='__main__')" ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;

@@ -21,15 +21,21 @@ from benchmarks.gemv_layouts import timed  # noqa: E402
 from dynashape.ops import kv_attention as ka  # noqa: E402
 
 SHAPES = ((1, 256), (1, 1024), (1, 4096), (4, 256), (16, 256), (16, 1024))  # (batch, capacity)
+BLOCKS, WARPS, ITERS, COMBINE_WARPS = (32, 64, 128), (2, 4), (1, 2, 4, 8, 16), (4,)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true", help="fewer shapes and forms, warps of 1 and the combine's too")
     args = ap.parse_args()
+    global SHAPES, BLOCKS, WARPS, ITERS, COMBINE_WARPS
+    if args.quick:
+        SHAPES = ((1, 256), (1, 1024), (16, 256), (16, 1024))
+        BLOCKS, WARPS, ITERS, COMBINE_WARPS = (32, 64), (1, 2, 4), (1, 2), (1, 4)
     rows = []
-    print("dtype batch cap | torch us | rule us | best (block, warps, iters): us", flush=True)
+    print("dtype batch cap | torch us | rule us | best (block, warps, iters, combine warps): us", flush=True)
     for dt in (getattr(torch, name) for name in args.dtypes):
         for b, cap in SHAPES:
             q = torch.randn(b, 12, 1, 64, device="cuda", dtype=dt)
@@ -47,20 +53,21 @@ def main() -> None:
             ka.triton = saved
             rule = timed(call, reps=100)  # blocks_for's choice
             found = {}
-            for block in (32, 64, 128):
-                for warps in (2, 4):
-                    for iters in (1, 2, 4, 8, 16):
-                        if block * iters > 2 * cap:
-                            continue
-                        ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = block, warps, iters
-                        found[(block, warps, iters)] = timed(call, reps=100)
-            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS = None, 4, None
+            for block in BLOCKS:
+                for warps in WARPS:
+                    for iters in ITERS:
+                        for cw in COMBINE_WARPS:
+                            if block * iters > 2 * cap:
+                                continue
+                            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = block, warps, iters, cw
+                            found[(block, warps, iters, cw)] = timed(call, reps=100)
+            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = None, 4, None, 4
             best = sorted(found.items(), key=lambda kv: kv[1])[:4]
             print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | {rule:.2f} | "
                   + "  ".join(f"{key}: {us:.2f}" for key, us in best)
-                  + f" | (64,4,1): {found[(64, 4, 1)]:.2f}", flush=True)
+                  + f" | (64,4,1,4): {found[(64, 4, 1, 4)]:.2f}", flush=True)
             rows.append({"dtype": str(dt)[6:], "batch": b, "capacity": cap, "torch_us": base, "rule_us": rule,
-                         "configs": {f"{bl},{w},{it}": us for (bl, w, it), us in found.items()}})
+                         "configs": {",".join(map(str, key)): us for key, us in found.items()}})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f,

@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
 NUM_WARPS = 4
+COMBINE_WARPS = 4
 # query rows of a KV head (heads x new positions) up to which their products are sums over d rather
 # than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
 SMALL_ROWS = 8
@@ -112,7 +113,7 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, s
                                SMALL=small, ITERS=iters, DIRECT=direct, num_warps=NUM_WARPS)
         if not direct:
             _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
-                            BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=4)
+                            BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=COMBINE_WARPS)
     return out
 
 
