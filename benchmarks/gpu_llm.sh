@@ -47,6 +47,11 @@ case "${1:-load}" in
     T=80 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_warps4.json"
     T=80 run python3 -c "import runpy, sys; import dynashape.ops.kv_attention as ka; ka.NUM_WARPS = ka.COMBINE_WARPS = 1; \
 sys.argv = ['generate_gpu.py', '--json', '$OUT/generate_gpu_warps1.json']; runpy.run_path('benchmarks/generate_gpu.py', run_name='__main__')" ;;
+  warpsrule)  # one warp a program where a step has many KV heads' rows (batch 8 and more): the attention's CUDA
+              # tests, the fp32 loop at batch 16 and at batch 1
+    DYNASHAPE_TEST_DEVICE=cuda T=60 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_kv_attention.py
+    T=70 run python3 benchmarks/generate_gpu.py --batch 16 --json "$OUT/generate_gpu_warps_b16.json"
+    T=70 run python3 benchmarks/generate_gpu.py --json "$OUT/generate_gpu_warps_b1.json" ;;
   tests)  # the process-exit fix's CUDA test, the paged engine and the LLM server's tests
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE \
       tests/impls/test_conv_buckets.py tests/paged tests/serve/test_llm.py ;;

@@ -61,7 +61,7 @@ def main() -> None:
                                 continue
                             ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = block, warps, iters, cw
                             found[(block, warps, iters, cw)] = timed(call, reps=100)
-            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = None, 4, None, 4
+            ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = None, None, None, None
             best = sorted(found.items(), key=lambda kv: kv[1])[:4]
             print(f"{str(dt)[6:]} {b} {cap} | {base:.2f} | {rule:.2f} | "
                   + "  ".join(f"{key}: {us:.2f}" for key, us in best)

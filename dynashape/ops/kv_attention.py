@@ -31,8 +31,6 @@ try:  # CI has no GPU and no triton: the torch form serves there
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
-NUM_WARPS = 4
-COMBINE_WARPS = 4
 # query rows of a KV head (heads x new positions) up to which their products are sums over d rather
 # than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
 SMALL_ROWS = 8
@@ -64,31 +62,43 @@ def _additive(mask, kind: str):
                                                                                          float("-inf"))
 
 
-def blocks_for(bh: int, cap: int) -> tuple[int, int]:
-    """(keys a block, blocks a program), measured on an H200 in CUDA graphs at 12 query / 4 KV heads,
-    d 64, float32 (benchmarks/kv_attention_tune.py, results/kv_attention_tune_h200_2026-11-29.json):
-    blocks of 32 keys up to a capacity of 256 (batch 1: 8.7 us against 10.1 with 64), else 64; two
-    blocks a program (a running softmax over them) past 256 programs of one (batch 16 at 1,024: 27.6
-    us against 31.2), one below, where the split's parallelism is what the step lacks (one program
-    per KV head over the whole capacity, with no combine, took 1.5-3x longer at batch 1)."""
-    block = BLOCK_N or (32 if cap <= 256 else 64)
-    iters = ITERS or (2 if bh * -(-cap // block) > 256 else 1)
-    return block, iters
+def blocks_for(bh: int, cap: int) -> tuple[int, int, int]:
+    """(keys a block, blocks a program, warps a program), measured on an H200 in CUDA graphs at 12
+    query / 4 KV heads, d 64, float32 (benchmarks/kv_attention_tune.py,
+    results/kv_attention_{tune,warps}_h200_2026-11-29.json). Many KV heads' rows (batch 8 and more
+    at 4 KV heads): blocks of 32 keys, one block and one warp a program (batch 16: 9.4 us against
+    12.6 at a capacity of 256, 19.3 against 31.2 at 1,024): a warp's few-row sums reduce within the
+    warp, and more programs fit an SM. Fewer: blocks of 32 keys up to a capacity of 256 (batch 1:
+    8.7 us against 10.1 with 64), else 64, over 4 warps (one warp: no faster at batch 1); two blocks
+    a program (a running softmax over them) past 256 programs of one. One program per KV head over
+    the whole capacity, with no combine, took 1.5-3x longer at batch 1: the split's parallelism is
+    what a decode step lacks."""
+    if bh >= 32:
+        block, iters, warps = 32, 1, 1
+    else:
+        block = 32 if cap <= 256 else 64
+        iters, warps = (2 if bh * -(-cap // block) > 256 else 1), 4
+    return BLOCK_N or block, ITERS or iters, NUM_WARPS or warps
 
 
-# the tuner's overrides of blocks_for's rule (None: the rule's)
+# the tuner's overrides of blocks_for's rule (None: the rule's); COMBINE_WARPS: the combine's (None:
+# the partial kernel's)
 BLOCK_N: int | None = None
 ITERS: int | None = None
+NUM_WARPS: int | None = None
+COMBINE_WARPS: int | None = None
 
 
 def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None,
             iters: int | None = None):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
-    block_n, rule_iters = blocks_for(bh, cap)
+    block_n, rule_iters, warps = blocks_for(bh, cap)
     iters = iters or rule_iters
     splits = triton.cdiv(cap, block_n * iters)
     small = rows <= SMALL_ROWS if small is None else small
+    if not small and NUM_WARPS is None:
+        warps = 4  # the 16-row dot form: measured over 4 warps only
     block_r = triton.next_power_of_2(rows) if small else max(16, triton.next_power_of_2(rows))
     block_dv = max(16, triton.next_power_of_2(dv))
     if q3.stride(-1) != 1:
@@ -110,10 +120,10 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, s
                                v.stride(0), v.stride(1), v.stride(2), splits, s, *sb, out.stride(0), out.stride(1),
                                HAS_MASK=has_mask, BLOCK_R=block_r, BLOCK_N=block_n,
                                BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=block_dv, IEEE=ieee,
-                               SMALL=small, ITERS=iters, DIRECT=direct, num_warps=NUM_WARPS)
+                               SMALL=small, ITERS=iters, DIRECT=direct, num_warps=warps)
         if not direct:
             _combine[(bh,)](part, mx, den, out, rows, dv, splits, out.stride(0), out.stride(1),
-                            BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=COMBINE_WARPS)
+                            BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=COMBINE_WARPS or warps)
     return out
 
 

@@ -35,7 +35,7 @@ def _case(device, dtype, b, h, kvh, s, cap, past, d=64, seed=0):
 
 
 CASES = [(1, 12, 4, 1, 256, 16), (2, 8, 8, 1, 64, 0), (3, 12, 4, 2, 128, 100), (1, 4, 1, 1, 64, 63),
-         (2, 16, 2, 4, 320, 200)]
+         (2, 16, 2, 4, 320, 200), (10, 12, 4, 1, 128, 90)]  # the last: 40 KV heads' rows, one warp a program
 
 
 @pytest.mark.parametrize("b,h,kvh,s,cap,past", CASES)
