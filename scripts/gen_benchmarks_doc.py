@@ -781,10 +781,11 @@ AREAS = [
          ["model", "conv1d", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x onnxruntime (time)", "run"],
          real_models_by_run,
          "The silero-vad models over their sequences (batches 1-8, chunks of 576 or 288 samples), 3 rounds, steady "
-         "time as above; the two runs minutes apart on this 2-core machine, whose timings of the same runtime moved "
-         "up to 1.7x between them (onnxruntime's silero_vad: 0.163 and 0.272 ms): compare dynashape's rows. A dense "
-         "float32 conv1d of up to 1M multiply-adds runs in C, its weight packed [c * k][o] once "
-         "(ops/csrc/conv1d.c): silero-vad's six convolutions at batch 1 240 -> 116 us."),
+         "time as above, on this 2-core machine (its timings of one runtime moved up to 1.7x between runs: "
+         "onnxruntime's silero_vad 0.163 and 0.272 ms). A dense float32 conv1d of up to "
+         "1M multiply-adds runs in C, its weight packed [c * k][o] once, and a depthwise one of up to 64K "
+         "(ops/csrc/conv1d.c), on one thread (an OpenMP team for the largest made openwakeword's silero-vad v4 "
+         "1.85 ms a call against 0.75): silero-vad's six convolutions at batch 1 240 -> 116 us."),
     Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
          ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
          "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
