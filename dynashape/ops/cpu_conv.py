@@ -282,6 +282,14 @@ DENSE_NEW_SHAPE_MACS = 1 << 29
 # crops: oneDNN's call costs ~40 us before any arithmetic), 0.95x at 2.6M, 0.3-0.7x from 5M up
 # where the tile's widened copy and its reloads of each input vector per tap cost more (2 threads)
 DEPTHWISE_TILE_MACS = 1 << 21
+# ... and at a shape new to the convolution below this many; above, up to NEW_SHAPE_PRODUCT_MAX, the
+# plain C loop (csrc/depthwise.c, ``_depthwise``), which reads the image in place where the tile
+# copies it into a zero border with whole blocks of channels (on an AMD EPYC Zen 4, 2 threads, the
+# tile took 221-617 us on PP-LCNet's layers at batches 8-24, oneDNN's warm kernel 143-215). PP
+# mobile cls at a new batch (1-47) every call, 24 calls, 3 runs each: 508 ms (453-529) with 4M
+# against 610 (553-716) with the tile up to 32M, 522 with 2M, 555 with depthwise.c at every new
+# shape; PP-OCRv4 det the same (674-808 against 685-785), PP-OCRv4 rec 2.5% faster
+DEPTHWISE_NEW_SHAPE_MACS = 1 << 22
 
 
 def affine_in_place(affine: tuple[float, float] | None):
@@ -351,7 +359,7 @@ def bound_conv2d_act(w, b, stride, padding, dilation, groups, activation, scalar
         if dw_tile is not None and x.shape[1] == groups:
             dw_macs = x.numel() * taps // (stride[0] * stride[1])
             if (cpu_conv_dense.everywhere() and dw_macs < DEPTHWISE_TILE_MACS) or (
-                    dw_macs < NEW_SHAPE_PRODUCT_MAX and _first_sight(seen, x.shape, None)):
+                    dw_macs < DEPTHWISE_NEW_SHAPE_MACS and _first_sight(seen, x.shape, None)):
                 y = dw_tile(x)
                 if y is not None:
                     return y

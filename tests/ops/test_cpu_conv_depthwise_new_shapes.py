@@ -68,3 +68,26 @@ def test_depthwise_tile_at_new_and_repeated_shapes_matches_onnxruntime(c, k, str
     if native.library("conv_nhwc") is not None:
         calls = native.counters().get(cpu_conv_dense.DEPTHWISE_COUNTER, 0) - before
         assert calls == (len(shapes) if cpu_conv_dense.everywhere() else 4)  # (all below DEPTHWISE_TILE_MACS)
+
+
+def test_a_large_new_shape_goes_to_the_plain_loop_and_small_ones_to_the_tile(monkeypatch):
+    """Above DEPTHWISE_NEW_SHAPE_MACS a new shape is the plain C loop's (csrc/depthwise.c: no copy of
+    the image), below it the tile's, a repeat oneDNN's; all match onnxruntime. The bounds are lowered
+    here so that small inputs cross them."""
+    from dynashape.ops import cpu_conv
+    model = _model(16, 3, 1, 1, "relu")
+    sess = dynashape.InferenceSession(model.SerializeToString())
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    monkeypatch.setattr(cpu_conv, "DEPTHWISE_TILE_MACS", 0)  # not the tile for its small size alone
+    monkeypatch.setattr(cpu_conv, "DEPTHWISE_NEW_SHAPE_MACS", 16 * 9 * 10 * 10 + 1)  # a 10x10 image, not more
+    rng = np.random.default_rng(5)
+    # (size, tile calls, plain-loop calls): new and small, new and large, the large again (oneDNN's)
+    for (h, w), tile, plain in (((10, 10), 1, 0), ((12, 12), 0, 1), ((12, 12), 0, 0), ((9, 11), 1, 0)):
+        before = dict(native.counters())
+        x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        if native.library("conv_nhwc") is not None and native.library("depthwise") is not None:
+            now = native.counters()
+            got = (now.get(cpu_conv_dense.DEPTHWISE_COUNTER, 0) - before.get(cpu_conv_dense.DEPTHWISE_COUNTER, 0),
+                   now.get(NEW_SHAPE_DEPTHWISE, 0) - before.get(NEW_SHAPE_DEPTHWISE, 0))
+            assert got == (tile, plain), (h, w)
