@@ -745,11 +745,13 @@ AREAS = [
          "2026-11-28 (runs g-j): that threshold (feature maps of a batch were mapped and faulted in on every "
          "call), dense and depthwise convolutions in C (no oneDNN primitive per size), the affine after an "
          "activation joined to its convolution, dead locals deleted in the generated code, the generic "
-         "specialization traced at load. The run shown (2026-11-29d) is on another machine than the runs before it, "
-         "an AMD EPYC (Zen 4, AVX-512) 2-core machine: there onnxruntime took ocr_cls_v2's calls in 387 ms where "
-         "the 2026-11-29c run measured 994 (dynashape 724 against 537), so the classifier that was 0.86x the "
-         "faster peer is 1.87x on this CPU; the three other models 1.09-1.10x (results/new_sizes_cpu_2026-11-29c.json: "
-         "1.10-1.23x)."),
+         "specialization traced at load. The runs of 2026-11-29 d and e are on another machine than those before "
+         "them, an AMD EPYC (Zen 4, AVX-512) 2-core machine: there onnxruntime took ocr_cls_v2's calls in 387-444 "
+         "ms where the 2026-11-29c run measured 994 (dynashape 724 against 537), so the classifier that was 0.86x "
+         "the faster peer measured 1.87x on this CPU (results/new_sizes_cpu_2026-11-29d.json; the three other "
+         "models 1.09-1.10x). Run e (shown): depthwise convolutions at a new shape take the vector tile only "
+         "below 4M multiply-adds, the plain C loop above (ops/cpu_conv.py DEPTHWISE_NEW_SHAPE_MACS): the "
+         "classifier 1.28x."),
     Area("CPU: a new size's first call against its repeats", "first_call_ratio.py",
          [("first_call_ratio_cpu_*.json", None)],
          ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
