@@ -846,9 +846,10 @@ AREAS = [
          "a KV head as sums over d instead of a 16-row dot. Later that day (another lease): the one-row kernels "
          "in bfloat16 and float16 too, half weights stored [out, in] on CUDA so that they apply (bf16 1,907 -> 2,518 "
          "tokens/s; its tokens leave eager's at step 81-100 in every bf16 run, by rounding), and the decode "
-         "attention's blocks of 32 keys up to a capacity of 256 (fp32 unchanged within the spread); a third lease: one "
-         "warp a program for the attention at batch 16 (14,714 tokens/s from 13,809; batch 1 unchanged, one warp "
-         "or four)."),
+         "attention's blocks of 32 keys up to a capacity of 256 (fp32 unchanged within the spread; dropped after: "
+         "a block size chosen by the capacity would compile a kernel variant when a bucket's graph is captured "
+         "ahead); a third lease: blocks of 32 keys and one warp a program for the attention at batch 16 (14,714 "
+         "tokens/s from 13,809; batch 1 unchanged with one warp or four, and keeps 64 keys over 4 warps)."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None),
           ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),

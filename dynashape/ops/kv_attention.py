@@ -9,14 +9,13 @@ capacity: what it holds beyond the length does not matter), ``mask`` broadcast t
 [b, heads, s, capacity] is added to the scores (``kind`` 'add'), or says which keys are seen
 ('keep') or not ('drop'). The query heads that share a KV head are that head's rows.
 
-On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, one or two
-blocks of 32 or 64 keys: ``blocks_for``) computes its keys' softmax numerator and running max, a
-second kernel combines the splits (none where one split spans the capacity); blocks beyond the
-length return at once, so the work follows the length, not the capacity. torch's fused attention
-kernels parallelise over heads and query blocks, which a decode step has few of (measured on an
-H200, 12 heads / 4 KV heads, 256 keys: 30 us for the memory-efficient kernel, ~15 us for two
-batched products and a softmax). Elsewhere: the batched
-products, masked by ``neg`` (0 for the keys written, -inf beyond).
+On CUDA with Triton: split-K ("flash decoding"): one program per (batch, KV head, block of 32 or
+64 keys: ``blocks_for``) computes its keys' softmax numerator and running max, a
+second kernel combines the splits; blocks beyond the length return at once, so the work follows
+the length, not the capacity. torch's fused attention kernels parallelise over heads and query
+blocks, which a decode step has few of (measured on an H200, 12 heads / 4 KV heads, 256 keys: 30
+us for the memory-efficient kernel, ~15 us for two batched products and a softmax). Elsewhere:
+the batched products, masked by ``neg`` (0 for the keys written, -inf beyond).
 """
 
 from __future__ import annotations
@@ -66,19 +65,20 @@ def blocks_for(bh: int, cap: int) -> tuple[int, int, int]:
     """(keys a block, blocks a program, warps a program), measured on an H200 in CUDA graphs at 12
     query / 4 KV heads, d 64, float32 (benchmarks/kv_attention_tune.py,
     results/kv_attention_{tune,warps}_h200_2026-11-29.json). Many KV heads' rows (batch 8 and more
-    at 4 KV heads): blocks of 32 keys, one block and one warp a program (batch 16: 9.4 us against
-    12.6 at a capacity of 256, 19.3 against 31.2 at 1,024): a warp's few-row sums reduce within the
-    warp, and more programs fit an SM. Fewer: blocks of 32 keys up to a capacity of 256 (batch 1:
-    8.7 us against 10.1 with 64), else 64, over 4 warps (one warp: no faster at batch 1); two blocks
-    a program (a running softmax over them) past 256 programs of one. One program per KV head over
-    the whole capacity, with no combine, took 1.5-3x longer at batch 1: the split's parallelism is
-    what a decode step lacks."""
-    if bh >= 32:
-        block, iters, warps = 32, 1, 1
-    else:
-        block = 32 if cap <= 256 else 64
-        iters, warps = (2 if bh * -(-cap // block) > 256 else 1), 4
-    return BLOCK_N or block, ITERS or iters, NUM_WARPS or warps
+    at 4 KV heads): blocks of 32 keys and one warp a program (batch 16: 9.4 us against 12.6 with
+    64 and 4 warps at a capacity of 256, 19.3 against 31.2 at 1,024): a warp's few-row sums reduce
+    within the warp, and more programs fit an SM. Fewer: 64 keys over 4 warps (batch 1: one warp no
+    faster; 32 keys 8.7 us against 10.1 at 256 but 15.3 against 13.5 at 1,024).
+
+    Never by the capacity: a decode graph's next bucket is captured ahead on a thread that only
+    records kernels the steps have run (runtime/decode_graph.py), so a kernel variant chosen by the
+    capacity would be compiled there, mid-generation. The batch may choose: a new batch's first step
+    runs on the dynamic path before its capture. Hence one block a program (two, a running softmax
+    over them, were 12% faster at batch 16 and 1,024 keys with 4 warps, and not with one) and a
+    combine kernel even where one split spans the capacity (``DIRECT``, the tuner's only: one program
+    per KV head over the whole capacity took 1.5-3x longer at batch 1)."""
+    block, warps = (32, 1) if bh >= 32 else (64, 4)
+    return BLOCK_N or block, ITERS or 1, NUM_WARPS or warps
 
 
 # the tuner's overrides of blocks_for's rule (None: the rule's); COMBINE_WARPS: the combine's (None:
@@ -104,7 +104,7 @@ def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, s
     if q3.stride(-1) != 1:
         q3 = q3.contiguous()
     out = torch.empty((bh, rows, dv), dtype=q3.dtype, device=q3.device)
-    direct = splits == 1  # one program per KV head: it writes the output, no combine
+    direct = splits == 1 and iters > 1  # one program per KV head, several blocks: it writes the output
     if direct:
         part = mx = den = out
     else:
