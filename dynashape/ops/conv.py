@@ -15,6 +15,7 @@ from ..errors import ShapeError
 from ..shape import dim_ceildiv
 from . import cpu_conv, native, tuned_conv
 from .registry import op
+from .weight_cache import WeightCache
 
 
 def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
@@ -49,21 +50,18 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
     """A small dense conv1d in C (csrc/conv1d.c, one thread: it says why), its weight packed
-    [c * k][o] once (kept on the weight, remade if the weight changes), or None where the C kernel
+    [c * k][o] once (``_PACKED``: remade if the weight is written), or None where the C kernel
     cannot be built (counted as ``conv1d_torch_fallbacks``: torch's forms serve)."""
     fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiii", fallbacks="conv1d")
     if fn is None:
         return None
     n, c, length = x.shape
     o, _, k = w.shape
-    packed = getattr(w, "_dynashape_conv1d", None)
-    if packed is None or packed[0] != w._version:
-        packed = (w._version, w.detach().reshape(o, c * k).t().contiguous())
-        w._dynashape_conv1d = packed
+    packed = _PACKED.get(w, lambda: w.detach().reshape(o, c * k).t().contiguous())
     x = x.contiguous()
     bc = b.contiguous() if b is not None else None
     y = torch.empty((n, o, out_len), dtype=x.dtype)
-    fn(x.data_ptr(), y.data_ptr(), packed[1].data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, o,
+    fn(x.data_ptr(), y.data_ptr(), packed.data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, o,
        k, s, p, d, out_len)
     native.count(NATIVE_CONV1D)
     return y
@@ -105,6 +103,7 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
 
 # a dense float32 conv1d of up to this many multiply-adds runs in C (``_native1d``); beyond, torch's
 C_MACS = 1 << 20
+_PACKED = WeightCache()  # each weight's [c * k][o] copy for the C kernel
 NATIVE_CONV1D = "conv1d_native_calls"
 NATIVE_DW_CONV1D = "dw_conv1d_native_calls"
 # a depthwise float32 conv1d of up to this many multiply-adds in C (a scalar loop over the taps: ~1-2
