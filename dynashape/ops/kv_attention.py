@@ -61,7 +61,7 @@ def _additive(mask, kind: str):
                                                                                          float("-inf"))
 
 
-def blocks_for(bh: int, cap: int) -> tuple[int, int, int]:
+def blocks_for(bh: int) -> tuple[int, int, int]:
     """(keys a block, blocks a program, warps a program), measured on an H200 in CUDA graphs at 12
     query / 4 KV heads, d 64, float32 (benchmarks/kv_attention_tune.py,
     results/kv_attention_{tune,warps}_h200_2026-11-29.json). Many KV heads' rows (batch 8 and more
@@ -89,12 +89,10 @@ NUM_WARPS: int | None = None
 COMBINE_WARPS: int | None = None
 
 
-def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None,
-            iters: int | None = None):
+def _triton(q3, k, v, length, n_new: int, scale: float, bias=None, s: int = 1, small: bool | None = None):
     bh, rows, d = q3.shape
     b, kvh, cap, dv = v.shape
-    block_n, rule_iters, warps = blocks_for(bh, cap)
-    iters = iters or rule_iters
+    block_n, iters, warps = blocks_for(bh)
     splits = triton.cdiv(cap, block_n * iters)
     small = rows <= SMALL_ROWS if small is None else small
     if not small and NUM_WARPS is None:
