@@ -19,9 +19,8 @@ more rows the two kernels as before.
 
 from __future__ import annotations
 
-import torch
-
 from ..ir import Graph
+from ..ops.residual import TRITON_DTYPES
 from .patterns import FUSED_DOMAIN, fuse, fused_producer, only_feeds, producer, same_shape
 
 
@@ -72,16 +71,13 @@ def fuse_gated_matmul_add(graph: Graph) -> Graph:
     return graph
 
 
-_ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # those of RMSNormLinear's one-row kernel
-
-
 def fuse_norm_linear(graph: Graph) -> Graph:
     for lin in [n for n in graph.nodes if n.op_type == "Linear" and n.domain == FUSED_DOMAIN]:
         x, w = lin.inputs[0], lin.inputs[1]
         norm = fused_producer(x, "RMSNorm")
         if norm is None or (len(lin.inputs) > 2 and lin.inputs[2] is not None) or not only_feeds(x, [lin], graph):
             continue
-        if not w.is_const or w.const.dim() != 2 or w.const.dtype not in _ROW_DTYPES:
+        if not w.is_const or w.const.dim() != 2 or w.const.dtype not in TRITON_DTYPES:  # the one-row kernel's
             continue
         g = norm.inputs[1] if len(norm.inputs) > 1 else None
         if g is None or not g.is_const or g.const.dtype != w.const.dtype:

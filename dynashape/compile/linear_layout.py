@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ..ir import Graph
+from ..ops.residual import TRITON_DTYPES
 from .fuse_linear import _transposed
 from .patterns import fuse
 
@@ -30,7 +31,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def _cuda(w: torch.Tensor) -> bool:
-    return w.dtype in (torch.float32, *HALF) and w.shape[1] <= MAX_OUT_CUDA
+    return w.dtype in TRITON_DTYPES and w.shape[1] <= MAX_OUT_CUDA
 
 
 def _cpu(w: torch.Tensor) -> bool:

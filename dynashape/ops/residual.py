@@ -32,7 +32,7 @@ try:  # CI has no GPU and no triton: the torch form serves there
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
-_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # its Triton kernels' (the one-row ones too)
 
 
 def _same_shape(a, b) -> bool:
@@ -97,7 +97,7 @@ def _silu_mul_infer(shapes, values):
 
 @op("SiluMul", 1, DOMAIN, infer=_silu_mul_infer, notes="silu(a) * b, the SwiGLU gate (fuse_residual)")
 def _silu_mul(a, b, *, out=None):
-    if (triton is not None and a.is_cuda and a.dtype in _TRITON_DTYPES and b.dtype == a.dtype and a.dim() >= 1
+    if (triton is not None and a.is_cuda and a.dtype in TRITON_DTYPES and b.dtype == a.dtype and a.dim() >= 1
             and a.shape[-1] > 0 and a.stride(-1) == 1 and b.stride(-1) == 1):
         return _triton(a, b, out)
     return silu_mul_torch(a, b, out)
@@ -174,7 +174,7 @@ if triton is not None:
 def _one_row(x, w, r, transposed, out) -> bool:
     """One row (float32, bfloat16 or float16) by a [out, in] weight of its dtype with a residual of the
     output's size, on CUDA."""
-    return (triton is not None and (x.is_cuda or INTERPRET) and bool(transposed) and x.dtype in _TRITON_DTYPES
+    return (triton is not None and (x.is_cuda or INTERPRET) and bool(transposed) and x.dtype in TRITON_DTYPES
             and w.dtype == x.dtype and r.dtype == x.dtype and w.dim() == 2 and w.stride(-1) == 1
             and x.numel() == w.shape[1] and r.numel() == w.shape[0] and (out is None or out.is_contiguous()))
 
@@ -262,7 +262,7 @@ def _norm_linear_infer(shapes, values, *, epsilon=1e-5):
     notes="rms_norm(x) * norm_weight @ weight.T, one kernel for a single row on CUDA (fuse_norm_linear)")
 def _norm_linear(x, norm_weight, weight, *, epsilon=1e-5, out=None):
     k = x.shape[-1]
-    if (triton is not None and (x.is_cuda or INTERPRET) and x.dtype in _TRITON_DTYPES and weight.dtype == x.dtype
+    if (triton is not None and (x.is_cuda or INTERPRET) and x.dtype in TRITON_DTYPES and weight.dtype == x.dtype
             and norm_weight is not None and norm_weight.dtype == x.dtype and x.numel() == k and k <= MAX_NORM_K
             and weight.stride(-1) == 1):
         return _norm_gemv(x, norm_weight, weight, epsilon)
