@@ -20,8 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.gemv_layouts import timed  # noqa: E402
 from dynashape.ops import kv_attention as ka  # noqa: E402
 
-SHAPES = ((1, 256), (1, 1024), (1, 4096), (4, 256), (16, 256), (16, 1024))  # (batch, capacity)
-BLOCKS, WARPS, ITERS, COMBINE_WARPS = (32, 64, 128), (2, 4), (1, 2, 4, 8, 16), (4,)
+# (batch, capacity) shapes; blocks, warps, blocks a program and the combine's warps swept
+FULL = (((1, 256), (1, 1024), (1, 4096), (4, 256), (16, 256), (16, 1024)), (32, 64, 128), (2, 4), (1, 2, 4, 8, 16),
+        (4,))
+QUICK = (((1, 256), (1, 1024), (16, 256), (16, 1024)), (32, 64), (1, 2, 4), (1, 2), (1, 4))
 
 
 def main() -> None:
@@ -30,14 +32,11 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and forms, warps of 1 and the combine's too")
     args = ap.parse_args()
-    global SHAPES, BLOCKS, WARPS, ITERS, COMBINE_WARPS
-    if args.quick:
-        SHAPES = ((1, 256), (1, 1024), (16, 256), (16, 1024))
-        BLOCKS, WARPS, ITERS, COMBINE_WARPS = (32, 64), (1, 2, 4), (1, 2), (1, 4)
+    shapes, blocks, warps_swept, iters_swept, combine_swept = QUICK if args.quick else FULL
     rows = []
     print("dtype batch cap | torch us | rule us | best (block, warps, iters, combine warps): us", flush=True)
     for dt in (getattr(torch, name) for name in args.dtypes):
-        for b, cap in SHAPES:
+        for b, cap in shapes:
             q = torch.randn(b, 12, 1, 64, device="cuda", dtype=dt)
             k = torch.randn(b, 4, cap, 64, device="cuda", dtype=dt)
             v = torch.randn_like(k)
@@ -53,10 +52,10 @@ def main() -> None:
             ka.triton = saved
             rule = timed(call, reps=100)  # blocks_for's choice
             found = {}
-            for block in BLOCKS:
-                for warps in WARPS:
-                    for iters in ITERS:
-                        for cw in COMBINE_WARPS:
+            for block in blocks:
+                for warps in warps_swept:
+                    for iters in iters_swept:
+                        for cw in combine_swept:
                             if block * iters > 2 * cap:
                                 continue
                             ka.BLOCK_N, ka.NUM_WARPS, ka.ITERS, ka.COMBINE_WARPS = block, warps, iters, cw
