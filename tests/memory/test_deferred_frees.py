@@ -1,8 +1,18 @@
 """Frees put off until the stream has run dry (memory/deferred_frees.py), with a fake stream: a
 re-plan's freed arena is no host sync, and memory held back stays bounded."""
 
+import pytest
+
 from dynashape.memory.deferred_frees import DeferredFrees
 from dynashape.ops import host_sync
+
+
+@pytest.fixture
+def syncs():
+    """The process's host-sync counters from zero, and zero again after (a failed assertion too)."""
+    host_sync.reset()
+    yield
+    host_sync.reset()
 
 
 class FakeStream:
@@ -31,10 +41,9 @@ class FakeStream:
         self.run()
 
 
-def test_a_free_behind_queued_work_waits_for_the_stream_to_run_dry():
+def test_a_free_behind_queued_work_waits_for_the_stream_to_run_dry(syncs):
     s = FakeStream()
     d = s.frees(cap=1000)
-    host_sync.reset()
     s.launch()  # a kernel that may still read the buffer
     d.put("cuMemFree_v2", 1, 100)
     assert s.freed == [] and d.pending_bytes == 100
@@ -68,10 +77,9 @@ def test_later_work_on_the_stream_holds_the_free_back():
     assert d.reap() == 10 and s.freed == [1, 2]
 
 
-def test_over_the_cap_a_free_waits_and_is_counted():
+def test_over_the_cap_a_free_waits_and_is_counted(syncs):
     s = FakeStream()
     d = s.frees(cap=150)
-    host_sync.reset()
     s.launch()
     d.put("cuMemFree_v2", 1, 100)
     s.launch()
@@ -79,7 +87,6 @@ def test_over_the_cap_a_free_waits_and_is_counted():
     assert s.freed == [1, 2] and s.waits == 1 and d.pending_bytes == 0
     assert host_sync.counters()["host_syncs_by_op"] == {"free of device memory": 1}
     assert d.counts["freed_waiting"] == 2
-    host_sync.reset()
 
 
 def test_a_free_during_a_capture_waits_for_the_capture_to_end():
@@ -92,12 +99,10 @@ def test_a_free_during_a_capture_waits_for_the_capture_to_end():
     assert d.reap() == 10 and s.freed == [3] and s.waits == 0
 
 
-def test_flush_frees_everything():
+def test_flush_frees_everything(syncs):
     s = FakeStream()
     d = s.frees(cap=1000)
-    host_sync.reset()
     s.launch()
     d.put("cuMemFree_v2", 4, 10)
     d.flush()
     assert s.freed == [4] and s.waits == 1
-    host_sync.reset()
