@@ -1,9 +1,39 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  bf16pad)  # bfloat16 parts at a new row count run at their bucket's rows: what a new shape costs (the split rule as
+            # it is, and from 2,048 rows), then BERT-base random and cycled with TF32 parts, bfloat16 parts, and
+            # bfloat16 parts split from 2,048 rows, eager side by side
+    rows2k='import sys, runpy; import dynashape.ops.split_tf32 as s; s.AUTO_ROWS = 2048; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'
+    DYNASHAPE_SPLIT_PARTS=bf16 T=100 run python3 benchmarks/new_shape_cost.py --json "$OUT/new_shape_cost_bf16pad.json" \
+      > "$OUT/new_shape_cost_bf16pad.txt"
+    DYNASHAPE_SPLIT_PARTS=bf16 T=100 run python3 -c "$rows2k" benchmarks/new_shape_cost.py \
+      --json "$OUT/new_shape_cost_bf16pad_rows2k.json" > "$OUT/new_shape_cost_bf16pad_rows2k.txt"
+    grep -E "^totals|^kernels" "$OUT"/new_shape_cost_*.txt
+    T=150 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_pad_tf32.json"
+    DYNASHAPE_SPLIT_PARTS=bf16 T=150 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle \
+      --models-dir $M --json "$OUT/new_shapes_pad_bf16.json"
+    DYNASHAPE_SPLIT_PARTS=bf16 T=150 run python3 -c "$rows2k" benchmarks/new_shapes_gpu.py --workloads bert_random \
+      bert_cycle --models-dir $M --json "$OUT/new_shapes_pad_bf16_rows2k.json" ;;
+  newcost)  # what a new shape costs beyond its repeat, BERT-base at 1,024-4,096 tokens, bfloat16 parts: the split rule
+            # as it is, then splitting from 1,024 rows
+    DYNASHAPE_SPLIT_PARTS=bf16 T=200 run python3 benchmarks/new_shape_cost.py --json "$OUT/new_shape_cost_bf16.json" \
+      > "$OUT/new_shape_cost_bf16.txt"
+    rows1k='import sys, runpy; import dynashape.ops.split_tf32 as s; s.AUTO_ROWS = 1024; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'
+    DYNASHAPE_SPLIT_PARTS=bf16 T=200 run python3 -c "$rows1k" benchmarks/new_shape_cost.py \
+      --json "$OUT/new_shape_cost_bf16_rows1k.json" > "$OUT/new_shape_cost_bf16_rows1k.txt"
+    grep -E "^totals|^kernels" "$OUT"/new_shape_cost_*.txt ;;
+  bf16parts)  # the split product with bfloat16 parts (DYNASHAPE_SPLIT_PARTS=bf16) against TF32 parts: errors and times
+             # at BERT-base's products, then BERT-base random and cycled, eager side by side, with either parts
+    T=120 run python3 -m benchmarks.split_tf32_error --json "$OUT/split_parts_error.json"
+    T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_parts_tf32.json"
+    DYNASHAPE_SPLIT_PARTS=bf16 T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle \
+      --models-dir $M --json "$OUT/new_shapes_parts_bf16.json" ;;
   idle_final)  # tuned rebuilds only while the calls pause (the default now): the CUDA tests of builds and the disk
                # cache; every workload cold, eager side by side, then a second process with the disk cache
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/impls/test_conv_buckets.py \

@@ -114,15 +114,16 @@ class Options:
         "on: faster products, ~1e-3 relative error.", devices={"cpu": "not used"})
     fp32_products: str = _opt(
         "auto", "CUDA, TF32 off: how float32 products by a weight (MatMul, Gemm, Linear, MatMulAdd) run. 'split': "
-                "each operand split into a TF32 part and a remainder, three TF32 tensor-core products summed in "
-                "float32 (as accurate as cuBLAS's float32 kernel: ops/split_tf32.py); 'auto': split where it is "
+                "each operand split into a bfloat16 part and a remainder, three bfloat16 tensor-core products "
+                "summed in float32 (~3e-6 relative, cuBLAS's float32 kernel 2-8e-7: ops/split_tf32.py); "
+                "'auto': split where it is "
                 "faster (on the dynamic path products of >= 4096 rows, or >= 2048 rows and N >= 2K; a static impl's "
                 "build times it against the plain product); 'ieee': cuBLAS's float32 kernel always.",
         _choice("auto", "split", "ieee"),
-        "split: two float32 copies of each split weight kept beside it, three where K <= 1024 (one TF32 call "
+        "split: two bfloat16 copies of each split weight kept beside it, three where K <= 1024 (one call "
         "over the parts: fewer launches; memory_stats' split_tf32_weight_bytes); "
-        "BERT-base's products at 12,288 rows 0.49-0.65x the time; the error 2-3x cuBLAS float32's (1.2e-6 "
-        "against 3-7e-7 relative), TF32's is 3e-4.", devices={"cpu": "not used"})
+        "BERT-base's products at 12,288 rows 0.32-0.37x the time; the error 4-15x cuBLAS float32's (3.1-3.3e-6 "
+        "against 2-8e-7 relative), TF32's is 3e-4.", devices={"cpu": "not used"})
     threads: int | None = _opt(
         None, "torch CPU threads during a run (restored afterwards; process-wide).", _int(0, none=True),
         "none; more threads than free cores slows a busy machine (docs/usage.md).")
@@ -350,6 +351,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                                "Courtesy); '0': they share the interpreter (measured slower)."),
     "DYNASHAPE_CUDNN_BENCHMARK_LIMIT": ("experiment", "cuDNN algorithms a static build times per convolution "
                                                       "(default 10; 0: all)."),
+    "DYNASHAPE_SPLIT_PARTS": ("experiment", "'bf16' (default): a split product's parts in bfloat16, three "
+                                            "bfloat16 tensor-core products with float32 output; 'tf32': TF32 "
+                                            "parts (ops/split_tf32.py)."),
     "DYNASHAPE_SPLIT_ONE_CALL_K": ("experiment", "K up to which a split TF32 product (fp32_products) is one "
                                                  "TF32 call over three parts (default 1024; 0: never, the "
                                                  "two-part form with its pieces along K)."),

@@ -709,6 +709,23 @@ AREAS = [
          "four first graphs served from calls 4, 6, 20 and 41 (46 of 60 calls by a graph, none after the fourth "
          "slower than 6.4 ms): results/build_timeline_resnet_cycle_before_settle_h200_2026-11-29.json, "
          "results/build_timeline_resnet_cycle_settle_h200_2026-11-29.json."),
+    Area("GPU: split products with bfloat16 parts against TF32 parts, BERT-base", "new_shapes_gpu.py",
+         [("new_shapes_parts_tf32_*.json", None), ("new_shapes_parts_bf16_h*.json", None),
+          ("new_shapes_parts_bf16_padded_h*.json", None), ("new_shapes_parts_bf16_padded_rows2k_*.json", None)],
+         NEW_SHAPES_COLUMNS, new_shapes_per_file,
+         "The split product's parts (ops/split_tf32.py) in bfloat16, now the default (DYNASHAPE_SPLIT_PARTS), "
+         "against TF32's. Per product (results/split_parts_error_h200_2026-11-29.json, benchmarks/"
+         "split_tf32_error.py): BERT-base's products at 12,288 rows 0.17-0.52 ms against TF32 parts' 0.29-0.79 and "
+         "float32's 0.46-1.58; error against float64 3.1-3.3e-6 (TF32 parts 0.4-1.7e-6, cuBLAS float32 "
+         "0.2-0.8e-6). bfloat16 products need no process-wide switch, so background builds split too: the cycle's "
+         "graphs. *tf32* and *bf16*: one lease, minutes apart; *padded* and *padded_rows2k*: a second lease, "
+         "where TF32 parts measured 2.21 s (1.26x) at random and 0.822 s (1.16x) cycled, minutes before. "
+         "*padded*: a bfloat16 product at a row count new to the process ran at a bucket of rows (8 an octave), "
+         "because cuBLAS makes a plan per new row count for bfloat16 operands (~100-140 us of host against ~10 "
+         "for float32's, results/new_shape_blas_h200_2026-11-29.json); no gain measured (the split products are "
+         "in calls bound by the GPU), so not kept. *rows2k*: splitting from 2,048 rows (1,024 where N >= 2K): "
+         "slower, the calls of 1,024-4,096 tokens being bound by their host (~275-360 launches). Each file has its own "
+         "eager pass, and the first one ran cold (3.27 s against 2.73-2.87 in the others): compare *total s*."),
     Area("GPU: float32 products as split TF32 products, BERT-base at random shapes", "split_tf32_variants.py",
          [("split_tf32_variants_*.json", None)],
          ["products", "x eager (total)", "last 50 x eager", "first 60 x eager", "slowest call / eager's slowest",

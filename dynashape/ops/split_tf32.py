@@ -27,10 +27,27 @@ or more in pieces). Its accumulation runs over 3K terms: measured end to end on 
 same error as the pieces (5.9e-6); over every K (3K = 9,216 for the MLP's second product) it was
 1.05e-5, so larger K keep the pieces.
 
-Memory: a weight's parts are made once and kept (two float32 copies beside the weight, three for
-the one-call form, counted in ``held_bytes``); an activation's parts are temporaries of the call.
-TF32 is switched on for cuBLAS around its calls only (process-wide, as a run's ``allow_tf32``
-switch is: run_settings.py), and restored: convolutions and other products keep the run's setting.
+Parts in bfloat16 (the default; DYNASHAPE_SPLIT_PARTS=tf32 for the TF32 parts above): ``x_hi`` = x
+rounded to bfloat16, ``x_lo`` the remainder rounded to bfloat16 (the pair holds x to 2^-17 of it),
+the same three products on bfloat16 tensor cores with float32 accumulation and output. Error: the
+dropped ``x_lo @ w_lo`` and the remainders' rounding, each ~2^-17 of a term: a product 3.1-3.3e-6
+against float64 at K 256-4096 (TF32 parts 0.4-1.7e-6, cuBLAS float32 0.2-0.8e-6), BERT-base end to
+end 8.4e-6 of eager (TF32 parts 5.9e-6). Time (H200, results/split_parts_error_h200_2026-11-29.json):
+bfloat16's tensor cores run twice TF32's rate and the parts are half the bytes: BERT-base's products
+at 12,288 rows 0.17-0.52 ms against TF32 parts' 0.29-0.79 and float32's 0.46-1.58. And they need no
+switch: cuBLAS's TF32 switch is process-wide (below), so with TF32 parts a background build could
+not split (its graphs kept float32 products) and a run split only while no build was inside; BERT-base
+cycling 7 shapes, whose graphs are built in the background, 0.82 -> 0.52 s (eager 0.90-0.96).
+Not done: a bfloat16 product makes a cuBLAS plan per new row count (~100-140 us of the H200's host
+against ~10 for float32: benchmarks/new_shape_blas.py); running new row counts at a bucket of rows
+measured no gain on BERT-base at random shapes (its split products are in calls bound by the GPU,
+where the host's plan hides behind the kernels), so products run at their own rows.
+
+Memory: a weight's parts are made once and kept (two copies beside the weight, three for the one-call
+form: float32 with TF32 parts, bfloat16 with bfloat16 ones; counted in ``held_bytes``); an
+activation's parts are temporaries of the call. With TF32 parts, TF32 is switched on for cuBLAS
+around its calls only (process-wide, as a run's ``allow_tf32`` switch is: run_settings.py), and
+restored: convolutions and other products keep the run's setting.
 """
 
 from __future__ import annotations
@@ -60,7 +77,11 @@ ALLOW_TF32: contextvars.ContextVar[bool | None] = contextvars.ContextVar("allow_
 # inside a token region's build (``flag_free_builds``): its split products in Triton (``_flag_free``)
 FLAG_FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("flag_free", default=False)
 AUTO_ROWS = 4096  # the dynamic path's rule (``worth``)
+# the parts in bfloat16 (the default; DYNASHAPE_SPLIT_PARTS=tf32: TF32 parts): three bfloat16
+# products with float32 output (``_bf16_mm``), which need no process-wide switch (module docstring)
+BF16 = os.environ.get("DYNASHAPE_SPLIT_PARTS", "bf16") != "tf32"
 _MASK = -8192  # 0xFFFFE000: sign, exponent and TF32's 10 mantissa bits
+_MASK16 = -65536  # 0xFFFF0000: sign, exponent and bfloat16's 7 mantissa bits
 
 
 def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -70,7 +91,7 @@ def eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
     no switch (``_flag_free``)."""
     return (MODE.get() != "ieee" and x.is_cuda and x.dtype == torch.float32 and w.dtype == torch.float32
             and not torch.backends.cuda.matmul.allow_tf32
-            and (not getattr(_WORKER, "on", False) or (triton is not None and FLAG_FREE.get())))
+            and (BF16 or not getattr(_WORKER, "on", False) or (triton is not None and FLAG_FREE.get())))
 
 
 def worth(m: int, n: int, k: int) -> bool:
@@ -82,30 +103,36 @@ def worth(m: int, n: int, k: int) -> bool:
 
 
 # ---- the split ---------------------------------------------------------------------------------
-def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split(x: torch.Tensor, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hi, lo)``: ``hi`` = x rounded to the nearest TF32 value (ties to even), ``lo = x - hi``;
-    a non-finite x keeps its value in ``hi`` and 0 in ``lo`` (inf - inf would be NaN)."""
+    a non-finite x keeps its value in ``hi`` and 0 in ``lo`` (inf - inf would be NaN). With ``bf16``
+    both parts are bfloat16: ``hi`` x rounded to bfloat16, ``lo`` the remainder rounded to it (the
+    pair holds x to ~2^-17 of it, not exactly)."""
     n = x.numel()
-    buf = _split(x.reshape(-1), 1, n, 2 * n, n, 0)
+    buf = _split(x.reshape(-1), 1, n, 2 * n, n, 0, bf16=bf16)
     return buf[:n].view(x.shape), buf[n:].view(x.shape)
 
 
 def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_at: int,
-           hi2_at: int | None = None) -> torch.Tensor:
-    """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer: row r's parts at
-    ``r * row_stride + lo_at`` and ``r * row_stride + hi_at`` (its TF32 part again at
-    ``r * row_stride + hi2_at`` where given: the one-call form's operands)."""
+           hi2_at: int | None = None, bf16: bool = False) -> torch.Tensor:
+    """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer (bfloat16 where
+    ``bf16``): row r's parts at ``r * row_stride + lo_at`` and ``r * row_stride + hi_at`` (its high
+    part again at ``r * row_stride + hi2_at`` where given: the one-call form's operands)."""
     x = x.contiguous()
-    buf = torch.empty(rows * row_stride, dtype=x.dtype, device=x.device)
+    buf = torch.empty(rows * row_stride, dtype=torch.bfloat16 if bf16 else x.dtype, device=x.device)
     if triton is not None and x.is_cuda and x.numel() > 0:
         block = 2048
         _split_kernel[(triton.cdiv(x.numel(), block),)](x, buf, x.numel(), k, row_stride, lo_at, hi_at,
-                                                        hi2_at or 0, HI2=hi2_at is not None, BLOCK=block,
-                                                        num_warps=8)
+                                                        hi2_at or 0, HI2=hi2_at is not None, BF16=bf16,
+                                                        BLOCK=block, num_warps=8)
         return buf
     bits = x.view(torch.int32)
-    hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
-    lo = torch.where(torch.isfinite(x), x - hi, 0.0)
+    if bf16:  # 8 significant bits: round at bit 16
+        hi = ((bits + 0x7FFF + ((bits >> 16) & 1)) & _MASK16).view(torch.float32)
+        lo = torch.where(torch.isfinite(hi), x - hi, 0.0)
+    else:
+        hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
+        lo = torch.where(torch.isfinite(x), x - hi, 0.0)
     grid = buf.view(rows, row_stride)
     grid[:, lo_at:lo_at + k] = lo.view(rows, k)
     grid[:, hi_at:hi_at + k] = hi.view(rows, k)
@@ -119,14 +146,22 @@ if triton is not None:
     # compile again at new shapes: a call's stall)
     @triton.jit(do_not_specialize=["n", "k", "row_stride", "lo_at", "hi_at", "hi2_at"])
     def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, hi2_at, HI2: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      BF16: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < n
         x = tl.load(x_ptr + offs, mask=keep, other=0.0)
         bits = x.to(tl.int32, bitcast=True)
-        hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & -8192).to(tl.float32, bitcast=True)
-        finite = tl.abs(x) < float("inf")
-        lo = tl.where(finite, x - hi, 0.0)
+        if BF16:
+            hi = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+            lo = tl.where(tl.abs(hi) < float("inf"), x - hi, 0.0)
+            # rounded to nearest here, so that the cast below is exact (the interpreter's truncates)
+            lb = lo.to(tl.int32, bitcast=True)
+            lo = ((lb + 0x7FFF + ((lb >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        else:
+            hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & -8192).to(tl.float32, bitcast=True)
+            lo = tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
+        hi = hi.to(out_ptr.dtype.element_ty)  # exact: each holds the part's bits only
+        lo = lo.to(out_ptr.dtype.element_ty)
         row = offs // k
         at = row * row_stride + (offs - row * k)
         tl.store(out_ptr + at + lo_at, lo, mask=keep)
@@ -138,14 +173,14 @@ if triton is not None:
 def warm(device: torch.device) -> None:
     """Compile the split's kernel now (a session's load), not in the first call that splits."""
     if triton is not None and device.type == "cuda":
-        split(torch.ones(4, device=device))
-        _split(torch.ones(4, device=device), 1, 4, 12, 0, 4, 8)  # the one-call form's variant
+        split(torch.ones(4, device=device), BF16)
+        _split(torch.ones(4, device=device), 1, 4, 12, 0, 4, 8, BF16)  # the one-call form's variant
 
 
 def split_rows(x2: torch.Tensor) -> torch.Tensor:
-    """An activation ``[M, K]`` as ``[M, 2K]``: each row's remainders, then its TF32 parts."""
+    """An activation ``[M, K]`` as ``[M, 2K]``: each row's remainders, then its high parts."""
     m, k = x2.shape
-    return _split(x2, m, k, 2 * k, 0, k).view(m, 2 * k)
+    return _split(x2, m, k, 2 * k, 0, k, bf16=BF16).view(m, 2 * k)
 
 
 # ---- a weight's parts, made once ---------------------------------------------------------------
@@ -160,7 +195,7 @@ def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
     ``three``, ``[3K, N]``: ``[hi; lo; hi]`` (the one-call form, ``_split_product``). Made on the
     weight's first use and again if it is written in place (``update_weights``); dropped with the
     weight. ``w`` is the tensor the session holds (a view made per call is a new object each time)."""
-    key = (id(w), w_out_in, three)
+    key = (id(w), w_out_in, three, BF16)
     with _LOCK:
         got = _PARTS.get(key)
         if got is not None and got[0]() is w and got[1] == w._version:
@@ -169,9 +204,9 @@ def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
     n = 3 if three else 2
     hi2 = 2 if three else None
     if w_out_in:  # [N, K] rows as [hi | lo (| hi)]: its transpose is [hi; lo (; hi)] over K
-        cat = _split(w, a, b, n * b, b, 0, hi2 and hi2 * b).view(a, n * b).t()
+        cat = _split(w, a, b, n * b, b, 0, hi2 and hi2 * b, BF16).view(a, n * b).t()
     else:  # [K, N] as [hi; lo (; hi)]
-        cat = _split(w, 1, a * b, n * a * b, a * b, 0, hi2 and hi2 * a * b).view(n * a, b)
+        cat = _split(w, 1, a * b, n * a * b, a * b, 0, hi2 and hi2 * a * b, BF16).view(n * a, b)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return cat  # made by the graph on each replay: memory of its pool is nothing to keep
     made = getattr(_RECORD, "made", None)
@@ -347,6 +382,8 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
     the weight as the session holds it (its parts are kept): ``[N, K]`` when ``w_out_in`` (Linear's
     layout), else ``[K, N]``; ``addend`` a bias [N] or a residual [M, N]; ``out`` an [M, N] tensor
     to write (else a new one)."""
+    if BF16:  # no switch to take: every thread and build may
+        return _split_product(x2, w, w_out_in, addend, out, _bf16_mm)
     flag_free = triton is not None and x2.is_cuda and FLAG_FREE.get()
     worker = getattr(_WORKER, "on", False)
     if worker or not _open():
@@ -363,6 +400,18 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, addend: torch.Ten
         _close()
 
 
+def _bf16_mm(addend, a, b, out):
+    """A product of bfloat16 parts with float32 accumulation and output: cuBLAS's on CUDA; on the CPU
+    (tests) the float32 product of the parts, the same sum of exact products."""
+    if not a.is_cuda:
+        return addmm(addend, a.float(), b.float(), out)
+    if addend is None:
+        return torch.mm(a, b, out_dtype=torch.float32) if out is None else torch.mm(
+            a, b, out_dtype=torch.float32, out=out)
+    return torch.addmm(addend, a, b, out_dtype=torch.float32) if out is None else torch.addmm(
+        addend, a, b, out_dtype=torch.float32, out=out)
+
+
 def _switched(addend, a, b, out):
     """cuBLAS's TF32 product, the switch on around the call only."""
     with _tf32():
@@ -370,7 +419,8 @@ def _switched(addend, a, b, out):
 
 
 def _split_product(x2, w, w_out_in, addend, out, mm):
-    """The split product; ``mm(addend, a, b, out)``: a TF32 product (``_switched``, ``_flag_free``)."""
+    """The split product; ``mm(addend, a, b, out)``: a TF32 product (``_switched``, ``_flag_free``)
+    or a bfloat16 one (``_bf16_mm``)."""
     PRODUCTS[0] += 1
     m, k = x2.shape
     if k <= ONE_CALL_K:
@@ -378,7 +428,7 @@ def _split_product(x2, w, w_out_in, addend, out, mm):
         # w_hi]. Two launches (the split, the product) where the form below takes three or more:
         # each costs the host ~75 us on the H200's host (benchmarks/split_host.py), and a BERT-base
         # call at 4,000+ tokens, 48 split products, was bound by that host time
-        x3 = _split(x2, m, k, 3 * k, 0, k, 2 * k).view(m, 3 * k)
+        x3 = _split(x2, m, k, 3 * k, 0, k, 2 * k, BF16).view(m, 3 * k)
         return mm(addend, x3, parts(w, w_out_in, True), out)
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
     x_cat = split_rows(x2)  # [x_lo | x_hi]
