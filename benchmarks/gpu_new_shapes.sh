@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
-  bf16pad)  # bfloat16 parts at a new row count run at their bucket's rows: what a new shape costs (the split rule as
+  addln)  # a residual add and its LayerNorm as one Triton kernel launched without the JIT's binding: the CUDA tests
+          # (and the bfloat16 split's), the launch's host cost, what a new shape costs, BERT-base random and cycled
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \
+      tests/ops/test_split_tf32.py tests/compile/test_fuse_residual.py
+    T=60 run python3 -m benchmarks.triton_launch --json "$OUT/triton_launch.json"
+    T=100 run python3 benchmarks/new_shape_cost.py --json "$OUT/new_shape_cost_addln.json" > "$OUT/new_shape_cost_addln.txt"
+    grep -E "^totals|^kernels" "$OUT"/new_shape_cost_addln.txt
+    T=150 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_addln.json" ;;
+  bf16pad)  # bfloat16 parts at a new row count run at their bucket's rows (since reverted: no gain): what a new shape costs (the split rule as
             # it is, and from 2,048 rows), then BERT-base random and cycled with TF32 parts, bfloat16 parts, and
             # bfloat16 parts split from 2,048 rows, eager side by side
     rows2k='import sys, runpy; import dynashape.ops.split_tf32 as s; s.AUTO_ROWS = 2048; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'

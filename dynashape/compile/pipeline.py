@@ -21,6 +21,7 @@ from .fold_conv_bn import fold_conv_bn
 from .fold_conv_input_affine import fold_conv_input_affine
 from .fold_conv_scale import fold_conv_scale
 from .fuse_activations import fuse_gelu, fuse_hard_activations, fuse_silu
+from .fuse_add_layer_norm import fuse_add_layer_norm
 from .fuse_attention import fuse_attention
 from .fuse_conv_activation import fuse_conv_activation
 from .fuse_conv_relu import fuse_conv_relu
@@ -109,7 +110,8 @@ CONV_RELU_DEVICES = ("cuda",)
 def device_passes(device: str) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """Fusion passes whose choice depends on the device (measured there): after the others."""
     residual = [("fuse_silu_mul", fuse_silu_mul), ("fuse_matmul_add", fuse_matmul_add),
-                ("fuse_gated_matmul_add", fuse_gated_matmul_add), ("fuse_norm_linear", fuse_norm_linear)]
+                ("fuse_gated_matmul_add", fuse_gated_matmul_add), ("fuse_norm_linear", fuse_norm_linear),
+                ("fuse_add_layer_norm", fuse_add_layer_norm)]
     if str(device).split(":")[0] not in RESIDUAL_FUSION_DEVICES:
         residual = []
     conv_on = os.environ.get("DYNASHAPE_FUSE_CONV_RELU", "1" if str(device).split(":")[0] in CONV_RELU_DEVICES else "0")

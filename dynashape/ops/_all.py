@@ -1,6 +1,7 @@
 """Imports every op module so that their registrations run."""
 
 from . import (  # noqa: F401
+    add_layer_norm,
     attention,
     block_quant,
     contrib_attention,

@@ -1,0 +1,106 @@
+"""LayerNormalization over the last axis as one Triton kernel on CUDA, a residual added first where
+the graph adds one (``AddLayerNorm``, compile/fuse_add_layer_norm.py).
+
+Why: a post-norm transformer layer (BERT) ends each branch with ``LayerNorm(Add(y, r))``, which the
+dynamic path ran as three kernels: the add, torch's layer norm, and a copy of its result into the
+buffer the memory plan gave the node (torch's layer_norm has no ``out=``). A call of a few thousand
+tokens is bound by the host's launches (~275 a BERT-base call, benchmarks/new_shape_cost.py), and
+the two extra passes over the activations cost the large calls. One kernel reads both inputs once
+and writes the plan's buffer: two launches and four passes fewer per norm. The row count is not
+specialised (one compile serves every shape) and the launch skips the JIT's binding
+(fast_launch.py).
+
+Arithmetic: the sum in float32 (each input read in its dtype), mean and variance of the row in
+float32 over the whole row in registers (two passes: no running update), ``(s - mean) * rsqrt(var
++ eps) * gamma + beta``, stored in the output's dtype; torch's layer norm differs by float32
+rounding (~1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fast_launch import Launcher
+from .fused import DOMAIN, CannotServe
+from .registry import op
+from .triton_launch import INTERPRET, on
+
+try:  # CI has no GPU and no triton: the torch form serves there
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_N = 16384  # a row in one program's registers (BLOCK elements): wider rows take torch's kernels
+KERNEL_CALLS = [0]  # norms run by the kernel (stats' add_layer_norm_kernels)
+
+
+def _infer(shapes, values, *, epsilon=1e-5):
+    x, r = tuple(shapes[0]), tuple(shapes[1]) if len(shapes) > 1 and shapes[1] is not None else None
+    if r is not None and r != x:  # a residual that broadcasts: the replaced Add and norm serve it
+        raise CannotServe("a residual of another shape than the input")
+    h = x[-1] if x else None
+    for i in (2, 3):
+        if len(shapes) > i and shapes[i] is not None and tuple(shapes[i]) != (h,):
+            raise CannotServe("a scale or bias that is not one value per column")
+    return [x]
+
+
+def serves(x: torch.Tensor) -> bool:
+    """Whether the Triton kernel takes ``x`` (rows of its last axis)."""
+    return (triton is not None and (x.is_cuda or INTERPRET) and x.dtype in DTYPES and x.dim() >= 1
+            and 0 < x.shape[-1] <= MAX_N)
+
+
+def add_layer_norm(x: torch.Tensor, r: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor | None,
+                   epsilon: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``LayerNorm(x + r)`` over the last axis (``r`` None: of ``x``), written into ``out`` where
+    given (contiguous, ``x``'s shape), else into a new tensor."""
+    if not serves(x) or (out is not None and not out.is_contiguous()):
+        s = x if r is None else x + r
+        y = F.layer_norm(s, (x.shape[-1],), gamma, beta, epsilon)
+        return y if out is None else out.copy_(y)
+    n = x.shape[-1]
+    rows = x.numel() // n
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows:
+        KERNEL_CALLS[0] += 1
+        block = triton.next_power_of_2(n)
+        x = x.contiguous()
+        r = None if r is None else r.contiguous()
+        with on(x.device):
+            _LAUNCH((rows,), (x, r, gamma.contiguous(), None if beta is None else beta.contiguous(), y, n,
+                              float(epsilon)),
+                    (r is not None, beta is not None, block), max(1, min(16, block // 256)))
+    return y
+
+
+@op("AddLayerNorm", 1, DOMAIN, infer=_infer,
+    notes="LayerNormalization(x + r) over the last axis, one Triton kernel on CUDA (fuse_add_layer_norm)")
+def _add_layer_norm(x, r, gamma, beta=None, *, epsilon=1e-5, out=None):
+    return add_layer_norm(x, r, gamma, beta, epsilon, out)
+
+
+_LAUNCH = None
+if triton is not None:
+    # the row count is the grid: nothing of the shape is in the kernel's specialisation but BLOCK
+    @triton.jit(do_not_specialize=["n", "eps"])
+    def _kernel(x_ptr, r_ptr, g_ptr, b_ptr, y_ptr, n, eps, HAS_R: tl.constexpr, HAS_B: tl.constexpr,
+                BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * n
+        cols = tl.arange(0, BLOCK)
+        keep = cols < n
+        s = tl.load(x_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
+        if HAS_R:
+            s += tl.load(r_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
+        mean = tl.sum(s, axis=0) / n
+        d = tl.where(keep, s - mean, 0.0)
+        inv = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n + eps)
+        y = d * inv * tl.load(g_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row + cols, y.to(y_ptr.dtype.element_ty), mask=keep)
+
+    _LAUNCH = Launcher(_kernel)
