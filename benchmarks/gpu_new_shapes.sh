@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  splithost)  # AddLayerNorm's fixes: its CUDA tests and the split's; the split product's host cost by part (bfloat16
+             # parts, then TF32's); the launch's cost again
+    DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \
+      tests/ops/test_split_tf32.py
+    T=60 run python3 benchmarks/split_host.py
+    DYNASHAPE_SPLIT_PARTS=tf32 T=60 run python3 benchmarks/split_host.py
+    T=60 run python3 -m benchmarks.triton_launch --json "$OUT/triton_launch.json" ;;
   addln)  # a residual add and its LayerNorm as one Triton kernel launched without the JIT's binding: the CUDA tests
           # (and the bfloat16 split's), the launch's host cost, what a new shape costs, BERT-base random and cycled
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \

@@ -1,5 +1,6 @@
-"""The host's cost of a split TF32 product (ops/split_tf32.py) against one float32 product, at a new
-row count on every call, and of each of its parts: where a BERT-base call at a large random shape
+"""The host's cost of a split product (ops/split_tf32.py; its parts bfloat16 or TF32 as
+DYNASHAPE_SPLIT_PARTS says) against one float32 product, at a new row count on every call, and of
+each of its parts: where a BERT-base call at a large random shape
 spends its host time (benchmarks/host_split_gpu.py found such calls bound by the host).
 
     python benchmarks/split_host.py
@@ -45,17 +46,18 @@ def main() -> None:
     tok = S.MODE.set("split")
     try:
         S.product(xs[rows[0]], w, True, b)
+        x3 = {m: S._split(xs[m], m, k, 3, True, S.BF16).view(m, 3 * k) for m in rows}
+        w3 = S.parts(w, True, True)
+        mm = S._bf16_mm if S.BF16 else S._switched
         cases = {
             "F.linear (float32 cuBLAS)": lambda m: torch.nn.functional.linear(xs[m], w, b),
             "split product (all of it)": lambda m: S.product(xs[m], w, True, b),
-            "  split_rows (Triton launch)": lambda m: S.split_rows(xs[m]),
-            "  parts lookup": lambda m: S.parts(w, True),
+            "  eligible and worth": lambda m: S.eligible(xs[m], w) and S.worth(m, n, k),
+            "  the split (Triton launch)": lambda m: S._split(xs[m], m, k, 3, True, S.BF16),
+            "  parts lookup": lambda m: S.parts(w, True, True),
             "  _open/_close": lambda m: (S._open(), S._close()),
-            "  allow_tf32 set twice": lambda m: (setattr(torch.backends.cuda.matmul, "allow_tf32", True),
-                                                 setattr(torch.backends.cuda.matmul, "allow_tf32", False)),
-            "  addmm [M,2K]x[2K,N]": lambda m: torch.addmm(b, torch.empty(m, 2 * k, device=dev),
-                                                           torch.empty(2 * k, n, device=dev)),
-            "  torch.empty(M*2K)": lambda m: torch.empty(m * 2 * k, device=dev),
+            "  the product of the parts": lambda m: mm(b, x3[m], w3, None),
+            "  torch.empty(M*3K)": lambda m: torch.empty(m * 3 * k, device=dev),
         }
         for name, fn in cases.items():
             fn(rows[0])

@@ -1,7 +1,7 @@
-"""What a Triton kernel's launch costs the host, through the JIT and through its compiled form kept
-(ops/fast_launch.py), against the torch kernels it replaces: a residual add and LayerNorm over BERT-base's
-rows (ops/add_layer_norm.py) as torch's add, layer_norm and a copy into a given buffer, as the Triton
-kernel launched by the JIT (``kernel[grid](...)``), and launched by ``Launcher``. Host time: the
+"""What a Triton kernel's launch costs the host against the torch kernels it replaces: a residual add
+and LayerNorm over BERT-base's rows (ops/add_layer_norm.py) as torch's add, layer_norm and a copy
+into a given buffer, as the Triton kernel launched by the JIT (``kernel[grid](...)``), and as the op
+calls it (``add_layer_norm``: its checks, then the same launch). Host time: the
 median of the calls' own time with the GPU idle (each call synchronised after); device time: CUDA
 events (benchmarks/common.py).
 
@@ -44,11 +44,11 @@ def forms(m: int, n: int, gamma, beta) -> dict:
     def jit_form():
         aln._kernel[(m,)](x, r, gamma, beta, out, n, 1e-5, HAS_R=True, HAS_B=True, BLOCK=1024, num_warps=4)
 
-    def fast_form():
+    def op_form():
         aln.add_layer_norm(x, r, gamma, beta, 1e-5, out)
-    fast_form()
+    op_form()
     torch.testing.assert_close(out, F.layer_norm(x + r, (n,), gamma, beta, 1e-5), atol=1e-5, rtol=1e-5)
-    return {"torch": torch_form, "jit": jit_form, "fast": fast_form}
+    return {"torch": torch_form, "jit": jit_form, "op": op_form}
 
 
 def main():
@@ -65,8 +65,8 @@ def main():
             row[f"{name}_host_us"] = _host_us(f)
             row[f"{name}_device_ms"] = cuda_event_ms(f)
         rows.append(row)
-        print("rows {rows:6d}  host us: torch {torch_host_us:.1f}  jit {jit_host_us:.1f}  fast {fast_host_us:.1f}   "
-              "device ms: torch {torch_device_ms:.4f}  jit {jit_device_ms:.4f}  fast {fast_device_ms:.4f}".format(
+        print("rows {rows:6d}  host us: torch {torch_host_us:.1f}  jit {jit_host_us:.1f}  op {op_host_us:.1f}   "
+              "device ms: torch {torch_device_ms:.4f}  jit {jit_device_ms:.4f}  op {op_device_ms:.4f}".format(
                   **row), flush=True)
     if args.json:
         with open(args.json, "w") as f:

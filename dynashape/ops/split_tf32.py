@@ -109,22 +109,23 @@ def split(x: torch.Tensor, bf16: bool = False) -> tuple[torch.Tensor, torch.Tens
     both parts are bfloat16: ``hi`` x rounded to bfloat16, ``lo`` the remainder rounded to it (the
     pair holds x to ~2^-17 of it, not exactly)."""
     n = x.numel()
-    buf = _split(x.reshape(-1), 1, n, 2 * n, n, 0, bf16=bf16)
+    buf = _split(x.reshape(-1), 1, n, 2, False, bf16)
     return buf[:n].view(x.shape), buf[n:].view(x.shape)
 
 
-def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_at: int,
-           hi2_at: int | None = None, bf16: bool = False) -> torch.Tensor:
+def _split(x: torch.Tensor, rows: int, k: int, parts: int, lo_first: bool, bf16: bool = False) -> torch.Tensor:
     """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer (bfloat16 where
-    ``bf16``): row r's parts at ``r * row_stride + lo_at`` and ``r * row_stride + hi_at`` (its high
-    part again at ``r * row_stride + hi2_at`` where given: the one-call form's operands)."""
-    x = x.contiguous()
-    buf = torch.empty(rows * row_stride, dtype=torch.bfloat16 if bf16 else x.dtype, device=x.device)
-    if triton is not None and x.is_cuda and x.numel() > 0:
-        block = 2048
-        _split_kernel[(triton.cdiv(x.numel(), block),)](x, buf, x.numel(), k, row_stride, lo_at, hi_at,
-                                                        hi2_at or 0, HI2=hi2_at is not None, BF16=bf16,
-                                                        BLOCK=block, num_warps=8)
+    ``bf16``) of ``parts`` (2 or 3) blocks of ``k`` a row: ``[lo | hi]`` where ``lo_first`` (an
+    activation's: its remainders meet the weight's high parts), else ``[hi | lo]``; a third block
+    repeats ``hi`` (the one-call form's operands, ``_split_product``). Few arguments on purpose: the
+    JIT binds each on every launch, host time a dynamic call is bound by."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    buf = torch.empty(rows * parts * k, dtype=torch.bfloat16 if bf16 else x.dtype, device=x.device)
+    n = rows * k
+    if triton is not None and x.is_cuda and n > 0:
+        _split_kernel[(-(-n // 2048),)](x, buf, n, k, PARTS=parts, LO_FIRST=lo_first, BF16=bf16, BLOCK=2048,
+                                        num_warps=8)
         return buf
     bits = x.view(torch.int32)
     if bf16:  # 8 significant bits: round at bit 16
@@ -133,20 +134,20 @@ def _split(x: torch.Tensor, rows: int, k: int, row_stride: int, lo_at: int, hi_a
     else:
         hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
         lo = torch.where(torch.isfinite(x), x - hi, 0.0)
-    grid = buf.view(rows, row_stride)
-    grid[:, lo_at:lo_at + k] = lo.view(rows, k)
-    grid[:, hi_at:hi_at + k] = hi.view(rows, k)
-    if hi2_at is not None:
-        grid[:, hi2_at:hi2_at + k] = hi.view(rows, k)
+    grid = buf.view(rows, parts, k)
+    grid[:, 0 if lo_first else 1] = lo.view(rows, k)
+    grid[:, 1 if lo_first else 0] = hi.view(rows, k)
+    if parts == 3:
+        grid[:, 2] = hi.view(rows, k)
     return buf
 
 
 if triton is not None:
-    # one compile for every size and layout (a specialisation per divisibility of the ints would
-    # compile again at new shapes: a call's stall)
-    @triton.jit(do_not_specialize=["n", "k", "row_stride", "lo_at", "hi_at", "hi2_at"])
-    def _split_kernel(x_ptr, out_ptr, n, k, row_stride, lo_at, hi_at, hi2_at, HI2: tl.constexpr,
-                      BF16: tl.constexpr, BLOCK: tl.constexpr):
+    # one compile for every size (a specialisation per divisibility of n or k would compile again
+    # at new shapes: a call's stall)
+    @triton.jit(do_not_specialize=["n", "k"])
+    def _split_kernel(x_ptr, out_ptr, n, k, PARTS: tl.constexpr, LO_FIRST: tl.constexpr, BF16: tl.constexpr,
+                      BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < n
         x = tl.load(x_ptr + offs, mask=keep, other=0.0)
@@ -163,24 +164,29 @@ if triton is not None:
         hi = hi.to(out_ptr.dtype.element_ty)  # exact: each holds the part's bits only
         lo = lo.to(out_ptr.dtype.element_ty)
         row = offs // k
-        at = row * row_stride + (offs - row * k)
-        tl.store(out_ptr + at + lo_at, lo, mask=keep)
-        tl.store(out_ptr + at + hi_at, hi, mask=keep)
-        if HI2:
-            tl.store(out_ptr + at + hi2_at, hi, mask=keep)
+        at = row * (PARTS * k) + (offs - row * k)
+        if LO_FIRST:
+            tl.store(out_ptr + at, lo, mask=keep)
+            tl.store(out_ptr + at + k, hi, mask=keep)
+        else:
+            tl.store(out_ptr + at, hi, mask=keep)
+            tl.store(out_ptr + at + k, lo, mask=keep)
+        if PARTS == 3:
+            tl.store(out_ptr + at + 2 * k, hi, mask=keep)
 
 
 def warm(device: torch.device) -> None:
     """Compile the split's kernel now (a session's load), not in the first call that splits."""
     if triton is not None and device.type == "cuda":
         split(torch.ones(4, device=device), BF16)
-        _split(torch.ones(4, device=device), 1, 4, 12, 0, 4, 8, BF16)  # the one-call form's variant
+        _split(torch.ones(4, device=device), 1, 4, 3, True, BF16)  # the one-call form's variant
+        _split(torch.ones(4, device=device), 1, 4, 2, True, BF16)  # the pieces form's
 
 
 def split_rows(x2: torch.Tensor) -> torch.Tensor:
     """An activation ``[M, K]`` as ``[M, 2K]``: each row's remainders, then its high parts."""
     m, k = x2.shape
-    return _split(x2, m, k, 2 * k, 0, k, bf16=BF16).view(m, 2 * k)
+    return _split(x2, m, k, 2, True, BF16).view(m, 2 * k)
 
 
 # ---- a weight's parts, made once ---------------------------------------------------------------
@@ -202,11 +208,10 @@ def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
             return got[2]
     a, b = w.shape
     n = 3 if three else 2
-    hi2 = 2 if three else None
     if w_out_in:  # [N, K] rows as [hi | lo (| hi)]: its transpose is [hi; lo (; hi)] over K
-        cat = _split(w, a, b, n * b, b, 0, hi2 and hi2 * b, BF16).view(a, n * b).t()
+        cat = _split(w, a, b, n, False, BF16).view(a, n * b).t()
     else:  # [K, N] as [hi; lo (; hi)]
-        cat = _split(w, 1, a * b, n * a * b, a * b, 0, hi2 and hi2 * a * b, BF16).view(n * a, b)
+        cat = _split(w, 1, a * b, n, False, BF16).view(n * a, b)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return cat  # made by the graph on each replay: memory of its pool is nothing to keep
     made = getattr(_RECORD, "made", None)
@@ -428,7 +433,7 @@ def _split_product(x2, w, w_out_in, addend, out, mm):
         # w_hi]. Two launches (the split, the product) where the form below takes three or more:
         # each costs the host ~75 us on the H200's host (benchmarks/split_host.py), and a BERT-base
         # call at 4,000+ tokens, 48 split products, was bound by that host time
-        x3 = _split(x2, m, k, 3 * k, 0, k, 2 * k, BF16).view(m, 3 * k)
+        x3 = _split(x2, m, k, 3, True, BF16).view(m, 3 * k)
         return mm(addend, x3, parts(w, w_out_in, True), out)
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
     x_cat = split_rows(x2)  # [x_lo | x_hi]
