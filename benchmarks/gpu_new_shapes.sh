@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  parts_final)  # bfloat16 split parts and AddLayerNorm: their CUDA tests, the split's host cost by part, then every
+                # workload cold with eager side by side (syncs checked), and a second process with the disk cache
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \
+      tests/ops/test_split_tf32.py tests/compile/test_fuse_residual.py tests/test_host_syncs.py
+    T=60 run python3 benchmarks/split_host.py
+    T=400 run python3 benchmarks/new_shapes_gpu.py --sync-debug --models-dir $M --cache-dir /tmp/dcache_parts \
+      --second-process --json "$OUT/new_shapes_parts_final.json" ;;
   splithost)  # AddLayerNorm's fixes: its CUDA tests and the split's; the split product's host cost by part (bfloat16
              # parts, then TF32's); the launch's cost again
     DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \
