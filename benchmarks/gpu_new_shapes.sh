@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [parts_sync|parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  parts_sync)  # AddLayerNorm's forms compiled at load: its CUDA tests and the generation tests (the bfloat16 split in
+               # their builds); BERT-base random and cycled with the sync check and without (a 555 ms call in
+               # parts_final's first process, as in idle_final's, both with the check)
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -x -p no:warnings -rfE \
+      tests/compile/test_fuse_add_layer_norm.py tests/test_generate.py tests/impls/test_decode_graphs.py
+    T=130 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --sync-debug --models-dir $M \
+      --json "$OUT/new_shapes_parts_sync.json"
+    T=130 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle --models-dir $M \
+      --json "$OUT/new_shapes_parts_nosync.json" ;;
   parts_final)  # bfloat16 split parts and AddLayerNorm: their CUDA tests, the split's host cost by part, then every
                 # workload cold with eager side by side (syncs checked), and a second process with the disk cache
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/compile/test_fuse_add_layer_norm.py \

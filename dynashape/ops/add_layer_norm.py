@@ -94,6 +94,37 @@ def _tile(n: int) -> tuple[int, int]:
     return block, max(1, min(16, block // 256))
 
 
+_ELEM = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16}
+
+
+def forms(graph) -> set[tuple]:
+    """The kernel's forms ``graph``'s norms take: (residual, beta, columns, dtype) each."""
+    out = set()
+    for n in graph.nodes:
+        x = n.inputs[0] if n.inputs else None
+        if x is None or x.shape is None or not x.shape or not x.shape[-1].is_static or x.elem_type not in _ELEM:
+            continue
+        fused = n.op_type == "AddLayerNorm" and n.domain == DOMAIN
+        if not fused and not (n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx")
+                              and n.attrs.get("axis", -1) in (-1, len(x.shape) - 1)):
+            continue
+        at = 3 if fused else 2
+        beta = len(n.inputs) > at and n.inputs[at] is not None
+        if int(x.shape[-1]) <= MAX_N:
+            out.add((fused, beta, int(x.shape[-1]), _ELEM[x.elem_type]))
+    return out
+
+
+def warm(device: torch.device, graph) -> None:
+    """Compile now (a session's load) the kernel's forms ``graph``'s norms take: a first call paid
+    ~0.1 s for them on the H200 (results/new_shapes_parts_final_h200_2026-11-29.json)."""
+    if device.type != "cuda" or triton is None:
+        return
+    for with_r, with_beta, h, dtype in forms(graph):
+        x = torch.ones(1, h, dtype=dtype, device=device)
+        add_layer_norm(x, x if with_r else None, x[0], x[0] if with_beta else None, 1e-5, torch.empty_like(x))
+
+
 @op("AddLayerNorm", 1, DOMAIN, infer=_infer,
     notes="LayerNormalization(x + r) over the last axis, one Triton kernel on CUDA (fuse_add_layer_norm)")
 def _add_layer_norm(x, r, gamma, beta=None, *, epsilon=1e-5, out=None):

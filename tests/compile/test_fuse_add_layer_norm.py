@@ -73,6 +73,18 @@ def test_near_misses_keep_their_nodes(case):
     assert ops[f"{FUSED}.AddLayerNorm"] == 0 and ops["LayerNormalization"] == 1, dict(ops)
 
 
+def test_a_sessions_load_knows_the_kernel_forms_its_norms_take():
+    """(warm compiles them at a CUDA session's load: a first call paid ~0.1 s for them.)"""
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model, prepare_proto
+
+    def forms(model):
+        return aln.forms(compile_graph(parse_model(prepare_proto(model), ParseOptions()), device="cuda").fused)
+    assert forms(post_norm_model()) == {(True, True, H, torch.float32)}
+    assert forms(post_norm_model(beta=False, sum_also_output=True)) == {(False, False, H, torch.float32)}
+
+
 def test_the_torch_form_writes_where_it_is_told():
     g = torch.Generator().manual_seed(3)
     x, r = torch.randn(2, 3, H, generator=g), torch.randn(2, 3, H, generator=g)
