@@ -673,13 +673,21 @@ AREAS = [
          "stream has run dry (memory/deferred_frees.py): host_syncs 0, where the runs above counted 5, every one a "
          "re-plan's free of device memory."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
-         [("new_shapes_settle_*.json", None), ("new_shapes_h*_*.json", "before")],
+         [("new_shapes_parts_final_*.json", None), ("new_shapes_settle_*.json", None),
+          ("new_shapes_h*_*.json", "before")],
          NEW_SHAPES_COLUMNS, new_shapes_gpu,
          "Every call from the first on a fresh session, TF32 off on every side, each output checked against "
          "eager's (*max rel err*: the largest ||out - eager|| / ||eager|| over the calls). dynashape runs with its "
-         "defaults: products by a weight of many rows as split TF32 products (fp32_products='auto', "
-         "ops/split_tf32.py), within 6e-6 of eager where cuBLAS float32 is within 1.2e-6 (the table below has "
-         "fp32_products='ieee'). *x eager*: eager's time / the runtime's (higher is faster). The machine's run-to-run "
+         "defaults: products by a weight of many rows as split products of bfloat16 parts (fp32_products='auto', "
+         "ops/split_tf32.py), within 8.4e-6 of eager where cuBLAS float32 is within 1.2e-6 (a table below has "
+         "fp32_products='ieee'), and a post-norm layer's residual add and LayerNorm as one kernel "
+         "(ops/add_layer_norm.py). The run shown (2026-11-29, parts_final, with the sync check) has one BERT random "
+         "call of 555 ms (call 45, 1,104 tokens) in its first process; such a call was seen once before "
+         "(results/new_shapes_idle_h200_2026-11-29.json, 531 ms), both with the sync check, none without; without "
+         "it the first process measured 1.82x and 1.12x total in two runs minutes apart (the table of bfloat16 "
+         "parts above: the host's speed moves between processes). The run before it (TF32 parts, "
+         "results/new_shapes_settle_h200_2026-11-29.json): BERT random 1.37x, cycled 1.19x, ResNet-50 random 3.68x, "
+         "cycled 1.28x; second processes 1.13x, 2.65x, 5.37x, 2.78x. *x eager*: eager's time / the runtime's (higher is faster). The machine's run-to-run "
          "spread is ~15%, and eager's host time moves more between machines (its small BERT calls took 6 ms in one "
          "run, 11 in another: BERT random measured 1.52x and 1.37x in two first processes of 2026-11-29, "
          "results/new_shapes_one_call_h200_2026-11-29.json and the run shown, and 1.32x and 1.13x in the second "
@@ -711,7 +719,9 @@ AREAS = [
          "results/build_timeline_resnet_cycle_settle_h200_2026-11-29.json."),
     Area("GPU: split products with bfloat16 parts against TF32 parts, BERT-base", "new_shapes_gpu.py",
          [("new_shapes_parts_tf32_*.json", None), ("new_shapes_parts_bf16_h*.json", None),
-          ("new_shapes_parts_bf16_padded_h*.json", None), ("new_shapes_parts_bf16_padded_rows2k_*.json", None)],
+          ("new_shapes_parts_bf16_padded_h*.json", None), ("new_shapes_parts_bf16_padded_rows2k_*.json", None),
+          ("new_shapes_parts_addln_*.json", None), ("new_shapes_parts_sync_*.json", None),
+          ("new_shapes_parts_nosync_*.json", None)],
          NEW_SHAPES_COLUMNS, new_shapes_per_file,
          "The split product's parts (ops/split_tf32.py) in bfloat16, now the default (DYNASHAPE_SPLIT_PARTS), "
          "against TF32's. Per product (results/split_parts_error_h200_2026-11-29.json, benchmarks/"
@@ -725,7 +735,17 @@ AREAS = [
          "for float32's, results/new_shape_blas_h200_2026-11-29.json); no gain measured (the split products are "
          "in calls bound by the GPU), so not kept. *rows2k*: splitting from 2,048 rows (1,024 where N >= 2K): "
          "slower, the calls of 1,024-4,096 tokens being bound by their host (~275-360 launches). Each file has its own "
-         "eager pass, and the first one ran cold (3.27 s against 2.73-2.87 in the others): compare *total s*."),
+         "eager pass, and the first one ran cold (3.27 s against 2.73-2.87 in the others): compare *total s*. *addln* (a third "
+         "lease): with AddLayerNorm as well (ops/add_layer_norm.py: a residual add and its LayerNorm as one Triton kernel "
+         "writing the plan's buffer, where the dynamic path ran torch's add, layer_norm and a copy; 278 -> 229 kernels a "
+         "call of 1,024-4,096 tokens, results/new_shape_cost_addln_h200_2026-11-29.json; the kernel 0.025-0.054 ms against "
+         "0.036-0.095 and 17 us of host against 28-30, results/triton_launch_h200_2026-11-29.json). *sync* and "
+         "*nosync* (a fourth lease, the norms' kernels compiled at load: first call 38-44 ms where *parts_final* paid "
+         "162): the same code minutes apart, with the sync check and without: 1.84 s against 2.50, eager 3.36 and 2.81. "
+         "The calls of 4,096-8,192 tokens took 0.48 s and 0.67 s while eager's took 0.87 and 0.85, and the calls under "
+         "1,024 tokens 0.28 and 0.49 s while eager's took 0.72 and 0.42: the host's speed moves between processes by "
+         "~1.5x on this machine, and our calls at thousands of tokens are bound by it (their split products' launches), "
+         "eager's there by the GPU."),
     Area("GPU: float32 products as split TF32 products, BERT-base at random shapes", "split_tf32_variants.py",
          [("split_tf32_variants_*.json", None)],
          ["products", "x eager (total)", "last 50 x eager", "first 60 x eager", "slowest call / eager's slowest",
