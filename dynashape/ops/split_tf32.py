@@ -113,17 +113,15 @@ def split(x: torch.Tensor, bf16: bool = False) -> tuple[torch.Tensor, torch.Tens
     return buf[:n].view(x.shape), buf[n:].view(x.shape)
 
 
-def _split(x: torch.Tensor, rows: int, k: int, parts: int, lo_first: bool, bf16: bool = False,
-           pad_to: int = 0) -> torch.Tensor:
+def _split(x: torch.Tensor, rows: int, k: int, parts: int, lo_first: bool, bf16: bool = False) -> torch.Tensor:
     """``x`` read as ``rows`` rows of ``k`` values, split into one new buffer (bfloat16 where
     ``bf16``) of ``parts`` (2 or 3) blocks of ``k`` a row: ``[lo | hi]`` where ``lo_first`` (an
     activation's: its remainders meet the weight's high parts), else ``[hi | lo]``; a third block
-    repeats ``hi`` (the one-call form's operands, ``_split_product``). The buffer has room for
-    ``pad_to`` rows where that is more, the rows past ``rows`` left unwritten. Few arguments on
-    purpose: the JIT binds each on every launch, host time a dynamic call is bound by."""
+    repeats ``hi`` (the one-call form's operands, ``_split_product``). Few arguments on purpose: the
+    JIT binds each on every launch, host time a dynamic call is bound by."""
     if not x.is_contiguous():
         x = x.contiguous()
-    buf = torch.empty(max(rows, pad_to) * parts * k, dtype=torch.bfloat16 if bf16 else x.dtype, device=x.device)
+    buf = torch.empty(rows * parts * k, dtype=torch.bfloat16 if bf16 else x.dtype, device=x.device)
     n = rows * k
     if triton is not None and x.is_cuda and n > 0:
         _split_kernel[(-(-n // 2048),)](x, buf, n, k, PARTS=parts, LO_FIRST=lo_first, BF16=bf16, BLOCK=2048,
@@ -136,7 +134,7 @@ def _split(x: torch.Tensor, rows: int, k: int, parts: int, lo_first: bool, bf16:
     else:
         hi = ((bits + 0xFFF + ((bits >> 13) & 1)) & _MASK).view(torch.float32)
         lo = torch.where(torch.isfinite(x), x - hi, 0.0)
-    grid = buf.view(-1, parts, k)[:rows]
+    grid = buf.view(rows, parts, k)
     grid[:, 0 if lo_first else 1] = lo.view(rows, k)
     grid[:, 1 if lo_first else 0] = hi.view(rows, k)
     if parts == 3:
@@ -185,11 +183,10 @@ def warm(device: torch.device) -> None:
         _split(torch.ones(4, device=device), 1, 4, 2, True, BF16)  # the pieces form's
 
 
-def split_rows(x2: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
-    """An activation ``[M, K]`` as ``[M, 2K]`` (``[pad_to, 2K]`` where more, its last rows unwritten):
-    each row's remainders, then its high parts."""
+def split_rows(x2: torch.Tensor) -> torch.Tensor:
+    """An activation ``[M, K]`` as ``[M, 2K]``: each row's remainders, then its high parts."""
     m, k = x2.shape
-    return _split(x2, m, k, 2, True, BF16, pad_to).view(-1, 2 * k)
+    return _split(x2, m, k, 2, True, BF16).view(m, 2 * k)
 
 
 # ---- a weight's parts, made once ---------------------------------------------------------------
@@ -428,64 +425,18 @@ def _switched(addend, a, b, out):
 
 def _split_product(x2, w, w_out_in, addend, out, mm):
     """The split product; ``mm(addend, a, b, out)``: a TF32 product (``_switched``, ``_flag_free``)
-    or a bfloat16 one (``_bf16_mm``). A bfloat16 product at a row count new to the process may run
-    at its bucket's rows (``PAD_ROWS``, ``_rows_for``), sliced back."""
+    or a bfloat16 one (``_bf16_mm``)."""
     PRODUCTS[0] += 1
-    m = x2.shape[0]
-    rows = _rows_for(x2, w, w_out_in) if PAD_ROWS and mm is _bf16_mm else m
-    if rows == m:
-        return _parts_product(x2, w, w_out_in, addend, out, mm, m)
-    bias = addend if addend is not None and addend.dim() == 1 else None
-    y = _parts_product(x2, w, w_out_in, bias, None, mm, rows)[:m]  # the padded rows' sums dropped
-    if bias is None and addend is not None:  # a residual: added to the rows kept
-        return torch.add(y, addend) if out is None else torch.add(y, addend, out=out)
-    return y if out is None else out.copy_(y)
-
-
-# A bfloat16 product makes a cuBLAS plan per shape: ~100-220 us of the H200's host at each new row
-# count against ~10 for float32's (benchmarks/new_shape_blas.py), and a BERT-base call of 4,096+
-# tokens splits all of its 48 products. With PAD_ROWS (DYNASHAPE_SPLIT_PAD_ROWS=1) a row count the
-# process has not run yet runs at its bucket's (8 an octave, at most 1/8 padded), whose plan the
-# earlier calls made; a row count seen before runs at its own (its plan made once, by that second
-# run). benchmarks/pad_rows_ab.py measures it against the rows as they are.
-PAD_ROWS = os.environ.get("DYNASHAPE_SPLIT_PAD_ROWS", "0") == "1"
-_SEEN: dict[tuple, None] = {}  # (rows, K, N) of the bfloat16 products run
-SEEN_CAP = 8192
-
-
-def bucket_rows(m: int) -> int:
-    """``m`` rounded up to a bucket: 8 buckets an octave, steps of at least 16 rows."""
-    step = max(16, 1 << max(m.bit_length() - 4, 0))
-    return -(-m // step) * step
-
-
-def _rows_for(x2, w, w_out_in) -> int:
-    """The rows a bfloat16 product runs at: its own where its shape came before or inside a capture
-    (a graph makes no plan when replayed), else its bucket's."""
-    m, k = x2.shape
-    if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-        return m
-    key = (m, k, w.shape[0] if w_out_in else w.shape[1])
-    if key in _SEEN:
-        return m
-    if len(_SEEN) >= SEEN_CAP:
-        _SEEN.clear()
-    _SEEN[key] = None
-    return bucket_rows(m)
-
-
-def _parts_product(x2, w, w_out_in, addend, out, mm, rows):
-    """The product of the parts, the activation split into ``rows`` rows (its own or more)."""
     m, k = x2.shape
     if k <= ONE_CALL_K:
         # one TF32 product over the parts concatenated along K: [x_lo | x_hi | x_hi] @ [w_hi; w_lo;
         # w_hi]. Two launches (the split, the product) where the form below takes three or more:
         # each costs the host ~75 us on the H200's host (benchmarks/split_host.py), and a BERT-base
         # call at 4,000+ tokens, 48 split products, was bound by that host time
-        x3 = _split(x2, m, k, 3, True, BF16, rows).view(-1, 3 * k)
+        x3 = _split(x2, m, k, 3, True, BF16).view(m, 3 * k)
         return mm(addend, x3, parts(w, w_out_in, True), out)
     w_cat = parts(w, w_out_in)  # [w_hi; w_lo]
-    x_cat = split_rows(x2, rows)  # [x_lo | x_hi]
+    x_cat = split_rows(x2)  # [x_lo | x_hi]
     x_hi, w_hi = x_cat[:, k:], w_cat[:k]
     # x_lo @ w_hi + x_hi @ w_lo in one call: terms ~2^-11 of the product, whose accumulation
     # error in the tensor cores stays far below float32's rounding of the whole

@@ -445,32 +445,3 @@ print("ok")
 def test_the_split_kernel_interpreted_on_the_cpu_matches_the_torch_form():
     from tests.helpers import run_interpreted
     run_interpreted(INTERPRETED)
-
-
-def test_a_new_row_count_runs_at_its_buckets_rows_and_a_repeated_one_at_its_own(monkeypatch):
-    """PAD_ROWS: a bfloat16 product at a row count new to the process runs at its bucket's rows
-    (cuBLAS's plan for them made by earlier calls), the padded rows' sums dropped, a residual added
-    to the rows kept; the same row count again runs at its own."""
-    monkeypatch.setattr(split_tf32, "BF16", True)
-    monkeypatch.setattr(split_tf32, "PAD_ROWS", True)
-    monkeypatch.setattr(split_tf32, "_SEEN", {})
-    assert [split_tf32.bucket_rows(m) for m in (1, 16, 17, 1000, 1024, 1025, 3000)] == [16, 16, 32, 1024, 1024,
-                                                                                      1152, 3072]
-    rows = []
-    real = split_tf32._bf16_mm
-    monkeypatch.setattr(split_tf32, "_bf16_mm", lambda add, a, b, out: rows.append(a.shape[0]) or real(add, a, b, out))
-    g = torch.Generator().manual_seed(7)
-    for k in (64, 2100):  # the one-call form, and the pieces' (K > ONE_CALL_K)
-        x, w = torch.randn(1000, k, generator=g), torch.randn(24, k, generator=g)
-        bias, res = torch.randn(24, generator=g), torch.randn(1000, 24, generator=g)
-        for addend in (None, bias, res):
-            want = x.double() @ w.double().t() + (0 if addend is None else addend.double())
-            for m_rows in (1024, 1000):  # new: the bucket's; again: its own
-                rows.clear()
-                out = torch.full((1000, 24), float("nan"))
-                got = split_tf32._split_product(x, w, True, addend, out, split_tf32._bf16_mm)
-                assert got.data_ptr() == out.data_ptr() and got.shape == (1000, 24)
-                assert set(rows) == {m_rows}, rows
-                assert _rel(out, want) < 2e-5
-            split_tf32._SEEN.clear()
-        split_tf32._SEEN.clear()
