@@ -38,10 +38,12 @@ at 12,288 rows 0.17-0.52 ms against TF32 parts' 0.29-0.79 and float32's 0.46-1.5
 switch: cuBLAS's TF32 switch is process-wide (below), so with TF32 parts a background build could
 not split (its graphs kept float32 products) and a run split only while no build was inside; BERT-base
 cycling 7 shapes, whose graphs are built in the background, 0.82 -> 0.52 s (eager 0.90-0.96).
-Not done: a bfloat16 product makes a cuBLAS plan per new row count (~100-140 us of the H200's host
-against ~10 for float32: benchmarks/new_shape_blas.py); running new row counts at a bucket of rows
-measured no gain on BERT-base at random shapes (its split products are in calls bound by the GPU,
-where the host's plan hides behind the kernels), so products run at their own rows.
+Not done: a bfloat16 product makes a cuBLAS plan per new row count (~100-220 us of the H200's host
+against ~10 for float32's: benchmarks/new_shape_blas.py). Running a new row count at a bucket of
+rows (8 an octave) whose plan earlier calls made measured no gain on BERT-base at random shapes, in
+two leases and in an A/B alternating the modes call by call in one process (calls of 4,096-8,192
+tokens 1.48x eager at their own rows, 1.38x at the buckets': results/pad_rows_ab_h200_2026-11-29.json;
+the code and its script: git show 02b4e61), so products run at their own rows.
 
 Memory: a weight's parts are made once and kept (two copies beside the weight, three for the one-call
 form: float32 with TF32 parts, bfloat16 with bfloat16 ones; counted in ``held_bytes``); an
