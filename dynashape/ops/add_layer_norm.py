@@ -10,10 +10,10 @@ and writes the plan's buffer: two launches and four passes fewer per norm (H200,
 0.025-0.054 ms of device time against torch's 0.036-0.095, 17 us of host against 28-30:
 benchmarks/triton_launch.py). The row count is not specialised: one compile serves every shape.
 
-Arithmetic: the sum in float32 (each input read in its dtype), mean and variance of the row in
-float32 over the whole row in registers (two passes: no running update), ``(s - mean) * rsqrt(var
-+ eps) * gamma + beta``, stored in the output's dtype; torch's layer norm differs by float32
-rounding (~1e-7 relative).
+Arithmetic: the sum in float32 (each input read in its dtype), rounded to a half dtype as the Add
+it replaces rounds it; mean and variance of the row in float32 over the whole row in registers (two
+passes: no running update), ``(s - mean) * rsqrt(var + eps) * gamma + beta``, stored in the output's
+dtype; torch's layer norm differs by float32 rounding (~1e-7 relative).
 """
 
 from __future__ import annotations
@@ -142,6 +142,8 @@ if triton is not None:
         s = tl.load(x_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
         if HAS_R:
             s += tl.load(r_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
+            if x_ptr.dtype.element_ty != tl.float32:  # the sum rounded to the dtype, as the Add it replaces
+                s = s.to(x_ptr.dtype.element_ty).to(tl.float32)
         mean = tl.sum(s, axis=0) / n
         d = tl.where(keep, s - mean, 0.0)
         inv = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n + eps)

@@ -106,7 +106,7 @@ for rows, n, with_r, with_beta in cases:
         r = torch.randn(rows, n, generator=g).to(dtype) if with_r else None
         gamma = torch.randn(n, generator=g).to(dtype)
         beta = torch.randn(n, generator=g).to(dtype) if with_beta else None
-        s = x.float() + (0 if r is None else r.float())
+        s = x.float() if r is None else (x + r).float()  # a half sum rounded, as the Add rounds it
         want = torch.nn.functional.layer_norm(s, (n,), gamma.float(), None if beta is None else beta.float(), 1e-5)
         for out in (None, torch.full((rows, n), float("nan"), dtype=dtype, device=x.device)):
             got = aln.add_layer_norm(x, r, gamma, beta, 1e-5, out)
