@@ -31,6 +31,10 @@ from . import native
 # bits are not asked of them; under ``exact`` ORT_ACTIVATIONS take oneDNN's path and ort_math)
 ACTS = {"none": 0, "relu": 1, "hardswish": 2, "swish": 3, "sigmoid": 4, "leaky_relu": 5}
 COUNTER = "conv_dense_c"
+# channels up to which a [n][c][h][w] image is read as it is (a network's input: 1-4 channels), its
+# channels gathered into pixels by the padded copy the tile makes anyway; wider ones are transposed
+# to channels-last first (a gather over many planes per pixel is slower than torch's transposition)
+PLANAR_MAX_C = 8
 DEPTHWISE_COUNTER = "conv_depthwise_c"
 _LANES = 16
 
@@ -73,6 +77,7 @@ class DenseConv:
         self.plans: dict = {}
 
     RUN, COUNTER = 0, COUNTER  # its C function in _functions(), its counter
+    PLANAR = True  # takes a [n][c][h][w] image as it is (conv_nhwc.c ``padded``), channels up to PLANAR_MAX_C
 
     def weight(self) -> int:
         """The packed weight's address (packed at the first call and again after a write to the
@@ -89,17 +94,17 @@ class DenseConv:
         _functions()[1](w.data_ptr(), packed.data_ptr(), oc, c, kh, kw)
         return packed
 
-    def _plan(self, x, xs: int, threads: int):
+    def _plan(self, x, xs: int, threads: int, planar: int = 0):
         n, c, h, wd = x.shape
         oc, _, kh, kw = self.w.shape
         sh, sw, ph, pw, dh, dw = self.conv
         ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        args = (ctypes.c_int64 * 20)(n, h, wd, c, xs, oc, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oc, self.act,
-                                     threads, self.affine)
+        args = (ctypes.c_int64 * 21)(n, h, wd, c, xs, oc, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oc, self.act,
+                                     threads, self.affine, planar)
         if len(self.plans) >= 256:  # sizes that never repeat: forget them all at once
             self.plans.clear()
-        plan = self.plans[(x.shape, xs, threads)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc),
-                                                     ctypes.addressof(args), args)
+        plan = self.plans[(x.shape, xs, threads, planar)] = ((n, oc, ho, wo), (ho * wo * oc, 1, wo * oc, oc),
+                                                             ctypes.addressof(args), args)
         return plan
 
     def __call__(self, x):
@@ -112,11 +117,15 @@ class DenseConv:
             return None
         wp = self.weight()
         xs = pixel_stride(x)
+        planar = 0
         if xs is None:
-            x = x.contiguous(memory_format=torch.channels_last)
-            xs = x.shape[1]
+            if self.PLANAR and x.shape[1] <= PLANAR_MAX_C and x.is_contiguous():
+                planar, xs = 1, x.shape[1]  # the C side gathers the channels as it pads: no transposition
+            else:
+                x = x.contiguous(memory_format=torch.channels_last)
+                xs = x.shape[1]
         threads = torch.get_num_threads()
-        plan = self.plans.get((x.shape, xs, threads)) or self._plan(x, xs, threads)
+        plan = self.plans.get((x.shape, xs, threads, planar)) or self._plan(x, xs, threads, planar)
         y = torch.empty_strided(plan[0], plan[1], dtype=torch.float32)
         if fns[self.RUN](x.data_ptr(), y.data_ptr(), wp, self.b_ptr, plan[2], self.floats_ptr):
             return None
@@ -129,7 +138,7 @@ class DepthwiseConv(DenseConv):
     are the vector lanes, a tile is 8 pixels of 16 channels (csrc/conv_nhwc.c ``dw_nhwc_run``); the
     weight packed as [kh][kw][c rounded up to 16]."""
 
-    RUN, COUNTER = 2, DEPTHWISE_COUNTER
+    RUN, COUNTER, PLANAR = 2, DEPTHWISE_COUNTER, False
 
     def _pack(self, w: torch.Tensor) -> torch.Tensor:
         c, _, kh, kw = w.shape

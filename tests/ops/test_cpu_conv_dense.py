@@ -1,8 +1,9 @@
 """Dense convolutions on the CPU in C (ops/csrc/conv_nhwc.c through ops/cpu_conv_dense.py): the
 values of torch's convolution and activation over kernel sizes, strides, paddings, dilations,
-channel counts that are not multiples of the 16-lane blocks, batches, NCHW and channels-last inputs
-and images smaller than the kernel's reach; a YOLO-style network against onnxruntime over a new
-size on every call; the calls counted; the weight packed again after a write."""
+channel counts that are not multiples of the 16-lane blocks, batches, NCHW (a few channels read as
+they are) and channels-last inputs and images smaller than the kernel's reach; a YOLO-style network
+against onnxruntime over a new size on every call; the calls counted; the weight packed again after
+a write."""
 
 from __future__ import annotations
 
@@ -54,6 +55,20 @@ def test_equals_torch(cin, cout, k, s, p, d, n, h, w, act, last, bias, affine, s
     pooled = kh == kw == 1 and h == w == 1 and p == 0  # a squeeze-excitation 1x1 of a 1x1 image: addmm's
     assert _dense_calls() - before == (0 if pooled else 1)
     assert pooled or y.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("cin,last,planar", [(3, False, 1), (8, False, 1), (9, False, 0), (3, True, 0)])
+def test_a_planar_image_of_few_channels_is_read_as_it_is(cin, last, planar):
+    """A network's input ([n][c][h][w], few channels): the C side gathers its channels into pixels as it
+    pads (no transposition to channels-last first); wider or channels-last images keep their path."""
+    g = torch.Generator().manual_seed(cin)
+    wt, b = torch.randn(16, cin, 3, 3, generator=g), torch.randn(16, generator=g)
+    x = torch.randn(2, cin, 33, 20, generator=g)
+    if last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    tile = cpu_conv_dense.DenseConv(wt, b, (2, 2), (1, 1), (1, 1), cpu_conv_dense.ACTS["relu"])
+    torch.testing.assert_close(tile(x), F.relu(F.conv2d(x, wt, b, 2, 1)), rtol=2e-5, atol=2e-5)
+    assert [key[3] for key in tile.plans] == [planar]
 
 
 def test_silu_of_large_values_and_the_exponent_edges():
