@@ -253,6 +253,8 @@ def _conv(e: Emit) -> list[str] | None:
     n = len(x_dims) - 2
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") or n not in (1, 2, 3) or len(w_dims) != n + 2:
         return None
+    if n == 1 and e.on_cpu and e.node.inputs[1].is_const:
+        return None  # the node's bound kernel (ops/conv.py bound_conv1d): its weight and shapes' arguments kept
     pads = [0] * (2 * n) if a.get("auto_pad") == "VALID" else list(a.get("pads") or [0] * (2 * n))
     if pads[:n] != pads[n:]:
         return None

@@ -8,13 +8,15 @@ generated ``convolution.out`` only copies, so adopting the result is the cheaper
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape import dim_ceildiv
 from . import cpu_conv, native, tuned_conv
-from .registry import op
+from .registry import binder, op
 from .weight_cache import WeightCache
 
 
@@ -99,6 +101,60 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     if b is not None:
         y += b.view(1, c, 1)
     return y
+
+
+def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int, group: int):
+    """A 1-D Conv node's kernel with its weight and attributes read once (the generated CPU runner's,
+    ``registry.binder``): at a dense or depthwise float32 convolution small enough for the C kernels
+    (``_native1d``, ``_depthwise1d``), a call is a lookup of its input shape's argument array, the
+    output's allocation and one foreign call of five arguments, where the op's path took ~24 us of
+    Python a call (conv_plan, the checks, 13 ctypes arguments: silero-vad's six convolutions ~140 us
+    of a 390 us call at batch 1 on a 2-core EPYC, onnxruntime's whole call ~95 us). Anything else
+    takes ``conv1d``. None where nothing is gained (another dtype or layout, no C library)."""
+    o, cw, k = w.shape
+    dense = group == 1
+    depthwise = group == o > 1 and cw == 1 and d == 1 and k <= DW_TAPS
+    if not (dense or depthwise) or w.dtype != torch.float32 or w.device.type != "cpu" or (
+            b is not None and (b.dtype != torch.float32 or b.shape != (o,))):
+        return None
+    run = native.function("conv1d", "conv1d_run" if dense else "dw_conv1d_run", "ppppp",
+                          fallbacks="conv1d" if dense else "dw_conv1d")
+    if run is None:
+        return None
+    bc = b.detach().contiguous() if b is not None else None
+    b_ptr = bc.data_ptr() if bc is not None else None
+    counter = NATIVE_CONV1D if dense else NATIVE_DW_CONV1D
+    plans: dict = {}
+
+    def plan(shape):
+        n, c, length = shape
+        lo = (length + 2 * p - d * (k - 1) - 1) // s + 1
+        if c != cw * group or lo <= 0 or (dense and n * lo * c * k * o > C_MACS) or (
+                not dense and n * c * lo * k > DW_C):
+            return False
+        ints = (n, c, length, o, k, s, p, d, lo) if dense else (n, c, length, k, s, p, lo)
+        args = (ctypes.c_int64 * len(ints))(*ints)
+        if len(plans) >= 256:  # lengths that never repeat: forget them all at once
+            plans.clear()
+        return (n, o, lo), ctypes.addressof(args), args
+
+    def kernel(x, w_, b_=None, out=None):
+        if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 3 \
+                or x.device.type != "cpu" or x.requires_grad:
+            return conv1d(x, w_, b_, s, p, d, group)
+        got = plans.get(x.shape)
+        if got is None:
+            got = plans[x.shape] = plan(x.shape)
+        if got is False:
+            return conv1d(x, w_, b_, s, p, d, group)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        wp = _PACKED.get(w, lambda: w.detach().reshape(o, cw * k).t().contiguous()) if dense else w
+        y = torch.empty(got[0], dtype=torch.float32)
+        run(x.data_ptr(), y.data_ptr(), wp.data_ptr(), b_ptr, got[1])
+        native.count(counter)
+        return y
+    return kernel
 
 
 # a dense float32 conv1d of up to this many multiply-adds runs in C (``_native1d``); beyond, torch's
@@ -234,6 +290,23 @@ def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     if fn is _CONV[2] and cpu_conv.serves(x, w, b, p, group):
         return cpu_conv.pooled_1x1(x, w, b)
     return fn(x, w, b, s, p, d, group)
+
+
+@binder("Conv")
+def _bind_conv(consts, attrs):
+    """A 1-D convolution's weight and attributes read once (``bound_conv1d``); explicit symmetric pads
+    only (auto_pad's depend on the input). 2-D and 3-D ones keep the op."""
+    w = consts[1]
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        return None
+    pads = list(attrs.get("pads") or [0, 0])
+    if len(pads) != 2 or pads[0] != pads[1]:
+        return None
+    if len(consts) > 2 and consts[2] is not None and not isinstance(consts[2], torch.Tensor):
+        return None  # a computed bias
+    b = consts[2] if len(consts) > 2 else None
+    s, d = (list(attrs.get(key) or [1])[0] for key in ("strides", "dilations"))
+    return bound_conv1d(w, b, int(s), int(pads[0]), int(d), int(attrs.get("group", 1)))
 
 
 # ConvTranspose ------------------------------------------------------------------------------

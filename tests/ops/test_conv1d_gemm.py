@@ -138,30 +138,61 @@ def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
     assert len(calls) == 1 and len(mm_calls) == 2  # (no bias: torch.mm)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_a_conv1d_model_through_the_generated_code(batch):
-    """A Conv node of a model (the emitter's ``_conv1d``) equals torch's."""
-    import numpy as np
+def _conv1d_model(w, b, group=1, weight_input=False, stride=2):
+    import numpy as np  # noqa: F401
     import onnx
     from onnx import TensorProto as TP
     from onnx import helper, numpy_helper
-
-    import dynashape
-    rng = np.random.default_rng(batch)
-    w = rng.standard_normal((16, 8, 3)).astype(np.float32)
-    b = rng.standard_normal(16).astype(np.float32)
+    inits = [numpy_helper.from_array(b, "b")] + ([] if weight_input else [numpy_helper.from_array(w, "w")])
+    ins = [helper.make_tensor_value_info("x", TP.FLOAT, ["N", w.shape[1] * group, "L"])]
+    if weight_input:
+        ins.append(helper.make_tensor_value_info("w", TP.FLOAT, list(w.shape)))
     g = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[2])], "g",
-        [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 8, "L"])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 16, "M"])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[stride], group=group)], "g", ins,
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["N", w.shape[0], "M"])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
-    sess = dynashape.InferenceSession(m.SerializeToString())
-    for length in (4, 9, 2):
+    return m
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", ["dense", "depthwise", "weight as an input"])
+def test_a_conv1d_model_through_the_generated_code(batch, kind):
+    """A Conv node of a model equals torch's over changing lengths: with a constant weight through its
+    bound kernel (ops/conv.py ``bound_conv1d``: the C kernels, a length too long for them torch's),
+    with a computed one through the emitter's ``_conv1d``."""
+    import numpy as np
+
+    import dynashape
+    rng = np.random.default_rng(batch)
+    group = 8 if kind == "depthwise" else 1
+    w = rng.standard_normal((8, 1, 3) if kind == "depthwise" else (16, 8, 3)).astype(np.float32)
+    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    sess = dynashape.InferenceSession(_conv1d_model(w, b, group, kind == "weight as an input").SerializeToString())
+    counter = C.NATIVE_DW_CONV1D if kind == "depthwise" else C.NATIVE_CONV1D
+    for length in (4, 9, 2, 9, 20000):
         x = rng.standard_normal((batch, 8, length)).astype(np.float32)
-        (y,) = sess.run(None, {"x": x})
-        want = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), 2, 1).numpy()
+        feeds = {"x": x, **({"w": w} if kind == "weight as an input" else {})}
+        before = native.counters().get(counter, 0)
+        (y,) = sess.run(None, feeds)
+        want = F.conv1d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), 2, 1, 1, group).numpy()
         np.testing.assert_allclose(y, want, atol=1e-4, rtol=1e-4)
-    assert "_conv1d(" in sess.compiled.specs[0].source
+        if kind != "weight as an input" and native.library("conv1d") is not None:
+            assert native.counters().get(counter, 0) - before == (length < 20000)  # too long: torch's
+    source = sess.compiled.specs[0].source
+    assert ("_conv1d(" in source) == (kind == "weight as an input")
+
+
+def test_a_bound_conv1d_repacks_a_weight_written_in_place():
+    if native.library("conv1d") is None:
+        pytest.skip(f"no C kernel: {native.why('conv1d')}")
+    w, b = torch.randn(8, 4, 3), torch.randn(8)
+    kernel = C.bound_conv1d(w, b, 1, 1, 1, 1)
+    x = torch.randn(2, 4, 7)
+    torch.testing.assert_close(kernel(x, w, b), F.conv1d(x, w, b, 1, 1), atol=1e-5, rtol=1e-5)
+    w.mul_(-2.0)  # update_weights writing in place: the packed copy follows
+    torch.testing.assert_close(kernel(x, w, b), F.conv1d(x, w, b, 1, 1), atol=1e-5, rtol=1e-5)
+    other = torch.randn(8, 4, 3)  # another weight than the bound one: conv1d's own path
+    torch.testing.assert_close(kernel(x, other, b), F.conv1d(x, other, b, 1, 1), atol=1e-5, rtol=1e-5)
+    assert C.bound_conv1d(w.double(), None, 1, 1, 1, 1) is None  # float32 only
