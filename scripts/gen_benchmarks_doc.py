@@ -826,7 +826,8 @@ AREAS = [
          "machine's timings of one runtime moved up to 2x between runs of the day (onnxruntime's silero_vad "
          "0.154-0.362 ms)."),
     Area("CPU: small 1-D convolutions in C (audio front ends)", "real_models.py",
-         [("real_models_silero_before_cpu_*.json", None), ("real_models_silero_conv1d_cpu_*.json", None)],
+         [("real_models_silero_before_cpu_*.json", None), ("real_models_silero_conv1d_cpu_*.json", None),
+          ("real_models_silero_bound_before_cpu_*.json", None), ("real_models_silero_bound_cpu_*.json", None)],
          ["model", "conv1d", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x onnxruntime (time)", "run"],
          real_models_by_run,
          "The silero-vad models over their sequences (batches 1-8, chunks of 576 or 288 samples), 3 rounds, steady "
@@ -834,7 +835,10 @@ AREAS = [
          "onnxruntime's silero_vad 0.163 and 0.272 ms). A dense float32 conv1d of up to "
          "1M multiply-adds runs in C, its weight packed [c * k][o] once, and a depthwise one of up to 64K "
          "(ops/csrc/conv1d.c), on one thread (an OpenMP team for the largest made openwakeword's silero-vad v4 "
-         "1.85 ms a call against 0.75): silero-vad's six convolutions at batch 1 240 -> 116 us."),
+         "1.85 ms a call against 0.75): silero-vad's six convolutions at batch 1 240 -> 116 us. The A/B pair after "
+         "them (a later session, minutes apart, without OpenVINO): a 1-D Conv node with a constant weight through a "
+         "bound kernel (its input shape's C arguments kept, five foreign arguments where there were 13): 4-7% on "
+         "three of the four, silero-vad at batch 1 alone 387 -> 292-316 us a call."),
     Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
          ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
          "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
