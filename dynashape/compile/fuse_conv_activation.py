@@ -1,4 +1,5 @@
-"""Pass (CPU): a 2-D float Conv and the activation that alone reads it become ``ConvAct``.
+"""Pass (CPU): a 2-D float Conv and the activation that alone reads it become ``ConvAct``; a 1-D one
+and its Relu too (``_takes_1d``).
 
 oneDNN applies an activation to the convolution's output block by block while it is still in
 registers (a post-op; ``ops/cpu_conv.py conv2d_act``): one pass over the output, and its buffer,
@@ -54,6 +55,15 @@ def _post_op(node: Node) -> tuple[str, list[float], str] | None:
     if std and op == "Clip" and (bounds := _clip_bounds(node)) is not None:
         return "hardtanh", bounds, ""
     return None
+
+
+def _takes_1d(conv: Node | None) -> bool:
+    """A 1-D float32 convolution of a constant weight: its Relu joins it (the C kernel applies it as it
+    stores, ops/conv.py ``bound_conv1d``: silero-vad's encoder, four torch calls a call fewer)."""
+    if conv is None or len(conv.outputs) != 1:
+        return False
+    w = conv.inputs[1]
+    return w is not None and w.is_const and w.const.dim() == 3 and w.const.dtype == torch.float32
 
 
 def _takes(conv: Node | None) -> bool:
@@ -134,6 +144,10 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         conv = producer(act.inputs[0], "Conv")
         if _takes(conv) and only_feeds(act.inputs[0], [act], graph):
             _fuse(graph, conv, act, post, exact)
+        elif post[0] == "relu" and _takes_1d(conv) and only_feeds(act.inputs[0], [act], graph):
+            attrs = {**conv.attrs, "activation": "relu", "act_scalars": [], "act_algorithm": "", "act_exact": 1}
+            fuse(graph, [conv, act], "ConvAct", [conv.inputs[0], conv.inputs[1],
+                                                 conv.inputs[2] if len(conv.inputs) > 2 else None], attrs)
     # the others without a post-op: the op's bound kernel reorders the weight once per input shape
     for conv in [n for n in graph.nodes if n.op_type == "Conv" and n.domain in _STD]:
         if _takes(conv):

@@ -54,7 +54,7 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
     """A small dense conv1d in C (csrc/conv1d.c, one thread: it says why), its weight packed
     [c * k][o] once (``_PACKED``: remade if the weight is written), or None where the C kernel
     cannot be built (counted as ``conv1d_torch_fallbacks``: torch's forms serve)."""
-    fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiii", fallbacks="conv1d")
+    fn = native.function("conv1d", "conv1d_ncl", "ppppiiiiiiiiii", fallbacks="conv1d")
     if fn is None:
         return None
     n, c, length = x.shape
@@ -64,7 +64,7 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
     bc = b.contiguous() if b is not None else None
     y = torch.empty((n, o, out_len), dtype=x.dtype)
     fn(x.data_ptr(), y.data_ptr(), packed.data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, o,
-       k, s, p, d, out_len)
+       k, s, p, d, out_len, 0)
     native.count(NATIVE_CONV1D)
     return y
 
@@ -80,13 +80,13 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     k = w.shape[-1]
     if x.dtype == torch.float32 and w.dtype == x.dtype and (b is None or b.dtype == x.dtype) \
             and n * c * out_len * k <= DW_C:
-        fn = native.function("conv1d", "dw_conv1d_ncl", "ppppiiiiiii", fallbacks="dw_conv1d")
+        fn = native.function("conv1d", "dw_conv1d_ncl", "ppppiiiiiiii", fallbacks="dw_conv1d")
         if fn is not None:
             x, wc = x.contiguous(), w.contiguous()
             bc = b.contiguous() if b is not None else None
             y = torch.empty((n, c, out_len), dtype=x.dtype)
             fn(x.data_ptr(), y.data_ptr(), wc.data_ptr(), bc.data_ptr() if bc is not None else None, n, c, length, k,
-               s, p, out_len)
+               s, p, out_len, 0)
             native.count(NATIVE_DW_CONV1D)
             return y
     xp = F.pad(x, (p, p)) if p else x
@@ -103,14 +103,15 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     return y
 
 
-def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int, group: int):
+def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int, group: int, relu: bool = False):
     """A 1-D Conv node's kernel with its weight and attributes read once (the generated CPU runner's,
     ``registry.binder``): at a dense or depthwise float32 convolution small enough for the C kernels
     (``_native1d``, ``_depthwise1d``), a call is a lookup of its input shape's argument array, the
     output's allocation and one foreign call of five arguments, where the op's path took ~24 us of
     Python a call (conv_plan, the checks, 13 ctypes arguments: silero-vad's six convolutions ~140 us
     of a 390 us call at batch 1 on a 2-core EPYC, onnxruntime's whole call ~95 us). Anything else
-    takes ``conv1d``. None where nothing is gained (another dtype or layout, no C library)."""
+    takes ``conv1d`` (then ``relu_``). With ``relu`` the C kernels apply the Relu after it (a ``ConvAct``
+    of fuse_conv_activation). None where nothing is gained (another dtype or layout, no C library)."""
     o, cw, k = w.shape
     dense = group == 1
     depthwise = group == o > 1 and cw == 1 and d == 1 and k <= DW_TAPS
@@ -132,21 +133,25 @@ def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int
         if c != cw * group or lo <= 0 or (dense and n * lo * c * k * o > C_MACS) or (
                 not dense and n * c * lo * k > DW_C):
             return False
-        ints = (n, c, length, o, k, s, p, d, lo) if dense else (n, c, length, k, s, p, lo)
+        ints = (n, c, length, o, k, s, p, d, lo, int(relu)) if dense else (n, c, length, k, s, p, lo, int(relu))
         args = (ctypes.c_int64 * len(ints))(*ints)
         if len(plans) >= 256:  # lengths that never repeat: forget them all at once
             plans.clear()
         return (n, o, lo), ctypes.addressof(args), args
 
+    def torch_form(x, w_, b_):
+        y = conv1d(x, w_, b_, s, p, d, group)
+        return y.relu_() if relu else y
+
     def kernel(x, w_, b_=None, out=None):
         if w_ is not w or b_ is not b or type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 3 \
                 or x.device.type != "cpu" or x.requires_grad:
-            return conv1d(x, w_, b_, s, p, d, group)
+            return torch_form(x, w_, b_)
         got = plans.get(x.shape)
         if got is None:
             got = plans[x.shape] = plan(x.shape)
         if got is False:
-            return conv1d(x, w_, b_, s, p, d, group)
+            return torch_form(x, w_, b_)
         if not x.is_contiguous():
             x = x.contiguous()
         wp = _PACKED.get(w, lambda: w.detach().reshape(o, cw * k).t().contiguous()) if dense else w

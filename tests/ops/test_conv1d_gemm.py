@@ -138,7 +138,7 @@ def test_the_product_serves_tiny_batched_inputs_and_torch_the_rest(monkeypatch):
     assert len(calls) == 1 and len(mm_calls) == 2  # (no bias: torch.mm)
 
 
-def _conv1d_model(w, b, group=1, weight_input=False, stride=2):
+def _conv1d_model(w, b, group=1, weight_input=False, stride=2, relu=False):
     import numpy as np  # noqa: F401
     import onnx
     from onnx import TensorProto as TP
@@ -147,8 +147,9 @@ def _conv1d_model(w, b, group=1, weight_input=False, stride=2):
     ins = [helper.make_tensor_value_info("x", TP.FLOAT, ["N", w.shape[1] * group, "L"])]
     if weight_input:
         ins.append(helper.make_tensor_value_info("w", TP.FLOAT, list(w.shape)))
-    g = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[stride], group=group)], "g", ins,
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=[1, 1], strides=[stride],
+                              group=group)] + ([helper.make_node("Relu", ["c"], ["y"])] if relu else [])
+    g = helper.make_graph(nodes, "g", ins,
         [helper.make_tensor_value_info("y", TP.FLOAT, ["N", w.shape[0], "M"])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -196,3 +197,31 @@ def test_a_bound_conv1d_repacks_a_weight_written_in_place():
     other = torch.randn(8, 4, 3)  # another weight than the bound one: conv1d's own path
     torch.testing.assert_close(kernel(x, other, b), F.conv1d(x, other, b, 1, 1), atol=1e-5, rtol=1e-5)
     assert C.bound_conv1d(w.double(), None, 1, 1, 1, 1) is None  # float32 only
+
+
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+def test_a_conv1d_and_its_relu_are_one_c_call(kind):
+    """fuse_conv_activation makes a 1-D Conv and its Relu one ConvAct, whose bound kernel has the C
+    kernel apply the Relu as it stores; over changing lengths against onnxruntime."""
+    import numpy as np
+    import onnxruntime as ort
+
+    import dynashape
+    from tests.compile.test_fusion import fused_ops
+    if native.library("conv1d") is None:
+        pytest.skip(f"no C kernel: {native.why('conv1d')}")
+    rng = np.random.default_rng(5)
+    group = 8 if kind == "depthwise" else 1
+    w = rng.standard_normal((8, 1, 3) if kind == "depthwise" else (16, 8, 3)).astype(np.float32)
+    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    model = _conv1d_model(w, b, group, relu=True).SerializeToString()
+    sess = dynashape.InferenceSession(model)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    counter = C.NATIVE_DW_CONV1D if kind == "depthwise" else C.NATIVE_CONV1D
+    before = native.counters().get(counter, 0)
+    for batch, length in ((1, 4), (3, 9), (2, 2), (1, 9)):
+        x = rng.standard_normal((batch, 8, length)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], atol=1e-5, rtol=1e-5)
+    assert native.counters().get(counter, 0) - before == 4
+    ops = fused_ops(sess)
+    assert ops["com.dynashape.ConvAct"] == 1 and ops["Relu"] == 0, dict(ops)

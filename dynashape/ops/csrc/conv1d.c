@@ -14,14 +14,15 @@
  * OpenMP team for its largest one and 0.75 ms without (this project's 2-core CPU).
  *
  * x [n][c][l] (contiguous), wp [c * k][o], b [o] or NULL, y [n][o][lo]; stride s, pad p (both sides
- * the same, taps beyond the input read as 0), dilation d.
+ * the same, taps beyond the input read as 0), dilation d; ``relu``: max(y, 0) as it is stored (a Conv
+ * and the Relu after it, compile/fuse_conv_activation.py: a torch call fewer).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include "subnormal.h"
 
 void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64_t n, int64_t c, int64_t l,
-                int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo) {
+                int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo, int64_t relu) {
     const unsigned csr = flush_subnormals();
     float *acc = (float *)malloc(sizeof(float) * (size_t)o);
     for (int64_t i = 0; i < n; i++) {
@@ -38,7 +39,10 @@ void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64
                 }
             }
             float *yp = y + i * o * lo + t;
-            for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
+            if (relu)
+                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q] > 0.0f ? acc[q] : 0.0f;
+            else
+                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
         }
     }
     free(acc);
@@ -50,7 +54,7 @@ void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64
  * w [c][k] (the weight [c][1][k] as it lies), b [c] or NULL, y [n][c][lo]; taps beyond the input read
  * as 0. The sums run over the taps in order. */
 void dw_conv1d_ncl(const float *x, float *y, const float *w, const float *b, int64_t n, int64_t c, int64_t l,
-                   int64_t k, int64_t s, int64_t p, int64_t lo) {
+                   int64_t k, int64_t s, int64_t p, int64_t lo, int64_t relu) {
     const unsigned csr = flush_subnormals();
     for (int64_t i = 0; i < n * c; i++) {
         const float *xr = x + i * l;
@@ -63,7 +67,7 @@ void dw_conv1d_ncl(const float *x, float *y, const float *w, const float *b, int
                 const int64_t pos = t * s - p + j;
                 if (pos >= 0 && pos < l) acc += xr[pos] * wr[j];
             }
-            yr[t] = acc;
+            yr[t] = relu && acc < 0.0f ? 0.0f : acc;
         }
     }
     restore_subnormals(csr);
@@ -71,11 +75,11 @@ void dw_conv1d_ncl(const float *x, float *y, const float *w, const float *b, int
 
 /* The two with their integer arguments in one array (ops/conv.py ``bound_conv1d`` keeps one per input
  * shape): five foreign arguments where there were 13 and 11, ~0.3 us of ctypes' conversion each.
- * a: n, c, l, o, k, s, p, d, lo (dense); n, c, l, k, s, p, lo (depthwise). */
+ * a: n, c, l, o, k, s, p, d, lo, relu (dense); n, c, l, k, s, p, lo, relu (depthwise). */
 void conv1d_run(const float *x, float *y, const float *wp, const float *b, const int64_t *a) {
-    conv1d_ncl(x, y, wp, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]);
+    conv1d_ncl(x, y, wp, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]);
 }
 
 void dw_conv1d_run(const float *x, float *y, const float *w, const float *b, const int64_t *a) {
-    dw_conv1d_ncl(x, y, w, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6]);
+    dw_conv1d_ncl(x, y, w, b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
 }
