@@ -836,9 +836,12 @@ AREAS = [
          "1M multiply-adds runs in C, its weight packed [c * k][o] once, and a depthwise one of up to 64K "
          "(ops/csrc/conv1d.c), on one thread (an OpenMP team for the largest made openwakeword's silero-vad v4 "
          "1.85 ms a call against 0.75): silero-vad's six convolutions at batch 1 240 -> 116 us. The A/B pair after "
-         "them (a later session, minutes apart, without OpenVINO): a 1-D Conv node with a constant weight through a "
-         "bound kernel (its input shape's C arguments kept, five foreign arguments where there were 13): 4-7% on "
-         "three of the four, silero-vad at batch 1 alone 387 -> 292-316 us a call."),
+         "them (a later session, without OpenVINO, two rounds alternating before and after; the second shown): a 1-D "
+         "Conv node with a constant weight through a bound kernel (its input shape's C arguments kept, five foreign "
+         "arguments where there were 13) and its Relu applied by the C kernel as it stores (fuse_conv_activation): "
+         "silero_vad 0.407 / 0.333 -> 0.318 / 0.311 ms, silero_vad_ifless 0.405 / 0.398 -> 0.375 / 0.371, "
+         "silero_vad_seq 0.992 / 0.933 -> 0.94 / 0.894, oww_silero_vad_v4 0.902 / 0.807 -> 0.752 / 0.758; silero-vad "
+         "at batch 1 alone 387 -> 292-316 us a call (the bound kernel only)."),
     Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
          ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
          "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
