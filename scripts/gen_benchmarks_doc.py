@@ -776,21 +776,24 @@ AREAS = [
          [("new_sizes_cpu_20*.json", None)],
          ["model", "sizes drawn", "dynashape total ms", "onnxruntime", "OpenVINO", "x the faster",
           "worst ms: dynashape / onnxruntime", "x", "load (1 min)", "run"], new_sizes,
-         "Every call timed from the first, no warm-up, a new shape on (almost) every call; the runtimes in turn on "
-         "the same shapes and inputs. *x*: dynashape's time / the peer's (lower is faster). OpenVINO computes in "
-         "f32 from the 2026-11-28d run on (`dynashape bench --ov-precision`, default f32): before, its CPU default "
-         "computed in bf16 on this AMX Xeon. dynashape sets glibc's mmap threshold to 1 GiB in its process "
+         "Every call timed from the first, no warm-up, a new shape on (almost) every call; the runtimes in turn on the "
+         "same shapes and inputs. *x*: dynashape's time / the peer's (lower is faster). OpenVINO computes in f32 from "
+         "the 2026-11-28d run on (`dynashape bench --ov-precision`, default f32): before, its CPU default computed in "
+         "bf16 on this AMX Xeon. dynashape sets glibc's mmap threshold to 1 GiB in its process "
          "(memory/host_malloc.py); the peers run after it in the same process with that setting. The session of "
-         "2026-11-28 (runs g-j): that threshold (feature maps of a batch were mapped and faulted in on every "
-         "call), dense and depthwise convolutions in C (no oneDNN primitive per size), the affine after an "
-         "activation joined to its convolution, dead locals deleted in the generated code, the generic "
-         "specialization traced at load. The runs of 2026-11-29 d and e are on another machine than those before "
-         "them, an AMD EPYC (Zen 4, AVX-512) 2-core machine: there onnxruntime took ocr_cls_v2's calls in 387-444 "
-         "ms where the 2026-11-29c run measured 994 (dynashape 724 against 537), so the classifier that was 0.86x "
-         "the faster peer measured 1.87x on this CPU (results/new_sizes_cpu_2026-11-29d.json; the three other "
-         "models 1.09-1.10x). Run e (shown): depthwise convolutions at a new shape take the vector tile only "
-         "below 4M multiply-adds, the plain C loop above (ops/cpu_conv.py DEPTHWISE_NEW_SHAPE_MACS): the "
-         "classifier 1.28x."),
+         "2026-11-28 (runs g-j): that threshold (feature maps of a batch were mapped and faulted in on every call), "
+         "dense and depthwise convolutions in C (no oneDNN primitive per size), the affine after an activation joined "
+         "to its convolution, dead locals deleted in the generated code, the generic specialization traced at load. "
+         "The runs of 2026-11-29 d and e are on another machine than those before them, an AMD EPYC (Zen 4, AVX-512) "
+         "2-core machine: there onnxruntime took ocr_cls_v2's calls in 387-444 ms where the 2026-11-29c run measured "
+         "994 (dynashape 724 against 537), so the classifier that was 0.86x the faster peer measured 1.87x on this CPU "
+         "(results/new_sizes_cpu_2026-11-29d.json; the three other models 1.09-1.10x). Run e: depthwise convolutions "
+         "at a new shape take the vector tile only below 4M multiply-adds, the plain C loop above (ops/cpu_conv.py "
+         "DEPTHWISE_NEW_SHAPE_MACS): the classifier 1.28x, ocr_det_v4 1.08, ocr_rec_v4 1.11, nudenet_320n 1.14 "
+         "(results/new_sizes_cpu_2026-11-29e.json). Run f (shown, a later session on the same machine): the dense C "
+         "convolutions read a 3-channel input image as it is (ops/cpu_conv_dense.py PLANAR_MAX_C), and this run's "
+         "peers were slower on the detectors (onnxruntime 929 ms on ocr_det_v4) and faster on the classifier (409 ms): "
+         "compare runs by the dynashape column only."),
     Area("CPU: a new size's first call against its repeats", "first_call_ratio.py",
          [("first_call_ratio_cpu_*.json", None)],
          ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
