@@ -34,6 +34,7 @@ from .fuse_qdq import fuse_qdq
 from .fuse_residual import fuse_gated_matmul_add, fuse_matmul_add, fuse_norm_linear, fuse_silu_mul
 from .fuse_rotary import fuse_rotary
 from .fuse_squeeze_excite import fuse_squeeze_excite
+from .hoist_loop_invariants import hoist_loop_invariants
 from .inline_if import inline_constant_if
 from .linear_layout import linear_layout_pass
 from .paged_kv import paged_kv as paged_kv_pass
@@ -60,6 +61,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # graph as it was (the reference the fused graph is tested against).
 FUSION_PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("skip_identities", skip_identities),  # first: an Identity between two nodes hides their pattern
+    ("hoist_loop_invariants", hoist_loop_invariants),  # before the patterns: a hoisted chain fuses where it lands
     ("fuse_dynamic_quant", fuse_dynamic_quant),  # before fuse_linear, which would take the Mul + Add tail
     ("fuse_qdq", fuse_qdq),
     ("fuse_gather_dequant", fuse_gather_dequant),  # after fuse_qdq, which takes Q -> DQ pairs
