@@ -823,11 +823,14 @@ AREAS = [
          "shapes). Target: 1.3x the faster peer. On 2026-11-29 (this Intel Xeon, where OpenVINO in f32 is 1.2-3x "
          "faster than on the AMD EPYC of the earlier runs) the same set measured a median of 1.65x the faster "
          "peer before the subnormal weights were flushed (PP-OCRv6 det 3.74x: results/real_models_pypi15_cpu_rounds_"
-         "2026-11-29.json) and 1.39x after (results/real_models_pypi15_cpu_rounds_2026-11-29b.json). The run "
-         "shown (results/real_models_pypi15_cpu_rounds_2026-11-29c.json) is on an AMD EPYC "
+         "2026-11-29.json) and 1.39x after (results/real_models_pypi15_cpu_rounds_2026-11-29b.json). Run c "
+         "(results/real_models_pypi15_cpu_rounds_2026-11-29c.json) is on an AMD EPYC "
          "(Zen 4, AVX-512) 2-core machine, with small 1-D convolutions in C (ops/csrc/conv1d.c): median 1.33x; this "
          "machine's timings of one runtime moved up to 2x between runs of the day (onnxruntime's silero_vad "
-         "0.154-0.362 ms)."),
+         "0.154-0.362 ms). Run d (shown, a later session on the same machine): the bound 1-D convolutions with "
+         "their Relu, a 3-channel input image read as it lies, a Loop body's invariants hoisted: median 1.30x. It "
+         "ran while the machine was slow and uneven (onnxruntime's silero_vad 0.26 ms where runs minutes before "
+         "measured 0.15; nudenet_320n 23.2 ms here, 15.5-21.5 in four runs right after, the peer 15.4-22.3)."),
     Area("CPU: small 1-D convolutions in C (audio front ends)", "real_models.py",
          [("real_models_silero_before_cpu_*.json", None), ("real_models_silero_conv1d_cpu_*.json", None),
           ("real_models_silero_bound_before_cpu_*.json", None), ("real_models_silero_bound_cpu_*.json", None)],

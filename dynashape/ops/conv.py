@@ -297,10 +297,10 @@ def _conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     return fn(x, w, b, s, p, d, group)
 
 
-@binder("Conv")
-def _bind_conv(consts, attrs):
-    """A 1-D convolution's weight and attributes read once (``bound_conv1d``); explicit symmetric pads
-    only (auto_pad's depend on the input). 2-D and 3-D ones keep the op."""
+def bind_conv1d(consts, attrs, relu: bool = False):
+    """A 1-D Conv (or ConvAct with a Relu) node's bound kernel (``bound_conv1d``) for its constants and
+    attributes, or None: explicit symmetric pads only (auto_pad's depend on the input), a constant
+    bias or none."""
     w = consts[1]
     if not isinstance(w, torch.Tensor) or w.dim() != 3 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
         return None
@@ -311,7 +311,13 @@ def _bind_conv(consts, attrs):
         return None  # a computed bias
     b = consts[2] if len(consts) > 2 else None
     s, d = (list(attrs.get(key) or [1])[0] for key in ("strides", "dilations"))
-    return bound_conv1d(w, b, int(s), int(pads[0]), int(d), int(attrs.get("group", 1)))
+    return bound_conv1d(w, b, int(s), int(pads[0]), int(d), int(attrs.get("group", 1)), relu)
+
+
+@binder("Conv")
+def _bind_conv(consts, attrs):
+    """A 1-D convolution's weight and attributes read once; 2-D and 3-D ones keep the op."""
+    return bind_conv1d(consts, attrs)
 
 
 # ConvTranspose ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import threading
 import torch
 
 from . import cpu_conv, tuned_conv
-from .conv import _conv_infer, bound_conv1d, conv_plan
+from .conv import _conv_infer, bind_conv1d, conv_plan
 from .fused import DOMAIN, CannotServe
 from .registry import binder, op
 from .specialise import thread_setting
@@ -133,14 +133,8 @@ def _bind_conv_act(consts, attrs):
 
 
 def _bind_conv1d_relu(consts, attrs):
-    """ConvAct of a 1-D convolution (a Relu only, no affine, explicit symmetric pads): the C kernel
-    with the Relu as it stores (ops/conv.py ``bound_conv1d``)."""
-    pads = list(attrs.get("pads") or [0, 0])
-    if attrs.get("activation") != "relu" or attrs.get("post_affine") or len(pads) != 2 or pads[0] != pads[1] \
-            or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+    """ConvAct of a 1-D convolution (a Relu only, no affine): the C kernel with the Relu as it stores
+    (ops/conv.py ``bound_conv1d``)."""
+    if attrs.get("activation") != "relu" or attrs.get("post_affine"):
         return None
-    if len(consts) > 2 and consts[2] is not None and not isinstance(consts[2], torch.Tensor):
-        return None  # a computed bias
-    s, d = (list(attrs.get(key) or [1])[0] for key in ("strides", "dilations"))
-    return bound_conv1d(consts[1], consts[2] if len(consts) > 2 else None, int(s), int(pads[0]), int(d),
-                        int(attrs.get("group", 1)), relu=True)
+    return bind_conv1d(consts, attrs, relu=True)
