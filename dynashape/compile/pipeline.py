@@ -104,6 +104,10 @@ def _run(passes, graph: Graph, timings: dict, dump_after: set[str] | None) -> Gr
 # fewer per decoder layer); on CPU the tiny decoder's step was 3-4% slower with them (addmm and the
 # two-op SiluMul against the separate calls into arena buffers): CUDA only.
 RESIDUAL_FUSION_DEVICES = ("cuda",)
+# hoist_loop_invariants: measured and tested on CPU sessions (SLANet 604 -> 488 ms); a CUDA session
+# keeps its Loop bodies whole until a device run has checked it there
+# (benchmarks/loop_hoist_cuda_check.py)
+HOIST_DEVICES = ("cpu",)
 # cuDNN's fused convolution epilogues (ops/conv_act.py); on CPU the op would be the same two kernels.
 # DYNASHAPE_FUSE_CONV_RELU=0 / 1 forces the pass off / on (to measure it)
 CONV_RELU_DEVICES = ("cuda",)
@@ -140,7 +144,8 @@ def compile_graph(graph: Graph, dump_after: set[str] | None = None, fusion: bool
     _compile_subgraphs_tail(graph)
     fused = None
     if fusion:
-        passes = FUSION_PASSES + device_passes(device)
+        passes = [p for p in FUSION_PASSES if p[0] != "hoist_loop_invariants"
+                  or str(device).split(":")[0] in HOIST_DEVICES] + device_passes(device)
         if paged_kv:
             passes = passes + [("paged_kv", paged_kv_pass), ("remove_dead_nodes", remove_dead_nodes)]
         fused = _run(passes, copy_graph(graph), timings, dump_after)

@@ -108,3 +108,14 @@ def test_a_body_output_and_what_reads_the_iteration_stay():
     assert kept.count("Unsqueeze") == 0 and kept.count("Squeeze") == 1 and "Identity" in kept
     assert "Tanh" in kept and "Cast" in kept
     assert {v.name for v in body.outer} >= {"scaled", "tsum"}  # what the body now reads from outside
+
+
+def test_cuda_sessions_keep_their_loop_bodies_until_checked_there():
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model, prepare_proto
+
+    def body_ops(device):
+        g = compile_graph(parse_model(prepare_proto(_loop_model()), ParseOptions()), device=device).fused
+        return [n.op_type for n in next(n for n in g.nodes if n.op_type == "Loop").subgraphs["body"].nodes]
+    assert "MatMul" not in body_ops("cpu") and "MatMul" in body_ops("cuda")
