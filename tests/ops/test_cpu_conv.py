@@ -21,6 +21,9 @@ def test_pooled_1x1_is_the_convolution(n, c, o, bias):
     want = torch.conv2d(x, w, b)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w.mul_(-0.5)  # update_weights writing in place: the [C, O] copy the product reads follows
+    torch.testing.assert_close(cpu_conv.conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1), torch.conv2d(x, w, b),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_other_convolutions_are_torchs():
