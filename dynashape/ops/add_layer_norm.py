@@ -60,7 +60,7 @@ def add_layer_norm(x: torch.Tensor, r: torch.Tensor | None, gamma: torch.Tensor,
     """``LayerNorm(x + r)`` over the last axis (``r`` None: of ``x``), written into ``out`` where
     given (contiguous, ``x``'s shape), else into a new tensor. The host's part is kept lean (a
     dynamic call of a few thousand tokens is bound by it): no call where a tensor is contiguous
-    already or the device current."""
+    already."""
     if not serves(x) or (out is not None and not out.is_contiguous()):
         s = x if r is None else x + r
         y = F.layer_norm(s, (x.shape[-1],), gamma, beta, epsilon)
@@ -79,10 +79,7 @@ def add_layer_norm(x: torch.Tensor, r: torch.Tensor | None, gamma: torch.Tensor,
     g = gamma if gamma.is_contiguous() else gamma.contiguous()
     b = beta if beta is None or beta.is_contiguous() else beta.contiguous()
     args = (x, r, g, b, y, n, float(epsilon))
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
-        with on(x.device):
-            _kernel[(rows,)](*args, HAS_R=r is not None, HAS_B=beta is not None, BLOCK=block, num_warps=warps)
-    else:
+    with on(x.device):
         _kernel[(rows,)](*args, HAS_R=r is not None, HAS_B=beta is not None, BLOCK=block, num_warps=warps)
     return y
 

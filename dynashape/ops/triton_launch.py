@@ -3,9 +3,10 @@
 ``INTERPRET``: Triton runs the kernels in its interpreter (TRITON_INTERPRET=1, read at import), on
 CPU tensors: their tests where there is no GPU. ``on(device)``: Triton launches on the current CUDA
 device, so a launch for a tensor on ``cuda:1`` makes that device current first (nothing to do in
-the interpreter). ``few_rows_scores`` / ``few_rows_weighted``: the two products of a decode
-attention whose KV head has a few query rows (kv_attention.py, paged_attention.py), each row's as
-sums over d: a dot's tile is 16 rows at least, of which a GQA model's 3 heads used 3.
+the interpreter, nor where it is current already). ``few_rows_scores`` / ``few_rows_weighted``: the
+two products of a decode attention whose KV head has a few query rows (kv_attention.py,
+paged_attention.py), each row's as sums over d: a dot's tile is 16 rows at least, of which a GQA
+model's 3 heads used 3.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def on(device: torch.device):
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    """The context to launch on ``device``: a switch of the current CUDA device only where it is another
+    (entering ``torch.cuda.device`` costs the host microseconds on every launch, and a dynamic call
+    launches hundreds)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 few_rows_scores = few_rows_weighted = None  # (the kernels that call them exist only with triton)
