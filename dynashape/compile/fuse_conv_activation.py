@@ -118,7 +118,8 @@ def _affine_after(v, graph: Graph) -> tuple[list[Node], float, float] | None:
     return (nodes, scale, shift) if nodes else None
 
 
-def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str], exact: bool) -> None:
+def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[float], str], exact: bool,
+          affine: bool = True) -> None:
     name, scalars, algorithm = post
     attrs = {**conv.attrs, "activation": name, "act_scalars": scalars, "act_algorithm": algorithm,
              "act_exact": int(exact)}
@@ -126,10 +127,10 @@ def _fuse(graph: Graph, conv: Node, act: Node | None, post: tuple[str, list[floa
     nodes = [conv] + ([act] if act is not None else [])
     # a float model's affine after the activation joins the convolution (a quantizing model keeps
     # onnxruntime's two roundings: the tile computes scale * y + shift in one)
-    affine = _affine_after(nodes[-1].outputs[0], graph) if act is not None and not exact else None
-    if affine is not None:
-        nodes += affine[0]
-        attrs["post_affine"] = [affine[1], affine[2]]
+    after = _affine_after(nodes[-1].outputs[0], graph) if affine and act is not None and not exact else None
+    if after is not None:
+        nodes += after[0]
+        attrs["post_affine"] = [after[1], after[2]]
     fuse(graph, nodes, "ConvAct", ins, attrs)
 
 
@@ -145,9 +146,7 @@ def fuse_conv_activation(graph: Graph) -> Graph:
         if _takes(conv) and only_feeds(act.inputs[0], [act], graph):
             _fuse(graph, conv, act, post, exact)
         elif post[0] == "relu" and _takes_1d(conv) and only_feeds(act.inputs[0], [act], graph):
-            attrs = {**conv.attrs, "activation": "relu", "act_scalars": [], "act_algorithm": "", "act_exact": 1}
-            fuse(graph, [conv, act], "ConvAct", [conv.inputs[0], conv.inputs[1],
-                                                 conv.inputs[2] if len(conv.inputs) > 2 else None], attrs)
+            _fuse(graph, conv, act, post, True, affine=False)  # (the C kernel applies no affine after it)
     # the others without a post-op: the op's bound kernel reorders the weight once per input shape
     for conv in [n for n in graph.nodes if n.op_type == "Conv" and n.domain in _STD]:
         if _takes(conv):

@@ -59,7 +59,7 @@ def _native1d(x, w, b, s: int, p: int, d: int, out_len: int):
         return None
     n, c, length = x.shape
     o, _, k = w.shape
-    packed = _PACKED.get(w, lambda: w.detach().reshape(o, c * k).t().contiguous())
+    packed = _packed(w)
     x = x.contiguous()
     bc = b.contiguous() if b is not None else None
     y = torch.empty((n, o, out_len), dtype=x.dtype)
@@ -154,12 +154,18 @@ def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int
             return torch_form(x, w_, b_)
         if not x.is_contiguous():
             x = x.contiguous()
-        wp = _PACKED.get(w, lambda: w.detach().reshape(o, cw * k).t().contiguous()) if dense else w
+        wp = _packed(w) if dense else w
         y = torch.empty(got[0], dtype=torch.float32)
         run(x.data_ptr(), y.data_ptr(), wp.data_ptr(), b_ptr, got[1])
         native.count(counter)
         return y
     return kernel
+
+
+def _packed(w: torch.Tensor) -> torch.Tensor:
+    """A dense conv1d weight [o][c][k] as the C kernel reads it, [c * k][o]: made once, again after a
+    write to the weight (``_PACKED``)."""
+    return _PACKED.get(w, lambda: w.detach().reshape(w.shape[0], -1).t().contiguous())
 
 
 # a dense float32 conv1d of up to this many multiply-adds runs in C (``_native1d``); beyond, torch's
