@@ -36,7 +36,7 @@ def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
             and k <= DW_TAPS and x.dtype in (torch.float32, torch.float64):  # (half: torch sums in float32)
         return _depthwise1d(x, w, b, s, p, out_len)
     if (groups == 1 and out_len > 0 and x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == x.dtype
-            and not x.requires_grad and n * out_len * c * k * o <= C_MACS and (b is None or b.dtype == x.dtype)):
+            and not x.requires_grad and in_c(True, n, c, out_len, k, o) and (b is None or b.dtype == x.dtype)):
         y = _native1d(x, w, b, s, p, d, out_len)
         if y is not None:
             return y
@@ -79,7 +79,7 @@ def _depthwise1d(x, w, b, s: int, p: int, out_len: int):
     n, c, length = x.shape
     k = w.shape[-1]
     if x.dtype == torch.float32 and w.dtype == x.dtype and (b is None or b.dtype == x.dtype) \
-            and n * c * out_len * k <= DW_C:
+            and in_c(False, n, c, out_len, k, c):
         fn = native.function("conv1d", "dw_conv1d_ncl", "ppppiiiiiiii", fallbacks="dw_conv1d")
         if fn is not None:
             x, wc = x.contiguous(), w.contiguous()
@@ -130,8 +130,7 @@ def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int
     def plan(shape):
         n, c, length = shape
         lo = (length + 2 * p - d * (k - 1) - 1) // s + 1
-        if c != cw * group or lo <= 0 or (dense and n * lo * c * k * o > C_MACS) or (
-                not dense and n * c * lo * k > DW_C):
+        if c != cw * group or lo <= 0 or not in_c(dense, n, c, lo, k, o):
             return False
         ints = (n, c, length, o, k, s, p, d, lo, int(relu)) if dense else (n, c, length, k, s, p, lo, int(relu))
         args = (ctypes.c_int64 * len(ints))(*ints)
@@ -160,6 +159,12 @@ def bound_conv1d(w: torch.Tensor, b: torch.Tensor | None, s: int, p: int, d: int
         native.count(counter)
         return y
     return kernel
+
+
+def in_c(dense: bool, n: int, c: int, lo: int, k: int, o: int) -> bool:
+    """Whether a float32 conv1d of this size runs in C: a dense one up to ``C_MACS`` multiply-adds,
+    a depthwise one (``o`` = ``c``) up to ``DW_C``."""
+    return n * lo * c * k * (o if dense else 1) <= (C_MACS if dense else DW_C)
 
 
 def _packed(w: torch.Tensor) -> torch.Tensor:
