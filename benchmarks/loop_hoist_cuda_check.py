@@ -1,6 +1,7 @@
 """The Loop-invariant hoisting (compile/hoist_loop_invariants.py) on a CUDA session: the tests' Loop
 models (tests/compile/test_hoist_loop_invariants.py), flat and nested, over changing shapes and trip
-counts against onnxruntime (CPU), and the session's fused graph checked to have hoisted.
+counts against onnxruntime (CPU), and the session's fused graph checked to have hoisted. The pass is
+switched on for CUDA here (``pipeline.HOIST_DEVICES``, CPU only until this check has passed on a GPU).
 
     python benchmarks/loop_hoist_cuda_check.py
 """
@@ -13,10 +14,12 @@ import onnxruntime as ort
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from dynashape.compile import pipeline  # noqa: E402
 from tests.compile.test_hoist_loop_invariants import _feeds, _loop_model  # noqa: E402
 
 
 def main() -> None:
+    pipeline.HOIST_DEVICES = (*pipeline.HOIST_DEVICES, "cuda")
     for nested in (False, True):
         model = _loop_model(nested)
         sess = dynashape.InferenceSession(model.SerializeToString(), device="cuda")
