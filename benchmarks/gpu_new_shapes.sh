@@ -1,24 +1,9 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [attn2|attn|parts_sync|parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [parts_sync|parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
-  attn2)  # the keys' and values' parts made once a call: the kernel's CUDA tests, its time against torch's with a tile
-          # sweep, BERT-base's dynamic path per shape with the kernel
-    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_attention.py
-    T=90 run python3 -m benchmarks.split_attention --sweep --json "$OUT/split_attention2.json"
-    T=100 run python3 benchmarks/gpu_bound.py --models bert --static off --json "$OUT/gpu_bound_attn2.json" ;;
-  attn)  # float32 attention split onto bfloat16 tensor cores (ops/split_attention.py): its CUDA tests (and the
-         # split's, the norms'), the Loop hoisting's CUDA check, the kernel against torch's at BERT-base's shapes
-         # with a tile sweep, then BERT-base's dynamic path per shape with the kernel and without
-    DYNASHAPE_TEST_DEVICE=cuda T=200 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_attention.py \
-      tests/ops/test_split_tf32.py tests/compile/test_fuse_add_layer_norm.py
-    T=60 run python3 benchmarks/loop_hoist_cuda_check.py
-    T=90 run python3 -m benchmarks.split_attention --sweep --json "$OUT/split_attention.json"
-    T=100 run python3 benchmarks/gpu_bound.py --models bert --static off --json "$OUT/gpu_bound_attn.json"
-    DYNASHAPE_SPLIT_ATTENTION=0 T=100 run python3 benchmarks/gpu_bound.py --models bert --static off \
-      --json "$OUT/gpu_bound_attn_off.json" ;;
   parts_sync)  # AddLayerNorm's forms compiled at load: its CUDA tests and the generation tests (the bfloat16 split in
                # their builds); BERT-base random and cycled with the sync check and without (a 555 ms call in
                # parts_final's first process, as in idle_final's, both with the check)

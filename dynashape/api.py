@@ -30,7 +30,7 @@ from .infer_request import InferRequest
 from .memory import host_malloc
 from .memory.config import MemoryConfig
 from .memory.engine import _limit, _verbose_level
-from .ops import add_layer_norm, split_attention, split_tf32, tuned_conv, u8s8
+from .ops import add_layer_norm, split_tf32, tuned_conv, u8s8
 from .options import OPTION_NAMES, check_flags
 from .profiler import Profiler
 from .request_state import feed_arg
@@ -171,8 +171,6 @@ class InferenceSession:
             tuned_conv.warm(self.device, run_graph)
         if self.compiled is not None and self.device.type == "cuda":
             add_layer_norm.warm(self.device, run_graph)  # its norms' kernel forms compiled now
-            if self.precision is not None and self.precision.products != "ieee":
-                split_attention.warm(self.device, run_graph)  # and its attentions'
         cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
         if self.compiled is not None and cache_dir:
             self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)

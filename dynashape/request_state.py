@@ -27,7 +27,7 @@ from .interpreter.network import Network
 from .ir.dtypes import _PLAIN_NUMPY, HELD, to_numpy
 from .memory import Engine
 from .memory.staging import InputStager
-from .ops import host_sync, native, split_attention, split_tf32
+from .ops import host_sync, native, split_tf32
 from .ops.limits import MAX_LOOP_ITERATIONS
 from .ops.u8s8 import SESSION_SATURATE
 from .ort_module import unwrap
@@ -199,7 +199,6 @@ class RequestState:
         # native kernels (ops/native.py) and their torch fallbacks: counts of this process
         out = {**self._counters(), **self.engine.stats(), **native.counters(), **host_sync.counters(),
                "split_tf32_products": split_tf32.PRODUCTS[0],
-               "split_attention_kernels": split_attention.KERNEL_CALLS[0],
                "split_tf32_skipped": split_tf32.SKIPPED[0],
                "subnormal_weights_flushed": FLUSHED[0]}
         if self.session.compiled is not None:

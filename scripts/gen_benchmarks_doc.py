@@ -768,7 +768,14 @@ AREAS = [
          "eager's 4.4-5.7: ~300 kernels a call); from 4,096 tokens by its kernels, which the split TF32 products "
          "make 0.52x eager's (benchmarks/profile_kernels.py at 32x384: products 17.5 ms, attention 6.6 as "
          "eager's, the activations' split 3.6, norms and GELU 1.8, copies 0.5 of 31.1). BERT-base random's "
-         "last 50 calls at 2x eager need both halved."),
+         "last 50 calls at 2x eager need both halved. The newest run (shown; bfloat16 split parts and AddLayerNorm "
+         "since): 23.6 ms of kernels at 32x384. Tried there and dropped: float32 attention as split bfloat16 products "
+         "in one Triton flash-attention kernel (git show 91983e6: ops/split_attention.py, "
+         "benchmarks/split_attention.py). torch's float32 memory-efficient kernel takes BERT-base's attention at "
+         "32x384 in 0.52 ms a layer (~27 TFLOPS); the split kernel took 1.11 ms with the keys and values split "
+         "in registers in every program, 0.71 ms with them split once a call by a kernel of their own (0.51 with "
+         "the sweep's best tile, 128 x 128 keys), errors 5-6e-6 against float64 (torch's 6e-7); the call's kernels "
+         "23.6 -> 30.3 and 25.9 ms (results/split_attention_*_h200_2026-11-29.json)."),
     Area("GPU: warm shapes, wall time against kernel time", "gpu_bound.py", [("gpu_bound_*.json", "dynamic")],
          GPU_BOUND_COLUMNS, gpu_bound,
          "Each shape after warm-up, dynashape with its static impls built; kernels summed by torch.profiler."),

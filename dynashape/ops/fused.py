@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..shape.symint import NeedsConcrete
-from . import cpu_attention, native, ort_math, small_work, split_attention, split_tf32, tuned_gemm
+from . import cpu_attention, native, ort_math, small_work, split_tf32, tuned_gemm
 from .elementwise import SIXTH, hardsigmoid, hardswish
 from .registry import op
 from .shapes import broadcast, same_as_first
@@ -185,10 +185,7 @@ def _attention(q, k, v, mask=None, *, scale=1.0, mask_kind="none", k_transposed=
         mask = torch.logical_not(mask)  # Where(mask, -inf, scores): True means masked out
     kw = {"enable_gqa": True} if gqa else {}
     r = None
-    if q.is_cuda:  # float32 on bfloat16 tensor cores where the run splits its products
-        if mask is None or mask.dtype == torch.float32:
-            r = split_attention.attention(q, k, v, mask, scale, heads_last=bool(heads_last))
-    elif mask is None or mask.dtype == torch.float32:  # (a boolean mask: torch's kernel)
+    if mask is None or mask.dtype == torch.float32:  # (a boolean mask: torch's kernel)
         if heads_last and q.dim() == 4:
             # (B, N, S, Dv) laid out as (B, S, N, Dv): the Transpose(0, 2, 1, 3) after it is
             # contiguous, the Reshape merging the heads a view (fuse_attention's heads_last)
