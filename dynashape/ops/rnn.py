@@ -497,9 +497,14 @@ def _native_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, direction, lay
 _GRU_FORMS = WeightCache()  # per W or R: its transpose for gru.c; per B: its float32 copy
 # multiply-adds of a layer up to which gru.c runs it where torch's own kernel could (linear_before_reset,
 # forward or bidirectional, no sequence_lens): one C call against torch.gru's calls a step or oneDNN's
-# primitive per new (T, batch); above, oneDNN's threaded products win. Every other configuration goes to
-# gru.c whatever its size: the alternative is rnn.py's loop of ~10 torch calls a step.
-_GRU_NATIVE_MAX_WORK = 1 << 23
+# primitive per new (T, batch); above, torch's threaded kernel. Measured with gru.c's register tiles
+# (2 threads, the 2-core AMD EPYC): a bidirectional layer, its directions on a thread each, took
+# 0.08-0.52x torch.gru's time at every size tried (5M-3.8G multiply-adds; in 512, hidden 256, 100 x 32:
+# 71 against 99 ms); one direction on one thread against torch's two 0.47-0.91x up to 57M, 0.94-1.3x
+# from 118M. Every other configuration goes to gru.c whatever its size: the alternative is rnn.py's loop
+# of ~10 torch calls a step.
+_GRU_NATIVE_MAX_WORK = 1 << 26
+_GRU_NATIVE_MAX_WORK_BIDIRECTIONAL = 1 << 32
 # a bidirectional layer's directions on two threads from this many multiply-adds (one fork a call; a
 # smaller layer's two directions take ~0.1 ms on one thread, about what waking a second one can cost
 # on a busy machine)
@@ -519,8 +524,8 @@ def _native_gru(X, W, R, B, sequence_lens, initial_h, direction, layout, lbr, ou
         return None
     nd, x, t, batch, ni, n = shapes
     work = t * batch * nd * 3 * n * (n + ni)
-    if (lbr and sequence_lens is None and direction != "reverse" and work > _GRU_NATIVE_MAX_WORK
-            and X.dtype == torch.float32):
+    most = _GRU_NATIVE_MAX_WORK_BIDIRECTIONAL if nd == 2 else _GRU_NATIVE_MAX_WORK
+    if lbr and sequence_lens is None and direction != "reverse" and work > most and X.dtype == torch.float32:
         native.count("gru_torch_large")  # torch's kernel: the faster one here, not a fallback
         return None
     fn = native.function("gru", "gru_f32", "iiiiiiipppppppp", fallbacks="gru")

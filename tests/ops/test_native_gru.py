@@ -67,9 +67,11 @@ def test_counted_and_the_weights_laid_out_once():
     assert len(rnn._GRU_FORMS) == forms + 3  # W, R and B, once
 
 
-def test_a_large_layer_goes_to_torchs_kernel_counted(monkeypatch):
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_a_large_layer_goes_to_torchs_kernel_counted(monkeypatch, direction):
     monkeypatch.setattr(rnn, "_GRU_NATIVE_MAX_WORK", 0)
-    run = _case(1, "forward", 6, 20, False, True, 1)
+    monkeypatch.setattr(rnn, "_GRU_NATIVE_MAX_WORK_BIDIRECTIONAL", 0)
+    run = _case(1, direction, 6, 20, False, True, 1)
     before = native.counters().get("gru_torch_large", 0)
     run(5, 2)
     assert native.counters()["gru_torch_large"] == before + 1
