@@ -6,8 +6,10 @@
  * primitive, or the unfold-and-product form of ops/conv.py: 5-8 torch calls), where the arithmetic is
  * ~0.01-0.3M multiply-adds. silero-vad's six took 240 us of a 670 us call at batch 1, against
  * onnxruntime's 150 us for the whole call. Per output position, each input tap's value times the
- * weight's row for it (the weight packed [c * k][o] once, ops/conv.py) is added into a row of o sums:
- * the output-channel loop vectorises. The sums run in (channel, tap) order per output.
+ * weight's row for it (the weight packed [c * k][o] once, ops/conv.py) is added into a row of o sums
+ * (rows_fma.h: four positions at a time, their taps gathered first, taps beyond the input as 0; the
+ * output channels vectorised, the sums in registers). The sums run in (channel, tap) order per output,
+ * products and sums unfused; a padding tap adds 0 * w where the plain loop skipped it (the same sum).
  *
  * One thread: at these sizes (up to ~1M multiply-adds, ~60 us) a second OpenMP thread cost more than
  * it saved: openwakeword's silero-vad v4, 14 such convolutions a call, took 1.85 ms a call with an
@@ -19,33 +21,46 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include "rows_fma.h"
 #include "subnormal.h"
 
 void conv1d_ncl(const float *x, float *y, const float *wp, const float *b, int64_t n, int64_t c, int64_t l,
                 int64_t o, int64_t k, int64_t s, int64_t p, int64_t d, int64_t lo, int64_t relu) {
     const unsigned csr = flush_subnormals();
-    float *acc = (float *)malloc(sizeof(float) * (size_t)o);
+    const int64_t ck = c * k;
+    /* ROWS positions' input taps (zeros beyond the input), their ROWS rows of sums, a dropped row */
+    float *taps = (float *)malloc(sizeof(float) * (size_t)(ROWS * ck + ROWS * o + o));
+    float *sums = taps + ROWS * ck, *drop = sums + ROWS * o;
     for (int64_t i = 0; i < n; i++) {
-        for (int64_t t = 0; t < lo; t++) {
-            for (int64_t q = 0; q < o; q++) acc[q] = b ? b[q] : 0.0f;
-            for (int64_t ci = 0; ci < c; ci++) {
-                const float *xr = x + (i * c + ci) * l;
-                for (int64_t j = 0; j < k; j++) {
-                    const int64_t pos = t * s - p + j * d;
-                    if (pos < 0 || pos >= l) continue;
-                    const float xv = xr[pos];
-                    const float *wr = wp + (ci * k + j) * o;
-                    for (int64_t q = 0; q < o; q++) acc[q] += xv * wr[q];
+        for (int64_t t0 = 0; t0 < lo; t0 += ROWS) {
+            const int nr = lo - t0 < ROWS ? (int)(lo - t0) : ROWS;
+            const float *v[ROWS];
+            float *a[ROWS];
+            for (int r = 0; r < nr; r++) {
+                float *tr = taps + r * ck;
+                for (int64_t ci = 0; ci < c; ci++) {
+                    const float *xr = x + (i * c + ci) * l;
+                    for (int64_t j = 0; j < k; j++) {
+                        const int64_t pos = (t0 + r) * s - p + j * d;
+                        tr[ci * k + j] = pos < 0 || pos >= l ? 0.0f : xr[pos];
+                    }
                 }
+                v[r] = tr;
+                a[r] = sums + r * o;
+                for (int64_t q = 0; q < o; q++) a[r][q] = b ? b[q] : 0.0f;
             }
-            float *yp = y + i * o * lo + t;
-            if (relu)
-                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q] > 0.0f ? acc[q] : 0.0f;
-            else
-                for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
+            rows_fma(ck, nr, v, wp, o, o, a, drop);
+            for (int r = 0; r < nr; r++) {
+                float *yp = y + i * o * lo + t0 + r;
+                const float *acc = a[r];
+                if (relu)
+                    for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q] > 0.0f ? acc[q] : 0.0f;
+                else
+                    for (int64_t q = 0; q < o; q++) yp[q * lo] = acc[q];
+            }
         }
     }
-    free(acc);
+    free(taps);
     restore_subnormals(csr);
 }
 
