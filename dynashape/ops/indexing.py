@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..errors import IndexOutOfRangeError, ShapeError
@@ -179,6 +180,14 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
     nb = prod(bshape)
     idx_dims = tuple(x.shape[b:b + m])
     rest = tuple(x.shape[b + m:])
+    if x.device.type == "cpu" and indices.device.type == "cpu" and 0 < indices.numel() <= SMALL_ND:
+        r = _gather_nd_small(x, indices, nb, idx_dims, rest)
+        if r is not None:
+            shape = tuple(indices.shape[:-1]) + rest
+            if out is None:
+                return r.reshape(shape)
+            out.view(r.shape).copy_(r)
+            return out
     # linear index over the m indexed dims, per batch entry: each checked against its own axis
     # first (a linear index cannot tell [0, 5] from [1, 1] of a 3x4 tensor)
     idx = indices.to(torch.int64).reshape(-1, m)
@@ -193,6 +202,32 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
         return r.reshape(shape)
     out.view(r.shape).copy_(r)
     return out
+
+
+# GatherND's CPU indices up to this many elements are checked and made linear in numpy (``_gather_nd_small``)
+SMALL_ND = 1 << 16
+
+
+def _gather_nd_small(x: torch.Tensor, indices: torch.Tensor, nb: int, idx_dims: tuple, rest: tuple):
+    """GatherND of CPU tensors with few indices: the bounds checked and the linear index over the
+    batch and indexed dims made in numpy, one index_select: ~5 numpy calls and one torch kernel where
+    the general path takes ~15 torch calls and advanced indexing (~65-130 us a call on the 2-core EPYC,
+    a YOLO head's two GatherND ~25% of its call). None where an index is out of range: the general
+    path raises the error that names it."""
+    m = len(idx_dims)
+    idx = indices.numpy().reshape(nb, -1, m).astype(np.int64, copy=False)
+    dims = np.asarray(idx_dims, dtype=np.int64)
+    if ((idx < -dims) | (idx >= dims)).any():
+        return None
+    strides, size = [], 1  # row-major over the indexed dims
+    for d in reversed(idx_dims):
+        strides.append(size)
+        size *= d
+    lin = (idx % dims) @ np.asarray(strides[::-1], dtype=np.int64)  # (% wraps a negative index)
+    if nb > 1:
+        lin += np.arange(0, nb * size, size, dtype=np.int64)[:, None]
+    data = x.reshape(nb * size, *rest)
+    return torch.index_select(data, 0, torch.from_numpy(lin.reshape(-1))).view(nb, -1, *rest)
 
 
 # ---- Scatter ------------------------------------------------------------------------------------

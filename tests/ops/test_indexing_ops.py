@@ -45,7 +45,15 @@ def test_gather_elements():
     run_op("GatherElements", steps, {"axis": -1}, refs=("ort",))
 
 
-def test_gather_nd():
+@pytest.fixture(params=["small", "general"])
+def gather_nd_path(request, monkeypatch):
+    """GatherND's two CPU paths: few indices checked and made linear in numpy, the general one."""
+    from dynashape.ops import indexing
+    if request.param == "general":
+        monkeypatch.setattr(indexing, "SMALL_ND", 0)
+
+
+def test_gather_nd(gather_nd_path):
     def nd(data, q, m):
         return lambda rng: np.stack([rng.integers(-d, d, size=q) for d in data[:m]], axis=-1).astype(I64)
     steps = [[(3, 4), nd((3, 4), (2,), 2)], [(5, 2, 3), nd((5, 2), (4,), 1)],
@@ -54,7 +62,7 @@ def test_gather_nd():
     run_op("GatherND", steps)
 
 
-def test_gather_nd_batch_dims():
+def test_gather_nd_batch_dims(gather_nd_path):
     def nd(data, q, m):
         return lambda rng: np.stack([rng.integers(0, d, size=q) for d in data[1:1 + m]], axis=-1).astype(I64)
     steps = [[(2, 3, 4), nd((2, 3, 4), (2, 5), 1)], [(3, 2, 2), nd((3, 2, 2), (3, 1), 2)],
