@@ -184,7 +184,7 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
         r = _gather_nd_small(x, indices, nb, idx_dims, rest)
         if r is not None:
             shape = tuple(indices.shape[:-1]) + rest
-            if out is None:
+            if out is None or r.numel() == 0:  # (no element: the result as it is, whatever buffer was given)
                 return r.reshape(shape)
             out.view(r.shape).copy_(r)
             return out
@@ -198,7 +198,7 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
     data = x.reshape(nb, prod(idx_dims), *rest)
     r = data[torch.arange(nb, device=x.device).unsqueeze(1), lin]  # (nb, k, *rest)
     shape = tuple(indices.shape[:-1]) + rest
-    if out is None:
+    if out is None or r.numel() == 0:
         return r.reshape(shape)
     out.view(r.shape).copy_(r)
     return out
@@ -227,7 +227,7 @@ def _gather_nd_small(x: torch.Tensor, indices: torch.Tensor, nb: int, idx_dims: 
     if nb > 1:
         lin += np.arange(0, nb * size, size, dtype=np.int64)[:, None]
     data = x.reshape(nb * size, *rest)
-    return torch.index_select(data, 0, torch.from_numpy(lin.reshape(-1))).view(nb, -1, *rest)
+    return torch.index_select(data, 0, torch.from_numpy(lin.reshape(-1))).view(nb, lin.shape[1], *rest)
 
 
 # ---- Scatter ------------------------------------------------------------------------------------

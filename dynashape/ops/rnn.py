@@ -524,7 +524,8 @@ def _native_gru(X, W, R, B, sequence_lens, initial_h, direction, layout, lbr, ou
         return None
     nd, x, t, batch, ni, n = shapes
     work = t * batch * nd * 3 * n * (n + ni)
-    most = _GRU_NATIVE_MAX_WORK_BIDIRECTIONAL if nd == 2 else _GRU_NATIVE_MAX_WORK
+    # (measured at 2 threads: with more, torch's kernel has more, and a direction here one)
+    most = _GRU_NATIVE_MAX_WORK_BIDIRECTIONAL if nd == 2 and torch.get_num_threads() <= 2 else _GRU_NATIVE_MAX_WORK
     if lbr and sequence_lens is None and direction != "reverse" and work > most and X.dtype == torch.float32:
         native.count("gru_torch_large")  # torch's kernel: the faster one here, not a fallback
         return None

@@ -57,7 +57,7 @@ def test_gather_nd(gather_nd_path):
     def nd(data, q, m):
         return lambda rng: np.stack([rng.integers(-d, d, size=q) for d in data[:m]], axis=-1).astype(I64)
     steps = [[(3, 4), nd((3, 4), (2,), 2)], [(5, 2, 3), nd((5, 2), (4,), 1)],
-             [(2, 3, 2), nd((2, 3), (2, 2), 2)],
+             [(2, 3, 2), nd((2, 3), (2, 2), 2)], [(7, 0), nd((7,), (7,), 1)],  # rows of no element (YOLO's)
              [(3, 4), nd((3, 4), (2,), 2)], [(6,), nd((6,), (3,), 1)]]
     run_op("GatherND", steps)
 
