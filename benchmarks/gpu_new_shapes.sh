@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # One device call for shapes that never repeat on the GPU (benchmarks/new_shapes_gpu.py), results under $OUT.
-#   bash benchmarks/gpu_new_shapes.sh [parts_sync|parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
+#   bash benchmarks/gpu_new_shapes.sh [warmprod|alone|parts_sync|parts_final|splithost|addln|bf16pad|newcost|bf16parts|prior|baseline|tests|probe|check|recheck|final|generate|lean|exported|split|split_final|timeline|buckets|warm|tune|kernels|host|split_host|one_call|one_call_final|cycle_log|settle|verify|tokens|tokens_ab|tokens_split|tokens_probe|tokens_flagfree|retune|idle_final|midway|courtesy]
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  warmprod)  # every variant of the split's kernel compiled at load, and the products' bfloat16 cuBLAS kernels loaded there
+             # (split_tf32.warm_products): the split's CUDA tests, BERT-base's first call of 12,288 tokens profiled, then
+             # BERT-base cycled and at random, each in a process of its own
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_split_tf32.py
+    T=100 run python3 benchmarks/first_big_call.py --options static_impls=off --top 12
+    for w in bert_cycle bert_random; do
+      T=200 run python3 benchmarks/new_shapes_gpu.py --workloads $w --sync-debug --models-dir $M \
+        --json "$OUT/new_shapes_warmprod_$w.json"
+    done ;;
+  alone)  # every workload in a process of its own (eager's cuDNN plans not made by an earlier workload's calls:
+          # the cycles after the random runs found eager's plans for their batches made), cold, eager side by
+          # side, syncs checked, then a second process with the disk cache
+    for w in resnet_cycle bert_cycle resnet_random bert_random; do
+      T=280 run python3 benchmarks/new_shapes_gpu.py --workloads $w --sync-debug --models-dir $M \
+        --cache-dir /tmp/dcache_alone --second-process --json "$OUT/new_shapes_alone_$w.json"
+    done ;;
   parts_sync)  # AddLayerNorm's forms compiled at load: its CUDA tests and the generation tests (the bfloat16 split in
                # their builds); BERT-base random and cycled with the sync check and without (a 555 ms call in
                # parts_final's first process, as in idle_final's, both with the check)

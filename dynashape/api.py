@@ -171,6 +171,8 @@ class InferenceSession:
             tuned_conv.warm(self.device, run_graph)
         if self.compiled is not None and self.device.type == "cuda":
             add_layer_norm.warm(self.device, run_graph)  # its norms' kernel forms compiled now
+            if self.precision is not None and self.precision.products != "ieee":
+                split_tf32.warm_products(self.device, run_graph)  # and its split products' cuBLAS kernels
         cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
         if self.compiled is not None and cache_dir:
             self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)

@@ -178,11 +178,56 @@ if triton is not None:
 
 
 def warm(device: torch.device) -> None:
-    """Compile the split's kernel now (a session's load), not in the first call that splits."""
+    """Compile the split's kernel now (a session's load), not in the first call that splits: every
+    variant a product takes (an activation's parts lo first, a weight's hi first; two or three). One
+    left out, the weights' three parts, was compiled in BERT-base's first call of 4,096+ rows on an
+    H200 (~140 ms of that call's 317: benchmarks/first_big_call.py)."""
     if triton is not None and device.type == "cuda":
-        split(torch.ones(4, device=device), BF16)
-        _split(torch.ones(4, device=device), 1, 4, 3, True, BF16)  # the one-call form's variant
-        _split(torch.ones(4, device=device), 1, 4, 2, True, BF16)  # the pieces form's
+        for n in (2, 3):
+            for lo_first in (True, False):
+                _split(torch.ones(4, device=device), 1, 4, n, lo_first, BF16)
+
+
+# (K, N) shapes of a graph's products warmed at most (``warm_products``)
+WARM_SHAPES = 16
+
+
+def warm_products(device: torch.device, graph) -> None:
+    """Run each of ``graph``'s products by a constant float32 weight once as a split product of
+    ``AUTO_ROWS`` rows, on scratch operands of its shape (with no addend, a bias and a residual): the
+    cuBLAS kernels a bfloat16 product of that shape takes are loaded now (a session's load), not in
+    the first call that splits. BERT-base's first call of 12,288 tokens spent 64 ms in its 84 products
+    there, 3 ms when they ran again (H200, benchmarks/first_big_call.py). The scratch weight's parts
+    go with it."""
+    if device.type != "cuda" or not BF16:  # (TF32 parts: their switch is process-wide; not warmed)
+        return
+    shapes = []
+    for (k, n) in _product_shapes(graph):
+        if (k, n) not in shapes and len(shapes) < WARM_SHAPES:
+            shapes.append((k, n))
+    for k, n in shapes:
+        x = torch.zeros(AUTO_ROWS, k, device=device)
+        w = torch.zeros(n, k, device=device)  # Linear's [out, in]
+        bias, res = torch.zeros(n, device=device), torch.zeros(AUTO_ROWS, n, device=device)
+        for addend in (None, bias, res):
+            _split_product(x, w, True, addend, None, _bf16_mm)
+    PRODUCTS[0] -= 3 * len(shapes)  # (not the session's products)
+
+
+def _product_shapes(graph):
+    """(K, N) of each product by a constant 2-D float32 weight: Linear's [N, K], MatMul's [K, N],
+    Gemm's and MatMulAdd's either way by their attributes."""
+    for node in graph.nodes:
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        if w is None or not w.is_const or not isinstance(w.const, torch.Tensor) or w.const.dim() != 2 \
+                or w.const.dtype != torch.float32:
+            continue
+        a, b = w.const.shape
+        if node.op_type == "Linear" or (node.op_type == "Gemm" and node.attrs.get("transB", 0)) or (
+                node.op_type == "MatMulAdd" and node.attrs.get("transposed", 0)):
+            yield b, a
+        elif node.op_type in ("MatMul", "Gemm", "MatMulAdd"):
+            yield a, b
 
 
 def split_rows(x2: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto as TP
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import dynashape
 from dynashape.ops import split_tf32
@@ -307,6 +307,25 @@ def test_bfloat16_parts_need_no_switch_so_builds_split_beside_runs(monkeypatch):
     assert split_tf32._HOLDERS[0] == 0 and split_tf32._OPEN[0] == 0
 
 
+def test_the_products_warmed_at_load_are_the_graphs_by_their_layouts():
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model, prepare_proto
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["b", 8])
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w1", (8, 5)), ("w2", (3, 5)), ("w3", (3, 7)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]),  # [K, N] = [8, 5]
+             helper.make_node("Gemm", ["a", "w2"], ["c"], transB=1),  # [N, K] = [3, 5]
+             helper.make_node("MatMul", ["c", "w3"], ["y"])]  # [3, 7]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    for device in ("cpu", "cuda"):  # (fused differently: MatMul stays, or becomes Linear)
+        graph = compile_graph(parse_model(prepare_proto(m), ParseOptions()), device=device).fused
+        assert sorted(set(split_tf32._product_shapes(graph))) == [(3, 7), (5, 3), (8, 5)], device
+    split_tf32.warm_products(torch.device("cpu"), graph)  # nothing to do off CUDA
+
+
 def test_a_bad_setting_is_refused_by_name():
     model = _products_model().SerializeToString()
     with pytest.raises(dynashape.errors.OptionsError, match="fp32_products"):
@@ -370,6 +389,23 @@ def test_the_triton_tf32_product_needs_no_switch_and_adds_what_it_is_given(m, k,
     finally:
         split_tf32.MODE.reset(token)
     assert float((y.double() - exact).norm() / exact.norm()) < 1.5e-5
+
+
+@cuda
+def test_warming_the_products_leaves_no_parts_and_counts_no_product():
+    from dynashape.compile.pipeline import compile_graph
+    from dynashape.frontend.options import ParseOptions
+    from dynashape.frontend.parse import parse_model, prepare_proto
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["b", 64])
+    w = numpy_helper.from_array(np.ones((64, 48), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+    graph = compile_graph(parse_model(prepare_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])),
+                                      ParseOptions()), device="cuda").fused
+    products, held = split_tf32.PRODUCTS[0], len(split_tf32._PARTS)
+    split_tf32.warm_products(torch.device("cuda"), graph)
+    gc.collect()
+    assert split_tf32.PRODUCTS[0] == products and len(split_tf32._PARTS) == held
 
 
 @cuda
