@@ -145,6 +145,31 @@ def new_shapes_per_file(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def new_shapes_same_call(runs: list[Run]) -> list[list[str]]:
+    """``new_shapes_per_file`` with the slowest call after the first against eager's call at the
+    same position (the same shape and inputs): the issue's measure for the cycles."""
+    rows = []
+    for key, label in NEW_SHAPES_WORKLOADS.items():
+        got = []
+        for run in runs:
+            for rt, *rest in _new_shapes_rows(run, lambda rt: True).get(key, []):
+                *cells, err, when = rest
+                got.append([f"{rt} ({run.base})", *cells, _same_call(run, key, rt), err, when])
+        rows += [[label if i == 0 else "", *r] for i, r in enumerate(got)]
+    return rows
+
+
+def _same_call(run: Run, key: str, name: str) -> str:
+    """The worst call after the first over eager's same call, for the row named ``name``."""
+    second = name.endswith("2nd process (disk cache)")
+    part = run.data.get("second_process", {}).get(key, {}) if second else run.data.get(key, {})
+    for rt, res in part.items():
+        if rt.startswith("dynashape") and isinstance(res, dict) and "summary" in res:
+            v = res["summary"].get("worst_call_vs_eager_same_call")
+            return "-" if v is None else f"{v:.2f}"
+    return "-"
+
+
 NEW_SHAPES_WORKLOADS = {"resnet_random": "ResNet-50, random batch 1-32, 100 calls",
                         "bert_random": "BERT-base, random (batch 1-32, seq 8-384), 150 calls",
                         "resnet_cycle": "ResNet-50, cycling 5 batches, 60 calls",
@@ -672,6 +697,23 @@ AREAS = [
          "*deferred_frees* (a later lease): BERT-base's cycle with the direct allocator's frees put off until the "
          "stream has run dry (memory/deferred_frees.py): host_syncs 0, where the runs above counted 5, every one a "
          "re-plan's free of device memory."),
+    Area("GPU: each workload in a process of its own", "new_shapes_gpu.py",
+         [(f"new_shapes_{run}_{w}_*.json", None) for run, w in (
+             ("alone", "resnet_random"), ("alone", "bert_random"), ("warmprod", "bert_random"),
+             ("alone", "resnet_cycle"), ("alone", "bert_cycle"), ("warmprod", "bert_cycle"))],
+         [*NEW_SHAPES_COLUMNS[:-2], "worst call / eager's same call", *NEW_SHAPES_COLUMNS[-2:]], new_shapes_same_call,
+         "The tables above ran the four workloads one after the other in one process: eager's cuDNN and cuBLAS had "
+         "made their plans for ResNet-50's batches in its random run before the cycle, and its cycle's first calls "
+         "took 4-7 ms where a process of its own pays 40-260 ms for them (and dynashape's session, made after "
+         "eager's run, ~3-12 ms). *alone* (gpu_new_shapes.sh alone, one H200 lease): each workload in a process of "
+         "its own, cold, the sync check on, then a second process with the disk cache. *warmprod* (a later "
+         "lease): the split's every kernel variant compiled at load and each product's bfloat16 cuBLAS kernels "
+         "loaded there (split_tf32.warm_products): BERT-base's first call of 12,288 tokens 317 -> 29.9 ms "
+         "(benchmarks/first_big_call.py: 140 ms were the compile of the weights' three-part variant, 64 ms the "
+         "first bfloat16 products of each shape), its repeat 25 ms. BERT-base random's first processes, 1.53x "
+         "and 1.39x, differ by the host as before (eager 2.64 and 2.76 s, dynashape 1.73 and 1.99). The "
+         "sync check counted two or three syncs in the BERT cycle, every one the compile worker's (a background "
+         "build's stream synchronize: the check is process-wide); host_syncs, the calls', 0."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_parts_final_*.json", None), ("new_shapes_settle_*.json", None),
           ("new_shapes_h*_*.json", "before")],
