@@ -188,8 +188,10 @@ def warm(device: torch.device) -> None:
                 _split(torch.ones(4, device=device), 1, 4, n, lo_first, BF16)
 
 
-# (K, N) shapes of a graph's products warmed at most (``warm_products``)
+# (K, N) shapes of a graph's products warmed at most (``warm_products``), and the largest weight warmed:
+# its scratch copy and parts are the load's memory for a moment (a decoder's vocabulary projection is not)
 WARM_SHAPES = 16
+WARM_MAX_WEIGHT = 1 << 24
 
 
 def warm_products(device: torch.device, graph) -> None:
@@ -203,7 +205,7 @@ def warm_products(device: torch.device, graph) -> None:
         return
     shapes = []
     for (k, n) in _product_shapes(graph):
-        if (k, n) not in shapes and len(shapes) < WARM_SHAPES:
+        if (k, n) not in shapes and len(shapes) < WARM_SHAPES and k * n <= WARM_MAX_WEIGHT:
             shapes.append((k, n))
     for k, n in shapes:
         x = torch.zeros(AUTO_ROWS, k, device=device)
