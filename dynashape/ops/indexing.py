@@ -180,25 +180,21 @@ def _gather_nd(x, indices, *, batch_dims=0, out=None):
     nb = prod(bshape)
     idx_dims = tuple(x.shape[b:b + m])
     rest = tuple(x.shape[b + m:])
+    r = None
     if x.device.type == "cpu" and indices.device.type == "cpu" and 0 < indices.numel() <= SMALL_ND:
         r = _gather_nd_small(x, indices, nb, idx_dims, rest)
-        if r is not None:
-            shape = tuple(indices.shape[:-1]) + rest
-            if out is None or r.numel() == 0:  # (no element: the result as it is, whatever buffer was given)
-                return r.reshape(shape)
-            out.view(r.shape).copy_(r)
-            return out
-    # linear index over the m indexed dims, per batch entry: each checked against its own axis
-    # first (a linear index cannot tell [0, 5] from [1, 1] of a 3x4 tensor)
-    idx = indices.to(torch.int64).reshape(-1, m)
-    bad = _check_nd("GatherND", idx, idx_dims, b, indices.shape)
-    if bad is not None:
-        bad = bad.to(x.device)
-    lin = _linear(idx.to(x.device).reshape(nb, -1, m), idx_dims, bad)
-    data = x.reshape(nb, prod(idx_dims), *rest)
-    r = data[torch.arange(nb, device=x.device).unsqueeze(1), lin]  # (nb, k, *rest)
+    if r is None:
+        # linear index over the m indexed dims, per batch entry: each checked against its own axis
+        # first (a linear index cannot tell [0, 5] from [1, 1] of a 3x4 tensor)
+        idx = indices.to(torch.int64).reshape(-1, m)
+        bad = _check_nd("GatherND", idx, idx_dims, b, indices.shape)
+        if bad is not None:
+            bad = bad.to(x.device)
+        lin = _linear(idx.to(x.device).reshape(nb, -1, m), idx_dims, bad)
+        data = x.reshape(nb, prod(idx_dims), *rest)
+        r = data[torch.arange(nb, device=x.device).unsqueeze(1), lin]  # (nb, k, *rest)
     shape = tuple(indices.shape[:-1]) + rest
-    if out is None or r.numel() == 0:
+    if out is None or r.numel() == 0:  # (no element: the result as it is, whatever buffer was given)
         return r.reshape(shape)
     out.view(r.shape).copy_(r)
     return out
