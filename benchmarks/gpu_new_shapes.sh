@@ -4,6 +4,35 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  convsplit_final)  # the prior's forms with split products where they won: its CUDA tests, ResNet-50 random and cycled,
+                    # each in a process of its own, a second process on the disk cache; BERT-base random with
+                    # torch.compile(dynamic=True) side by side
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
+      tests/impls/test_conv_buckets.py tests/test_disk_cache.py
+    for w in resnet_random resnet_cycle; do
+      T=200 run python3 benchmarks/new_shapes_gpu.py --workloads $w --sync-debug --models-dir $M \
+        --cache-dir /tmp/dcache_csf_$w --second-process --json "$OUT/new_shapes_convsplit_final_$w.json"
+    done
+    T=400 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --compile --models-dir $M \
+      --json "$OUT/new_shapes_compile_bert_random.json" ;;
+  convsplit_ab)  # ResNet-50 cycled, cold, conv split forms off and on alternately (the first run on saw its graphs land
+                 # later and one call of 21.8 ms), then the products' CUDA test whose tolerance now reads the norm
+    DYNASHAPE_TEST_DEVICE=cuda T=100 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py
+    for r in 1 2; do
+      for s in 0 1; do
+        DYNASHAPE_CONV_SPLIT=$s T=120 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_cycle --models-dir $M \
+          --cache-dir /tmp/dcache_ab_${r}_$s --json "$OUT/new_shapes_convsplit_ab_${r}_$s.json" | grep -E "eager|dynashape"
+      done
+    done ;;
+  convsplit)  # convolutions as split bfloat16 products (tuned_conv's "_split" forms): the CUDA tests of the forms and
+              # the split, the forms' times, then ResNet-50 random and cycled, each in a process of its own with a
+              # second process on the disk cache, eager side by side
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/ops/test_specialise.py \
+      tests/ops/test_split_tf32.py tests/impls/test_conv_buckets.py
+    for w in resnet_random resnet_cycle; do
+      T=280 run python3 benchmarks/new_shapes_gpu.py --workloads $w --sync-debug --models-dir $M \
+        --cache-dir /tmp/dcache_convsplit_$w --second-process --json "$OUT/new_shapes_convsplit_$w.json"
+    done ;;
   warmprod)  # every variant of the split's kernel compiled at load, and the products' bfloat16 cuBLAS kernels loaded there
              # (split_tf32.warm_products): the split's CUDA tests, BERT-base's first call of 12,288 tokens profiled, then
              # BERT-base cycled and at random, each in a process of its own

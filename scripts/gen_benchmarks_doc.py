@@ -163,6 +163,10 @@ def _same_call(run: Run, key: str, name: str) -> str:
     """The worst call after the first over eager's same call, for the row named ``name``."""
     second = name.endswith("2nd process (disk cache)")
     part = run.data.get("second_process", {}).get(key, {}) if second else run.data.get(key, {})
+    own = part.get(name)
+    if isinstance(own, dict) and "summary" in own:  # a peer's row (torch.compile): its own worst call
+        v = own["summary"].get("worst_call_vs_eager_same_call")
+        return "-" if v is None else f"{v:.2f}"
     for rt, res in part.items():
         if rt.startswith("dynashape") and isinstance(res, dict) and "summary" in res:
             v = res["summary"].get("worst_call_vs_eager_same_call")
@@ -238,6 +242,33 @@ def gpu_bound(runs: list[Run]) -> list[list[str]]:
             rows.append([f"{label} {'x'.join(map(str, e['shape']))}", f"{e['wall_ms']:.2f} / {e['kernel_ms']:.2f}",
                          f"{d['wall_ms']:.2f} / {d['kernel_ms']:.2f}", bold_if(ratio(e["wall_ms"], d["wall_ms"]), True),
                          ratio(e["wall_ms"], d["kernel_ms"]), run.run_cell()])
+    return rows
+
+
+_CONV_SPLIT_OWN = ("split3", "tf32", "bf16_batched", "bf16_merged")
+
+
+def conv_split(runs: list[Run]) -> list[list[str]]:
+    """Per file and batch: sums over ResNet-50's distinct convolutions of each form family's time."""
+    rows = []
+    for run in runs:
+        by_batch: dict[int, list] = {}
+        for c in run.data.get("convs", []):
+            t, err = c["us"], c["rel_err"]
+            fp32 = min(v for k, v in t.items() if k not in _CONV_SPLIT_OWN)
+            bf = [k for k in t if k.startswith("bf16")]
+            bf16 = min(t[k] for k in bf) if bf else None
+            acc = by_batch.setdefault(c["batch"], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            acc[0] += t["cudnn"]
+            acc[1] += fp32
+            acc[2] += t.get("split3", float("nan"))
+            acc[3] += bf16 if bf16 is not None else float("nan")
+            acc[4] += min(fp32, bf16 if bf16 is not None else t.get("split3", fp32))
+            acc[5] = max(acc[5], max(err[k] for k in bf) if bf else err.get("split3", 0.0))
+        for b, (cud, fp32, s3, bf16, best, e) in sorted(by_batch.items()):
+            rows.append([str(b), f"{cud:.0f}", f"{fp32:.0f}", f"{s3:.0f}", "-" if bf16 != bf16 else f"{bf16:.0f}",
+                         bold_if(ratio(fp32, best), True), f"{e:.1e}", f"{run.data.get('label', '')} ({run.base})",
+                         run.run_cell()])
     return rows
 
 
@@ -699,8 +730,9 @@ AREAS = [
          "re-plan's free of device memory."),
     Area("GPU: each workload in a process of its own", "new_shapes_gpu.py",
          [(f"new_shapes_{run}_{w}_*.json", None) for run, w in (
-             ("alone", "resnet_random"), ("alone", "bert_random"), ("warmprod", "bert_random"),
-             ("alone", "resnet_cycle"), ("alone", "bert_cycle"), ("warmprod", "bert_cycle"))],
+             ("alone", "resnet_random"), ("convsplit_final", "resnet_random"), ("alone", "bert_random"),
+             ("warmprod", "bert_random"), ("compile", "bert_random"), ("alone", "resnet_cycle"),
+             ("convsplit_final", "resnet_cycle"), ("alone", "bert_cycle"), ("warmprod", "bert_cycle"))],
          [*NEW_SHAPES_COLUMNS[:-2], "worst call / eager's same call", *NEW_SHAPES_COLUMNS[-2:]], new_shapes_same_call,
          "The tables above ran the four workloads one after the other in one process: eager's cuDNN and cuBLAS had "
          "made their plans for ResNet-50's batches in its random run before the cycle, and its cycle's first calls "
@@ -713,7 +745,33 @@ AREAS = [
          "first bfloat16 products of each shape), its repeat 25 ms. BERT-base random's first processes, 1.53x "
          "and 1.39x, differ by the host as before (eager 2.64 and 2.76 s, dynashape 1.73 and 1.99). The "
          "sync check counted two or three syncs in the BERT cycle, every one the compile worker's (a background "
-         "build's stream synchronize: the check is process-wide); host_syncs, the calls', 0."),
+         "build's stream synchronize: the check is process-wide); host_syncs, the calls', 0. *convsplit_final* (a "
+         "later lease, gpu_new_shapes.sh convsplit_final): convolutions as split bfloat16 products where their "
+         "timing picks them (ops/tuned_conv.py, the table below), and the first graphs' prior taking them where they "
+         "won: ResNet-50 random's last 50 calls 2.12 -> 2.55x eager (2.70x in the lease's first run, "
+         "results/new_shapes_convsplit_resnet_random_h200_2026-11-29.json), errors 7.9e-6. Its cycle had a call of "
+         "21-34 ms (5-6x eager's same call) in five runs of that lease with the split forms and without "
+         "(results/new_shapes_convsplit_ab_*: the first graphs land at calls 26-45, one call stalls while they "
+         "do), none in this run. *compile*: BERT-base random with torch.compile(dynamic=True) side by side "
+         "(no sync check): its first call 24.8 s and a recompile of 22.5 s, then its last 50 calls 0.835 s "
+         "against dynashape's 0.624 (1.34x; target 1.5x) and eager's 0.922; dynashape's call 5 (22 x 123 "
+         "tokens) took 411 ms, not seen in the runs before (the first split product of that many rows)."),
+    Area("GPU: ResNet-50's convolutions as split bfloat16 products", "conv_split.py",
+         [("conv_split_bf16_*.json", None), ("conv_split_tf32_*.json", None)],
+         ["batch", "cuDNN fp32 us", "fastest float32 form us", "cuDNN TF32 over split parts us",
+          "bfloat16 parts us", "speed-up (float32 forms / best of both)", "largest rel err of a split form",
+          "file", "run"], conv_split,
+         "ResNet-50's 19 distinct convolutions (bias, residual, ReLU), summed, each form timed as a static impl's "
+         "build times it (cold operands, kernels back to back). *bfloat16 parts*: the product forms (a 1x1 "
+         "convolution per image or the images side by side, the unfolded windows of a 3x3) as three bfloat16 "
+         "products of the operands' parts, float32 accumulation and output, one call over the parts "
+         "concatenated along K (split_tf32.weight_left_product): now timed beside the float32 forms in every "
+         "build (ops/tuned_conv.py). They win on 1x1 convolutions over <= 28x28 and strided 3x3 ones from "
+         "batch 8 (1.2-2.2x), Winograd keeps the 3x3 stride-1 ones. *cuDNN TF32 over split parts*: one TF32 "
+         "convolution (torch._convolution's per-call allow_tf32) over [x_lo | x_hi | x_hi] by "
+         "[w_hi | w_lo | w_hi] along the input channels: 0-5% over the float32 forms at batch 16-32 (cuDNN's "
+         "TF32 kernels are slow at these shapes: one TF32 convolution alone took about the float32 forms' "
+         "time), not kept."),
     Area("GPU: shapes that never repeat, against eager and torch.compile", "new_shapes_gpu.py",
          [("new_shapes_parts_final_*.json", None), ("new_shapes_settle_*.json", None),
           ("new_shapes_h*_*.json", "before")],

@@ -255,7 +255,8 @@ def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
         got = _PARTS.get(key)
         if got is not None and got[0]() is w and got[1] == w._version:
             return got[2]
-    a, b = w.shape
+    a = w.shape[0]
+    b = w.numel() // a if a else 0  # (a convolution's weight [N, C, kh, kw] is read as [N, K])
     n = 3 if three else 2
     if w_out_in:  # [N, K] rows as [hi | lo (| hi)]: its transpose is [hi; lo (; hi)] over K
         cat = _split(w, a, b, n, False, BF16).view(a, n * b).t()
@@ -265,7 +266,7 @@ def parts(w: torch.Tensor, w_out_in: bool, three: bool = False) -> torch.Tensor:
         return cat  # made by the graph on each replay: memory of its pool is nothing to keep
     made = getattr(_RECORD, "made", None)
     if made is not None:
-        made.add(key)
+        made.add(key[:3])  # what ``parts`` is called with again: (id, w_out_in, three)
 
     def forget(_ref, key=key):
         with _LOCK:
@@ -464,6 +465,27 @@ def _bf16_mm(addend, a, b, out):
             a, b, out_dtype=torch.float32, out=out)
     return torch.addmm(addend, a, b, out_dtype=torch.float32) if out is None else torch.addmm(
         addend, a, b, out_dtype=torch.float32, out=out)
+
+
+def weight_left_product(w: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``W [N, K] @ cols`` in float32 from three bfloat16 products, float32 accumulation and output:
+    a convolution as a product (ops/tuned_conv.py), ``w`` its weight as the session holds it
+    (``[N, C, kh, kw]`` read as ``[N, K]``: its parts are kept), ``cols`` ``[K, L]`` or ``[B, K, L]``
+    (each of B images by the same weight). One call over the parts concatenated along K:
+    ``[w_hi | w_lo | w_hi] @ [x_lo; x_hi; x_hi]``. Bfloat16 parts only (TF32's would need the
+    process-wide switch); the caller offers it where ``eligible`` and ``BF16``."""
+    PRODUCTS[0] += 1
+    n = w.shape[0]
+    w3 = parts(w, True, True).t()  # [N, 3K], each row [hi | lo | hi]
+    k, length = cols.shape[-2:]
+    if cols.dim() == 2:
+        x3 = _split(cols, 1, k * length, 3, True, True).view(3 * k, length)
+        return _bf16_mm(None, w3, x3, None)
+    b = cols.shape[0]
+    x3 = _split(cols, b, k * length, 3, True, True).view(b, 3 * k, length)
+    if not x3.is_cuda:  # (tests) the float32 product of the parts, the same sum of exact products
+        return torch.matmul(w3.float(), x3.float())
+    return torch.bmm(w3.expand(b, n, 3 * k), x3, out_dtype=torch.float32)
 
 
 def _switched(addend, a, b, out):

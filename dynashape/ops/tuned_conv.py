@@ -18,7 +18,16 @@ Forms, for ``y = relu?(conv(x, w) + bias (+ z))`` over an NCHW input, groups 1, 
 - ``winograd`` (3x3, stride 1, float32): Winograd's F(2x2, 3x3), 2.25x fewer multiplies
   (``winograd.py``);
 - ``gemm_merged`` / ``unfold_merged`` (batch > 1): the images side by side as one product
-  ``[.., B*L]`` (one large product instead of B small ones), the result put back in NCHW.
+  ``[.., B*L]`` (one large product instead of B small ones), the result put back in NCHW;
+- ``..._split`` of each product form (float32, where the session's ``fp32_products`` allows split
+  products, ``split_tf32.eligible``): the product as three bfloat16 products of the operands' parts
+  with float32 accumulation (``split_tf32.weight_left_product``), float32's accuracy (each
+  convolution within 1-6e-6 of float64 on ResNet-50's) on the tensor cores. Measured on an H200
+  over ResNet-50's 19 distinct convolutions (``benchmarks/conv_split.py``): 1x1 convolutions and
+  strided 3x3 ones 1.2-2.2x faster than the fastest other form from batch 8 (Winograd keeps the 3x3
+  stride-1 ones), the 19 together 2.26 against 2.85 ms at batch 32, 0.78 against 0.98 at batch 8.
+  (cuDNN's own TF32 convolution over the parts concatenated along the input channels, which
+  ``torch._convolution`` allows per call, gained 0-5%: cuDNN's TF32 kernels are slow at these shapes.)
 The product is rounded to the dtype, then the bias, the residual and the ReLU are applied,
 as the op's unfused epilogue does (one pass on CUDA: ``conv_epilogue.py``).
 """
@@ -30,13 +39,15 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import conv_epilogue, winograd
+from . import conv_epilogue, split_tf32, winograd
 from .conv_epilogue import bias_add_relu
 from .specialise import active, choose
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-FORMS = ("cudnn", "gemm", "gemm_merged", "winograd", "unfold", "unfold_merged")
+FORMS = ("cudnn", "gemm", "gemm_merged", "winograd", "unfold", "unfold_merged", "gemm_split", "gemm_merged_split",
+         "unfold_split", "unfold_merged_split")
 MAX_UNFOLD = 64 << 20  # bytes of unfolded windows a form may allocate
+SPLIT = os.environ.get("DYNASHAPE_CONV_SPLIT", "1") != "0"  # the "_split" forms offered (0: not; A/B runs)
 
 
 def serves(x: torch.Tensor, w: torch.Tensor, groups: int, dilation) -> bool:
@@ -62,19 +73,26 @@ def _major(device: torch.device) -> int:
 def forms(x: torch.Tensor, w: torch.Tensor, stride, padding) -> tuple[str, ...]:
     b, c, kh, kw = x.shape[0], x.shape[1], w.shape[2], w.shape[3]
     out: list[str] = ["cudnn"]
+    products: list[str] = []
     if kh == kw == 1 and not any(padding):
-        out.append("gemm")
-        if b > 1:
-            out.append("gemm_merged")
-        return tuple(out)
-    if winograd.serves(x, w, stride, padding):
-        out.append("winograd")
-    ho, wo = _out_hw(x, w, stride, padding)
-    if b * c * kh * kw * ho * wo * x.element_size() <= MAX_UNFOLD:
-        out.append("unfold")
-        if b > 1:
-            out.append("unfold_merged")
+        products = ["gemm", "gemm_merged"] if b > 1 else ["gemm"]
+    else:
+        if winograd.serves(x, w, stride, padding):
+            out.append("winograd")
+        ho, wo = _out_hw(x, w, stride, padding)
+        if b * c * kh * kw * ho * wo * x.element_size() <= MAX_UNFOLD:
+            products = ["unfold", "unfold_merged"] if b > 1 else ["unfold"]
+    out += products
+    if splits(x, w):
+        out += [f + "_split" for f in products]
     return tuple(out)
+
+
+def splits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the product forms may run as split bfloat16 products: float32 operands where the
+    session's ``fp32_products`` allows it, neither TF32 switch on (then TF32 is what was asked for)."""
+    return (SPLIT and split_tf32.BF16 and x.dtype == torch.float32 and split_tf32.eligible(x, w)
+            and not torch.backends.cudnn.allow_tf32)
 
 
 def _out_hw(x, w, stride, padding) -> tuple[int, int]:
@@ -99,7 +117,8 @@ def conv2d(x, w, b, stride, padding, dilation, groups, relu: bool = False, z=Non
             return _epilogue(torch.conv2d(x, w, b, stride, padding, dilation, groups), z, relu)
     fs = forms(x, w, stride, padding)
     key = ("conv", tuple(x.shape), tuple(w.shape), stride, padding, x.dtype, b is not None, relu, z is not None,
-           torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index)
+           torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, x.device.index,
+           split_tf32.MODE.get())
     form = choose(key, fs, lambda f: _run(f, x, w, b, stride, padding, relu, z, cudnn),
                   prior=guess(x, w, stride, padding, (b is not None, z is not None, relu)))
     return _run(form, x, w, b, stride, padding, relu, z, cudnn)
@@ -119,6 +138,10 @@ def guess(x: torch.Tensor, w: torch.Tensor, stride, padding, epilogue: tuple[boo
     - 3x3, stride 2: unfolded windows at batch 1 (34-37 against 46-164 us); from batch 8 the
       images' windows side by side over inputs of <= 28x28 (86-150 against 110-218), cuDNN over
       larger ones. Other kernels (a 7x7 stem) were not measured: cuDNN.
+    - Where the product forms may split (``splits``; measured with them, benchmarks/conv_split.py,
+      results/conv_split_bf16_h200_2026-11-29.json), from batch 8 over inputs of <= 28x28: 1x1 as
+      split products, per image at 28x28 (1.3-1.8x the float32 forms' speed), side by side below
+      (1.3-2.2x); 3x3 stride 2 as the images' windows side by side, split (1.4-1.9x).
     A form only where its Triton kernels for this ``epilogue`` (has a bias, a residual, a ReLU)
     are compiled in this process (a session's load compiles them: ``warm``), else cuDNN: a
     build must not wait for a compile (~1.2 s for a ResNet-50's on an empty Triton cache).
@@ -126,22 +149,28 @@ def guess(x: torch.Tensor, w: torch.Tensor, stride, padding, epilogue: tuple[boo
     DYNASHAPE_FORM_PRIORS=0 turns the guess off (A/B measurements)."""
     if x.dtype != torch.float32 or not priors_on() or _major(x.device) != 9:
         return None
-    form = rule(tuple(x.shape), tuple(w.shape), tuple(stride))
+    form = rule(tuple(x.shape), tuple(w.shape), tuple(stride), splits(x, w))
     if form == "winograd":
         return form if winograd.ready(*epilogue) else "cudnn"
-    if form in ("gemm", "gemm_merged", "unfold", "unfold_merged"):  # their epilogue is a Triton kernel
+    if form is not None and form.startswith(("gemm", "unfold")):  # their epilogue is a Triton kernel
         ho, wo = _out_hw(x, w, stride, padding)
         return form if conv_epilogue.ready(x.dtype, *epilogue, ho * wo) else "cudnn"
     return form
 
 
-def rule(x_shape: tuple, w_shape: tuple, stride: tuple) -> str | None:
-    """``guess``'s rule over an NCHW input's and a weight's shapes (the forms it names may not all
-    serve the convolution: ``choose`` then takes the op's own call)."""
+def rule(x_shape: tuple, w_shape: tuple, stride: tuple, split: bool = False) -> str | None:
+    """``guess``'s rule over an NCHW input's and a weight's shapes, with ``split`` where the product
+    forms may split (the forms it names may not all serve the convolution: ``choose`` then takes the
+    op's own call)."""
     n, cin, h, wd = x_shape
     cout, k = w_shape[0], tuple(w_shape[2:])
     if k == (3, 3) and stride == (1, 1):
         return "winograd"
+    if split and n >= 8 and h * wd <= 28 * 28:
+        if k == (1, 1):
+            return "gemm_merged_split" if h * wd <= 14 * 14 else "gemm_split"
+        if k == (3, 3) and stride == (2, 2):
+            return "unfold_merged_split"
     if k == (1, 1):
         merged = n >= 8 and cin >= 4 * cout and h * wd <= 14 * 14
         return "gemm_merged" if merged else "gemm"
@@ -222,21 +251,26 @@ def _run(form, x, w, b, stride, padding, relu, z, cudnn):
     if form == "winograd":
         return winograd.conv3x3(x, w, b, padding, relu, z)
     n, cout = x.shape[0], w.shape[0]
+    merged, split = "_merged" in form, form.endswith("_split")
     if form.startswith("gemm"):
         xs = x if stride == (1, 1) else x[:, :, ::stride[0], ::stride[1]]
         ho, wo = xs.shape[2], xs.shape[3]
         cols = xs.reshape(n, xs.shape[1], ho * wo)  # a copy only when strided
     else:
         ho, wo = _out_hw(x, w, stride, padding)
-        cols = windows(x, tuple(w.shape[2:]), stride, padding, merged=form.endswith("_merged"))
+        cols = windows(x, tuple(w.shape[2:]), stride, padding, merged=merged)
     w2 = w.reshape(cout, -1)
-    if form.endswith("_merged"):  # the images side by side: [K, n*L], one product, back to NCHW
+    if merged:  # the images side by side: [K, n*L], one product, back to NCHW
         if form.startswith("gemm"):
             cols = cols.transpose(0, 1).reshape(cols.shape[1], n * ho * wo)
-        src = torch.mm(w2, cols).view(cout, n, ho * wo).transpose(0, 1)  # [n, cout, L], strided
+        prod = split_tf32.weight_left_product(w, cols) if split else torch.mm(w2, cols)
+        src = prod.view(cout, n, ho * wo).transpose(0, 1)  # [n, cout, L], strided
         y = torch.empty(n, cout, ho, wo, dtype=x.dtype, device=x.device)
     else:
-        src = torch.mm(w2, cols[0]).unsqueeze(0) if n == 1 else torch.matmul(w2, cols)  # [n, cout, L]
+        if split:
+            src = split_tf32.weight_left_product(w, cols)
+        else:
+            src = torch.mm(w2, cols[0]).unsqueeze(0) if n == 1 else torch.matmul(w2, cols)  # [n, cout, L]
         y = src.view(n, cout, ho, wo)  # the epilogue in place
     zf = None if z is None else z.reshape(n, cout, ho * wo)
     bias_add_relu(src, b, zf, relu, out=y.view(n, cout, ho * wo))
