@@ -4,6 +4,14 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  gcload)  # a full garbage collection at the end of a load that made many objects (runtime/gc_pause.py) against none
+           # (DYNASHAPE_LOAD_COLLECT=0), alternately: BERT-base random with eager, the full collections inside calls listed
+    for r in 1 2; do
+      for c in 0 20000; do
+        DYNASHAPE_LOAD_COLLECT=$c T=150 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
+          --json "$OUT/new_shapes_gcload_${r}_$c.json" | grep -E "full garbage|│ bert"
+      done
+    done ;;
   convsplit_final)  # the prior's forms with split products where they won: its CUDA tests, ResNet-50 random and cycled,
                     # each in a process of its own, a second process on the disk cache; BERT-base random with
                     # torch.compile(dynamic=True) side by side

@@ -22,6 +22,7 @@ lists the host syncs dynashape makes after its first calls (``torch.cuda.set_syn
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -87,10 +88,41 @@ def model_for(workload: str, tmp: str):
     return model.to(dev), path, ["input_ids", "attention_mask"], feeds
 
 
+class FullCollections:
+    """Python's full (generation 2) garbage collections while calls ran: (call index, ms) each."""
+
+    def __init__(self) -> None:
+        self.at, self.call, self._t0 = [], None, 0.0
+
+    def __call__(self, phase, info) -> None:
+        if info.get("generation") != 2 or self.call is None:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.at.append((self.call, round((time.perf_counter() - self._t0) * 1e3, 1)))
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 def timed_calls(call, feed_list, ref=None, sync_debug_after=None) -> dict:
-    """Seconds of every call (synchronised), the largest relative error against ``ref``'s outputs."""
+    """Seconds of every call (synchronised), the largest relative error against ``ref``'s outputs, and
+    the full garbage collections that ran inside calls (``gc_full``: call index and ms)."""
+    with FullCollections() as full:
+        res = _timed_calls(call, feed_list, ref, sync_debug_after, full)
+    res["gc_full"] = full.at
+    return res
+
+
+def _timed_calls(call, feed_list, ref, sync_debug_after, full) -> dict:
     times, errs, outs, syncs = [], [], [], []
     for i, feeds in enumerate(feed_list):
+        full.call = i
         if sync_debug_after is not None and i == sync_debug_after:
             torch.cuda.set_sync_debug_mode("warn")
         torch.cuda.synchronize()
@@ -108,6 +140,7 @@ def timed_calls(call, feed_list, ref=None, sync_debug_after=None) -> dict:
         out = torch.as_tensor(out, device="cuda")
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        full.call = None  # (the comparison below is not the call's)
         if ref is None:
             outs.append(out.float())
         else:
@@ -237,6 +270,8 @@ def main() -> None:
                     print(w, k, "refused:", why[:1500])
             if "sync_sites" in v:
                 print(w, k, "host syncs after the first calls:", json.dumps(v["sync_sites"]))
+            if v.get("gc_full"):
+                print(w, k, "full garbage collections in calls (call, ms):", v["gc_full"])
     if args.second_process and args.cache_dir:
         cmd = [sys.executable, __file__, "--workloads", *args.workloads, "--only-dynashape", "--models-dir", tmp,
                "--cache-dir", args.cache_dir, "--resnet-calls", str(args.resnet_calls), "--bert-calls",

@@ -128,7 +128,7 @@ class InferenceSession:
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
         # and so does the load, whose folding of constants and builds may compute products
         self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))
-        with u8s8.saturation(self.u8s8_saturate), gc_paused():
+        with u8s8.saturation(self.u8s8_saturate), gc_paused(collect_after=True):
             self._load(prepare_proto(self._read()))
             self._prebuild()
 

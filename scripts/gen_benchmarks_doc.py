@@ -775,7 +775,13 @@ AREAS = [
          "do), none in this run. *compile*: BERT-base random with torch.compile(dynamic=True) side by side "
          "(no sync check): its first call 24.8 s and a recompile of 22.5 s, then its last 50 calls 0.835 s "
          "against dynashape's 0.624 (1.34x; target 1.5x) and eager's 0.922; dynashape's call 5 (22 x 123 "
-         "tokens) took 411 ms, not seen in the runs before (the first split product of that many rows)."),
+         "tokens) took 411 ms: a full garbage collection, as the next runs showed. *gcload* runs (a later lease, "
+         "gpu_new_shapes.sh gcload, results/new_shapes_gcload_*, the calls' full collections listed by a gc "
+         "callback): without a collection at the end of the load, one run had a full collection of 472 ms inside "
+         "its call 72 (that call 497 ms; the process holds transformers and an eager BERT-base: ~0.4 s a scan), "
+         "the other none; with it (runtime/gc_pause.py: a load that made 20,000 objects or more ends with a full "
+         "collection, so its objects are not promoted over the first calls), none in either run and no call "
+         "above 32 ms. The stalls of 531 and 555 ms in earlier runs' BERT calls fit the same cause."),
     Area("GPU: ResNet-50's convolutions as split bfloat16 products", "conv_split.py",
          [("conv_split_bf16_*.json", None), ("conv_split_tf32_*.json", None)],
          ["batch", "cuDNN fp32 us", "fastest float32 form us", "cuDNN TF32 over split parts us",
