@@ -4,6 +4,15 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  gccycle)  # ResNet-50 cycled, cold, three times: its slow calls and the full garbage collections inside calls
+    for r in 1 2 3; do
+      T=120 run python3 benchmarks/new_shapes_gpu.py --workloads resnet_cycle --models-dir $M --cache-dir /tmp/dc_gc_$r \
+        --json "$OUT/new_shapes_gccycle_$r.json" | grep -E "full garbage|│ resnet"
+      python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['resnet_cycle']
+v = next(r for k, r in d.items() if k.startswith('dynashape'))
+print('slow calls', [(i, round(x * 1e3, 1)) for i, x in enumerate(v['times_s']) if x > 0.012 and i > 0], 'gc', v.get('gc_full'))" \
+        "$OUT/new_shapes_gccycle_$r.json"
+    done ;;
   gcload)  # a full garbage collection at the end of a load that made many objects (runtime/gc_pause.py) against none
            # (DYNASHAPE_LOAD_COLLECT=0), alternately: BERT-base random with eager, the full collections inside calls listed
     for r in 1 2; do
