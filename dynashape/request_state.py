@@ -23,6 +23,7 @@ from .errors import (
     SymbolDisagreementError,
     UnknownOutputError,
 )
+from .impls import capture_guard
 from .interpreter.network import Network
 from .ir.dtypes import _PLAIN_NUMPY, HELD, to_numpy
 from .memory import Engine
@@ -213,6 +214,11 @@ class RequestState:
             if self.session.compiled.static:
                 for k in STATIC_COUNTERS:
                     out.setdefault(k, 0)
+                # the application's device-wide synchronisations (torch.cuda.synchronize) that waited
+                # for a background capture to end (impls/capture_guard.py), process-wide
+                waited = capture_guard.waits()
+                out["syncs_waited_on_capture"] = waited["waits"]
+                out["sync_wait_on_capture_s"] = waited["wait_s"]
             specs = self.session.compiled.specs
             out["regions"] = sum(len(s.regions) for s in specs)
             out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)

@@ -790,7 +790,13 @@ AREAS = [
          "collection, so its objects are not promoted over the first calls), none in either run and no call "
          "above 32 ms. The stalls of 531 and 555 ms in earlier runs' BERT calls fit the same cause. ResNet-50's "
          "cycle's stalls are not that: three cold runs (gccycle, results/new_shapes_gccycle_*) had calls of 12.3, "
-         "none and 37.8 ms (1.8x, -, 5.6x eager's same call), no full collection inside any call."),
+         "none and 37.8 ms (1.8x, -, 5.6x eager's same call), no full collection inside any call. They are the "
+         "benchmark's own torch.cuda.synchronize() after a call waiting for a first graph's capture on the build "
+         "thread to end (a device-wide synchronisation during a capture would invalidate it: "
+         "impls/capture_guard.py holds it): the session's stats now count those waits (syncs_waited_on_capture, "
+         "sync_wait_on_capture_s; a run of the cycle, results/new_shapes_capturewait_h200_2026-11-29.json: one "
+         "wait of 34 ms for a capture of 36 ms). Stream-level synchronisations (.cpu(), .item(), "
+         "Stream.synchronize) do not wait."),
     Area("GPU: ResNet-50's convolutions as split bfloat16 products", "conv_split.py",
          [("conv_split_bf16_*.json", None), ("conv_split_tf32_*.json", None)],
          ["batch", "cuDNN fp32 us", "fastest float32 form us", "cuDNN TF32 over split parts us",
