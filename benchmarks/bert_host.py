@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -23,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
 from benchmarks.gpu_bound import kernel_ms, wall_ms  # noqa: E402
-from benchmarks.new_shapes_gpu import _warm_libraries, model_for  # noqa: E402
+from benchmarks.new_shapes_gpu import strict_bert  # noqa: E402
 from dynashape.impls.tuning import hold_gpu  # noqa: E402
 from dynashape.ops import split_tf32  # noqa: E402
 
@@ -65,9 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    _warm_libraries()
-    module, path, names, make = model_for("bert_random", tempfile.mkdtemp())
+    module, path, names, make = strict_bert()
     g = torch.Generator().manual_seed(0)
     feeds = {s: make(s, g) for s in SHAPES}
     sess = dynashape.InferenceSession(path, device="cuda", static_impls="off")

@@ -13,14 +13,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
-from benchmarks.new_shapes_gpu import _warm_libraries, model_for  # noqa: E402
+from benchmarks.new_shapes_gpu import strict_bert  # noqa: E402
 
 SHAPES = [(1, 16), (8, 128), (8, 256), (16, 256)]
 
@@ -57,9 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    _warm_libraries()
-    module, path, names, make = model_for("bert_random", tempfile.mkdtemp())
+    module, path, names, make = strict_bert()
     g = torch.Generator().manual_seed(0)
     sess = dynashape.InferenceSession(path, device="cuda", static_impls="off")
     rows = []

@@ -32,33 +32,40 @@ def forms(x, w, b, z, st, pad):
     return {f: (lambda f=f: tuned_conv._run(f, x, w, b, st, pad, True, z, own)) for f in names}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batches", default="1,3,8,16")
-    ap.add_argument("--json")
-    args = ap.parse_args()
+def cases(batches: str):
+    """Strict fp32 with cuDNN's benchmark mode; then per batch and distinct ResNet-50 convolution:
+    (batch, (in, out, k, stride, size), x, w, bias, residual, the float64 reference of relu(conv + bias
+    + residual))."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
-    rows, data, totals = [], [], {}
-    for b in [int(v) for v in args.batches.split(",")]:
+    for b in [int(v) for v in batches.split(",")]:
         for cin, cout, k, st, hw in _SHAPES:
             x = torch.randn(b, cin, hw, hw, device="cuda")
             w = torch.randn(cout, cin, k, k, device="cuda") * 0.05
             bias = torch.randn(cout, device="cuda")
             ref = F.conv2d(x.double(), w.double(), bias.double(), st, k // 2)
             z = torch.randn(ref.shape, device="cuda")
-            ref = (ref + z.double()).relu()
-            fs = forms(x, w, bias, z, st, k // 2)
-            errs = {n: float((f().double() - ref).abs().max()) for n, f in fs.items()}
-            t = dict(zip(fs, timings(list(fs.values()))))
-            best = min(t, key=t.get)
-            tot = totals.setdefault(b, [0.0, 0.0])
-            tot[0] += t["cudnn"]
-            tot[1] += t[best]
-            rows.append([b, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], best, t[best], t["cudnn"] / t[best],
-                         " ".join(f"{n} {v:.1f}" for n, v in t.items()), max(errs.values())])
-            data.append({"batch": b, "conv": [cin, cout, k, st, hw], "us": t, "max_err": errs})
+            yield b, (cin, cout, k, st, hw), x, w, bias, z, (ref + z.double()).relu()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,3,8,16")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows, data, totals = [], [], {}
+    for b, (cin, cout, k, st, hw), x, w, bias, z, ref in cases(args.batches):
+        fs = forms(x, w, bias, z, st, k // 2)
+        errs = {n: float((f().double() - ref).abs().max()) for n, f in fs.items()}
+        t = dict(zip(fs, timings(list(fs.values()))))
+        best = min(t, key=t.get)
+        tot = totals.setdefault(b, [0.0, 0.0])
+        tot[0] += t["cudnn"]
+        tot[1] += t[best]
+        rows.append([b, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], best, t[best], t["cudnn"] / t[best],
+                     " ".join(f"{n} {v:.1f}" for n, v in t.items()), max(errs.values())])
+        data.append({"batch": b, "conv": [cin, cout, k, st, hw], "us": t, "max_err": errs})
     print_table(f"convolutions, {torch.cuda.get_device_name()}, fp32 (us)",
                 ["batch", "conv", "cuDNN", "fastest", "its us", "cuDNN / best", "every form (us)", "max err"], rows)
     print("sum over the distinct convolutions (us): cuDNN / best of both:",

@@ -17,12 +17,10 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.conv_forms import forms  # noqa: E402
-from benchmarks.conv_fusion import _SHAPES  # noqa: E402
+from benchmarks.conv_forms import cases, forms  # noqa: E402
 from dynashape.impls.tuning import timings  # noqa: E402
 from dynashape.ops import split_tf32, tuned_conv  # noqa: E402
 
@@ -84,35 +82,25 @@ def main() -> None:
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--json")
     args = ap.parse_args()
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
     rows, data, totals = [], [], {}
-    for bsz in [int(v) for v in args.batches.split(",")]:
-        for cin, cout, k, st, hw in _SHAPES:
-            x = torch.randn(bsz, cin, hw, hw, device="cuda")
-            w = torch.randn(cout, cin, k, k, device="cuda") * 0.05
-            bias = torch.randn(cout, device="cuda")
-            ref = F.conv2d(x.double(), w.double(), bias.double(), st, k // 2)
-            z = torch.randn(ref.shape, device="cuda")
-            ref = (ref + z.double()).relu()
-            fs = dict(forms(x, w, bias, z, st, k // 2))
-            fs.update(split_forms(x, w, bias, z, st, k // 2))
-            errs = {f: float((g().double() - ref).norm() / ref.norm()) for f, g in fs.items()}
-            t = dict(zip(fs, timings(list(fs.values()))))
-            mine = ("split3", "tf32", "bf16_batched", "bf16_merged")
-            today = min((f for f in t if f not in mine), key=t.get)
-            bf = min((f for f in t if f.startswith("bf16")), key=t.get)
-            tot = totals.setdefault(bsz, [0.0, 0.0, 0.0, 0.0, 0.0])
-            tot[0] += t["cudnn"]
-            tot[1] += t[today]
-            tot[2] += t["split3"]
-            tot[3] += t[bf]
-            tot[4] += min(t[today], t[bf])
-            rows.append([bsz, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], f"{today} {t[today]:.1f}", t["split3"],
-                         f"{bf} {t[bf]:.1f}", t[today] / t[bf], t["tf32"], f"{errs[today]:.1e}",
-                         f"{errs['split3']:.1e}", f"{errs[bf]:.1e}", f"{errs['tf32']:.1e}"])
-            data.append({"batch": bsz, "conv": [cin, cout, k, st, hw], "us": t, "rel_err": errs})
+    for bsz, (cin, cout, k, st, hw), x, w, bias, z, ref in cases(args.batches):
+        fs = dict(forms(x, w, bias, z, st, k // 2))
+        fs.update(split_forms(x, w, bias, z, st, k // 2))
+        errs = {f: float((g().double() - ref).norm() / ref.norm()) for f, g in fs.items()}
+        t = dict(zip(fs, timings(list(fs.values()))))
+        mine = ("split3", "tf32", "bf16_batched", "bf16_merged")
+        today = min((f for f in t if f not in mine), key=t.get)
+        bf = min((f for f in t if f.startswith("bf16")), key=t.get)
+        tot = totals.setdefault(bsz, [0.0, 0.0, 0.0, 0.0, 0.0])
+        tot[0] += t["cudnn"]
+        tot[1] += t[today]
+        tot[2] += t["split3"]
+        tot[3] += t[bf]
+        tot[4] += min(t[today], t[bf])
+        rows.append([bsz, f"{cin}->{cout} k{k} s{st} @{hw}", t["cudnn"], f"{today} {t[today]:.1f}", t["split3"],
+                     f"{bf} {t[bf]:.1f}", t[today] / t[bf], t["tf32"], f"{errs[today]:.1e}",
+                     f"{errs['split3']:.1e}", f"{errs[bf]:.1e}", f"{errs['tf32']:.1e}"])
+        data.append({"batch": bsz, "conv": [cin, cout, k, st, hw], "us": t, "rel_err": errs})
     print_table(f"convolutions as split TF32, {torch.cuda.get_device_name()} (us)",
                 ["batch", "conv", "cuDNN fp32", "fastest today", "split3", "bf16 parts", "today / bf16", "tf32 alone",
                  "err today", "err split3", "err bf16", "err tf32"], rows)

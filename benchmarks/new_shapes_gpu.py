@@ -220,6 +220,14 @@ def workload_run(workload, args, options, tmp, only_dynashape=False) -> dict:
     return out
 
 
+def strict_bert():
+    """TF32 off on every side, cuBLAS and cuDNN loaded, then BERT-base's (eager module, ONNX path,
+    input names, feeds maker): what the BERT probes (bert_host.py, call_timeline.py) start from."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    _warm_libraries()
+    return model_for("bert_random", tempfile.mkdtemp())
+
+
 def _warm_libraries() -> None:
     """cuBLAS and cuDNN loaded and their handles made before anything is timed: a process pays
     that once, and it belongs to no runtime (the first runtime timed would carry it)."""
