@@ -346,6 +346,12 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_RETUNE": ("experiment", "when a CUDA region's tuned rebuild times its forms: 'idle' (default: "
                                        "only while the calls pause, giving way before each key once a call comes) "
                                        "or 'beside' (while they run; measured slower, impls/context.py)."),
+    "DYNASHAPE_CONV_SPLIT": ("experiment", "'1' (default): a CUDA static build times each float32 convolution's "
+                                           "product forms as split bfloat16 products too, where fp32_products "
+                                           "allows (ops/tuned_conv.py); '0': not (A/B runs)."),
+    "DYNASHAPE_LOAD_COLLECT": ("operator", "objects a session's load made from which it ends with a full garbage "
+                                           "collection (runtime/gc_pause.py; default 20000, '0': never): without "
+                                           "it a call soon after paid a scan of the whole process."),
     "DYNASHAPE_BUILD_COURTESY": ("experiment", "'1' (default): a CUDA background build pauses before each torch "
                                                "call while a call of its session is launched (impls/context.py "
                                                "Courtesy); '0': they share the interpreter (measured slower)."),
