@@ -796,7 +796,12 @@ AREAS = [
          "impls/capture_guard.py holds it): the session's stats now count those waits (syncs_waited_on_capture, "
          "sync_wait_on_capture_s; a run of the cycle, results/new_shapes_capturewait_h200_2026-11-29.json: one "
          "wait of 34 ms for a capture of 36 ms). Stream-level synchronisations (.cpu(), .item(), "
-         "Stream.synchronize) do not wait."),
+         "Stream.synchronize) do not wait. How long the hold is (benchmarks/capture_phase.py, "
+         "results/capture_phase_h200_2026-11-29.json: one batch-8 bucket's first graph, twice each): the capture "
+         "phase took 37 and 80 ms with the calling thread asleep, 85-127 ms beside calls waited for on their "
+         "stream, 29-88 ms beside calls followed by torch.cuda.synchronize(), whose waits were 53 ms: the "
+         "capture itself (the region's ~160 launches replayed under capture, then the instantiation) is what "
+         "a device-wide synchronisation waits for, and it is long."),
     Area("GPU: ResNet-50's convolutions as split bfloat16 products", "conv_split.py",
          [("conv_split_bf16_*.json", None), ("conv_split_tf32_*.json", None)],
          ["batch", "cuDNN fp32 us", "fastest float32 form us", "cuDNN TF32 over split parts us",
