@@ -174,7 +174,8 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
                       sync_debug_after=3 if sync_debug else None)
     st = sess.stats()
     res["stats"] = {k: v for k, v in st.items() if any(w in k for w in ("static", "host_sync", "build", "bucket",
-                                                                          "capture", "impl", "tuned", "cache"))}
+                                                                          "capture", "impl", "tuned", "cache", "pad",
+                                                                          "elements"))}
     res["refusals"] = list(sess.compiled.refusals)[-3:] if sess.compiled is not None else []
     res["stats"]["device_reserved_gib"] = torch.cuda.memory_reserved() / 2**30  # the session's memory at its end
     res["load_s"] = load_s

@@ -42,6 +42,7 @@ from .runtime.feeds import FeedChecker, InputSpec
 from .runtime.gc_pause import gc_paused
 from .runtime.index_feeds import IndexFeedChecks
 from .runtime.load_shapes import aligned_shapes, numel, optimal_shapes, representative_shapes, sample
+from .runtime.padded_calls import pad_mode
 from .runtime.static_mode import deterministic_mode, for_graph, static_mode
 from .session_options import resolve as _session_options
 from .shape import PartialShape
@@ -125,6 +126,9 @@ class InferenceSession:
         self._kv_bucket = bucket_rule(options.get("kv_bucket"))
         self._decode_ahead = 0 if self._deterministic else ahead_rule(options.get("decode_ahead"), self.device)
         self._fc_align = align_multiple(options.get("fc_align"))
+        # calls padded to a bucket of their dynamic axes where the padding is proven not to reach the
+        # outputs (runtime/padded_calls.py): their shapes come back, so their graphs do
+        self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode)
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
         # and so does the load, whose folding of constants and builds may compute products
         self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))

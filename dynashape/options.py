@@ -193,6 +193,13 @@ class Options:
         Expect("an int from 0 (off) to 64", lambda v: _is_int(v) and 0 <= v <= 64),  # aligned.MAX_ALIGNED
         "fewer builds and less graph memory (decoder, batch 1-8, H200: 328 -> 181 builds, 54.5 -> 43.5 MiB), a "
         "slower step (5% on CUDA, 14% on CPU: padded rows computed, a copy per replay).", "DYNASHAPE_FC_ALIGN")
+    pad_inputs: Any = _opt(
+        "auto", "calls padded with zeros to a bucket of their dynamic axes (the next power of two) and their "
+                "outputs cut back, where the model is proven to ignore the padding (compile/pad_proof.py: an "
+                "encoder under its attention mask); a random (batch, seq) per call then replays a handful of "
+                "graphs: 'auto' (on CUDA with static impls), 'on', 'off'.", _choice("auto", "on", "off"),
+        "padded rows computed (up to 2x the work per padded axis; calls above DYNASHAPE_PAD_MAX_ELEMENTS are not "
+        "padded); a graph per bucket.", "DYNASHAPE_PAD_INPUTS", devices={"cuda": "on with static impls", "cpu": "off"})
     precompile: Any = _opt(
         "auto", "trace the likely specializations at load (every dynamic dim generic, each at 1, all at 1) so a "
                 "first call at a new shape skips the trace; where the model refuses those shapes, the same with "
@@ -332,6 +339,10 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_NATIVE": ("operator", "'0' (also 'off', 'false', 'no'): torch's kernels instead of the C ones."),
     "DYNASHAPE_CACHE": ("operator", "directory of built C kernels' cache (default $XDG_CACHE_HOME/dynashape)."),
     # ---- measurements (benchmarks/ and tests set them) ----
+    "DYNASHAPE_PAD_BUCKETS": ("experiment", "buckets of padded calls (runtime/padded_calls.py): 'pow2' (default) or "
+                                            "'half' (also 1.5x between powers of two)."),
+    "DYNASHAPE_PAD_MAX_ELEMENTS": ("experiment", "the largest product of a padded call's padded axes (default 8192: "
+                                                 "BERT-base's calls above are bound by their kernels)."),
     "DYNASHAPE_TOKEN_BUCKETS": ("experiment", "token regions of transformers (codegen/tokens.py): '0' (default: off, "
                                               "measured slower), 'auto' (on CUDA) or '1' (any device, as the CPU "
                                               "tests run them)."),

@@ -34,6 +34,7 @@ from .ops.u8s8 import SESSION_SATURATE
 from .ort_module import unwrap
 from .run_settings import Threads
 from .runtime.bodies import BodyKernel
+from .runtime.padded_calls import PAD_COUNTERS, InputPadding
 from .runtime.runner import CompiledRunner
 from .runtime.static_mode import STATIC_COUNTERS
 
@@ -62,6 +63,9 @@ class RequestState:
             growth = session.memory.kv_growth if session.memory.inplace_concat else None
             self.runner = CompiledRunner(session.compiled, self.engine, self.predictor, self._stats, growth,
                                          make_body=self._body_kernel)
+        # calls at a bucket of their dynamic axes where the model is proven to ignore the padding
+        self.padding = InputPadding(session.compiled, self._stats) \
+            if self.runner is not None and session._pad_inputs else None
         self._input_names = [v.name for v in session.program.graph.inputs]
         self._host_session = session.device.type == "cpu"
         self._out_index = {a.name: i for i, a in enumerate(session._outputs)}
@@ -93,7 +97,10 @@ class RequestState:
                 inputs = [tensors[n] for n in self._input_names]
             else:
                 inputs = [self.stage(n, tensors[n]) for n in self._input_names]
-            outs = self.runner.run(inputs, hand_out)
+            if self.padding is not None and not self.runner.bound:
+                outs = self.padding.run(self.runner, inputs, hand_out)
+            else:
+                outs = self.runner.run(inputs, hand_out)
             if outs is not None:
                 return outs
             self._stats["interpreter_runs"] += 1
@@ -224,6 +231,9 @@ class RequestState:
             out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)
             out["kernel_lines"] = sum(s.kernel_items for s in specs)
             out["specializations"] = len(self.session.compiled.specs)
+        if self.padding is not None:
+            for k in PAD_COUNTERS:
+                out.setdefault(k, 0)
         if self.session._deciders:
             out["decided_if_variants"] = len(self.session._decided)
             for req in list(self._decided_requests.values()):  # the runs the variants made are this request's

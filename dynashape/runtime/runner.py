@@ -46,6 +46,7 @@ class CompiledRunner:
         self._caps: dict[str, int] = {}
         self.prebuild = False  # build static impls at the first sight of a key (optimal values at load)
         self.traced = False  # whether this call traced a region for an inductor build (one per call)
+        self.padded_call = False  # this call runs at a padded bucket (padded_calls.py): its keys come back
         self.bound: dict[str, torch.Tensor] = {}  # output name -> a caller's tensor to write it into (io_binding)
 
     # ---- per-request objects the specializations share ----------------------------------------

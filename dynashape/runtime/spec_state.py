@@ -220,7 +220,7 @@ class SpecState:
             return None
         # a batch bucket is built at its first sight: buckets are few and come back by design
         # (a random batch's exact key may never), and a short burst of traffic then finds its graphs
-        eager = padded is not None and al.kind in ("conv", "tokens")
+        eager = (padded is not None and al.kind in ("conv", "tokens")) or self.runner.padded_call
         if rk not in self.seen and not self.runner.prebuild and not eager:
             if len(self.seen) >= SEEN_KEYS:
                 self.seen.pop(next(iter(self.seen)))
