@@ -4,13 +4,18 @@
 source "$(dirname "$0")/gpu_common.sh"
 M=/tmp/models; mkdir -p $M
 case "${1:-final}" in
+  pad_calls)  # padded calls at random shapes with what served each call (NEW_SHAPES_PER_CALL), and the CUDA tests
+    DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py
+    NEW_SHAPES_PER_CALL=1 T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
+      --json "$OUT/new_shapes_pad_calls.json" | grep -E "│ bert" ;;
   pad_probe)  # padded calls one shape at a time: eager, the dynamic path, the padded call's graph built in the call and
               # on the worker (first graph, then tuned)
     T=300 run python3 benchmarks/pad_probe.py --json "$OUT/pad_probe.json" ;;
   padded)  # calls padded to buckets of (batch, seq) where the model is proven to ignore the padding (runtime/
            # padded_calls.py), against unpadded, alternately: BERT-base random and cycled, eager side by side; the
            # CUDA tests of padded calls first
-    DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py \
+      tests/ops/test_specialise.py tests/impls/test_static_impls.py
     for r in 1 2; do
       for p in off on; do
         DYNASHAPE_PAD_INPUTS=$p T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random bert_cycle \

@@ -110,16 +110,16 @@ class FullCollections:
         gc.callbacks.remove(self)
 
 
-def timed_calls(call, feed_list, ref=None, sync_debug_after=None) -> dict:
+def timed_calls(call, feed_list, ref=None, sync_debug_after=None, after=None) -> dict:
     """Seconds of every call (synchronised), the largest relative error against ``ref``'s outputs, and
     the full garbage collections that ran inside calls (``gc_full``: call index and ms)."""
     with FullCollections() as full:
-        res = _timed_calls(call, feed_list, ref, sync_debug_after, full)
+        res = _timed_calls(call, feed_list, ref, sync_debug_after, full, after)
     res["gc_full"] = full.at
     return res
 
 
-def _timed_calls(call, feed_list, ref, sync_debug_after, full) -> dict:
+def _timed_calls(call, feed_list, ref, sync_debug_after, full, after=None) -> dict:
     times, errs, outs, syncs = [], [], [], []
     for i, feeds in enumerate(feed_list):
         full.call = i
@@ -141,6 +141,8 @@ def _timed_calls(call, feed_list, ref, sync_debug_after, full) -> dict:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         full.call = None  # (the comparison below is not the call's)
+        if after is not None:
+            after(i)
         if ref is None:
             outs.append(out.float())
         else:
@@ -170,8 +172,18 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
     t0 = time.perf_counter()
     sess = dynashape.InferenceSession(path, device="cuda", **options)
     load_s = time.perf_counter() - t0
+    per_call, last = [], {}
+
+    def after(i, sess=sess, keys=("static_hits", "static_misses", "padded_calls", "syncs_waited_on_capture",
+                       "static_builds", "static_refused_runs")):
+        st = sess.stats()  # (after the call's timing) what served it: NEW_SHAPES_PER_CALL=1
+        per_call.append({k: st.get(k, 0) - last.get(k, 0) for k in keys})
+        last.update({k: st.get(k, 0) for k in keys})
     res = timed_calls(lambda f, sess=sess: sess.run(None, dict(zip(names, f))), feed_list, ref,
-                      sync_debug_after=3 if sync_debug else None)
+                      sync_debug_after=3 if sync_debug else None,
+                      after=after if os.environ.get("NEW_SHAPES_PER_CALL") else None)
+    if per_call:
+        res["per_call"] = per_call
     st = sess.stats()
     res["stats"] = {k: v for k, v in st.items() if any(w in k for w in ("static", "host_sync", "build", "bucket",
                                                                           "capture", "impl", "tuned", "cache", "pad",
@@ -179,7 +191,7 @@ def run_dynashape(path, names, feed_list, ref, options, sync_debug) -> dict:
     res["refusals"] = list(sess.compiled.refusals)[-3:] if sess.compiled is not None else []
     res["stats"]["device_reserved_gib"] = torch.cuda.memory_reserved() / 2**30  # the session's memory at its end
     res["load_s"] = load_s
-    del sess
+    del sess, after
     gone()
     return res
 

@@ -26,6 +26,10 @@ from .specialise import active, choose
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FORMS = ("epilogue", "then_add", "c_bias")
+# rows from which an untimed build takes the split product (where fp32_products allows it): in a graph
+# its extra launches cost no host time, and from ~500 rows its bfloat16 products beat float32's
+# (H200, BERT-base's products: benchmarks/split_tf32_error.py, 0.17-0.52 ms against 0.46-1.58 at 12,288)
+SPLIT_PRIOR_ROWS = 512
 
 
 def serves(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -54,7 +58,10 @@ def product(x2: torch.Tensor, w: torch.Tensor, w_out_in: bool, bias=None, residu
     n = w.shape[0] if w_out_in else w.shape[1]
     key = ("gemm", m, n, k, x2.dtype, bias is not None, residual is not None, w_out_in, x2.stride(), w.stride(),
            torch.backends.cuda.matmul.allow_tf32, split_tf32.MODE.get(), x2.device.index)
-    form = choose(key, cands, lambda f: _run(f, x2, w, w_out_in, bias, residual, None))
+    # a graph built untimed (a bucket's first graph) takes the split where a tuned build took it: the
+    # IEEE product there made padded BERT-base buckets of 2,048-4,096 rows 2.2-2.4x slower than timed
+    prior = "split" if "split" in cands and m >= SPLIT_PRIOR_ROWS else None
+    form = choose(key, cands, lambda f: _run(f, x2, w, w_out_in, bias, residual, None), prior)
     return _run(form, x2, w, w_out_in, bias, residual, out)
 
 

@@ -383,6 +383,13 @@ class SpecState:
         """The compilation context's answer for key ``k``: an impl, or why there is none."""
         token, r, key = k
         stats = self.stats
+        if isinstance(result, Exception) and token != self.token:
+            # the plan moved while it was built (a larger shape re-planned the arena): its addresses
+            # are gone, which can be why it failed; a later call at this key builds it again
+            stats["static_stale_failures"] += 1
+            self.runner.model.refusals.append(f"region {r} of {self.spec.filename} for {key}: a build over a "
+                                              f"replaced plan failed ({result}); built again when asked")
+            return
         if isinstance(result, Exception):
             self.refused.add((r, key))
             if getattr(result, "first", None) is not None:

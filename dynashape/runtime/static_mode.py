@@ -15,7 +15,7 @@ from .decode_graph import nonnegative
 STATIC_COUNTERS = ("static_hits", "static_misses", "static_builds", "static_build_time_s", "static_trace_time_s",
                    "build_wait_s",
                    "static_bytes", "static_refused", "static_refused_runs", "static_guard_fails", "static_errors_rerun",
-                   "static_dropped_by_replan")
+                   "static_dropped_by_replan", "static_stale_failures")
 
 
 CPU_DECODE_AFTER = 256  # calls of a CPU decoder session before its static impls are built

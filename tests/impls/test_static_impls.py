@@ -268,3 +268,17 @@ def test_graphs_keep_their_blas_workspace_when_cublas_forgets_its_own(device):
     torch.cuda.synchronize()
     assert all(bool((c == 7.0).all()) for c in canaries)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_build_that_failed_over_a_replaced_plan_is_not_refused(device):
+    """A larger shape re-planned the arena while a background build ran over the old one (padded
+    calls' buckets grow it in a session's first calls): its failure says nothing of the key, which
+    a later call builds again, so it is counted, not refused."""
+    sess = dynashape.InferenceSession(mlp(), device=device, static_impls="sync")
+    sess.run(None, feeds(2, 3, device, 1))
+    st = next(iter(sess._default.runner.states.values()))
+    stale = (st.token[0], st.token[1] - 1)
+    st._built((stale, 0, (2, 3)), CannotCapture("a pointer of the old arena"), 0.0)
+    assert not st.refused and sess.stats()["static_stale_failures"] == 1
+    st._built((st.token, 0, (2, 3)), CannotCapture("a kernel synchronises with the host"), 0.0)
+    assert st.refused == {(0, (2, 3))} and sess.stats()["static_refused"] == 1

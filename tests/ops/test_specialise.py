@@ -125,6 +125,22 @@ def test_a_tuner_that_cannot_time_leaves_the_key_untuned():
     torch.testing.assert_close(y, x @ w.t() + b)
 
 
+def test_an_untimed_build_takes_the_split_from_its_rows(monkeypatch):
+    """A graph built with nothing timed (a bucket's first graph) takes the split product from
+    ``SPLIT_PRIOR_ROWS`` rows where the session allows it, the product's own call below."""
+    taken = []
+    monkeypatch.setattr(tg.split_tf32, "eligible", lambda x, w: True)
+    monkeypatch.setattr(tg.split_tf32, "product", lambda x2, w, w_out_in, c, out: taken.append(x2.shape[0])
+                        or x2 @ (w.t() if w_out_in else w) + c)
+    w, b = torch.randn(3, 6), torch.randn(3)
+    with specialise.specialised(specialise.untimed):
+        for m in (tg.SPLIT_PRIOR_ROWS - 1, tg.SPLIT_PRIOR_ROWS):
+            x = torch.randn(m, 6)
+            torch.testing.assert_close(tg.product(x, w, True, b), x @ w.t() + b)
+    assert taken == [tg.SPLIT_PRIOR_ROWS]
+    assert specialise.choices() == {}  # untuned: a tuned rebuild times them
+
+
 def test_a_plain_product_is_not_timed():
     def tuner(key, runs):
         raise AssertionError("a product without an epilogue has one form")
