@@ -23,6 +23,9 @@ graph, ms): (3, 20) as (4, 32) 12.7 / 9.1 / 1.4; (7, 100) as (8, 128) 12.0 / 9.5
 ``pad_inputs``: 'auto' (the default: on CUDA where static impls are on, since the padding buys
 graphs), 'on' (any device: the CPU tests), 'off'. ``stats()``: ``padded_calls``,
 ``pad_refused_calls`` (a proven model's calls run unpadded: too large, another specialization),
+``pad_deferred_calls`` (unpadded while first graphs wait on the worker: a bucket is padded at its
+first sight, which queues its graph, and again once no first graph waits; meanwhile its calls run
+the dynamic path over their real rows, less work than over the padded ones),
 ``padded_elements`` against ``real_elements`` (the padded axes' products summed), and
 ``padding`` (proven, or why not).
 """
@@ -41,7 +44,8 @@ DEFAULT_MAX_ELEMENTS = 4096
 # the smallest bucket of an axis: a 16th of its bound (a table of 512 positions: 32), else this; small
 # calls are bound by the host, and a graph at a larger bucket costs them no more than a smaller one
 DEFAULT_FLOOR = 4
-PAD_COUNTERS = ("padded_calls", "pad_refused_calls", "real_elements", "padded_elements")  # reported (as 0 too)
+# reported (as 0 too) wherever calls may be padded
+PAD_COUNTERS = ("padded_calls", "pad_refused_calls", "pad_deferred_calls", "real_elements", "padded_elements")
 
 
 def pad_mode(option, device: torch.device, static: str | None) -> bool:
@@ -88,6 +92,7 @@ class InputPadding:
         self.model, self.stats = model, stats
         self.rule, self.cap = bucket_rule(), max_elements()
         self.floors: dict[int, dict[str, int]] = {}  # id(proof) -> symbol -> its smallest bucket
+        self.seen: set = set()  # padded signatures called at once
 
     def proof(self, spec) -> PadProof | str:
         p = getattr(spec, "padding", None)
@@ -160,6 +165,15 @@ class InputPadding:
         if self.model.spec_for(big) is not spec:
             self.stats["pad_refused_calls"] += 1  # the padded signature is another program's (its guards)
             return None
+        if big in self.seen:
+            ctx = getattr(self.model, "context", None)
+            if ctx is not None and ctx.urgent():
+                # first graphs wait on the worker (maybe this bucket's): padded, the call would run
+                # the dynamic path over the padded rows; unpadded it does less work
+                self.stats["pad_deferred_calls"] += 1
+                return None
+        else:
+            self.seen.add(big)  # its first sight: padded, so that the bucket's graph is built
         return proof, real, padded
 
 

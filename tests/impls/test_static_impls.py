@@ -60,7 +60,14 @@ def run_all(sess, device, shapes=SHAPES, wait=False):
 def assert_same(a, b):
     for x, y in zip(a, b):
         for u, v in zip(x, y):
-            torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-6)
+            tol = _tol(u)
+            torch.testing.assert_close(u, v, rtol=tol, atol=tol)
+
+
+def _tol(u) -> float:
+    """On CUDA a static impl may take the split product its build timed fastest (ops/split_tf32.py,
+    within ~1e-5 of float32's) where the dynamic path takes cuBLAS's float32 product."""
+    return 5e-5 if isinstance(u, torch.Tensor) and u.is_cuda else 1e-6
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -157,7 +164,7 @@ def test_requests_on_threads(device):
             for i, (n, s) in enumerate(SHAPES * 2):
                 f = feeds(n, s, device, seed * 100 + i)
                 for a, b in zip(req.run(None, f), ref.create_infer_request().run(None, f)):
-                    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+                    torch.testing.assert_close(a, b, rtol=_tol(a), atol=_tol(a))
         except Exception as e:  # noqa: BLE001
             errors.append(e)
     threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]

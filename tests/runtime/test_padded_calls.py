@@ -259,3 +259,19 @@ def test_a_bad_feed_after_padded_calls_leaves_the_session_working(device):
         padded.run(None, {"input_ids": f["input_ids"].astype(np.float32), "attention_mask": f["attention_mask"]})
     np.testing.assert_allclose(padded.run(None, f)[0], first, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(first, plain.run(None, f)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_bucket_waiting_for_its_graph_runs_its_calls_unpadded(monkeypatch):
+    """A bucket is padded at its first sight (that queues its graph); while first graphs wait on
+    the worker its later calls run over their real rows, counted."""
+    padded, plain = _sessions(model_path("bert"), "cpu")
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(padded.compiled.context, "urgent", lambda: True)
+    for b, s in [(3, 9), (2, 10), (4, 13)]:  # one bucket, (4, 16)
+        f = _feeds(b, s, rng)
+        np.testing.assert_allclose(padded.run(None, f)[0], plain.run(None, f)[0], rtol=1e-4, atol=1e-4)
+    st = padded.stats()
+    assert st["padded_calls"] == 1 and st["pad_deferred_calls"] == 2
+    monkeypatch.setattr(padded.compiled.context, "urgent", lambda: False)
+    padded.run(None, _feeds(3, 12, rng))
+    assert padded.stats()["padded_calls"] == 2
