@@ -264,7 +264,8 @@ def test_a_bad_feed_after_padded_calls_leaves_the_session_working(device):
 def test_a_bucket_waiting_for_its_graph_runs_its_calls_unpadded(monkeypatch):
     """A bucket is padded at its first sight (that queues its graph); while first graphs wait on
     the worker its later calls run over their real rows, counted."""
-    padded, plain = _sessions(model_path("bert"), "cpu")
+    monkeypatch.setenv("DYNASHAPE_CPU_STATIC", "specialized")  # a context that builds, in ms on the CPU
+    padded, plain = _sessions(model_path("bert"), "cpu", static_impls="sync")
     rng = np.random.default_rng(7)
     monkeypatch.setattr(padded.compiled.context, "urgent", lambda: True)
     for b, s in [(3, 9), (2, 10), (4, 13)]:  # one bucket, (4, 16)
