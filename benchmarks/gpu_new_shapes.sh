@@ -8,6 +8,10 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py
     NEW_SHAPES_PER_CALL=1 T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
       --json "$OUT/new_shapes_pad_calls.json" | grep -E "│ bert" ;;
+  pad_cached)  # padded calls with the disk cache: BERT-base random, a first process (cold) then a second one on its
+               # cache (the buckets' shapes built at load), eager side by side
+    DYNASHAPE_PAD_INPUTS=on T=400 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
+      --cache-dir /tmp/dc_pad --second-process --json "$OUT/new_shapes_pad_cached.json" | grep -E "│ bert" ;;
   pad_probe)  # padded calls one shape at a time: eager, the dynamic path, the padded call's graph built in the call and
               # on the worker (first graph, then tuned)
     T=300 run python3 benchmarks/pad_probe.py --json "$OUT/pad_probe.json" ;;
