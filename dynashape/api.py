@@ -128,7 +128,8 @@ class InferenceSession:
         self._fc_align = align_multiple(options.get("fc_align"))
         # calls padded to a bucket of their dynamic axes where the padding is proven not to reach the
         # outputs (runtime/padded_calls.py): their shapes come back, so their graphs do
-        self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode)
+        self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode,
+                                    options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR"))
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
         # and so does the load, whose folding of constants and builds may compute products
         self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))

@@ -197,9 +197,12 @@ class Options:
         "auto", "calls padded with zeros to a bucket of their dynamic axes (the next power of two) and their "
                 "outputs cut back, where the model is proven to ignore the padding (compile/pad_proof.py: an "
                 "encoder under its attention mask); a random (batch, seq) per call then replays a handful of "
-                "graphs: 'auto' (on CUDA with static impls), 'on', 'off'.", _choice("auto", "on", "off"),
+                "graphs: 'auto' (on CUDA with static impls and a cache_dir: the next process builds the buckets "
+                "at load; a first process builds them beside its calls, where they landed too late to pay in 150 "
+                "back-to-back calls), 'on', 'off'.", _choice("auto", "on", "off"),
         "padded rows computed (up to 2x the work per padded axis; calls above DYNASHAPE_PAD_MAX_ELEMENTS are not "
-        "padded); a graph per bucket.", "DYNASHAPE_PAD_INPUTS", devices={"cuda": "on with static impls", "cpu": "off"})
+        "padded); a graph per bucket, built on the worker beside the calls.", "DYNASHAPE_PAD_INPUTS",
+        devices={"cuda": "on with static impls and a cache_dir", "cpu": "off"})
     precompile: Any = _opt(
         "auto", "trace the likely specializations at load (every dynamic dim generic, each at 1, all at 1) so a "
                 "first call at a new shape skips the trace; where the model refuses those shapes, the same with "

@@ -222,6 +222,18 @@ def _new_shapes_rows(run: Run, keep) -> dict[str, list[list[str]]]:
     return out
 
 
+def pad_probe(runs: list[Run]) -> list[list[str]]:
+    """Per shape: eager, the dynamic path, the padded call's graph (built in the call / on the worker)."""
+    run = runs[0]
+    rows = []
+    for r in run.data["rows"]:
+        b, s = r["shape"]
+        rows.append([f"({b}, {s})", num(r["eager_ms"]), num(r["dynamic_ms"]), num(r["padded_sync_ms"]),
+                     num(r["padded_async_ms"]), bold_if(ratio(r["eager_ms"], r["padded_async_ms"]), True),
+                     f"{r['dynamic_err']:.1e} / {r['padded_async_err']:.1e}", run.run_cell()])
+    return rows
+
+
 def build_timeline(runs: list[Run]) -> list[list[str]]:
     """When a ResNet-50 session's background builds land at a random batch on every call."""
     what = ["before this work: bucketing off (an exported global pool), every build timed",
@@ -679,6 +691,37 @@ GPU_BOUND_COLUMNS = ["shape", "eager wall / kernels ms", "dynashape wall / kerne
                      "ceiling (eager wall / our kernels)", "run"]
 
 AREAS = [
+    Area("GPU: padded calls, BERT-base at a new (batch, seq) per call", "new_shapes_gpu.py",
+         [("new_shapes_pad_cached_*.json", None), ("new_shapes_pad_defer_1_off_*.json", None),
+          ("new_shapes_pad_defer_1_on_*.json", None), ("new_shapes_pad_defer_2_off_*.json", None),
+          ("new_shapes_pad_defer_2_on_*.json", None), ("new_shapes_pad_prior_off_*.json", None),
+          ("new_shapes_pad_prior_on_*.json", None), ("new_shapes_pad_floors_on_*.json", None),
+          ("new_shapes_pad_v1_on_*.json", None)],
+         NEW_SHAPES_COLUMNS, new_shapes_per_file,
+         "pad_inputs (runtime/padded_calls.py): a call's (batch, seq) padded with zeros to a bucket (powers of two "
+         "from 4 and 32, up to 4,096 elements) and its outputs cut back, where compile/pad_proof.py proves the "
+         "padding never reaches an output's real part (BERT under its attention mask: proven node by node, "
+         "refused for GPT-2, for a mean over the tokens, for data divided by the length). One H200 lease, in "
+         "this order; *on* and *off* minutes apart, each with its own eager pass. *v1*: buckets from 1, up to "
+         "8,192 elements: 0.84x against 1.53x unpadded. *floors*: from 4 x 32, up to 4,096: 1.07x against "
+         "1.59x: the buckets' first graphs took IEEE float32 products (2.2-2.4x a tuned graph's time at "
+         "2,048-4,096 rows, benchmarks/new_shapes_gpu.py NEW_SHAPES_PER_CALL: results/new_shapes_pad_per_call_"
+         "h200_2026-11-29.json). *prior*: a first graph takes the split from 512 rows (ops/tuned_gemm.py): "
+         "a bucket's replay takes 0.4x eager's time (32 x 128: 7.6-8.2 ms against 19-20), but the 34 first graphs (17 buckets, "
+         "2 regions each) landed over the whole run on the worker, sharing the GIL with back-to-back calls: "
+         "1.31x against 1.46x. *defer*: a bucket padded at its first sight, then only once no first graph "
+         "waits: 1.06x and 1.50x against 1.53x and 1.48x (first graphs waited through all 150 calls, 79 "
+         "calls deferred). *cached*: a first process with cache_dir (1.05x), then a second one on its cache, "
+         "the buckets built at load: 1.82x total, 1.72x over the last 50 (unpadded second processes measured "
+         "1.13-1.32x, tables below). Hence pad_inputs='auto' pads only where a cache_dir is given."),
+    Area("GPU: a padded call's graph one shape at a time, BERT-base", "pad_probe.py",
+         [("pad_probe_*.json", None)],
+         ["shape", "eager ms", "dynamic path ms", "padded graph (built in the call) ms",
+          "padded graph (built on the worker) ms", "x eager (worker's graph)", "rel err: dynamic / padded", "run"],
+         pad_probe,
+         "Medians of 15 synchronised calls after the graph was built; buckets (4, 32), (8, 128), (16, 256), "
+         "(32, 256), (16, 512), (4, 256). Above ~4,000 tokens the calls are bound by their kernels, which padding "
+         "adds to: (23, 172) as 8,192 rows ties the dynamic path, (9, 378) loses to it; hence the 4,096 cap."),
     Area("GPU: token regions of a transformer (experimental, off by default)", "new_shapes_gpu.py",
          [("new_shapes_tokens_triton_h*.json", None), ("new_shapes_tokens_triton_off_*.json", None),
           ("new_shapes_tokens_on_*.json", None), ("new_shapes_tokens_ieee_*.json", None),

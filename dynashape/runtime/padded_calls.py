@@ -48,13 +48,15 @@ DEFAULT_FLOOR = 4
 PAD_COUNTERS = ("padded_calls", "pad_refused_calls", "pad_deferred_calls", "real_elements", "padded_elements")
 
 
-def pad_mode(option, device: torch.device, static: str | None) -> bool:
-    """Whether a session pads its calls (``pad_inputs=``; DYNASHAPE_PAD_INPUTS overrides 'auto')."""
+def pad_mode(option, device: torch.device, static: str | None, cache_dir=None) -> bool:
+    """Whether a session pads its calls (``pad_inputs=``; DYNASHAPE_PAD_INPUTS overrides 'auto').
+    'auto': on CUDA with static impls and a disk cache, where the buckets' graphs pay: the next
+    process builds them at load (the first one builds them on the worker, beside its calls)."""
     text = str(option if option is not None else os.environ.get("DYNASHAPE_PAD_INPUTS", "auto")).lower()
     if text not in ("auto", "on", "off", "1", "0", "true", "false"):
         raise OptionsError(f"pad_inputs={option!r}: expected 'auto', 'on' or 'off'")
     if text == "auto":
-        return device.type == "cuda" and static is not None
+        return device.type == "cuda" and static is not None and cache_dir is not None
     return text in ("on", "1", "true")
 
 

@@ -55,9 +55,10 @@ def test_buckets():
 
 
 def test_mode():
-    assert pad_mode("auto", torch.device("cpu"), "async") is False
-    assert pad_mode("auto", torch.device("cuda"), "async") is True
-    assert pad_mode("auto", torch.device("cuda"), None) is False  # no graphs to buy
+    assert pad_mode("auto", torch.device("cpu"), "async", "/tmp/c") is False
+    assert pad_mode("auto", torch.device("cuda"), "async", "/tmp/c") is True
+    assert pad_mode("auto", torch.device("cuda"), "async") is False  # no next process to build them at load
+    assert pad_mode("auto", torch.device("cuda"), None, "/tmp/c") is False  # no graphs to buy
     assert pad_mode("on", torch.device("cpu"), None) is True
     with pytest.raises(OptionsError, match="pad_inputs"):
         pad_mode("sometimes", torch.device("cpu"), None)
