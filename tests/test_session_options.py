@@ -219,6 +219,18 @@ def _fc_align(tmp_path, monkeypatch):
     assert session(static_impls="off", fc_align=4).compiled.padded("fc", 3) is None  # no static impls to align
 
 
+@effect("pad_inputs")
+def _pad_inputs(tmp_path, monkeypatch):
+    monkeypatch.delenv("DYNASHAPE_PAD_INPUTS", raising=False)
+    sess = session(pad_inputs="on")  # an Add chain: its rows are proven apart, padded to a bucket
+    out = sess.run(None, feeds(3))[0]
+    assert out.shape == (3, 4) and sess.stats()["padded_calls"] == 1
+    np.testing.assert_allclose(out, session().run(None, feeds(3))[0])
+    plain = session()
+    plain.run(None, feeds(3))
+    assert plain.stats()["compiled_runs"] == 1 and "padded_calls" not in plain.stats()  # 'auto' on CPU: off
+
+
 @effect("precompile")
 def _precompile(tmp_path):
     assert "specializations_precompiled" not in session(precompile=False).compiled.stats
