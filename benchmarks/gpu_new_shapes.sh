@@ -8,6 +8,13 @@ case "${1:-final}" in
     DYNASHAPE_TEST_DEVICE=cuda T=120 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py
     NEW_SHAPES_PER_CALL=1 T=200 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \
       --json "$OUT/new_shapes_pad_calls.json" | grep -E "│ bert" ;;
+  pad_ready)  # padded calls that wait unpadded for their own bucket's graphs (SpecState.ready): the CUDA tests, then
+              # BERT-base random padded and not, alternately, with what served each call
+    DYNASHAPE_TEST_DEVICE=cuda T=100 run python3 -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py
+    for p in on off on; do
+      NEW_SHAPES_PER_CALL=1 DYNASHAPE_PAD_INPUTS=$p T=100 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random \
+        --models-dir $M --json "$OUT/new_shapes_pad_ready_$p.json" | grep -E "│ bert"
+    done ;;
   pad_cached)  # padded calls with the disk cache: BERT-base random, a first process (cold) then a second one on its
                # cache (the buckets' shapes built at load), eager side by side
     DYNASHAPE_PAD_INPUTS=on T=400 run python3 benchmarks/new_shapes_gpu.py --workloads bert_random --models-dir $M \

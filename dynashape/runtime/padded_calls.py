@@ -23,9 +23,9 @@ graph, ms): (3, 20) as (4, 32) 12.7 / 9.1 / 1.4; (7, 100) as (8, 128) 12.0 / 9.5
 ``pad_inputs``: 'auto' (the default: on CUDA where static impls are on, since the padding buys
 graphs), 'on' (any device: the CPU tests), 'off'. ``stats()``: ``padded_calls``,
 ``pad_refused_calls`` (a proven model's calls run unpadded: too large, another specialization),
-``pad_deferred_calls`` (unpadded while first graphs wait on the worker: a bucket is padded at its
-first sight, which queues its graph, and again once no first graph waits; meanwhile its calls run
-the dynamic path over their real rows, less work than over the padded ones),
+``pad_deferred_calls`` (unpadded while the bucket's graphs are built: a bucket is padded at its
+first sight, which queues its graphs, and again once they landed; meanwhile its calls run the
+dynamic path over their real rows, less work than over the padded ones),
 ``padded_elements`` against ``real_elements`` (the padded axes' products summed), and
 ``padding`` (proven, or why not).
 """
@@ -108,7 +108,7 @@ class InputPadding:
         return p
 
     def run(self, runner, inputs: list, hand_out: bool) -> list | None:
-        plan = self._plan(inputs)
+        plan = self._plan(runner, inputs)
         if plan is None:
             return runner.run(inputs, hand_out)
         proof, real, padded = plan
@@ -139,7 +139,7 @@ class InputPadding:
                 outs[j] = o.contiguous() if hand_out else o
         return outs
 
-    def _plan(self, inputs: list):
+    def _plan(self, runner, inputs: list):
         """(proof, real sizes, padded sizes) of a call to pad, or None."""
         shapes = tuple([x.shape if isinstance(x, torch.Tensor) else None for x in inputs])
         if None in shapes:
@@ -168,15 +168,20 @@ class InputPadding:
             self.stats["pad_refused_calls"] += 1  # the padded signature is another program's (its guards)
             return None
         if big in self.seen:
-            ctx = getattr(self.model, "context", None)
-            if ctx is not None and ctx.urgent():
-                # first graphs wait on the worker (maybe this bucket's): padded, the call would run
-                # the dynamic path over the padded rows; unpadded it does less work
+            if self.model.static and not self._ready(runner, spec, big):
+                # the bucket's graphs are still being built: padded, the call would run the dynamic
+                # path over the padded rows; unpadded it does less work
                 self.stats["pad_deferred_calls"] += 1
                 return None
         else:
-            self.seen.add(big)  # its first sight: padded, so that the bucket's graph is built
+            self.seen.add(big)  # its first sight: padded, so that the bucket's graphs are built
         return proof, real, padded
+
+    @staticmethod
+    def _ready(runner, spec, shapes: tuple) -> bool:
+        st = runner.state(shapes)
+        values = {d.symbol: shapes[d.input][d.axis] for d in spec.trace.input_dims}
+        return st is not None and st.ready(values)
 
 
 def _by_input(proof: PadProof) -> dict[int, list[tuple[int, str]]]:

@@ -196,6 +196,19 @@ class SpecState:
         model = self.runner.model
         return model.calls > model.static_after or self.runner.prebuild
 
+    def ready(self, values: dict) -> bool:
+        """Whether every region has its static impl (or its refusal) for these symbol values: a
+        padded call's bucket whose graphs landed (runtime/padded_calls.py)."""
+        impls = self.runner.model.impls
+        for r, rc in enumerate(self.spec.regions):
+            syms = sorted(rc.region.syms)
+            if rc.align is not None or any(x not in values for x in syms):
+                return False
+            key = tuple(values[x] for x in syms)
+            if impls.peek((self.token, r, key)) is None and (r, key) not in self.refused:
+                return False
+        return True
+
     # ---- update_impl for a region: its static impl, or None for the dynamic one ---------------
     def static(self, r: int, key: tuple, ins: tuple):
         """Live-outs of region ``r`` from its static impl for ``key``, or None: the generated

@@ -19,6 +19,7 @@ import dynashape
 from dynashape.compile.pad_proof import PadProof, prove
 from dynashape.compile.shape_program import trace
 from dynashape.errors import DynashapeError, OptionsError
+from dynashape.runtime import spec_state
 from dynashape.runtime.padded_calls import bucket, pad_mode
 
 from ..models.transformers_models import model_path
@@ -263,17 +264,21 @@ def test_a_bad_feed_after_padded_calls_leaves_the_session_working(device):
 
 
 def test_a_bucket_waiting_for_its_graph_runs_its_calls_unpadded(monkeypatch):
-    """A bucket is padded at its first sight (that queues its graph); while first graphs wait on
-    the worker its later calls run over their real rows, counted."""
-    monkeypatch.setenv("DYNASHAPE_CPU_STATIC", "specialized")  # a context that builds, in ms on the CPU
+    """A bucket is padded at its first sight (that queues its graphs); until they landed its later
+    calls run over their real rows, counted."""
+    monkeypatch.setenv("DYNASHAPE_CPU_STATIC", "specialized")  # builds in ms on the CPU
     padded, plain = _sessions(model_path("bert"), "cpu", static_impls="sync")
     rng = np.random.default_rng(7)
-    monkeypatch.setattr(padded.compiled.context, "urgent", lambda: True)
+    landed = []
+    real_ready = spec_state.SpecState.ready
+    monkeypatch.setattr(spec_state.SpecState, "ready", lambda self, values: landed and real_ready(self, values))
     for b, s in [(3, 9), (2, 10), (4, 13)]:  # one bucket, (4, 16)
         f = _feeds(b, s, rng)
         np.testing.assert_allclose(padded.run(None, f)[0], plain.run(None, f)[0], rtol=1e-4, atol=1e-4)
     st = padded.stats()
     assert st["padded_calls"] == 1 and st["pad_deferred_calls"] == 2
-    monkeypatch.setattr(padded.compiled.context, "urgent", lambda: False)
+    landed.append(True)  # the sync build at the first sight did land: the next call replays it
+    hits = st["static_hits"]
     padded.run(None, _feeds(3, 12, rng))
-    assert padded.stats()["padded_calls"] == 2
+    st = padded.stats()
+    assert st["padded_calls"] == 2 and st["static_hits"] > hits
