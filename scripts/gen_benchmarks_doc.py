@@ -699,26 +699,26 @@ AREAS = [
           ("new_shapes_pad_prior_on_*.json", None), ("new_shapes_pad_floors_on_*.json", None),
           ("new_shapes_pad_v1_on_*.json", None)],
          NEW_SHAPES_COLUMNS, new_shapes_per_file,
-         "pad_inputs (runtime/padded_calls.py): a call's (batch, seq) padded with zeros to a bucket (powers of two "
-         "from 4 and 32, up to 4,096 elements) and its outputs cut back, where compile/pad_proof.py proves the "
-         "padding never reaches an output's real part (BERT under its attention mask: proven node by node, "
-         "refused for GPT-2, for a mean over the tokens, for data divided by the length). H200 runs of one "
-         "session, in this order; *on* and *off* minutes apart, each with its own eager pass. *v1*: buckets from 1, up to "
-         "8,192 elements: 0.84x against 1.53x unpadded. *floors*: from 4 x 32, up to 4,096: 1.07x against "
-         "1.59x: the buckets' first graphs took IEEE float32 products (2.2-2.4x a tuned graph's time at "
-         "2,048-4,096 rows, benchmarks/new_shapes_gpu.py NEW_SHAPES_PER_CALL: results/new_shapes_pad_per_call_"
-         "h200_2026-11-29.json). *prior*: a first graph takes the split from 512 rows (ops/tuned_gemm.py): "
-         "a bucket's replay takes 0.4x eager's time (32 x 128: 7.6-8.2 ms against 19-20), but the 34 first "
-         "graphs (17 buckets, 2 regions each) landed over the whole run on the worker, sharing the GIL with back-to-back calls: "
-         "1.31x against 1.46x. *defer*: a bucket padded at its first sight, then only once no first graph "
-         "waits: 1.06x and 1.50x against 1.53x and 1.48x (first graphs waited through all 150 calls, 79 "
-         "calls deferred). *cached*: a first process with cache_dir (1.05x), then a second one on its cache, "
-         "the buckets built at load: 1.82x total, 1.72x over the last 50 (unpadded second processes measured "
-         "1.13-1.32x, tables below). *ready* (padded calls wait unpadded only for their own "
+         "pad_inputs (runtime/padded_calls.py): a call's (batch, seq) padded with zeros to a bucket (powers of two"
+         " from 4 and 32, up to 4,096 elements) and its outputs cut back, where compile/pad_proof.py proves the "
+         "padding never reaches an output's real part (BERT under its attention mask: proven node by node, refused"
+         " for GPT-2, for a mean over the tokens, for data divided by the length). H200 runs of one session, in "
+         "this order; *on* and *off* minutes apart, each with its own eager pass. *v1*: buckets from 1, up to "
+         "8,192 elements: 0.84x against 1.53x unpadded. *floors*: from 4 x 32, up to 4,096: 1.07x against 1.59x: "
+         "the buckets' first graphs took IEEE float32 products (2.2-2.4x a tuned graph's time at 2,048-4,096 rows,"
+         " benchmarks/new_shapes_gpu.py NEW_SHAPES_PER_CALL: "
+         "results/new_shapes_pad_per_call_h200_2026-11-29.json). *prior*: a first graph takes the split from 512 "
+         "rows (ops/tuned_gemm.py): a bucket's replay takes 0.4x eager's time (32 x 128: 7.6-8.2 ms against "
+         "19-20), but the 34 first graphs (17 buckets, 2 regions each) landed over the whole run on the worker, "
+         "sharing the GIL with back-to-back calls: 1.31x against 1.46x. *defer*: a bucket padded at its first "
+         "sight, then only once no first graph waits: 1.06x and 1.50x against 1.53x and 1.48x (first graphs waited"
+         " through all 150 calls, 79 calls deferred). *cached*: a first process with cache_dir (1.05x), then a "
+         "second one on its cache, the buckets built at load: 1.82x total, 1.72x over the last 50 (unpadded second"
+         " processes measured 1.13-1.32x, tables below). *ready* (padded calls wait unpadded only for their own "
          "bucket's graphs, SpecState.ready): three runs minutes apart, on / off / on: 1.48x (last 50 calls 1.75x; "
-         "its file was overwritten by the third run's, the figures are from the log) / 1.39x / 1.17x: the "
-         "graphs pay in the last calls of some first processes, not reliably. Hence pad_inputs='auto' pads "
-         "only where a cache_dir is given."),
+         "its file was overwritten by the third run's, the figures are from the log) / 1.39x / 1.17x: the graphs "
+         "pay in the last calls of some first processes, not reliably. Hence pad_inputs='auto' pads only where a "
+         "cache_dir is given."),
     Area("GPU: a padded call's graph one shape at a time, BERT-base", "pad_probe.py",
          [("pad_probe_*.json", None)],
          ["shape", "eager ms", "dynamic path ms", "padded graph (built in the call) ms",
