@@ -1004,10 +1004,16 @@ AREAS = [
          "(results/new_sizes_cpu_2026-11-29d.json; the three other models 1.09-1.10x). Run e: depthwise convolutions "
          "at a new shape take the vector tile only below 4M multiply-adds, the plain C loop above (ops/cpu_conv.py "
          "DEPTHWISE_NEW_SHAPE_MACS): the classifier 1.28x, ocr_det_v4 1.08, ocr_rec_v4 1.11, nudenet_320n 1.14 "
-         "(results/new_sizes_cpu_2026-11-29e.json). Run f (shown, a later session on the same machine): the dense C "
+         "(results/new_sizes_cpu_2026-11-29e.json). Run f (a later session on the same machine): the dense C "
          "convolutions read a 3-channel input image as it is (ops/cpu_conv_dense.py PLANAR_MAX_C), and this run's "
          "peers were slower on the detectors (onnxruntime 929 ms on ocr_det_v4) and faster on the classifier (409 ms): "
-         "compare runs by the dynashape column only."),
+         "compare runs by the dynashape column only (results/new_sizes_cpu_2026-11-29f.json: det 594, rec 8,943, "
+         "cls 592, nudenet 602 ms). Run g (shown, a later session): the C depthwise loop sums 4 pixels x 16 channels "
+         "in AVX-512 registers (csrc/depthwise.c; bitwise its former results, 1.2-4.7x faster per layer; "
+         "benchmarks/first_call_ratio.py, the two versions alternated: the first calls at 12 new sizes cls "
+         "513/510 -> 451/457 ms, det 669/664 -> 507/598): cls 482 ms, rec 7,558; det 769 and nudenet 651 (no "
+         "depthwise layer: this run's machine about 8% slower than run f's for it), onnxruntime 528 ms on det "
+         "where run f measured 929."),
     Area("CPU: a new size's first call against its repeats", "first_call_ratio.py",
          [("first_call_ratio_cpu_*.json", None)],
          ["model", "dynashape first / repeat: median (sum)", "onnxruntime first / repeat",
