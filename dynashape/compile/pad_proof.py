@@ -23,12 +23,14 @@ a state:
 
 What mixes positions along a padded axis is allowed only where the padded positions provably
 contribute nothing: an attention (or a Softmax) over keys whose padded positions carry such a mask,
-and a product over the keys whose probabilities are exactly 0 there. Contractions, reductions and
+a product over the keys whose probabilities are exactly 0 there, and a sum whose padded terms are
+exactly 0 (a mean pooling's sum of the tokens times the mask, and the mask's own count). Contractions, reductions and
 norms over a padded axis otherwise refuse, as do values whose dims are expressions of a padded
 symbol (``batch * seq``: padded rows would sit between real ones), ops this module does not know,
 and data-dependent shapes. An embedding lookup must read in-range indices at the padded positions
-too: zeros, entries of the model's constants, or positions (a ``Range`` over the axis; the trace's
-guards, such as ``seq <= 512`` for a table of 512 positions, bound the padded value:
+too: zeros, entries of the model's constants, or positions (a ``Range`` over the axis, maybe offset
+as BART's learned positions are: the table's rows less the offset bound the padded value, as do the
+trace's guards, such as ``seq <= 512`` for a table of 512 positions:
 ``padded_calls`` pads only to a signature the same specialization accepts).
 
 Assumed, not proven: values at padded positions stay finite (a padded token is token 0 at a real
@@ -293,9 +295,12 @@ class _Prover:
             if at and (pick.kind == "fill" or (pick.kind == "const" and pick.value is not None)):
                 return St("fill", pick.value, at)
             return CLEAN
-        for v, s in fills:  # an absorbing fill decides the result (x and False, x or True)
+        for v, s in fills:  # an absorbing fill decides the result (x and False, x or True, x * 0)
             if (op == "And" and s.value is False) or (op == "Or" and s.value is True):
                 return St("fill", s.value, self._mapped(s, v, out))
+            if op == "Mul" and len(live) == 2 and s.value == 0 and not isinstance(s.value, bool):
+                # x * 0 is +-0 for the finite values padded positions hold: a masked sum's terms
+                return St("fill", 0.0, self._mapped(s, v, out))
         if fills and op in _EVAL and all(s.kind == "fill" or (s.kind == "const" and s.value is not None)
                                          for _, s in live):
             at = frozenset.intersection(*(self._mapped(s, v, out) for v, s in fills))
@@ -443,10 +448,11 @@ class _Prover:
         ks = [k for k in range(a.rank) if index_symbol(k) in a.expr.free and dims[k] is not None]
         if not ks:
             return
-        if len(ks) > 1 or a.expr != E.sym(index_symbol(ks[0])) or not isinstance(rows, int):
-            raise Refused(f"node {n.name} (Gather): positions of a padded axis, offset or in a table of unknown size")
-        s = dims[ks[0]]
-        self.limits[s] = min(self.limits.get(s, rows), rows)
+        offset = E.as_int(E.sub(a.expr, E.sym(index_symbol(ks[0])))) if len(ks) == 1 else None
+        if offset is None or offset < 0 or not isinstance(rows, int):
+            raise Refused(f"node {n.name} (Gather): positions of a padded axis, scaled or in a table of unknown size")
+        s = dims[ks[0]]  # position p + offset (BART's learned positions start at 2): p < rows - offset
+        self.limits[s] = min(self.limits.get(s, rows - offset), rows - offset)
 
     def _op_GatherElements(self, n, ins: list) -> list[St]:
         sd, si = ins[0], ins[1]
@@ -503,7 +509,14 @@ class _Prover:
             axes = self._ints(n.inputs[1])
         if axes is None:
             axes = [] if n.attrs.get("noop_with_empty_axes", 0) else list(range(len(dims)))
-        if None in axes or any(dims[a % len(dims)] is not None for a in axes):
+        if None in axes:
+            raise Refused(f"node {n.name} ({n.op_type}): axes not known")
+        padded_axes = {a % len(dims) for a in axes if dims[a % len(dims)] is not None}
+        st = ins[0]
+        if padded_axes and not (n.op_type in ("ReduceSum", "ReduceSumSquare") and st.kind == "fill"
+                                and st.value == 0 and padded_axes <= st.at):
+            # a sum whose padded terms are exactly 0 (a mean pooling's masked sum, the mask's count)
+            # is the real terms' sum; any other reduction over a padded axis would see them
             raise Refused(f"node {n.name} ({n.op_type}): a reduction over a padded axis")
         return [CLEAN]
 

@@ -7,6 +7,8 @@ graphs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -282,3 +284,30 @@ def test_a_bucket_waiting_for_its_graph_runs_its_calls_unpadded(monkeypatch):
     padded.run(None, _feeds(3, 12, rng))
     st = padded.stats()
     assert st["padded_calls"] == 2 and st["static_hits"] > hits
+
+
+ZOO = Path(__file__).parents[1] / "zoo" / "exported"
+
+
+@pytest.mark.parametrize("name, seq", [("bart-encoder", "encoder_sequence_length"),
+                                       ("sentence-transformer", "sequence_length")])
+def test_exporters_encoders_are_proven_and_padded_calls_match_onnxruntime(name, seq):
+    """optimum's exports, not tuned for: BART's encoder (learned positions offset by 2: the sequence
+    padded within its table) and a sentence-transformer (mean pooling: a sum of the tokens times
+    the mask, over the mask's sum), proven on both axes; padded calls against onnxruntime."""
+    path = ZOO / f"{name}.onnx"
+    sess = dynashape.InferenceSession(str(path))
+    p = prove(trace(sess.compiled.graph, [(3, 5), (3, 5)], sess.compiled.inputs))
+    assert isinstance(p, PadProof) and p.symbols == ("batch_size", seq), p
+    assert p.limits == {seq: 128}
+    padded, plain = _sessions(path, "cpu")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(8)
+    for b, s in [(3, 5), (1, 17), (6, 33), (2, 100), (5, 9)]:
+        f = _feeds(b, s, rng, vocab=200)  # (within both vocabularies)
+        got = padded.run(None, f)
+        for g, w, x in zip(got, ref.run(None, f), plain.run(None, f)):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-4)
+    assert padded.stats()["padded_calls"] == 5
