@@ -42,7 +42,7 @@ from .runtime.feeds import FeedChecker, InputSpec
 from .runtime.gc_pause import gc_paused
 from .runtime.index_feeds import IndexFeedChecks
 from .runtime.load_shapes import aligned_shapes, numel, optimal_shapes, representative_shapes, sample
-from .runtime.padded_calls import pad_mode
+from .runtime.padded_calls import pad_mode, pad_settings
 from .runtime.static_mode import deterministic_mode, for_graph, static_mode
 from .session_options import resolve as _session_options
 from .shape import PartialShape
@@ -130,6 +130,8 @@ class InferenceSession:
         # outputs (runtime/padded_calls.py): their shapes come back, so their graphs do
         self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode,
                                     options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR"))
+        if self._pad_inputs:
+            pad_settings()  # a bad DYNASHAPE_PAD_* is an OptionsError now, not at the first call
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
         # and so does the load, whose folding of constants and builds may compute products
         self.u8s8_saturate = u8s8.session_setting(options.get("u8s8_saturate"))

@@ -79,6 +79,11 @@ def floor_of(limit: int | None) -> int:
     return DEFAULT_FLOOR if limit is None else bucket(max(1, limit // 16), "pow2")
 
 
+def pad_settings() -> tuple[str, int]:
+    """(bucket rule, largest padded product) from the environment; OptionsError for a bad value."""
+    return bucket_rule(), max_elements()
+
+
 def bucket(value: int, rule: str) -> int:
     """The next power of two at or above ``value``; with ``half`` also 3 * 2^k."""
     p = 1 << max(0, (value - 1).bit_length())
@@ -92,7 +97,7 @@ class InputPadding:
 
     def __init__(self, model, stats) -> None:
         self.model, self.stats = model, stats
-        self.rule, self.cap = bucket_rule(), max_elements()
+        self.rule, self.cap = pad_settings()
         self.floors: dict[int, dict[str, int]] = {}  # id(proof) -> symbol -> its smallest bucket
         self.seen: set = set()  # padded signatures called at once
 
@@ -164,7 +169,7 @@ class InputPadding:
         where = {(pos, axis): s for pos, axis, s in proof.inputs}
         big = tuple(tuple(padded[where[pos, axis]] if (pos, axis) in where else n for axis, n in enumerate(shp))
                     for pos, shp in enumerate(shapes))
-        if self.model.spec_for(big) is not spec:
+        if not _accepts(spec, big):
             self.stats["pad_refused_calls"] += 1  # the padded signature is another program's (its guards)
             return None
         if big in self.seen:
@@ -182,6 +187,14 @@ class InputPadding:
         st = runner.state(shapes)
         values = {d.symbol: shapes[d.input][d.axis] for d in spec.trace.input_dims}
         return st is not None and st.ready(values)
+
+
+def _accepts(spec, shapes: tuple) -> bool:
+    """Whether ``spec``'s guards hold for ``shapes`` (asked without tracing another specialization)."""
+    try:
+        return bool(spec.accepts(shapes))
+    except ArithmeticError:
+        return False
 
 
 def _by_input(proof: PadProof) -> dict[int, list[tuple[int, str]]]:

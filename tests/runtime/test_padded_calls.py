@@ -311,3 +311,19 @@ def test_exporters_encoders_are_proven_and_padded_calls_match_onnxruntime(name, 
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-4)
     assert padded.stats()["padded_calls"] == 5
+
+
+def test_calls_past_the_cap_run_unpadded_counted(monkeypatch):
+    """A call whose padded axes' product would pass DYNASHAPE_PAD_MAX_ELEMENTS runs at its own shape
+    (large calls are bound by their kernels, which padding adds to)."""
+    monkeypatch.setenv("DYNASHAPE_PAD_MAX_ELEMENTS", "64")
+    padded, plain = _sessions(model_path("bert"), "cpu")
+    rng = np.random.default_rng(9)
+    for b, s in [(3, 9), (5, 17)]:  # (4, 16) = 64 is padded; (8, 32) = 256 is not
+        f = _feeds(b, s, rng)
+        np.testing.assert_allclose(padded.run(None, f)[0], plain.run(None, f)[0], rtol=1e-4, atol=1e-4)
+    st = padded.stats()
+    assert st["padded_calls"] == 1 and st["pad_refused_calls"] == 1
+    monkeypatch.setenv("DYNASHAPE_PAD_MAX_ELEMENTS", "lots")
+    with pytest.raises(OptionsError, match="DYNASHAPE_PAD_MAX_ELEMENTS"):  # at the session's creation
+        dynashape.InferenceSession(str(model_path("bert")), pad_inputs="on")
