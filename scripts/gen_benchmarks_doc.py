@@ -234,6 +234,13 @@ def pad_probe(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def pad_survey(runs: list[Run]) -> list[list[str]]:
+    """Per model: the axes the padding proof lets a call pad, or the node that refuses."""
+    run = runs[0]
+    return [[r["model"], ", ".join(r.get("symbols", [])) or "-", ", ".join(r.get("padded", [])) or "-",
+             r["result"].replace("|", "/")[:140], run.run_cell()] for r in run.data["rows"]]
+
+
 def build_timeline(runs: list[Run]) -> list[list[str]]:
     """When a ResNet-50 session's background builds land at a random batch on every call."""
     what = ["before this work: bucketing off (an exported global pool), every build timed",
@@ -719,6 +726,16 @@ AREAS = [
          "its file was overwritten by the third run's, the figures are from the log) / 1.39x / 1.17x: the graphs "
          "pay in the last calls of some first processes, not reliably. Hence pad_inputs='auto' pads only where a "
          "cache_dir is given."),
+    Area("Padding proof over the zoo's models", "pad_survey.py", [("pad_survey_cpu_*.json", None)],
+         ["model", "dynamic symbols", "padded", "proof", "run"], pad_survey,
+         "compile/pad_proof.py at each model's first point (no timing). Proven: MiniLM (batch and "
+         "sequence), and in tests/runtime/test_padded_calls.py HF's BERT, optimum's BART encoder and a "
+         "sentence-transformer. The rest are refused, each naming its node: convolutions, pools and "
+         "resizes are not followed yet (a CNN's batch could be: images are apart; on CUDA its regions "
+         "get batch buckets instead, runtime/aligned.py), recurrences would carry the padded steps into "
+         "their final state, dynamically quantized products take one scale over all rows (padded rows "
+         "would move it), data-decided Ifs, and dims that are expressions of a padded axis (g2p's "
+         "heads folded into the batch, 32 x batch)."),
     Area("GPU: a padded call's graph one shape at a time, BERT-base", "pad_probe.py",
          [("pad_probe_*.json", None)],
          ["shape", "eager ms", "dynamic path ms", "padded graph (built in the call) ms",
