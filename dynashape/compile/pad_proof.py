@@ -81,6 +81,10 @@ _EVAL = {
 }
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 class Refused(Exception):
     """Why padding is not proven: names the node (and its op) that mixes padded positions in."""
 
@@ -298,8 +302,11 @@ class _Prover:
         for v, s in fills:  # an absorbing fill decides the result (x and False, x or True, x * 0)
             if (op == "And" and s.value is False) or (op == "Or" and s.value is True):
                 return St("fill", s.value, self._mapped(s, v, out))
-            if op == "Mul" and len(live) == 2 and s.value == 0 and not isinstance(s.value, bool):
-                # x * 0 is +-0 for the finite values padded positions hold: a masked sum's terms
+            other = (live[1][1] if live[0][0] is v else live[0][1]) if op == "Mul" and len(live) == 2 else None
+            if other is not None and s.value == 0 and not isinstance(s.value, bool) and (
+                    other.kind == "clean" or (other.kind in ("fill", "const") and _finite(other.value))):
+                # x * 0 is +-0 for the finite values padded positions hold (not for a fill of -inf or
+                # masked scores: 0 * inf is NaN): a masked sum's terms
                 return St("fill", 0.0, self._mapped(s, v, out))
         if fills and op in _EVAL and all(s.kind == "fill" or (s.kind == "const" and s.value is not None)
                                          for _, s in live):

@@ -327,3 +327,21 @@ def test_calls_past_the_cap_run_unpadded_counted(monkeypatch):
     monkeypatch.setenv("DYNASHAPE_PAD_MAX_ELEMENTS", "lots")
     with pytest.raises(OptionsError, match="DYNASHAPE_PAD_MAX_ELEMENTS"):  # at the session's creation
         dynashape.InferenceSession(str(model_path("bert")), pad_inputs="on")
+
+
+def test_zero_times_an_infinite_fill_is_not_a_zero():
+    """A padded mask's 0 times a fill of -inf is NaN, not 0: a sum over the padded axis of it is not
+    proven (the absorbing zero holds for finite factors only)."""
+    inits = [_t("big", np.array(-np.inf, np.float32)), _t("zf", np.array(0.0, np.float32)),
+             _t("emb", np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32))]
+    nodes = [helper.make_node("Cast", ["mask"], ["mf"], to=TP.FLOAT),
+             helper.make_node("Cast", ["mask"], ["mb"], to=TP.BOOL),
+             helper.make_node("Where", ["mb", "zf", "big"], ["bias"]),  # 0 where real, -inf where padded
+             helper.make_node("Mul", ["mf", "bias"], ["prod"]),  # padded: 0 * -inf
+             helper.make_node("ReduceSum", ["prod", "one"], ["y"], keepdims=0)]
+    inits.append(_t("one", np.array([1], np.int64)))
+    m = _model(nodes, inits, [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    sess = dynashape.InferenceSession(m.SerializeToString())
+    t = trace(sess.compiled.graph, [(2, 7), (2, 7)], sess.compiled.inputs)
+    p = prove(t, ("S",))
+    assert isinstance(p, str) and "ReduceSum" in p, p
