@@ -11,7 +11,6 @@ dynamic path (static impls off) with its split rule, and the same splitting prod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gpu_header, write_json  # noqa: E402
 from benchmarks.gpu_bound import kernel_ms, wall_ms  # noqa: E402
 from benchmarks.new_shapes_gpu import strict_bert  # noqa: E402
 from dynashape.impls.tuning import hold_gpu  # noqa: E402
@@ -94,11 +94,8 @@ def main() -> None:
     print(table)
     eager_table = cpu_table(eager, feeds[(8, 256)], 12)
     print(eager_table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": rows, "cpu_table_8x256": table,
-                       "eager_cpu_table_8x256": eager_table}, f, indent=1)
+    write_json(args.json, {**gpu_header(), "rows": rows, "cpu_table_8x256": table,
+                           "eager_cpu_table_8x256": eager_table})
 
 
 if __name__ == "__main__":

@@ -10,15 +10,14 @@ and the time from the last kernel's end to the call's return.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gpu_header, write_json  # noqa: E402
 from benchmarks.new_shapes_gpu import strict_bert  # noqa: E402
 
 SHAPES = [(1, 16), (8, 128), (8, 256), (16, 256)]
@@ -69,10 +68,7 @@ def main() -> None:
             rows.append(r)
             shown = {k: round(v) if isinstance(v, float) else v for k, v in r.items() if k not in ("runtime", "shape")}
             print(name, s, shown, flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
+    write_json(args.json, {**gpu_header(), "rows": rows})
 
 
 if __name__ == "__main__":

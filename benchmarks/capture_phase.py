@@ -9,7 +9,6 @@ call (what the benchmarks do): the build's warm and capture phases (stats) and t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
+from benchmarks.common import gpu_header, write_json  # noqa: E402
 from benchmarks.new_shapes_gpu import _warm_libraries, model_for  # noqa: E402
 
 
@@ -57,10 +57,7 @@ def main() -> None:
     rows = [one(path, x, m) for m in ("idle", "stream_sync", "device_sync", "idle", "stream_sync", "device_sync")]
     for r in rows:
         print(r, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+    write_json(args.json, {**gpu_header(), "rows": rows})
 
 
 if __name__ == "__main__":

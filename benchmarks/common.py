@@ -59,6 +59,12 @@ def write_json(path: str | None, data: dict) -> None:
             json.dump(data, f, indent=2)
 
 
+def gpu_header() -> dict:
+    """What a GPU results file says of its run: the device's name, torch's version, the date."""
+    import torch
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
 def sync(dev) -> None:
     """Wait for the device's queued work (timings of CUDA calls end here)."""
     import torch

@@ -11,7 +11,6 @@ pause); and each runtime's error against eager.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape  # noqa: E402
-from benchmarks.common import gone  # noqa: E402
+from benchmarks.common import gone, gpu_header, write_json  # noqa: E402
 from benchmarks.new_shapes_gpu import strict_bert  # noqa: E402
 
 SHAPES = [(3, 20), (7, 100), (13, 200), (23, 172), (9, 378), (3, 200)]
@@ -86,10 +85,7 @@ def main() -> None:
         print(f"{str(s):>10} {r['eager_ms']:8.2f} {r['dynamic_ms']:8.2f} {r['padded_sync_ms']:9.2f} "
               f"{r['padded_async_ms']:10.2f}   {r['dynamic_err']:.1e} {r['padded_sync_err']:.1e} "
               f"{r['padded_async_err']:.1e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": list(rows.values())}, f, indent=1)
+    write_json(args.json, {**gpu_header(), "rows": list(rows.values())})
 
 
 if __name__ == "__main__":
