@@ -128,8 +128,8 @@ class InferenceSession:
         self._fc_align = align_multiple(options.get("fc_align"))
         # calls padded to a bucket of their dynamic axes where the padding is proven not to reach the
         # outputs (runtime/padded_calls.py): their shapes come back, so their graphs do
-        self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode,
-                                    options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR"))
+        self._cache_dir = options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
+        self._pad_inputs = pad_mode(options.get("pad_inputs"), self.device, self._static_mode, self._cache_dir)
         if self._pad_inputs:
             pad_settings()  # a bad DYNASHAPE_PAD_* is an OptionsError now, not at the first call
         # the session's integer products (None: the process's setting); its runs set it (request_state.py),
@@ -180,9 +180,8 @@ class InferenceSession:
             add_layer_norm.warm(self.device, run_graph)  # its norms' kernel forms compiled now
             if self.precision is not None and self.precision.products != "ieee":
                 split_tf32.warm_products(self.device, run_graph)  # and its split products' cuBLAS kernels
-        cache_dir = self._options.get("cache_dir") or os.environ.get("DYNASHAPE_CACHE_DIR")
-        if self.compiled is not None and cache_dir:
-            self.compiled.disk_cache = DiskCache(cache_dir, proto, self.device)
+        if self.compiled is not None and self._cache_dir:
+            self.compiled.disk_cache = DiskCache(self._cache_dir, proto, self.device)
             self.compiled.disk_cache.load()
         # (a CPU decoder's static impls come after its first calls: nothing is traced at load)
         mode = setup.precompile_wanted(self._options.get("precompile", "auto"), None if static_after else self._static)

@@ -98,7 +98,6 @@ class InputPadding:
     def __init__(self, model, stats) -> None:
         self.model, self.stats = model, stats
         self.rule, self.cap = pad_settings()
-        self.floors: dict[int, dict[str, int]] = {}  # id(proof) -> symbol -> its smallest bucket
         self.seen: set = set()  # padded signatures called at once
 
     def proof(self, spec) -> PadProof | str:
@@ -149,18 +148,16 @@ class InputPadding:
         shapes = tuple([x.shape if isinstance(x, torch.Tensor) else None for x in inputs])
         if None in shapes:
             return None
-        spec = self.model.spec_for(shapes)
-        if spec is None:
+        st = runner.state(shapes)  # (kept as the runner's last: an unpadded call finds it again at once)
+        if st is None:
             return None
+        spec = st.spec
         proof = self.proof(spec)
         if not isinstance(proof, PadProof):
             return None
         real = {s: shapes[pos][axis] for pos, axis, s in proof.inputs}
-        floors = self.floors.get(id(proof))
-        if floors is None:
-            floors = self.floors[id(proof)] = {s: floor_of(proof.limits.get(s)) for s in proof.symbols}
-        padded = {s: max(real[s], min(max(bucket(v, self.rule), floors[s]), proof.limits.get(s, 1 << 62)))
-                  for s, v in real.items()}
+        padded = {s: max(real[s], min(max(bucket(v, self.rule), floor_of(proof.limits.get(s))),
+                                      proof.limits.get(s, 1 << 62))) for s, v in real.items()}
         if padded == real:
             return None
         if math.prod(padded.values()) > self.cap:
