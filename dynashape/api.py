@@ -23,6 +23,7 @@ from .compile import Program, compile_graph
 from .compile.memory_plan import kv_appends
 from .errors import DimensionWarning, DynashapeError, OptionsError, SymbolDisagreementError
 from .frontend.expose import expose
+from .frontend.gqa_concat import gqa_as_concat
 from .frontend.options import ParseOptions
 from .frontend.parse import load_model_proto, parse_model, prepare_proto
 from .impls.disk_cache import DiskCache, DiskCacheWarning
@@ -103,6 +104,8 @@ class InferenceSession:
             split_tf32.warm(self.device)  # its kernel compiled at load, not in the first call that splits
         self._fusion = setup.flag(options.get("fusion", True), "fusion")
         self._paged_kv = setup.flag(options.get("paged_kv", False), "paged_kv")
+        self._gqa_as_concat = setup.flag(options.get("gqa_as_concat", False), "gqa_as_concat")
+        self.gqa_as_concat: str | None = None  # what the option did: 'rewritten', or why not (None: off)
         self._parse = parse
         self._unlinked: set[str] = set()
         self._lock = threading.Lock()
@@ -141,6 +144,9 @@ class InferenceSession:
 
     def _read(self) -> onnx.ModelProto:
         proto = load_model_proto(self._source)
+        if self._gqa_as_concat:
+            proto, why = gqa_as_concat(proto)
+            self.gqa_as_concat = why or "rewritten"
         return expose(proto, self._extra) if self._extra else proto
 
     def _load(self, proto) -> None:

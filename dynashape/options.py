@@ -105,6 +105,12 @@ class Options:
                "(compile/paged_kv.py; the paged engine sets it): the session takes <past>.pool and paged.* inputs "
                "and writes each run's new keys and values into the pool.", BOOL,
         "the feeds change: pasts of length 0, the pools, block tables, lengths and slots.")
+    gqa_as_concat: bool = _opt(
+        False, "onnxruntime's GroupQueryAttention (the model builder's decoders) written out as exporters write "
+               "attention, Concat(past, new) for the presents (frontend/gqa_concat.py; dynashape.generate sets "
+               "it on CUDA): the decode steps then run as whole-step CUDA graphs.", BOOL,
+        "padded rows follow HF's convention (left padding, masked by attention_mask), not the op's (each row's "
+        "tokens first); unpadded rows compute the same.")
     decided_ifs: bool = _opt(
         True, "an If computed from a scalar input (a sample rate) decided per value seen: the model with that "
               "input made a constant, the If folded (deciding_inputs.py; small models, a few values).", BOOL,
@@ -391,6 +397,9 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "DYNASHAPE_NBITS_PACKED": ("operator", "'1': MatMulNBits with 4-bit weights and float16/bfloat16 A on CUDA "
                                            "reads the packed weight (a quarter of the dequantized copy's memory; "
                                            "slower on large layers today, benchmarks/nbits_cuda.py)."),
+    "DYNASHAPE_NBITS_ROWS": ("operator", "'0': MatMulNBits on CUDA over a decode step's few rows (at most 8) takes "
+                                         "the dequantized copy and a product rather than one Triton kernel reading "
+                                         "the packed weight (ops/nbits_triton.py rows; for A/B measurements)."),
     # ---- the system's ----
     "XDG_CACHE_HOME": ("system", "the standard cache root, under which dynashape/native holds built C kernels "
                                  "(default ~/.cache)."),

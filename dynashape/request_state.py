@@ -231,6 +231,8 @@ class RequestState:
             out["region_kernels"] = sum(rc.region.kernels for s in specs for rc in s.regions)
             out["kernel_lines"] = sum(s.kernel_items for s in specs)
             out["specializations"] = len(self.session.compiled.specs)
+        if self.session.gqa_as_concat is not None:
+            out["gqa_as_concat"] = self.session.gqa_as_concat
         if self.padding is not None:
             for k in PAD_COUNTERS:
                 out.setdefault(k, 0)

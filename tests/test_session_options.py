@@ -100,6 +100,14 @@ def _paged_kv(tmp_path):
     assert "paged.tables" not in [i.name for i in session(path).get_inputs()]
 
 
+@effect("gqa_as_concat")
+def _gqa_as_concat(tmp_path):
+    from tests.compile.test_gqa_concat import _decoder
+    ops = {n.op_type for n in session(_decoder(), gqa_as_concat=True).program.graph.nodes}
+    assert "GroupQueryAttention" not in ops and "Concat" in ops
+    assert "GroupQueryAttention" in {n.op_type for n in session(_decoder()).program.graph.nodes}
+
+
 @effect("decided_ifs")
 def _decided_ifs(tmp_path):
     from tests.test_decided_ifs import _model

@@ -45,6 +45,11 @@ class Model:
 
         self.config = read_folder(path)
         self.folder = self.config.folder
+        if "gqa_as_concat" not in session_options and device is not None and torch.device(device).type == "cuda":
+            # GroupQueryAttention written out, so that the steps run as whole-step CUDA graphs
+            # (frontend/gqa_concat.py); its padded rows then follow the left padding made here. The CPU
+            # keeps the op, whose kernel gives onnxruntime's bits (tests/zoo/test_genai_int4_decode.py)
+            session_options["gqa_as_concat"] = True
         self.session = InferenceSession(str(self.config.onnx_path), device=device, **session_options)
         self.io = decoder_io(self.session.get_inputs(), self.session.get_outputs())
         if self.io.past and not (self.io.kv_heads and self.io.head_dim):  # symbolic in the graph: the config's
