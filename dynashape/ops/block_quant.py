@@ -116,7 +116,8 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
-    notes="bits 2, 4, 8; on CUDA 4 bits read packed by a Triton kernel (no dequantized copy); elsewhere "
+    notes="bits 2, 4, 8; on CUDA 4 bits read packed by a Triton kernel (a decode step's few rows; larger A with "
+          "float16/bfloat16 where DYNASHAPE_NBITS_PACKED=1); elsewhere "
           "weights dequantized once and cached by tensor identity, one float matmul; "
           "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
           "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
@@ -157,6 +158,12 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         x = _int8_blocks(a, block_size).to(a.dtype) if accuracy_level == 4 else a
         native.count("nbits_packed_cuda_calls")
         return _put(out, nbits_triton.matmul(x, b, scales, zero_points, bias, K, N, block_size))
+    if nbits_triton.serves_rows(a, bits, block_size, g_idx, zero_points):
+        # CUDA, a decode step's few rows: one kernel reads the packed weight (the level-4 int8 blocks of A
+        # made in it), where the dequantized copy took a product and ~8 kernels for A's blocks
+        native.count("nbits_rows_cuda_calls")
+        return _put(out, nbits_triton.rows(a, b, scales, zero_points, bias, K, N, block_size, accuracy_level == 4,
+                                           out))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
     dtype = torch.float32 if a.device.type == "cpu" else a.dtype
     key = (_ident(b), _ident(scales), _ident(zero_points), _ident(g_idx), K, N, bits, block_size, dtype)

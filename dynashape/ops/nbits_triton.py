@@ -26,6 +26,8 @@ import os
 
 import torch
 
+from .triton_launch import on
+
 try:  # CI has no GPU and no triton: the dequantized path serves there
     import triton
     import triton.language as tl
@@ -35,6 +37,14 @@ except ImportError:  # pragma: no cover - depends on the machine
 BLOCK_N = 16
 BLOCK_K = 256  # values of K a step of a program's loop (a multiple of every block size served)
 ENABLED = os.environ.get("DYNASHAPE_NBITS_PACKED", "0") == "1"
+# a decode step's few rows (``rows``): products as sums, no dot (whose tile is 16 rows at least, and
+# which float32 A emulates in IEEE), any A type, the level-4 int8 blocks of A made in the kernel
+ROWS = 8
+ROWS_ENABLED = os.environ.get("DYNASHAPE_NBITS_ROWS", "1") != "0"
+try:  # rounding half to even (torch.round's), where this Triton has it
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - depends on the machine
+    libdevice = None
 
 
 def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
@@ -43,6 +53,60 @@ def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
     return (ENABLED and triton is not None and a.is_cuda and bits == 4 and g_idx is None
             and 16 <= block_size <= BLOCK_K and BLOCK_K % block_size == 0
             and a.dtype in (torch.float16, torch.bfloat16) and k > 0)
+
+
+def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points) -> bool:
+    """Whether ``rows`` computes this product: a few rows of A on CUDA, 4 bits, no g_idx, zero points
+    packed or absent (the level-4 form's condition too)."""
+    return (ROWS_ENABLED and triton is not None and libdevice is not None and a.is_cuda and bits == 4
+            and g_idx is None and 16 <= block_size <= 128 and a.numel() <= ROWS * a.shape[-1] and a.numel() > 0
+            and (zero_points is None or zero_points.dtype == torch.uint8)
+            and a.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_config (benchmarks/nbits_rows_sweep.py)
+
+
+def rows_config(n: int, k: int) -> tuple[int, int, int]:
+    """(outputs a program, K values a loop step, warps) of the rows kernel. Measured on an H200 over
+    the layers of an 8-layer hidden-512 and a 1B Llama, float32 and float16 A (benchmarks/
+    nbits_rows_sweep.py, results/nbits_rows_sweep_h200_2026-11-30.json): 8 outputs a program (the
+    most programs; 16 and more were 1.2-1.6x slower), 256 values a step, 4 warps up to 2,048 outputs and
+    2 beyond; within 5% of each shape's best tile, 1.5-2.2x faster than 16-32 outputs over 128 values."""
+    return 8, 256, (4 if n <= 2048 else 2)
+
+
+def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+         bias: torch.Tensor | None, k: int, n: int, block_size: int, level4: bool, out=None) -> torch.Tensor:
+    """A decode step's (..., K) A (at most ROWS rows) times the packed weight: (..., N) in A's type,
+    each weight read once from its packed bytes, the sums in float32. The weight is rounded to A's
+    type (as the dequantized copy in that type holds it) and, ``level4``, A to int8 blocks as
+    block_quant._int8_blocks makes them (then to A's type): the op's other paths' values. ``out``
+    (the plan's buffer, contiguous): written in place, no copy after."""
+    lead = a.shape[:-1]
+    x = a.reshape(-1, k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    nb = -(-k // block_size)
+    w = b.reshape(n, -1)
+    if not w.is_contiguous():
+        w = w.contiguous()
+    s = scales.reshape(n, nb)
+    z = None if zero_points is None else zero_points.reshape(n, -1)
+    shape = (*lead, n)
+    into = isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == a.dtype and out.is_contiguous()
+    y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    block_m = triton.next_power_of_2(m)
+    block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
+    block_k = max(block_k, block_size)
+    grid = (triton.cdiv(n, block_n),)
+    with on(a.device):
+        _nbits4_rows[grid](x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k,
+                           nb, x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
+                           HAS_Z=z is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                           BLOCK_K=block_k, BS=block_size, LEVEL4=level4, num_warps=warps)
+    return out if into else y.reshape(shape)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
@@ -108,6 +172,46 @@ if triton is not None:
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        if HAS_BIAS:
+            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _nbits4_rows(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
+                     HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        nmask, mmask = n < N, m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        half = tl.arange(0, BLOCK_K // 2)
+        blk = tl.arange(0, BLOCK_K // BS)
+        kk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kb = k0 // 2 + half
+            packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
+                             other=0)
+            q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
+            bi = k0 // BS + blk
+            bmask = nmask[:, None] & (bi[None, :] < NB)
+            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+            if HAS_Z:  # two 4-bit zero points a byte, the low nibble first
+                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
+                z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
+            else:
+                z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
+            w = ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+            w = w.to(X.dtype.element_ty).to(tl.float32)
+            x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
+                        other=0.0).to(tl.float32)
+            if LEVEL4:  # per row and block: q = round(x * 127 / amax) half to even, x = q * (amax / 127)
+                xb = x.reshape(BLOCK_M, BLOCK_K // BS, BS)
+                amax = tl.max(tl.abs(xb), axis=2)
+                inv = tl.where(amax != 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+                scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+                x = (libdevice.rint(xb * inv[:, :, None]) * scale[:, :, None]).reshape(BLOCK_M, BLOCK_K)
+                x = x.to(X.dtype.element_ty).to(tl.float32)
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
         if HAS_BIAS:
             acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])

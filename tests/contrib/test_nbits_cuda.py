@@ -1,8 +1,9 @@
-"""MatMulNBits with 4-bit weights on CUDA read packed (ops/nbits_triton.py, DYNASHAPE_NBITS_PACKED=1; the
-kernel itself for float32 A too): equal to the product by
-the dequantized weight (block_quant._nbits_weight) within the accumulation's rounding, for float32
-and float16 A, block sizes 16-128, K not a multiple of the block, zero points packed, in the scales'
-type or absent, a bias, 1 to 70 rows; and no dequantized copy of the weight is kept."""
+"""MatMulNBits with 4-bit weights on CUDA read packed (ops/nbits_triton.py): the kernel of any rows
+(DYNASHAPE_NBITS_PACKED=1; called directly for float32 A too) and the rows kernel of a decode step's few
+rows (on by default, the level-4 int8 blocks of A made in it), each equal to the product by the
+dequantized weight (block_quant._nbits_weight) within the accumulation's rounding, for float32,
+float16 (and bfloat16) A, block sizes 16-128, K not a multiple of the block, zero points packed, in
+the scales' type or absent, a bias, 1 to 70 rows; and no dequantized copy of the weight is kept."""
 
 from __future__ import annotations
 
@@ -75,3 +76,50 @@ def test_a_model_runs_the_packed_kernel_and_keeps_no_dequantized_weight(monkeypa
         np.testing.assert_allclose(got.astype(np.float32), w.astype(np.float32), atol=2e-2, rtol=2e-2)
     assert native.counters()["nbits_packed_cuda_calls"] >= before_calls + 3
     assert block_quant._DEQUANT_BYTES[0] == before_bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k, n, bs", [(64, 7, 32), (200, 300, 64), (768, 130, 128), (80, 16, 16), (512, 5000, 32)])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+@pytest.mark.parametrize("level4", [False, True])
+def test_the_rows_kernel_equals_the_op_s_dequantized_path(k, n, bs, zp_kind, dtype, level4):
+    # a decode step's few rows (nbits_triton.rows): the weight rounded to A's type and, at accuracy
+    # level 4, A made int8 blocks as block_quant._int8_blocks makes them; sums in float32
+    rng = np.random.default_rng(k + n + bs + level4)
+    b, scales, zp = _weights(rng, k, n, bs, zp_kind)
+    dev = torch.device("cuda")
+    b, scales, zp = b.to(dev), scales.to(dev, dtype), None if zp is None else zp.to(dev)
+    bias = torch.randn(n, device=dev, dtype=dtype)
+    w = block_quant._nbits_weight(b, scales, zp, None, k, n, 4, bs, torch.float32).to(dtype)
+    for m in (1, 3, 8):
+        a = torch.randn(2, m, k, device=dev, dtype=dtype)[1]  # (a view: rows at an offset)
+        assert nbits_triton.serves_rows(a, 4, bs, None, zp)
+        got = nbits_triton.rows(a, b, scales, zp, bias, k, n, bs, level4)
+        x = block_quant._int8_blocks(a, bs).to(dtype) if level4 else a
+        want = (x.double() @ w.double().t() + bias.double()).to(dtype)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(got, want, **tol)
+    assert not nbits_triton.serves_rows(torch.randn(9, k, device=dev, dtype=dtype), 4, bs, None, zp)
+
+
+def test_a_decode_step_s_products_read_the_packed_weight():
+    # accuracy level 4, float32 A, as the builder's CPU models: a session's one-row calls take the rows
+    # kernel (counted) and equal the CPU's onnxruntime-exact kernel within the products' rounding
+    rng = np.random.default_rng(5)
+    k, n, bs = 256, 96, 32
+    b, scales, zp = _weights(rng, k, n, bs, "packed")
+    node = helper.make_node("MatMulNBits", ["a", "b", "s", "z"], ["y"], domain=MS, K=k, N=n, bits=4, block_size=bs,
+                            accuracy_level=4)
+    g = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                          [numpy_helper.from_array(b.numpy(), "b"), numpy_helper.from_array(scales.numpy(), "s"),
+                           numpy_helper.from_array(zp.numpy(), "z")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    feeds = [rng.standard_normal((m, k)).astype(np.float32) for m in (1, 2, 1)]
+    cpu = dynashape.InferenceSession(model.SerializeToString())
+    sess = dynashape.InferenceSession(model.SerializeToString(), device="cuda")
+    before = native.counters().get("nbits_rows_cuda_calls", 0)
+    for a in feeds:
+        got = sess.run(None, {"a": torch.from_numpy(a).cuda()})[0].cpu().numpy()
+        np.testing.assert_allclose(got, cpu.run(None, {"a": a})[0], atol=1e-4, rtol=1e-4)
+    assert native.counters()["nbits_rows_cuda_calls"] >= before + 3

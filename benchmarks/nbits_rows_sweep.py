@@ -1,0 +1,93 @@
+"""MatMulNBits' rows kernel (ops/nbits_triton.py ``rows``: a decode step's few rows times a 4-bit
+packed weight) over its tile choices (experiment): outputs a program, K values a loop step, warps;
+each timed as 50 launches in a CUDA graph, on the layer shapes of the builder's 8-layer hidden-512
+model and of a 1B Llama (hidden 2048, intermediate 8192, 8 KV heads), float32 A at accuracy level 4
+(the builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and
+the packed weight's bytes over the time.
+
+    python benchmarks/nbits_rows_sweep.py [--rows 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import gpu_header, write_json  # noqa: E402
+from dynashape.ops import nbits_triton  # noqa: E402
+
+SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), "mid down": (1408, 512),
+          "mid lm_head": (512, 8000), "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate": (2048, 8192),
+          "1B down": (8192, 2048), "1B lm_head": (2048, 32000)}
+CONFIGS = list(itertools.product((8, 16, 32, 64), (128, 256), (2, 4)))
+
+
+def graph_us(fn, reps: int = 50) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / reps)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    out = {**gpu_header(), "rows": args.rows, "results": {}}
+    for dtype, level4 in ((torch.float32, True), (torch.float16, False)):
+        for name, (k, n) in SHAPES.items():
+            bs, nb = 32, k // 32
+            b = torch.randint(0, 256, (n, nb, 16), dtype=torch.uint8, device=dev)
+            scales = torch.rand(n, nb, device=dev, dtype=dtype) * 0.05
+            zp = torch.randint(0, 256, (n, (nb + 1) // 2), dtype=torch.uint8, device=dev)
+            a = torch.randn(args.rows, k, device=dev, dtype=dtype)
+            call = functools.partial(nbits_triton.rows, a, b, scales, zp, None, k, n, bs, level4)
+            times = {}
+            for cfg in CONFIGS:
+                if cfg[1] < bs:
+                    continue
+                nbits_triton.ROWS_CONFIG = cfg
+                try:
+                    times[cfg] = graph_us(call)
+                except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)
+                    times[cfg] = float("nan")
+                    print(f"  {cfg}: {type(e).__name__}", flush=True)
+            nbits_triton.ROWS_CONFIG = None
+            default = graph_us(call)
+            ok = {c: t for c, t in times.items() if t == t}
+            best = min(ok, key=ok.get)
+            gbs = n * k / 2 / (ok[best] * 1e-6) / 1e9
+            print(f"{str(dtype)[6:]:8s} {name:12s} K={k:5d} N={n:5d}: rule {default:6.2f} us, best {ok[best]:6.2f} us "
+                  f"at {best} ({gbs:5.0f} GB/s of packed weight)", flush=True)
+            out["results"][f"{dtype} {name}"] = {"k": k, "n": n, "rule_us": default, "best": list(best),
+                                                 "best_us": ok[best],
+                                                 "all": {str(c): t for c, t in times.items()}}
+    write_json(args.json, out)
+
+
+if __name__ == "__main__":
+    main()
