@@ -85,6 +85,24 @@ def generate_loop(model, prompt, steps):
     model.last_stats = gen.request.stats()
 
 
+def decoder_folder(dtype: str):
+    """(config, ONNX path, model folder) of the 12-layer decoder in ``dtype``: the folder holds the ONNX
+    file and a genai_config.json, as onnxruntime-genai's Model reads it."""
+    cfg = {**CONFIGS["small"], "dtype": dtype}
+    path = llama.model_path(cfg)
+    folder = Path(tempfile.mkdtemp())
+    shutil.copy(path, folder / "model.onnx")
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"},
+                                                                     "eos_token_id": -1, "context_length": 256}}))
+    return cfg, path, folder
+
+
+def model_folder(dtype: str):
+    """(dynashape.generate Model on CUDA, config) of the 12-layer decoder in ``dtype``."""
+    cfg, _, folder = decoder_folder(dtype)
+    return dg.Model(str(folder), device="cuda"), cfg
+
+
 def summary(name: str, times: list[float], batch: int) -> dict:
     rest = times[1:]  # after the prompt's step
     med = statistics.median(rest)
@@ -105,12 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
-    cfg = {**CONFIGS["small"], "dtype": args.dtype}
-    path = llama.model_path(cfg)
-    folder = Path(tempfile.mkdtemp())
-    shutil.copy(path, folder / "model.onnx")
-    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"},
-                                                                     "eos_token_id": -1, "context_length": 256}}))
+    cfg, path, folder = decoder_folder(args.dtype)
     prompt = np.random.default_rng(0).integers(0, cfg["vocab"], (args.batch, 8)).tolist()
     res, tokens = {}, {}
     m = llama.build(cfg).to(dev)

@@ -1,9 +1,37 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
+  rows_sweep)  # the rows kernel's tiles on the mid model's and a 1B model's shapes, then the mid folder's generation
+               # with the rows kernel writing the plan's buffers
+    T=300 run python benchmarks/nbits_rows_sweep.py --json "$OUT/nbits_rows_sweep.json" | grep -v "^  ("
+    T=150 run python benchmarks/generate_builder_gpu.py .cache/builder_mid_int4 --steps 200 \
+      --json "$OUT/generate_builder_into.json" ;;
+  builder_rows)  # MatMulNBits' rows kernel (a decode step's few rows read from the packed weight): its CUDA tests,
+                 # the builder folders' generation with it and without (DYNASHAPE_NBITS_ROWS=0), a step's kernels
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py \
+      tests/compile/test_gqa_concat.py
+    for r in 1 0; do
+      DYNASHAPE_NBITS_ROWS=$r T=200 run python benchmarks/generate_builder_gpu.py .cache/genai_tiny_int4 \
+        .cache/builder_mid_int4 --steps 200 --json "$OUT/generate_builder_rows$r.json"
+    done
+    T=120 run python benchmarks/decode_kernels.py --folder .cache/builder_mid_int4 --json "$OUT/decode_kernels_mid.json" ;;
+  builder)  # model builder folders (GroupQueryAttention, MatMulNBits) through dynashape.generate: the op written
+            # out (whole-step graphs) against kept; carry .cache/genai_tiny_int4 and .cache/builder_mid_int4
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/compile/test_gqa_concat.py \
+      tests/test_generate.py
+    T=300 run python benchmarks/generate_builder_gpu.py .cache/genai_tiny_int4 .cache/builder_mid_int4 --steps 200 \
+      --json "$OUT/generate_builder.json" ;;
+  kernels)  # the CUDA tests of padded calls and static impls, then a streaming decode step's kernels (fp32 and
+            # bf16 at batch 1, fp32 at batch 16): what the step's floor is made of
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/runtime/test_padded_calls.py \
+      tests/ops/test_specialise.py tests/impls/test_static_impls.py
+    for c in "float32 1" "bfloat16 1" "float32 16"; do
+      set -- $c
+      T=150 run python benchmarks/decode_kernels.py --dtype $1 --batch $2 --json "$OUT/decode_kernels_${1}_b$2.json"
+    done ;;
   smoke)
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -x tests/impls/test_decode_graphs.py
     T=300 run python benchmarks/decode_graphs.py --device cuda --dtype float32 --batch 1 4 --steps 128 --rounds 2 \
