@@ -60,6 +60,10 @@ class Model:
                                         "the folder's config does not give them (num_key_value_heads, head_size)")
         self.device = self.session.device
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # rows of unequal length: left-padded under the mask (HF's convention), but right-padded for
+        # onnxruntime's GroupQueryAttention kept as it is, which places a row's tokens from its start and its
+        # next one at its length (seqlens_k, the mask's count): there a left-padded row's attention read pads
+        self.pad_right = any(n.op_type == "GroupQueryAttention" for n in self.session.program.graph.nodes)
         # requests the next Generators take over (see Generator.__init__): those of generators that
         # were collected, and finished generators that lend theirs
         self._lock = threading.Lock()
@@ -132,7 +136,7 @@ class Generator:
         self.dev = model.device
         # every token so far on the host (the caller reads each one anyway), left padding included
         self.host = np.zeros((0, 0), dtype=np.int64)
-        self.host_mask = np.zeros((0, 0), dtype=bool)  # False for left padding
+        self.host_mask = np.zeros((0, 0), dtype=bool)  # False for padding
         self.length = 0
         self.started = False
         # on the device, made where the model or the search needs them: the attention mask and the
@@ -204,12 +208,13 @@ class Generator:
             rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in tokens]
             n = max(len(r) for r in rows)
             if any(len(r) != n for r in rows) and self.io.attention_mask is None:
-                raise InputError("append_tokens: rows of unequal length need left padding, and this model takes "
+                raise InputError("append_tokens: rows of unequal length need padding, and this model takes "
                                  "no attention_mask; give rows of one length")
             ids = np.full((len(rows), n), self.pad, dtype=np.int64)
             mask = np.zeros((len(rows), n), dtype=bool)
             for i, r in enumerate(rows):
-                ids[i, n - len(r):], mask[i, n - len(r):] = r, True
+                at = slice(0, len(r)) if self.model.pad_right else slice(n - len(r), n)
+                ids[i, at], mask[i, at] = r, True
             return ids, mask
         t = np.asarray(tokens.cpu() if isinstance(tokens, torch.Tensor) else tokens).astype(np.int64)
         if t.ndim == 1:
@@ -245,6 +250,10 @@ class Generator:
         feeds.update(zip(io.past, self.past))
         out = dict(zip(self.model.output_names, self.request.run(None, feeds)))
         self.logits = out[io.logits][:, -1, :]
+        chunk = self.host_mask[:, self.fed:total]
+        if self.model.pad_right and not chunk[:, -1].all():  # a right-padded row's last token is before its pads
+            last = torch.from_numpy(chunk.shape[1] - 1 - np.argmax(chunk[:, ::-1], axis=1)).to(self.dev)
+            self.logits = out[io.logits][torch.arange(len(last), device=self.dev), last, :]
         self.past = [out[n] for n in io.present]
         self.fed = total
         self._pending = None
@@ -363,7 +372,7 @@ class Generator:
         return self.last.copy()
 
     def get_sequence(self, row: int) -> np.ndarray:
-        """Row ``row``'s tokens, prompt first, its left padding left out."""
+        """Row ``row``'s tokens, prompt first, its padding left out."""
         return self.host[row, :self.length][self.host_mask[row, :self.length]].copy()
 
     def get_logits(self) -> np.ndarray:

@@ -62,8 +62,8 @@ def _decoder(seed: int = 0, **gqa_attrs) -> onnx.ModelProto:
         x = f"x{i + 1}"
     nodes.append(helper.make_node("MatMul", [x, "lm"], ["logits"]))
     graph = helper.make_graph(nodes, "gqa_decoder", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                             ir_version=10)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
 def _feeds(rng, b: int, s: int, past: int) -> dict:
@@ -141,10 +141,14 @@ def test_generation_steps_in_whole_step_graphs_with_the_op_s_tokens(tmp_path, de
         assert stats["decode_graph_replays"] >= 30, stats  # the steps ran as the whole-step function
 
 
-def test_left_padded_rows_get_their_lone_tokens(tmp_path, device):
-    # the written-out model follows HF's convention for padded rows (left padding under the mask):
-    # each row of a batch of prompts of different lengths gets the tokens it gets alone
-    model = dg.Model(str(_folder(tmp_path, _decoder(seed=3))), device=device, decode_graphs="on", gqa_as_concat=True)
+@pytest.mark.parametrize("written", [True, False], ids=["written-out-left-padded", "op-right-padded"])
+def test_padded_rows_get_their_lone_tokens(tmp_path, device, written):
+    # the written-out model follows HF's convention for padded rows (left padding under the mask); the
+    # op's rows are right-padded (each row's tokens from its start, its next one at its length): either
+    # way each row of a batch of prompts of different lengths gets the tokens it gets alone
+    model = dg.Model(str(_folder(tmp_path, _decoder(seed=3))), device=device, decode_graphs="on",
+                     gqa_as_concat=written)
+    assert model.pad_right is not written
     prompts = [[4, 8, 15, 16, 23, 42], [1, 2], [60, 61, 62, 63]]
     got, _ = _generate(model, prompts, 20)
     for row, prompt in enumerate(prompts):
