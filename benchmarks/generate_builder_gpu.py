@@ -63,10 +63,26 @@ def forced_logits(model, prompt: list[int], tokens: list[int]) -> list[np.ndarra
     return out
 
 
+def weight_bytes(folder: str) -> int:
+    """The bytes a decode step reads of the model's initializers: all but the token embedding's table
+    (one row of it a token)."""
+    import onnx
+    g = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False).graph
+    embed = {n.input[0] for n in g.node if n.op_type in ("Gather", "GatherBlockQuantized")}
+    total = 0
+    for t in g.initializer:
+        if t.name in embed:
+            continue
+        ext = {e.key: e.value for e in t.external_data}
+        total += int(ext["length"]) if "length" in ext else len(t.raw_data) or t.ByteSize()
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--bandwidth", type=float, default=4.8, help="the device's memory bandwidth, TB/s (H200: 4.8)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (the option is then set explicitly)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -77,6 +93,7 @@ def main() -> None:
     for folder in args.folders:
         name = os.path.basename(os.path.normpath(folder))
         rows, tokens = {}, {}
+        nbytes = weight_bytes(folder)
         for label, opts in (("written out (default)", written), ("op kept", {"gqa_as_concat": False})):
             model = dg.Model(folder, device=dev, **opts)
             prompt = np.random.default_rng(0).integers(4, 200, (1, 8)).tolist()
@@ -96,7 +113,12 @@ def main() -> None:
         diff = max(float(np.abs(x - y).max()) for x, y in zip(ref, got))
         print(f"  tokens equal {same:.3f} (first differing step {first}); forced 64 steps: max logit diff {diff:.2e}, "
               f"argmax equal at {agree}/{len(clear)} steps whose top two differ by > 1e-2", flush=True)
-        data["models"][name] = {"rows": rows, "tokens_equal": same, "first_differing_step": first,
+        step = rows["written out (default)"]["median_step_ms"] * 1e-3
+        limit = nbytes / (args.bandwidth * 1e12)
+        print(f"  weights read a step {nbytes / 1e6:.0f} MB: at {args.bandwidth} TB/s {limit * 1e3:.3f} ms, the step "
+              f"{step * 1e3:.3f} ms ({limit / step:.1%} of the bandwidth limit)", flush=True)
+        data["models"][name] = {"rows": rows, "weight_bytes": nbytes, "bandwidth_limit_ms": limit * 1e3,
+                                "fraction_of_limit": limit / step, "tokens_equal": same, "first_differing_step": first,
                                 "forced_max_logit_diff": diff, "forced_clear_steps": len(clear),
                                 "forced_argmax_equal": agree}
     write_json(args.json, data)

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
+  builder_final)  # builder folders on the GPU with the rows kernel's measured tiles: the CUDA tests, the tiny and
+                  # TinyLlama-1.1B-shaped folders (the last carried as a skeleton, its weights made here), a step's kernels
+    DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py \
+      tests/compile/test_gqa_concat.py tests/test_generate.py
+    T=120 run python benchmarks/builder_skeleton.py fill .cache/builder_1b_skeleton
+    T=360 run python benchmarks/generate_builder_gpu.py .cache/genai_tiny_int4 \
+      .cache/builder_1b_skeleton --steps 200 --json "$OUT/generate_builder_final.json"
+    T=120 run python benchmarks/decode_kernels.py --folder .cache/builder_1b_skeleton --json "$OUT/decode_kernels_1b.json" \
+      | head -30 ;;
   rows_sweep)  # the rows kernel's tiles on the mid model's and a 1B model's shapes, then the mid folder's generation
                # with the rows kernel writing the plan's buffers
     T=300 run python benchmarks/nbits_rows_sweep.py --json "$OUT/nbits_rows_sweep.json" | grep -v "^  ("

@@ -1,7 +1,8 @@
 """MatMulNBits' rows kernel (ops/nbits_triton.py ``rows``: a decode step's few rows times a 4-bit
 packed weight) over its tile choices (experiment): outputs a program, K values a loop step, warps;
 each timed as 50 launches in a CUDA graph, on the layer shapes of the builder's 8-layer hidden-512
-model and of a 1B Llama (hidden 2048, intermediate 8192, 8 KV heads), float32 A at accuracy level 4
+model, of a 1B Llama (hidden 2048, intermediate 8192, 8 KV heads) and of TinyLlama's 1.1B (intermediate
+5632, 4 KV heads), float32 A at accuracy level 4
 (the builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and
 the packed weight's bytes over the time.
 
@@ -24,8 +25,9 @@ from dynashape.ops import nbits_triton  # noqa: E402
 
 SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), "mid down": (1408, 512),
           "mid lm_head": (512, 8000), "1B qkv": (2048, 3072), "1B o": (2048, 2048), "1B gate": (2048, 8192),
-          "1B down": (8192, 2048), "1B lm_head": (2048, 32000)}
-CONFIGS = list(itertools.product((8, 16, 32, 64), (128, 256), (2, 4)))
+          "1B down": (8192, 2048), "1B lm_head": (2048, 32000), "1.1B qkv": (2048, 2560), "1.1B gate": (2048, 5632),
+          "1.1B down": (5632, 2048)}
+CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
 
 
 def graph_us(fn, reps: int = 50) -> float:

@@ -519,6 +519,51 @@ def generate_gpu(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+BUILDER_VARIANTS = {"written out (default)": "GroupQueryAttention written out (the default on CUDA)",
+                    "op kept": "the op kept (gqa_as_concat=False)"}
+
+
+def generate_builder(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        tag = run.base.replace("generate_builder_", "").split("_h200")[0].replace("_", " ")
+        for model, m in run.data["models"].items():
+            kept = m["rows"].get("op kept", {}).get("tokens_per_s")
+            for key, r in m["rows"].items():
+                frac = m.get("fraction_of_limit") if key.startswith("written") else None
+                forced = f"{m['forced_argmax_equal']}/{m['forced_clear_steps']}"
+                same = "" if key != "op kept" else f"{m['tokens_equal']:.2f} (forced: argmax equal {forced})"
+                rows.append([f"{model} (*{tag}*)" if key.startswith("written") else "", BUILDER_VARIANTS.get(key, key),
+                             num(r["tokens_per_s"]), f"{r['median_step_ms']:.3f}", f"{r['slowest_vs_median']:.1f}",
+                             bold_if(ratio(r["tokens_per_s"], kept), key != "op kept"),
+                             "-" if frac is None or frac < 1e-3 else f"{frac:.1%}", same, run.run_cell()])
+    return rows
+
+
+def nbits_rows_sweep(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        for name, r in run.data["results"].items():
+            gbs = r["n"] * r["k"] / 2 / (r["best_us"] * 1e-6) / 1e9
+            rows.append([name.replace("torch.", ""), f"{r['k']} x {r['n']}", f"{r['rule_us']:.2f}",
+                         f"{r['best_us']:.2f}", "x".join(map(str, r["best"])), num(gbs), run.run_cell()])
+    return rows
+
+
+def decode_kernels(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        d = run.data
+        ks = d["kernels"]
+        per, us = sum(k["per_step"] for k in ks), sum(k["per_step"] * k["mean_us"] for k in ks)
+        top = sorted(ks, key=lambda k: -k["per_step"] * k["mean_us"])[:4]
+        what = run.base.replace("decode_kernels_", "").split("_h200")[0].replace("_", " ")
+        rows.append([what, f"{d['median_step_ms']:.3f}", f"{per:.0f}", f"{us / 1e3:.3f}",
+                     "; ".join(f"{k['name'].split('<')[0].split('(')[0].replace('void ', '')[:40]} "
+                               f"{k['per_step']:.0f} x {k['mean_us']:.1f} us" for k in top), run.run_cell()])
+    return rows
+
+
 GENAI_SIZES = {"tiny": "2-layer hidden-64", "small": "12-layer hidden-768 (~110M)"}
 GENAI_ARCHS = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi-3"}
 
@@ -1171,6 +1216,51 @@ AREAS = [
          "a block size chosen by the capacity would compile a kernel variant when a bucket's graph is captured "
          "ahead); a third lease: blocks of 32 keys and one warp a program for the attention at batch 16 (14,714 "
          "tokens/s from 13,809; batch 1 unchanged with one warp or four, and keeps 64 keys over 4 warps)."),
+    Area("GPU: model builder folders, every token read back", "generate_builder_gpu.py",
+         [("generate_builder_dequant_h200_*.json", None), ("generate_builder_rows_off_h200_*.json", None),
+          ("generate_builder_rows_h200_*.json", None), ("generate_builder_into_h200_*.json", None),
+          ("generate_builder_final_h200_*.json", None)],
+         ["model", "dynashape.generate with", "tokens/s", "median step ms", "slowest / median step",
+          "x the op kept", "fraction of bandwidth limit", "tokens equal (to the written-out run's)", "run"],
+         generate_builder,
+         "onnxruntime-genai's model builder folders (`-p int4 -e cpu`: MatMulNBits at accuracy level 4, float32 "
+         "activations, GroupQueryAttention), random weights: genai_tiny_int4 (2 layers, hidden 64), builder_mid_int4 "
+         "(8 layers, hidden 512, vocab 8,000) and builder_1b_skeleton (TinyLlama-1.1B's shape: 22 layers, hidden "
+         "2,048, intermediate 5,632, 32 / 4 heads, vocab 32,000; the builder's graph and small initializers carried, "
+         "its large weights made again at random on the device, benchmarks/builder_skeleton.py). Greedy from 8 "
+         "prompt tokens, 200 tokens each read back, after two warm generations. *GroupQueryAttention written out* "
+         "(frontend/gqa_concat.py, set by dynashape.generate on CUDA): the steps run as whole-step CUDA graphs; *the "
+         "op kept*: every step on the dynamic path. Runs in this order, one H200 lease each: *dequant* (products over "
+         "the dequantized weight, A's level-4 int8 blocks in ~8 torch kernels), *rows* and *rows_off* (the rows "
+         "kernel reading the packed weight, ops/nbits_triton.py, and DYNASHAPE_NBITS_ROWS=0, minutes apart), *into* "
+         "(the kernel writing the plan's buffer, no copy after), *final* (its tile from the sweep below). The op "
+         "kept's times moved between leases (4.4-6.1 ms a step for the tiny model). *Fraction of bandwidth limit*: "
+         "the weights a step reads (all initializers but the token embedding's table) at 4.8 TB/s over the median "
+         "step. Tokens: int4 with int8 activations turns a last-bit difference into another quantized value now and "
+         "then, so the two paths' tokens part at near-ties; fed the op path's tokens, the written-out path's argmax "
+         "equals its wherever its top two logits differ by more than 1e-2 (*forced*)."),
+    Area("GPU: MatMulNBits' rows kernel, its tiles", "nbits_rows_sweep.py",
+         [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None)],
+         ["layer", "K x N", "rule us", "best us", "best tile (outputs x K a step x warps)", "GB/s of packed weight",
+          "run"], nbits_rows_sweep,
+         "One row of A times a 4-bit packed weight (blocks of 32, packed zero points), 50 launches in a CUDA graph; "
+         "float32 A at accuracy level 4 (its int8 blocks made in the kernel) and float16 A. *rule*: the tile the "
+         "code chose at the time of the run (first file: 16-32 outputs over 128 values; second file: 8 outputs "
+         "over 256 values, the first sweep's best). The rule now: 4 outputs a program over up to 1,024 values, 4 "
+         "warps (7% over the second sweep's per-shape best, in sum). Even so the kernel reads 0.1-1 TB/s of the "
+         "H200's 4.8: a program's K loop is latency-bound; a split K is the next step."),
+    Area("GPU: a decode step's kernels", "decode_kernels.py",
+         [("decode_kernels_float32_b1_h200_*.json", None), ("decode_kernels_bfloat16_b1_h200_*.json", None),
+          ("decode_kernels_float32_b16_h200_*.json", None), ("decode_kernels_builder_mid_h200_*.json", None),
+          ("decode_kernels_builder_1b_h200_*.json", None)],
+         ["decoder", "median step ms", "kernels a step", "their time ms", "the four costliest (count a step x mean)",
+          "run"], decode_kernels,
+         "torch.profiler over 20 steps of `dynashape.generate` after two warm generations (the counts include the "
+         "prompt's step, hence fractions): the 12-layer hidden-768 decoder (float32 and bfloat16 at batch 1, float32 "
+         "at batch 16) and the builder folders above (mid: before the rows kernel wrote the plan's buffers and took "
+         "its measured tile; 1b: after). Where the step is bound by its kernels, their time is its floor: for the "
+         "12-layer decoder at batch 1 the products' one-row kernels (~46 a step, ~4 us each) and the decode "
+         "attention's split and combine (~10 us a layer) make 0.3 of its 0.44 ms."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_small_*.json", None),
           ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),

@@ -69,11 +69,12 @@ ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_
 
 def rows_config(n: int, k: int) -> tuple[int, int, int]:
     """(outputs a program, K values a loop step, warps) of the rows kernel. Measured on an H200 over
-    the layers of an 8-layer hidden-512 and a 1B Llama, float32 and float16 A (benchmarks/
-    nbits_rows_sweep.py, results/nbits_rows_sweep_h200_2026-11-30.json): 8 outputs a program (the
-    most programs; 16 and more were 1.2-1.6x slower), 256 values a step, 4 warps up to 2,048 outputs and
-    2 beyond; within 5% of each shape's best tile, 1.5-2.2x faster than 16-32 outputs over 128 values."""
-    return 8, 256, (4 if n <= 2048 else 2)
+    the layers of an 8-layer hidden-512 model, a 1B Llama and TinyLlama's 1.1B, float32 A at level 4
+    and float16 A (benchmarks/nbits_rows_sweep.py, results/nbits_rows_sweep_wide_h200_2026-11-30.json):
+    4 outputs a program (the most programs) over up to 1,024 values of K a step (the most bytes in
+    flight a program), 4 warps: 7% over each shape's best tile in sum, 1.1-2.7x faster than 8 outputs
+    over 256 values (results/nbits_rows_sweep_h200_2026-11-30.json: which was 1.5-2.2x 16-32 over 128)."""
+    return 4, min(1024, triton.next_power_of_2(k)), 4
 
 
 def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
