@@ -124,6 +124,13 @@ class PagedEngine:
                  **session_options) -> None:
         path = model.config.onnx_path if isinstance(model, Model) else read_folder(model).onnx_path
         self.convention = _convention(path)
+        # GroupQueryAttention stays the op here: its rows are right-padded, each placed by its own length
+        # (dynashape.generate writes it out on CUDA, where a lone conversation steps in whole-step graphs)
+        session_options.setdefault("gqa_as_concat", False)
+        if isinstance(model, Model) and model.session.gqa_as_concat == "rewritten":
+            raise InvalidModelError("paged engine: this Model's GroupQueryAttention was written out (gqa_as_concat, "
+                                    "dynashape.generate's default on CUDA); make it with gqa_as_concat=False, or give "
+                                    "the engine the folder")
         cuda_asked = str(device or "").startswith("cuda")
         # (GroupQueryAttention models step in graphs where their attention reads the pool: paged_kv=True)
         graphs = cuda_asked and step_graphs is not False and (self.convention == "concat"

@@ -173,3 +173,14 @@ def test_seqlens_not_read_from_the_mask_is_refused():
             n.input[0] = "tot64"
     assert "seqlens_k" in refusal(model)
     assert refusal(helper.make_model(helper.make_graph([], "empty", [], []))) == "no GroupQueryAttention"
+
+
+def test_the_paged_engine_keeps_the_op(tmp_path):
+    # the engine's rows follow the op's convention (right-padded, each placed by its own length)
+    from dynashape.errors import InvalidModelError
+    from dynashape.paged.engine import PagedEngine
+    folder = str(_folder(tmp_path, _decoder(seed=4)))
+    engine = PagedEngine(folder, block_size=16, num_blocks=32, max_rows=4)
+    assert engine.convention == "gqa" and engine.model.session.gqa_as_concat is None
+    with pytest.raises(InvalidModelError, match="gqa_as_concat"):
+        PagedEngine(dg.Model(folder, gqa_as_concat=True), block_size=16, num_blocks=32)
