@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
+  builder_norms)  # the Skip norms as one Triton kernel: their CUDA tests, then the TinyLlama-1.1B-shaped folder (its
+                  # weights made here) with the decode attention's sums form for its 8 query rows a KV head and without
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_transformer_ops.py \
+      tests/compile/test_gqa_concat.py
+    T=100 run python benchmarks/builder_skeleton.py fill .cache/builder_1b_skeleton
+    T=100 run python benchmarks/generate_builder_gpu.py .cache/builder_1b_skeleton --only-default --steps 200 \
+      --json "$OUT/generate_builder_norms.json"
+    T=100 run python benchmarks/generate_builder_gpu.py .cache/builder_1b_skeleton --only-default --steps 200 \
+      --small-rows 4 --json "$OUT/generate_builder_norms_dot.json" ;;
   builder_final)  # builder folders on the GPU with the rows kernel's measured tiles: the CUDA tests, the tiny and
                   # TinyLlama-1.1B-shaped folders (the last carried as a skeleton, its weights made here), a step's kernels
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py \

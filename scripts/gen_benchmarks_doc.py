@@ -531,8 +531,8 @@ def generate_builder(runs: list[Run]) -> list[list[str]]:
             kept = m["rows"].get("op kept", {}).get("tokens_per_s")
             for key, r in m["rows"].items():
                 frac = m.get("fraction_of_limit") if key.startswith("written") else None
-                forced = f"{m['forced_argmax_equal']}/{m['forced_clear_steps']}"
-                same = "" if key != "op kept" else f"{m['tokens_equal']:.2f} (forced: argmax equal {forced})"
+                same = "" if key != "op kept" else (f"{m['tokens_equal']:.2f} (forced: argmax equal "
+                                                    f"{m['forced_argmax_equal']}/{m['forced_clear_steps']})")
                 rows.append([f"{model} (*{tag}*)" if key.startswith("written") else "", BUILDER_VARIANTS.get(key, key),
                              num(r["tokens_per_s"]), f"{r['median_step_ms']:.3f}", f"{r['slowest_vs_median']:.1f}",
                              bold_if(ratio(r["tokens_per_s"], kept), key != "op kept"),
@@ -1219,7 +1219,8 @@ AREAS = [
     Area("GPU: model builder folders, every token read back", "generate_builder_gpu.py",
          [("generate_builder_dequant_h200_*.json", None), ("generate_builder_rows_off_h200_*.json", None),
           ("generate_builder_rows_h200_*.json", None), ("generate_builder_into_h200_*.json", None),
-          ("generate_builder_final_h200_*.json", None)],
+          ("generate_builder_final_h200_*.json", None), ("generate_builder_norms_h200_*.json", None),
+          ("generate_builder_norms_dot_h200_*.json", None)],
          ["model", "dynashape.generate with", "tokens/s", "median step ms", "slowest / median step",
           "x the op kept", "fraction of bandwidth limit", "tokens equal (to the written-out run's)", "run"],
          generate_builder,
@@ -1233,7 +1234,10 @@ AREAS = [
          "op kept*: every step on the dynamic path. Runs in this order, one H200 lease each: *dequant* (products over "
          "the dequantized weight, A's level-4 int8 blocks in ~8 torch kernels), *rows* and *rows_off* (the rows "
          "kernel reading the packed weight, ops/nbits_triton.py, and DYNASHAPE_NBITS_ROWS=0, minutes apart), *into* "
-         "(the kernel writing the plan's buffer, no copy after), *final* (its tile from the sweep below). The op "
+         "(the kernel writing the plan's buffer, no copy after), *final* (its tile from the sweep below), *norms* (the "
+         "Skip norms as one Triton kernel each, add_layer_norm.skip_norm, where the torch form took four) and *norms "
+         "dot* (and the decode attention's 8 query rows a KV head as a dot rather than sums: kv_attention.SMALL_ROWS "
+         "4, now the default), the op kept not run in the last two. The op "
          "kept's times moved between leases (4.4-6.1 ms a step for the tiny model). *Fraction of bandwidth limit*: "
          "the weights a step reads (all initializers but the token embedding's table) at 4.8 TB/s over the median "
          "step. Tokens: int4 with int8 activations turns a last-bit difference into another quantized value now and "

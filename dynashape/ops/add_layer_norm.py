@@ -78,10 +78,45 @@ def add_layer_norm(x: torch.Tensor, r: torch.Tensor | None, gamma: torch.Tensor,
     block, warps = _tile(n)
     g = gamma if gamma.is_contiguous() else gamma.contiguous()
     b = beta if beta is None or beta.is_contiguous() else beta.contiguous()
-    args = (x, r, g, b, y, n, float(epsilon))
+    args = (x, r, g, b, y, y, n, float(epsilon))
     with on(x.device):
-        _kernel[(rows,)](*args, HAS_R=r is not None, HAS_B=beta is not None, BLOCK=block, num_warps=warps)
+        _kernel[(rows,)](*args, HAS_R=r is not None, HAS_B=beta is not None, BLOCK=block, RMS=False, HAS_SUM=False,
+                         ROUND_SUM=True, num_warps=warps)
     return y
+
+
+def skip_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, epsilon: float,
+              rms: bool, y: torch.Tensor | None, total: torch.Tensor | None, want_total: bool):
+    """onnxruntime's SkipLayerNormalization / SkipSimplifiedLayerNormalization on CUDA as one kernel:
+    (the norm of ``x + skip``, that sum or None) written into ``y`` and ``total`` where given (contiguous,
+    ``x``'s shape), the sum kept in float32 for the norm (as onnxruntime computes it) and stored in
+    ``x``'s dtype. Where the torch form took four kernels (the add, the norm, a copy of each into the
+    plan's buffers: two decoder-layer norms took ~13 us of a 1B model's step on an H200,
+    results/decode_kernels_builder_1b_h200_2026-11-30.json). None where the kernel does not serve."""
+    if not serves(x) or skip.shape != x.shape or not x.is_contiguous() or not skip.is_contiguous() \
+            or skip.dtype != x.dtype or gamma.numel() != x.shape[-1] \
+            or (beta is not None and beta.numel() != gamma.numel()):
+        return None
+    bufs = []
+    for b, wanted in ((y, True), (total, want_total)):
+        if not wanted:
+            bufs.append(None)
+        elif b is not None and b.shape == x.shape and b.dtype == x.dtype and b.is_contiguous():
+            bufs.append(b)
+        else:
+            bufs.append(torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    n = x.shape[-1]
+    rows = x.numel() // n
+    KERNEL_CALLS[0] += 1
+    block, warps = _tile(n)
+    g = gamma if gamma.is_contiguous() else gamma.contiguous()
+    bt = beta if beta is None or beta.is_contiguous() else beta.contiguous()
+    if rows:
+        with on(x.device):
+            _kernel[(rows,)](x, skip, g, bt, bufs[0], bufs[1] if bufs[1] is not None else bufs[0], n, float(epsilon),
+                             HAS_R=True, HAS_B=beta is not None, BLOCK=block, RMS=rms, HAS_SUM=want_total,
+                             ROUND_SUM=False, num_warps=warps)
+    return bufs[0], bufs[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -131,18 +166,25 @@ def _add_layer_norm(x, r, gamma, beta=None, *, epsilon=1e-5, out=None):
 if triton is not None:
     # the row count is the grid: nothing of the shape is in the kernel's specialisation but BLOCK
     @triton.jit(do_not_specialize=["n", "eps"])
-    def _kernel(x_ptr, r_ptr, g_ptr, b_ptr, y_ptr, n, eps, HAS_R: tl.constexpr, HAS_B: tl.constexpr,
-                BLOCK: tl.constexpr):
+    def _kernel(x_ptr, r_ptr, g_ptr, b_ptr, y_ptr, s_ptr, n, eps, HAS_R: tl.constexpr, HAS_B: tl.constexpr,
+                BLOCK: tl.constexpr, RMS: tl.constexpr, HAS_SUM: tl.constexpr, ROUND_SUM: tl.constexpr):
+        # RMS: no centring (SimplifiedLayerNormalization); HAS_SUM: the residual sum stored too (the Skip
+        # norms' fourth output); ROUND_SUM: the norm of the sum rounded to the dtype, as an Add before it
         row = tl.program_id(0).to(tl.int64) * n
         cols = tl.arange(0, BLOCK)
         keep = cols < n
         s = tl.load(x_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
         if HAS_R:
             s += tl.load(r_ptr + row + cols, mask=keep, other=0.0).to(tl.float32)
-            if x_ptr.dtype.element_ty != tl.float32:  # the sum rounded to the dtype, as the Add it replaces
+            if ROUND_SUM and x_ptr.dtype.element_ty != tl.float32:
                 s = s.to(x_ptr.dtype.element_ty).to(tl.float32)
-        mean = tl.sum(s, axis=0) / n
-        d = tl.where(keep, s - mean, 0.0)
+        if HAS_SUM:
+            tl.store(s_ptr + row + cols, s.to(s_ptr.dtype.element_ty), mask=keep)
+        if RMS:
+            d = tl.where(keep, s, 0.0)
+        else:
+            mean = tl.sum(s, axis=0) / n
+            d = tl.where(keep, s - mean, 0.0)
         inv = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n + eps)
         y = d * inv * tl.load(g_ptr + cols, mask=keep, other=0.0).to(tl.float32)
         if HAS_B:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from . import native, ort_math
+from . import add_layer_norm, native, ort_math
 from .attention import _emit  # the first n results into out's buffers: one helper for both families
 from .linalg import _known_differ, _matmul, _matmul_shape
 from .norm import _layernorm, _ln_infer
@@ -137,6 +137,13 @@ def _skip_norm(x, skip, gamma, beta, bias, epsilon: float, simplified: bool, n: 
     if simplified and not (_wants(out, n, 1, present) or _wants(out, n, 2, present)):
         got = _ort_skip_rms(x, skip, gamma, bias, epsilon, _wants(out, n, 3, present))
         if got is not None:
+            return _emit([got[0], None, None, got[1]], out, n)
+    if bias is None and x.is_cuda and not (_wants(out, n, 1, present) or _wants(out, n, 2, present)):
+        bufs = out if isinstance(out, tuple) else (out,)
+        bufs = list(bufs) + [None] * (4 - len(bufs))
+        got = add_layer_norm.skip_norm(x, skip, gamma, beta, epsilon, simplified, bufs[0], bufs[3],
+                                       _wants(out, n, 3, present))
+        if got is not None:  # one Triton kernel, written into the plan's buffers
             return _emit([got[0], None, None, got[1]], out, n)
     ct = _compute_type(x.dtype)
     s = _as(x, ct) + _as(skip, ct)

@@ -31,8 +31,10 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
 
 # query rows of a KV head (heads x new positions) up to which their products are sums over d rather
-# than a dot of 16 rows at least: as the paged decode kernel (ops/paged_attention.py, measured there)
-SMALL_ROWS = 8
+# than a dot of 16 rows at least. 3 rows (12 heads over 4): sums measured faster (as in the paged decode
+# kernel, ops/paged_attention.py); 8 rows (TinyLlama-1.1B's 32 over 4): the dot, a step 2.18 -> 1.80 ms on
+# an H200 (results/generate_builder_norms*_h200_2026-11-30.json)
+SMALL_ROWS = 4
 
 
 def kv_attention(q, k, v, length, n_new: int, neg, scale: float, mask=None, kind: str = "add"):

@@ -150,6 +150,21 @@ def test_skip_simplified_layer_norm(dtype, with_bias):
     _check(model, feeds, {"rtol": 2e-3, "atol": 2e-3} if dtype == TP.FLOAT16 else None)
 
 
+@pytest.mark.parametrize("op_type", ["SkipSimplifiedLayerNormalization", "SkipLayerNormalization"])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+def test_skip_norms_as_the_model_builder_writes_them(op_type, dtype):
+    # the output and the sum, no statistics, no bias: on CUDA one Triton kernel writes both
+    # (add_layer_norm.skip_norm), the sum kept in float32 for the norm as onnxruntime does
+    rng = np.random.default_rng(6)
+    npt = _NP[dtype]
+    consts = {2: rand(H, npt, rng)} if op_type.startswith("SkipSimplified") else {2: rand(H, npt, rng),
+                                                                                  3: rand(H, npt, rng)}
+    model = _model(op_type, [dtype] * (2 + len(consts)), [dtype, None, None, dtype], {"epsilon": 1e-6}, consts,
+                   ranks=[3, 3, 1, 1])
+    feeds = [_feeds(model, [rand((b, s, H), npt, rng), rand((b, s, H), npt, rng)]) for b, s in SEQ]
+    _check(model, feeds, {"rtol": 2e-3, "atol": 2e-3} if dtype == TP.FLOAT16 else None)
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_skip_layer_norm_bad_shapes(executor):
     rng = np.random.default_rng(5)
