@@ -1093,7 +1093,10 @@ AREAS = [
          "Crops of 48-160 pixels (text lines 48 high, batches 1-13): each shape's first call left out (the first "
          "pass), then three rounds over the shapes; the sum over the shapes of each shape's median call. One runtime "
          "at a time in one process per model (dynashape first), 2 threads. Target (issue 37): within 1.3x "
-         "onnxruntime."),
+         "onnxruntime. The runs of 2026-11-30 on this AMD EPYC, minutes apart, the same code: the first "
+         "(results/small_sizes_cpu_2026-11-30.json) measured det 1.14x onnxruntime, rec 0.73, cls 1.02, nudenet "
+         "1.23; the second (shown) det 1.55 (dynashape's det 26.1 -> 39.8 ms between the runs, onnxruntime's 22.8 -> "
+         "25.6): at a few milliseconds a shape this machine's noise decides the target either way."),
     Area("CPU: dense convolutions, the C tile against oneDNN", "conv_dense.py", [("conv_dense_cpu_*.json", None)],
          ["layer (channels-last input)", "oneDNN first call us", "oneDNN repeat us", "C tile us",
           "speed-up (oneDNN repeat / C)", "GFLOP/s: oneDNN / C", "run"], conv_dense,
