@@ -66,6 +66,17 @@ def _decoder(seed: int = 0, **gqa_attrs) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
+def _half(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The decoder in float16 (as the builder's ``-e cuda`` models are): weights, caches, inputs, outputs."""
+    for t in model.graph.initializer:
+        if t.data_type == TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+    for v in list(model.graph.input) + list(model.graph.output):
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    return model
+
+
 def _feeds(rng, b: int, s: int, past: int) -> dict:
     f = {"input_ids": rng.integers(0, V, (b, s)).astype(np.int64),
          "attention_mask": np.ones((b, past + s), np.int64)}
@@ -100,6 +111,19 @@ def test_written_out_model_computes_the_op_on_unpadded_rows(decode_graphs, devic
             for w, g in zip(want, got):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(w).max())))
     assert sess.stats()["gqa_as_concat"] == "rewritten"
+
+
+def test_float16_model_computes_the_op(device):
+    # the mask's lowest value and the rotary caches in float16; results within float16's rounding
+    model = _half(_decoder(seed=5))
+    ref = _ort(model)
+    sess = dynashape.InferenceSession(model, gqa_as_concat=True, device=device)
+    rng = np.random.default_rng(2)
+    for b, s, past in SEQUENCE:
+        f = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in _feeds(rng, b, s, past).items()}
+        for w, g in zip(ref.run(None, f), sess.run(None, f)):
+            w, g = w.astype(np.float32), g.astype(np.float32)
+            np.testing.assert_allclose(g, w, rtol=5e-3, atol=5e-3 * max(1.0, float(np.abs(w).max())))
 
 
 def _folder(tmp_path, model: onnx.ModelProto):
