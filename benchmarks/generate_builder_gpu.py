@@ -23,20 +23,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dynashape.generate as dg  # noqa: E402
 from benchmarks.common import gpu_header, write_json  # noqa: E402
-from benchmarks.generate_gpu import steps_of  # noqa: E402
+from benchmarks.generate_gpu import generate_loop, steps_of  # noqa: E402
 
 
 def loop(model, prompt, steps: int):
-    """A streaming greedy loop of ``steps`` tokens (EOS banned: min_length), each read back."""
-    params = dg.GeneratorParams(model)
-    n = len(prompt[0]) + steps
-    params.set_search_options(max_length=n, min_length=n)
-    gen = dg.Generator(model, params)
-    gen.append_tokens(np.asarray(prompt))
-    while not gen.is_done():
-        gen.generate_next_token()
-        yield gen.get_next_tokens().tolist()
-    model.last_stats = gen.request.stats()
+    """A streaming greedy loop of ``steps`` tokens (EOS banned), each read back."""
+    return generate_loop(model, prompt, steps, no_eos=True)
 
 
 def timed(model, prompt, steps: int) -> tuple[dict, list]:

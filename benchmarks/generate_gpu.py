@@ -74,9 +74,12 @@ def session_loop(sess, cfg, prompt, steps, dev):
         ids = tok[:, None]
 
 
-def generate_loop(model, prompt, steps):
+def generate_loop(model, prompt, steps, no_eos: bool = False):
+    """A streaming greedy loop of ``steps`` tokens, each read back; ``no_eos``: the model's EOS banned
+    (min_length), so that a random model's loop runs every step."""
     params = dg.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt[0]) + steps)
+    n = len(prompt[0]) + steps
+    params.set_search_options(max_length=n, **({"min_length": n} if no_eos else {}))
     gen = dg.Generator(model, params)
     gen.append_tokens(np.asarray(prompt))
     while not gen.is_done():

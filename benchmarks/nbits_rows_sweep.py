@@ -1,10 +1,10 @@
 """MatMulNBits' rows kernel (ops/nbits_triton.py ``rows``: a decode step's few rows times a 4-bit
 packed weight) over its tile choices (experiment): outputs a program, K values a loop step, warps;
-each timed as 50 launches in a CUDA graph, on the layer shapes of the builder's 8-layer hidden-512
-model, of a 1B Llama (hidden 2048, intermediate 8192, 8 KV heads) and of TinyLlama's 1.1B (intermediate
-5632, 4 KV heads), float32 A at accuracy level 4
-(the builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and
-the packed weight's bytes over the time.
+each timed as 50 launches in a CUDA graph (benchmarks/common.py graph_us), on the layer shapes of
+the builder's 8-layer hidden-512 model, of a 1B Llama (hidden 2048, intermediate 8192, 8 KV heads)
+and of TinyLlama's 1.1B (intermediate 5632, 4 KV heads), float32 A at accuracy level 4 (the
+builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and the
+packed weight's bytes over the time.
 
     python benchmarks/nbits_rows_sweep.py [--rows 1] [--json out.json]
 """
@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import gpu_header, write_json  # noqa: E402
+from benchmarks.common import gpu_header, graph_us, write_json  # noqa: E402
 from dynashape.ops import nbits_triton  # noqa: E402
 
 SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), "mid down": (1408, 512),
@@ -28,29 +28,6 @@ SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), 
           "1B down": (8192, 2048), "1B lm_head": (2048, 32000), "1.1B qkv": (2048, 2560), "1.1B gate": (2048, 5632),
           "1.1B down": (5632, 2048)}
 CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
-
-
-def graph_us(fn, reps: int = 50) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / reps)
-    return best
 
 
 def main() -> None:
@@ -74,12 +51,12 @@ def main() -> None:
                     continue
                 nbits_triton.ROWS_CONFIG = cfg
                 try:
-                    times[cfg] = graph_us(call)
+                    times[cfg] = graph_us(call, calls=50, reps=5)
                 except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)
                     times[cfg] = float("nan")
                     print(f"  {cfg}: {type(e).__name__}", flush=True)
             nbits_triton.ROWS_CONFIG = None
-            default = graph_us(call)
+            default = graph_us(call, calls=50, reps=5)
             ok = {c: t for c, t in times.items() if t == t}
             best = min(ok, key=ok.get)
             gbs = n * k / 2 / (ok[best] * 1e-6) / 1e9
