@@ -30,6 +30,14 @@ def empty_past(io, batch: int, device) -> list[torch.Tensor]:
     return [torch.zeros(batch, io.kv_heads, 0, io.head_dim, dtype=kv, device=device) for _ in io.past]
 
 
+def _is_cuda(device) -> bool:
+    """Whether ``device`` names a CUDA device (anything else, a bad name included, is the session's to judge)."""
+    try:
+        return device is not None and torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids of an attention mask, as transformers makes them: the count of ones before,
     from 0 (left padding stays at 0)."""
@@ -45,7 +53,7 @@ class Model:
 
         self.config = read_folder(path)
         self.folder = self.config.folder
-        if "gqa_as_concat" not in session_options and device is not None and torch.device(device).type == "cuda":
+        if "gqa_as_concat" not in session_options and _is_cuda(device):
             # GroupQueryAttention written out, so that the steps run as whole-step CUDA graphs
             # (frontend/gqa_concat.py); its padded rows then follow the left padding made here. The CPU
             # keeps the op, whose kernel gives onnxruntime's bits (tests/zoo/test_genai_int4_decode.py)
@@ -134,7 +142,7 @@ class Generator:
         self._holder = [self.request]
         weakref.finalize(self, _give_back, model, self._holder)
         self.dev = model.device
-        # every token so far on the host (the caller reads each one anyway), left padding included
+        # every token so far on the host (the caller reads each one anyway), padding included
         self.host = np.zeros((0, 0), dtype=np.int64)
         self.host_mask = np.zeros((0, 0), dtype=bool)  # False for padding
         self.length = 0
@@ -167,7 +175,8 @@ class Generator:
     # ---- the prompt and appended tokens ----------------------------------------------------------
     def append_tokens(self, tokens) -> None:
         """Tokens for every row ([batch, n], or [n] for one row; rows of unequal length as a list are
-        left-padded, which needs the model's attention_mask); they are run now."""
+        padded, which needs the model's attention_mask: on the left, or on the right for a model that keeps
+        onnxruntime's GroupQueryAttention, ``Model.pad_right``); they are run now."""
         ids, mask = self._rows(tokens)
         b, n = ids.shape
         if not self.started:
