@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 # ~110M parameters: the 12-layer hidden-768 decoder of the GPU runs, as the builder writes it
-SIZES = {"tiny": {}, "small": dict(vocab=32000, hidden=768, intermediate=2048, layers=12, heads=12, kv_heads=4)}
+SIZES = {"tiny": {}, "small": dict(vocab=32000, hidden=768, intermediate=2048, layers=12, heads=12, kv_heads=4),
+         # the 2-layer hidden-256 configuration of issue 38's CPU figures
+         "h256": dict(vocab=32000, hidden=256, intermediate=1024, layers=2, heads=4, kv_heads=2)}
 
 
 def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama") -> Path:
@@ -67,7 +69,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--folder", default="/tmp/genai_int4")
-    ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny: the zoo's 2-layer Llama; small: ~110M")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                    help="tiny: the zoo's 2-layer hidden-64 Llama; h256: 2 layers of hidden 256; small: ~110M")
     ap.add_argument("--arch", choices=["llama", "qwen2", "phi3"], default="llama",
                     help="the transformers architecture the builder converts")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each runtime, alternating which goes first; "
