@@ -6,6 +6,10 @@ onnxruntime and how far onnxruntime's default level is from its ORT_DISABLE_ALL 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 STATS: dict[str, dict] = {}
@@ -15,6 +19,17 @@ def load_generator():
     """scripts/make_zoo_models.py as the module ``make_zoo_models`` (scripts/ is not a package)."""
     from benchmarks.real_models_specs import generator
     return generator()
+
+
+def run_builder(d, precision: str):
+    """onnxruntime-genai's model builder over the checkpoint ``d / "hf"`` (``-p precision -e cpu``, offline):
+    the folder ``d / "out"``; its error's tail is the failure's message."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(d / "hf"), "-o",
+                        str(d / "out"), "-p", precision, "-e", "cpu", "-c", str(d / "cache")],
+                       cwd=d, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stderr or r.stdout)[-2000:]
+    return d / "out"
 
 
 @pytest.fixture(scope="session")

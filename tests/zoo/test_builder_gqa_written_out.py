@@ -6,15 +6,11 @@ builds need onnxruntime-genai (the zoo extra)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import dynashape.generate as dg
-from tests.zoo.conftest import load_generator
+from tests.zoo.conftest import load_generator, run_builder
 
 pytestmark = pytest.mark.heavy
 
@@ -23,12 +19,7 @@ def _build(tmp, arch: str):
     for pkg in ("onnxruntime_genai", "transformers", "tokenizers"):
         pytest.importorskip(pkg, reason=f"{pkg} (the zoo extra) builds this model")
     load_generator().make_llama_checkpoint(tmp / "hf", arch)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tmp / "hf"), "-o",
-                        str(tmp / "out"), "-p", "fp32", "-e", "cpu", "-c", str(tmp / "cache")],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stderr or r.stdout)[-2000:]
-    return tmp / "out"
+    return run_builder(tmp, "fp32")
 
 
 def _greedy(model, steps: int = 40):

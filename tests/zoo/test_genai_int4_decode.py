@@ -24,17 +24,13 @@ kernels sum in another order there: tests/contrib/test_nbits_int8.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 import dynashape
 from dynashape.ops import native
-from tests.zoo.conftest import load_generator
+from tests.zoo.conftest import load_generator, run_builder
 
 STEPS, PROMPT = 256, 8
 
@@ -55,12 +51,7 @@ def genai_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(G.LLAMA, "max_positions", 512)  # the prompt and 256 steps, with room
         G.make_llama_checkpoint(d / "hf")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(d / "hf"), "-o",
-                        str(d / "out"), "-p", "int4", "-e", "cpu", "-c", str(d / "cache")],
-                       cwd=d, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stderr or r.stdout)[-2000:]
-    return d / "out"
+    return run_builder(d, "int4")
 
 
 def _past_names(layers: int) -> list[str]:
