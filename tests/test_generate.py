@@ -313,3 +313,10 @@ def test_a_finished_generator_lends_its_request_and_rebuilds_its_cache_if_asked_
     del many, g3
     gc.collect()
     assert 1 <= len(model._idle) <= IDLE_MAX
+
+
+def test_a_bad_device_name_is_the_session_s_typed_error(folder):
+    # (Model asks whether the device is CUDA before the session exists: a name torch cannot read must
+    # reach the session's check, not fail in torch first)
+    with pytest.raises(errors.OptionsError, match="'gpu' is not a device name"):
+        Model(folder, device="gpu")
