@@ -74,15 +74,21 @@ def add_layer_norm(x: torch.Tensor, r: torch.Tensor | None, gamma: torch.Tensor,
     y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if not rows:
         return y
+    _launch(x, r, gamma, beta, y, None, rows, epsilon, rms=False, round_sum=True)
+    return y
+
+
+def _launch(x, r, gamma, beta, y, total, rows: int, epsilon: float, rms: bool, round_sum: bool) -> None:
+    """One program a row: the norm of ``x (+ r)`` into ``y`` and, ``total`` given, the sum into it."""
     KERNEL_CALLS[0] += 1
+    n = x.shape[-1]
     block, warps = _tile(n)
     g = gamma if gamma.is_contiguous() else gamma.contiguous()
     b = beta if beta is None or beta.is_contiguous() else beta.contiguous()
-    args = (x, r, g, b, y, y, n, float(epsilon))
     with on(x.device):
-        _kernel[(rows,)](*args, HAS_R=r is not None, HAS_B=beta is not None, BLOCK=block, RMS=False, HAS_SUM=False,
-                         ROUND_SUM=True, num_warps=warps)
-    return y
+        _kernel[(rows,)](x, r, g, b, y, total if total is not None else y, n, float(epsilon), HAS_R=r is not None,
+                         HAS_B=beta is not None, BLOCK=block, RMS=rms, HAS_SUM=total is not None,
+                         ROUND_SUM=round_sum, num_warps=warps)
 
 
 def skip_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, epsilon: float,
@@ -105,17 +111,9 @@ def skip_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: to
             bufs.append(b)
         else:
             bufs.append(torch.empty(x.shape, dtype=x.dtype, device=x.device))
-    n = x.shape[-1]
-    rows = x.numel() // n
-    KERNEL_CALLS[0] += 1
-    block, warps = _tile(n)
-    g = gamma if gamma.is_contiguous() else gamma.contiguous()
-    bt = beta if beta is None or beta.is_contiguous() else beta.contiguous()
+    rows = x.numel() // x.shape[-1]
     if rows:
-        with on(x.device):
-            _kernel[(rows,)](x, skip, g, bt, bufs[0], bufs[1] if bufs[1] is not None else bufs[0], n, float(epsilon),
-                             HAS_R=True, HAS_B=beta is not None, BLOCK=block, RMS=rms, HAS_SUM=want_total,
-                             ROUND_SUM=False, num_warps=warps)
+        _launch(x, skip, gamma, beta, bufs[0], bufs[1], rows, epsilon, rms=rms, round_sum=False)
     return bufs[0], bufs[1]
 
 

@@ -84,17 +84,7 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     type (as the dequantized copy in that type holds it) and, ``level4``, A to int8 blocks as
     block_quant._int8_blocks makes them (then to A's type): the op's other paths' values. ``out``
     (the plan's buffer, contiguous): written in place, no copy after."""
-    lead = a.shape[:-1]
-    x = a.reshape(-1, k)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    m = x.shape[0]
-    nb = -(-k // block_size)
-    w = b.reshape(n, -1)
-    if not w.is_contiguous():
-        w = w.contiguous()
-    s = scales.reshape(n, nb)
-    z = None if zero_points is None else zero_points.reshape(n, -1)
+    lead, x, m, nb, w, s, z = _operands(a, b, scales, zero_points, k, n, block_size)
     shape = (*lead, n)
     into = isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == a.dtype and out.is_contiguous()
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
@@ -110,26 +100,31 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     return out if into else y.reshape(shape)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-           bias: torch.Tensor | None, k: int, n: int, block_size: int) -> torch.Tensor:
-    """(..., K) A times the packed (N, blocks, block_size / 2) weight: (..., N) in A's type."""
-    lead = a.shape[:-1]
+def _operands(a, b, scales, zero_points, k: int, n: int, block_size: int):
+    """Both kernels' views: (A's leading shape, A as contiguous rows of K, its row count, blocks a
+    row of the weight, the packed weight [N, K / 2], scales [N, blocks], zero points [N, bytes] or
+    None)."""
     x = a.reshape(-1, k)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    m = x.shape[0]
     nb = -(-k // block_size)
     w = b.reshape(n, -1)
     if not w.is_contiguous():
         w = w.contiguous()
-    s = scales.reshape(n, nb)
     z = None if zero_points is None else zero_points.reshape(n, -1)
+    return a.shape[:-1], x, x.shape[0], nb, w, scales.reshape(n, nb), z
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+           bias: torch.Tensor | None, k: int, n: int, block_size: int) -> torch.Tensor:
+    """(..., K) A times the packed (N, blocks, block_size / 2) weight: (..., N) in A's type."""
+    lead, x, m, nb, w, s, z = _operands(a, b, scales, zero_points, k, n, block_size)
     y = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
         return y.reshape(*lead, n)
     block_m = 16 if m <= 16 else 64
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(m, block_m))
-    with torch.cuda.device(a.device):
+    with on(a.device):
         _nbits4[grid](x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k, nb,
                       x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
                       HAS_Z=z is not None, Z_PACKED=z is not None and z.dtype == torch.uint8,
@@ -140,6 +135,27 @@ def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: 
 
 if triton is not None:
     @triton.jit
+    def _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z: tl.constexpr, Z_PACKED: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr):
+        """Outputs ``n``'s weights at values k0 .. k0 + BLOCK_K of K, float32: (q - zero point) * scale."""
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
+                         other=0)
+        q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
+        bi = k0 // BS + tl.arange(0, BLOCK_K // BS)
+        bmask = nmask[:, None] & (bi[None, :] < NB)
+        s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+        if HAS_Z:
+            if Z_PACKED:  # two 4-bit zero points a byte, the low nibble first
+                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
+                z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
+            else:
+                z = tl.load(Z + n[:, None] * szn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+        else:
+            z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
+        return ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+
+    @triton.jit
     def _nbits4(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
                 HAS_Z: tl.constexpr, Z_PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr):
@@ -147,26 +163,9 @@ if triton is not None:
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        half = tl.arange(0, BLOCK_K // 2)
-        blk = tl.arange(0, BLOCK_K // BS)
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            kb = k0 // 2 + half
-            packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
-                             other=0)
-            q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
-            bi = k0 // BS + blk
-            bmask = nmask[:, None] & (bi[None, :] < NB)
-            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
-            if HAS_Z:
-                if Z_PACKED:  # two 4-bit zero points a byte, the low nibble first
-                    zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
-                    z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
-                else:
-                    z = tl.load(Z + n[:, None] * szn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
-            else:
-                z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
-            w = ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+            w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, Z_PACKED, BLOCK_N, BLOCK_K, BS)
             x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
                         other=0.0)
             if IEEE:
@@ -185,23 +184,9 @@ if triton is not None:
         m = tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        half = tl.arange(0, BLOCK_K // 2)
-        blk = tl.arange(0, BLOCK_K // BS)
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            kb = k0 // 2 + half
-            packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
-                             other=0)
-            q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
-            bi = k0 // BS + blk
-            bmask = nmask[:, None] & (bi[None, :] < NB)
-            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
-            if HAS_Z:  # two 4-bit zero points a byte, the low nibble first
-                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
-                z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
-            else:
-                z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
-            w = ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+            w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS)
             w = w.to(X.dtype.element_ty).to(tl.float32)
             x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
                         other=0.0).to(tl.float32)
