@@ -6,7 +6,11 @@ and of TinyLlama's 1.1B (intermediate 5632, 4 KV heads), float32 A at accuracy l
 builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and the
 packed weight's bytes over the time.
 
-    python benchmarks/nbits_rows_sweep.py [--rows 1] [--json out.json]
+With ``--split``: the 1.1B's and the mid model's shapes over a loop step's size, the loop steps a
+program (K split over programs, their sums added by a second kernel: 0 for all of K) and A's level-4
+blocks made in the kernel or first by a kernel of their own (``prequant``).
+
+    python benchmarks/nbits_rows_sweep.py [--rows 1] [--split] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,17 +32,23 @@ SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), 
           "1B down": (8192, 2048), "1B lm_head": (2048, 32000), "1.1B qkv": (2048, 2560), "1.1B gate": (2048, 5632),
           "1.1B down": (5632, 2048)}
 CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
+SPLIT_SHAPES = ("mid qkv", "mid down", "1.1B qkv", "1B o", "1.1B gate", "1.1B down", "1B lm_head")
+SPLIT_CONFIGS = [(bn, bk, 4, it, pre) for bn, bk, it, pre in itertools.product((4, 8), (256, 512, 1024), (1, 2, 0),
+                                                                              (False, True))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--split", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = {**gpu_header(), "rows": args.rows, "results": {}}
-    for dtype, level4 in ((torch.float32, True), (torch.float16, False)):
-        for name, (k, n) in SHAPES.items():
+    kinds = ((torch.float32, True),) if args.split else ((torch.float32, True), (torch.float16, False))
+    shapes = {s: SHAPES[s] for s in SPLIT_SHAPES} if args.split else SHAPES
+    for dtype, level4 in kinds:
+        for name, (k, n) in shapes.items():
             bs, nb = 32, k // 32
             b = torch.randint(0, 256, (n, nb, 16), dtype=torch.uint8, device=dev)
             scales = torch.rand(n, nb, device=dev, dtype=dtype) * 0.05
@@ -46,16 +56,17 @@ def main() -> None:
             a = torch.randn(args.rows, k, device=dev, dtype=dtype)
             call = functools.partial(nbits_triton.rows, a, b, scales, zp, None, k, n, bs, level4)
             times = {}
-            for cfg in CONFIGS:
+            for cfg in SPLIT_CONFIGS if args.split else CONFIGS:
                 if cfg[1] < bs:
                     continue
-                nbits_triton.ROWS_CONFIG = cfg
+                nbits_triton.ROWS_CONFIG = cfg[:4]
+                nbits_triton.PREQUANT = cfg[4] if len(cfg) > 4 else None
                 try:
                     times[cfg] = graph_us(call, calls=50, reps=5)
                 except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)
                     times[cfg] = float("nan")
                     print(f"  {cfg}: {type(e).__name__}", flush=True)
-            nbits_triton.ROWS_CONFIG = None
+            nbits_triton.ROWS_CONFIG = nbits_triton.PREQUANT = None
             default = graph_us(call, calls=50, reps=5)
             ok = {c: t for c, t in times.items() if t == t}
             best = min(ok, key=ok.get)

@@ -41,10 +41,6 @@ ENABLED = os.environ.get("DYNASHAPE_NBITS_PACKED", "0") == "1"
 # which float32 A emulates in IEEE), any A type, the level-4 int8 blocks of A made in the kernel
 ROWS = 8
 ROWS_ENABLED = os.environ.get("DYNASHAPE_NBITS_ROWS", "1") != "0"
-try:  # rounding half to even (torch.round's), where this Triton has it
-    from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - depends on the machine
-    libdevice = None
 
 
 def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
@@ -58,23 +54,25 @@ def serves(a: torch.Tensor, bits: int, block_size: int, g_idx, k: int) -> bool:
 def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points) -> bool:
     """Whether ``rows`` computes this product: a few rows of A on CUDA, 4 bits, no g_idx, zero points
     packed or absent (the level-4 form's condition too)."""
-    return (ROWS_ENABLED and triton is not None and libdevice is not None and a.is_cuda and bits == 4
+    return (ROWS_ENABLED and triton is not None and a.is_cuda and bits == 4
             and g_idx is None and 16 <= block_size <= 128 and a.numel() <= ROWS * a.shape[-1] and a.numel() > 0
             and (zero_points is None or zero_points.dtype == torch.uint8)
             and a.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
-ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_config (benchmarks/nbits_rows_sweep.py)
+ROWS_CONFIG: tuple[int, int, int] | tuple[int, int, int, int] | None = None  # the sweep's override of rows_config
+PREQUANT: bool | None = None  # the sweep's override of ``rows``' choice of the level-4 blocks made first
 
 
-def rows_config(n: int, k: int) -> tuple[int, int, int]:
-    """(outputs a program, K values a loop step, warps) of the rows kernel. Measured on an H200 over
-    the layers of an 8-layer hidden-512 model, a 1B Llama and TinyLlama's 1.1B, float32 A at level 4
-    and float16 A (benchmarks/nbits_rows_sweep.py, results/nbits_rows_sweep_wide_h200_2026-11-30.json):
-    4 outputs a program (the most programs) over up to 1,024 values of K a step (the most bytes in
-    flight a program), 4 warps: 7% over each shape's best tile in sum, 1.1-2.7x faster than 8 outputs
-    over 256 values (results/nbits_rows_sweep_h200_2026-11-30.json: which was 1.5-2.2x 16-32 over 128)."""
-    return 4, min(1024, triton.next_power_of_2(k)), 4
+def rows_config(n: int, k: int) -> tuple[int, int, int, int]:
+    """(outputs a program, K values a loop step, warps, loop steps a program: 0 for all of K) of the
+    rows kernel. Measured on an H200 over the layers of an 8-layer hidden-512 model, a 1B Llama and
+    TinyLlama's 1.1B, float32 A at level 4 and float16 A (benchmarks/nbits_rows_sweep.py,
+    results/nbits_rows_sweep_wide_h200_2026-11-30.json): 4 outputs a program (the most programs) over
+    up to 1,024 values of K a step (the most bytes in flight a program), 4 warps: 7% over each shape's
+    best tile in sum, 1.1-2.7x faster than 8 outputs over 256 values
+    (results/nbits_rows_sweep_h200_2026-11-30.json: which was 1.5-2.2x 16-32 over 128)."""
+    return 4, min(1024, triton.next_power_of_2(k)), 4, 0
 
 
 def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
@@ -83,21 +81,47 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     each weight read once from its packed bytes, the sums in float32. The weight is rounded to A's
     type (as the dequantized copy in that type holds it) and, ``level4``, A to int8 blocks as
     block_quant._int8_blocks makes them (then to A's type): the op's other paths' values. ``out``
-    (the plan's buffer, contiguous): written in place, no copy after."""
+    (the plan's buffer, contiguous): written in place, no copy after.
+
+    A program's loop over K waits on each step's loads before the next (latency, not bandwidth, bounds
+    a long K), so K may be split over programs (``rows_config``'s loop steps a program): each split
+    writes its float32 sums and a second kernel adds them in order (the same result on every run)."""
     lead, x, m, nb, w, s, z = _operands(a, b, scales, zero_points, k, n, block_size)
     shape = (*lead, n)
     into = isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == a.dtype and out.is_contiguous()
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    block_m = triton.next_power_of_2(m)
-    block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
+    cfg = ROWS_CONFIG or rows_config(n, k)
+    block_n, block_k, warps = cfg[:3]
+    iters = cfg[3] if len(cfg) > 3 else 0
     block_k = max(block_k, block_size)
-    grid = (triton.cdiv(n, block_n),)
+    steps = triton.cdiv(k, block_k)
+    splits = triton.cdiv(steps, iters) if 0 < iters < steps else 1
+    block_m = triton.next_power_of_2(m)
+    bias_arg = bias.reshape(-1) if bias is not None else s
     with on(a.device):
-        _nbits4_rows[grid](x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k,
-                           nb, x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
-                           HAS_Z=z is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                           BLOCK_K=block_k, BS=block_size, LEVEL4=level4, num_warps=warps)
+        if level4 and PREQUANT:  # A's int8 blocks made once, not by every program
+            x = _level4_rows(x, k, block_size)
+            level4 = False
+        part = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+        _nbits4_rows[(triton.cdiv(n, block_n), splits)](
+            x, w, s, z if z is not None else s, bias_arg, part, m, n, k, nb, x.stride(0), w.stride(0), s.stride(0),
+            z.stride(0) if z is not None else 0, y.stride(0), HAS_Z=z is not None, HAS_BIAS=bias is not None,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BS=block_size, LEVEL4=level4,
+            ITERS=steps if splits == 1 else iters, SPLIT=splits > 1, num_warps=warps)
+        if splits > 1:
+            block = min(1024, triton.next_power_of_2(n))
+            _sum_splits[(m, triton.cdiv(n, block))](part, bias_arg, y, m, n, splits, y.stride(0),
+                                                     HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out if into else y.reshape(shape)
+
+
+def _level4_rows(x: torch.Tensor, k: int, block_size: int) -> torch.Tensor:
+    """Rows of A as int8 blocks in A's type (block_quant._int8_blocks's values), one kernel."""
+    xq = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_k = max(block_size, min(1024, triton.next_power_of_2(k)))
+    _level4_kernel[(x.shape[0], triton.cdiv(k, block_k))](x, xq, k, x.stride(0), xq.stride(0), BLOCK_K=block_k,
+                                                          BS=block_size, num_warps=4)
+    return xq
 
 
 def _operands(a, b, scales, zero_points, k: int, n: int, block_size: int):
@@ -177,27 +201,67 @@ if triton is not None:
         tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
     @triton.jit
+    def _level4_blocks(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr):
+        """x [BLOCK_M, BLOCK_K] (float32) as int8 blocks of BS per row: q = round(x * 127 / amax) half to
+        even, then q * (amax / 127), IEEE divisions (block_quant._int8_blocks's values)."""
+        xb = x.reshape(BLOCK_M, BLOCK_K // BS, BS)
+        amax = tl.max(tl.abs(xb), axis=2)
+        inv = tl.where(amax != 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+        # round half to even as 1.5 * 2^23 added and taken away (exact for |y| <= 127 in IEEE float32
+        # sums, which Triton does not reassociate): torch.round's value, with no libdevice call (which
+        # Triton's interpreter lacks)
+        y = xb * inv[:, :, None]
+        q = (y + 12582912.0) - 12582912.0
+        return (q * scale[:, :, None]).reshape(BLOCK_M, BLOCK_K)
+
+    @triton.jit
+    def _level4_kernel(X, XQ, K, sxm, sqm, BLOCK_K: tl.constexpr, BS: tl.constexpr):
+        row = tl.program_id(0)
+        kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(X + row * sxm + kk, mask=kk < K, other=0.0).to(tl.float32)
+        xq = _level4_blocks(x.reshape(1, BLOCK_K), 1, BLOCK_K, BS).reshape(BLOCK_K)
+        tl.store(XQ + row * sqm + kk, xq.to(XQ.dtype.element_ty), mask=kk < K)
+
+    @triton.jit(do_not_specialize=["M", "SPLITS", "sym"])
+    def _sum_splits(P, BIAS, Y, M, N, SPLITS, sym, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """Y[m, n] = the splits' float32 sums [SPLITS, M, N] added in order (+ bias), in Y's type."""
+        row = tl.program_id(0)
+        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        nmask = n < N
+        acc = tl.zeros([BLOCK], tl.float32)
+        for i in range(0, SPLITS):
+            acc += tl.load(P + (i * M + row) * N + n, mask=nmask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(Y + row * sym + n, acc.to(Y.dtype.element_ty), mask=nmask)
+
+    @triton.jit
     def _nbits4_rows(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr):
+                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, ITERS: tl.constexpr,
+                     SPLIT: tl.constexpr):
+        """Outputs of program_id(0) over loop steps [program_id(1) * ITERS, + ITERS) of K: into Y, or
+        (SPLIT) their float32 sums into Y as [splits, M, N] for _sum_splits."""
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         kk = tl.arange(0, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
+        first = tl.program_id(1) * (ITERS * BLOCK_K)
+        for k0 in range(first, tl.minimum(first + ITERS * BLOCK_K, K), BLOCK_K):
             w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS)
             w = w.to(X.dtype.element_ty).to(tl.float32)
             x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
                         other=0.0).to(tl.float32)
-            if LEVEL4:  # per row and block: q = round(x * 127 / amax) half to even, x = q * (amax / 127)
-                xb = x.reshape(BLOCK_M, BLOCK_K // BS, BS)
-                amax = tl.max(tl.abs(xb), axis=2)
-                inv = tl.where(amax != 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
-                scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-                x = (libdevice.rint(xb * inv[:, :, None]) * scale[:, :, None]).reshape(BLOCK_M, BLOCK_K)
-                x = x.to(X.dtype.element_ty).to(tl.float32)
+            if LEVEL4:
+                x = _level4_blocks(x, BLOCK_M, BLOCK_K, BS).to(X.dtype.element_ty).to(tl.float32)
             acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        if HAS_BIAS:
-            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        if SPLIT:
+            tl.store(Y + (tl.program_id(1) * M + m[:, None]) * N + n[None, :], acc,
+                     mask=mmask[:, None] & nmask[None, :])
+        else:
+            if HAS_BIAS:
+                acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty),
+                     mask=mmask[:, None] & nmask[None, :])

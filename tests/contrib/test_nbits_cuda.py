@@ -123,3 +123,28 @@ def test_a_decode_step_s_products_read_the_packed_weight():
         got = sess.run(None, {"a": torch.from_numpy(a).cuda()})[0].cpu().numpy()
         np.testing.assert_allclose(got, cpu.run(None, {"a": a})[0], atol=1e-4, rtol=1e-4)
     assert native.counters()["nbits_rows_cuda_calls"] >= before + 3
+
+
+@pytest.mark.parametrize("cfg, prequant", [((4, 256, 4, 1), False), ((8, 512, 4, 2), True), ((4, 1024, 4, 0), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_rows_kernel_split_over_k_or_with_a_s_blocks_made_first_keeps_its_values(cfg, prequant, dtype,
+                                                                                    monkeypatch):
+    # K split over programs (each split's float32 sums added in order by a second kernel) and A's level-4
+    # blocks made by a kernel of their own: the same values as the one-program form, bias and out included
+    monkeypatch.setattr(nbits_triton, "ROWS_CONFIG", cfg)
+    monkeypatch.setattr(nbits_triton, "PREQUANT", prequant)
+    rng = np.random.default_rng(11)
+    k, n, bs = 2000, 300, 32
+    b, scales, zp = _weights(rng, k, n, bs, "packed")
+    dev = torch.device("cuda")
+    b, scales, zp = b.to(dev), scales.to(dev, dtype), zp.to(dev)
+    bias = torch.randn(n, device=dev, dtype=dtype)
+    w = block_quant._nbits_weight(b, scales, zp, None, k, n, 4, bs, torch.float32).to(dtype)
+    for m, level4 in ((1, True), (3, True), (2, False)):
+        a = torch.randn(m, k, device=dev, dtype=dtype)
+        out = torch.empty(m, n, device=dev, dtype=dtype)
+        assert nbits_triton.rows(a, b, scales, zp, bias, k, n, bs, level4, out) is out
+        x = block_quant._int8_blocks(a, bs).to(dtype) if level4 else a
+        want = (x.double() @ w.double().t() + bias.double()).to(dtype)
+        tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(out, want, **tol)
