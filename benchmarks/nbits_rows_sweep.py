@@ -6,7 +6,8 @@ and of TinyLlama's 1.1B (intermediate 5632, 4 KV heads), float32 A at accuracy l
 builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and the
 packed weight's bytes over the time.
 
-With ``--split``: the 1.1B's and the mid model's shapes over a loop step's size, the loop steps a
+With ``--split`` (``--form pairs``: the form keeping a byte's weights apart, over its tiles): the
+1.1B's and the mid model's shapes over a loop step's size, the loop steps a
 program (K split over programs, their sums added by a second kernel: 0 for all of K) and A's level-4
 blocks made in the kernel or first by a kernel of their own (``prequant``).
 
@@ -33,14 +34,18 @@ SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), 
           "1.1B down": (5632, 2048)}
 CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
 SPLIT_SHAPES = ("mid qkv", "mid down", "1.1B qkv", "1B o", "1.1B gate", "1.1B down", "1B lm_head")
-SPLIT_CONFIGS = [(bn, bk, 4, it, pre) for bn, bk, it, pre in itertools.product((4, 8), (256, 512, 1024), (1, 2, 0),
-                                                                              (False, True))]
+SPLIT_CONFIGS = [(bn, bk, 4, it, pre, "join") for bn, bk, it, pre in itertools.product((4, 8), (256, 512, 1024),
+                                                                                      (1, 2, 0), (False, True))]
+# --form pairs: the form that keeps a byte's two weights apart (ops/nbits_triton.py _nbits4_pairs)
+PAIRS_CONFIGS = [(bn, bk, w, 0, pre, "pairs")
+                 for bn, bk, w, pre in itertools.product((4, 8, 16), (512, 1024), (2, 4, 8), (False, True))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--split", action="store_true")
+    ap.add_argument("--form", choices=("join", "pairs"), help="with --split: the pairs form's tiles (pairs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -56,17 +61,20 @@ def main() -> None:
             a = torch.randn(args.rows, k, device=dev, dtype=dtype)
             call = functools.partial(nbits_triton.rows, a, b, scales, zp, None, k, n, bs, level4)
             times = {}
-            for cfg in SPLIT_CONFIGS if args.split else CONFIGS:
+            configs = (PAIRS_CONFIGS if args.form == "pairs" else SPLIT_CONFIGS) if args.split else CONFIGS
+            for cfg in configs:
                 if cfg[1] < bs:
                     continue
                 nbits_triton.ROWS_CONFIG = cfg[:4]
                 nbits_triton.PREQUANT = cfg[4] if len(cfg) > 4 else None
+                nbits_triton.ROWS_FORM = cfg[5] if len(cfg) > 5 else "join"
                 try:
                     times[cfg] = graph_us(call, calls=50, reps=5)
                 except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)
                     times[cfg] = float("nan")
                     print(f"  {cfg}: {type(e).__name__}", flush=True)
             nbits_triton.ROWS_CONFIG = nbits_triton.PREQUANT = None
+            nbits_triton.ROWS_FORM = "join"  # the rule as it was
             default = graph_us(call, calls=50, reps=5)
             ok = {c: t for c, t in times.items() if t == t}
             best = min(ok, key=ok.get)

@@ -62,6 +62,7 @@ def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points)
 
 ROWS_CONFIG: tuple[int, int, int] | tuple[int, int, int, int] | None = None  # the sweep's override of rows_config
 PREQUANT: bool | None = None  # the sweep's override of ``rows``' choice of the level-4 blocks made first
+ROWS_FORM = os.environ.get("DYNASHAPE_NBITS_ROWS_FORM", "pairs")  # 'pairs' (_nbits4_pairs) or 'join' (_nbits4_rows)
 
 
 def rows_config(n: int, k: int) -> tuple[int, int, int, int]:
@@ -103,7 +104,8 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
             x = _level4_rows(x, k, block_size)
             level4 = False
         part = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-        _nbits4_rows[(triton.cdiv(n, block_n), splits)](
+        kernel = _nbits4_pairs if ROWS_FORM == "pairs" else _nbits4_rows
+        kernel[(triton.cdiv(n, block_n), splits)](
             x, w, s, z if z is not None else s, bias_arg, part, m, n, k, nb, x.stride(0), w.stride(0), s.stride(0),
             z.stride(0) if z is not None else 0, y.stride(0), HAS_Z=z is not None, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BS=block_size, LEVEL4=level4,
@@ -257,6 +259,68 @@ if triton is not None:
             if LEVEL4:
                 x = _level4_blocks(x, BLOCK_M, BLOCK_K, BS).to(X.dtype.element_ty).to(tl.float32)
             acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        if SPLIT:
+            tl.store(Y + (tl.program_id(1) * M + m[:, None]) * N + n[None, :], acc,
+                     mask=mmask[:, None] & nmask[None, :])
+        else:
+            if HAS_BIAS:
+                acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty),
+                     mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _nbits4_pairs(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
+                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, ITERS: tl.constexpr,
+                      SPLIT: tl.constexpr):
+        """_nbits4_rows's values with each byte's two weights kept apart: the low nibbles times A's even
+        values of K, the high ones times its odd values (A's pairs split in registers), where the other
+        form interleaves the nibbles into K's order (a layout change through shared memory each step).
+        The weights are read as [outputs, blocks, bytes a block], the scales and zero points as
+        [outputs, blocks] broadcast over a block's bytes; one row sums its products elementwise over the
+        loop and reduces them once at its end."""
+        NBLK: tl.constexpr = BLOCK_K // BS
+        HB: tl.constexpr = BS // 2
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        blk = tl.arange(0, NBLK)
+        j = tl.arange(0, HB)
+        two = tl.arange(0, 2)
+        nmask, mmask = n < N, m < M
+        if BLOCK_M == 1:
+            acc3 = tl.zeros([BLOCK_N, NBLK, HB], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        first = tl.program_id(1) * ITERS
+        for step in range(first, tl.minimum(first + ITERS, tl.cdiv(K, BLOCK_K))):
+            bi = step * NBLK + blk  # the loop step's blocks
+            bmask = nmask[:, None] & (bi[None, :] < NB)
+            packed = tl.load(W + n[:, None, None] * swn + bi[None, :, None] * HB + j[None, None, :],
+                             mask=bmask[:, :, None], other=0)
+            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+            if HAS_Z:  # two 4-bit zero points a byte, the low nibble first
+                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
+                z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
+            else:
+                z = tl.full([BLOCK_N, NBLK], 8.0, tl.float32)
+            lo = (((packed & 15).to(tl.float32) - z[:, :, None]) * s[:, :, None]).to(X.dtype.element_ty).to(tl.float32)
+            hi = (((packed >> 4).to(tl.float32) - z[:, :, None]) * s[:, :, None]).to(X.dtype.element_ty).to(tl.float32)
+            kx = bi[None, :, None, None] * BS + j[None, None, :, None] * 2 + two[None, None, None, :]
+            x = tl.load(X + m[:, None, None, None] * sxm + kx, mask=mmask[:, None, None, None] & (kx < K),
+                        other=0.0).to(tl.float32)  # [BLOCK_M, NBLK, HB, 2]
+            if LEVEL4:  # per row and block: q = round(x * 127 / amax) half to even, x = q * (amax / 127)
+                amax = tl.max(tl.max(tl.abs(x), axis=3), axis=2)
+                inv = tl.where(amax != 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+                scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+                q = (x * inv[:, :, None, None] + 12582912.0) - 12582912.0  # rint (see _level4_blocks)
+                x = (q * scale[:, :, None, None]).to(X.dtype.element_ty).to(tl.float32)
+            xe, xo = tl.split(x)  # [BLOCK_M, NBLK, HB]: A's values 2j and 2j + 1 of each block
+            if BLOCK_M == 1:
+                acc3 += lo * xe.reshape(NBLK, HB)[None, :, :] + hi * xo.reshape(NBLK, HB)[None, :, :]
+            else:
+                prod = lo[None, :, :, :] * xe[:, None, :, :] + hi[None, :, :, :] * xo[:, None, :, :]
+                acc += tl.sum(tl.sum(prod, axis=3), axis=2)
+        if BLOCK_M == 1:
+            acc += tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :]
         if SPLIT:
             tl.store(Y + (tl.program_id(1) * M + m[:, None]) * N + n[None, :], acc,
                      mask=mmask[:, None] & nmask[None, :])
