@@ -1,24 +1,15 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [pairs|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
-  pairs)  # the rows kernel's pairs form: its CUDA tests, its tiles against the join form's rule, then the
-          # TinyLlama-1.1B-shaped folder (carry .cache/builder_1b_skeleton) with each form
-    DYNASHAPE_TEST_DEVICE=cuda T=120 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py
-    T=300 run python benchmarks/nbits_rows_sweep.py --split --form pairs --json "$OUT/nbits_rows_pairs.json" \
-      | grep -v "^  ("
-    T=100 run python benchmarks/builder_skeleton.py fill .cache/builder_1b_skeleton
-    for f in pairs join; do
-      DYNASHAPE_NBITS_ROWS_FORM=$f T=100 run python benchmarks/generate_builder_gpu.py .cache/builder_1b_skeleton \
-        --only-default --steps 200 --json "$OUT/generate_builder_$f.json"
-    done ;;
-  split_sweep)  # the rows kernel's K split over programs and A's level-4 blocks made first: the CUDA tests of the
-                # kernels whose code was shared (MatMulNBits, the norms), then the sweep of the split's choices
+  split_sweep)  # kept for its results' names: the CUDA tests of the kernels whose code was shared (MatMulNBits, the
+                # norms), then the sweep of A's level-4 blocks made first (the split and pairs forms measured on
+                # 2026-11-30 were removed after)
     DYNASHAPE_TEST_DEVICE=cuda T=200 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py \
       tests/contrib/test_transformer_ops.py tests/compile/test_fuse_add_layer_norm.py
-    T=330 run python benchmarks/nbits_rows_sweep.py --split --json "$OUT/nbits_rows_split.json" | grep -v "^  (" ;;
+    T=330 run python benchmarks/nbits_rows_sweep.py --prequant --json "$OUT/nbits_rows_prequant.json" | grep -v "^  (" ;;
   builder_norms)  # the Skip norms as one Triton kernel: their CUDA tests, then the TinyLlama-1.1B-shaped folder (its
                   # weights made here) with the decode attention's sums form for its 8 query rows a KV head and without
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_transformer_ops.py \

@@ -6,12 +6,12 @@ and of TinyLlama's 1.1B (intermediate 5632, 4 KV heads), float32 A at accuracy l
 builder's CPU models) and float16 A. Reported: each shape's time per config, its best, and the
 packed weight's bytes over the time.
 
-With ``--split`` (``--form pairs``: the form keeping a byte's weights apart, over its tiles): the
-1.1B's and the mid model's shapes over a loop step's size, the loop steps a
-program (K split over programs, their sums added by a second kernel: 0 for all of K) and A's level-4
-blocks made in the kernel or first by a kernel of their own (``prequant``).
+With ``--prequant``: the 1.1B's and the mid model's shapes over a loop step's size, each with A's
+level-4 blocks made in the kernel or first by a kernel of their own (its launch timed too). The
+results of 2026-11-30 named split and pairs came from two forms measured and then removed (K split over
+programs; a byte's two weights kept apart): results/nbits_rows_{split,pairs}_h200_2026-11-30.json.
 
-    python benchmarks/nbits_rows_sweep.py [--rows 1] [--split] [--json out.json]
+    python benchmarks/nbits_rows_sweep.py [--rows 1] [--prequant] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,25 +33,20 @@ SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), 
           "1B down": (8192, 2048), "1B lm_head": (2048, 32000), "1.1B qkv": (2048, 2560), "1.1B gate": (2048, 5632),
           "1.1B down": (5632, 2048)}
 CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
-SPLIT_SHAPES = ("mid qkv", "mid down", "1.1B qkv", "1B o", "1.1B gate", "1.1B down", "1B lm_head")
-SPLIT_CONFIGS = [(bn, bk, 4, it, pre, "join") for bn, bk, it, pre in itertools.product((4, 8), (256, 512, 1024),
-                                                                                      (1, 2, 0), (False, True))]
-# --form pairs: the form that keeps a byte's two weights apart (ops/nbits_triton.py _nbits4_pairs)
-PAIRS_CONFIGS = [(bn, bk, w, 0, pre, "pairs")
-                 for bn, bk, w, pre in itertools.product((4, 8, 16), (512, 1024), (2, 4, 8), (False, True))]
+PREQUANT_SHAPES = ("mid qkv", "mid down", "1.1B qkv", "1B o", "1.1B gate", "1.1B down", "1B lm_head")
+PREQUANT_CONFIGS = list(itertools.product((4, 8), (512, 1024), (4,), (False, True)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--split", action="store_true")
-    ap.add_argument("--form", choices=("join", "pairs"), help="with --split: the pairs form's tiles (pairs)")
+    ap.add_argument("--prequant", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = {**gpu_header(), "rows": args.rows, "results": {}}
-    kinds = ((torch.float32, True),) if args.split else ((torch.float32, True), (torch.float16, False))
-    shapes = {s: SHAPES[s] for s in SPLIT_SHAPES} if args.split else SHAPES
+    kinds = ((torch.float32, True),) if args.prequant else ((torch.float32, True), (torch.float16, False))
+    shapes = {s: SHAPES[s] for s in PREQUANT_SHAPES} if args.prequant else SHAPES
     for dtype, level4 in kinds:
         for name, (k, n) in shapes.items():
             bs, nb = 32, k // 32
@@ -61,20 +56,17 @@ def main() -> None:
             a = torch.randn(args.rows, k, device=dev, dtype=dtype)
             call = functools.partial(nbits_triton.rows, a, b, scales, zp, None, k, n, bs, level4)
             times = {}
-            configs = (PAIRS_CONFIGS if args.form == "pairs" else SPLIT_CONFIGS) if args.split else CONFIGS
-            for cfg in configs:
+            for cfg in PREQUANT_CONFIGS if args.prequant else CONFIGS:
                 if cfg[1] < bs:
                     continue
-                nbits_triton.ROWS_CONFIG = cfg[:4]
-                nbits_triton.PREQUANT = cfg[4] if len(cfg) > 4 else None
-                nbits_triton.ROWS_FORM = cfg[5] if len(cfg) > 5 else "join"
+                nbits_triton.ROWS_CONFIG = cfg[:3]
+                nbits_triton.PREQUANT = cfg[3] if len(cfg) > 3 else False
                 try:
                     times[cfg] = graph_us(call, calls=50, reps=5)
                 except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)
                     times[cfg] = float("nan")
                     print(f"  {cfg}: {type(e).__name__}", flush=True)
             nbits_triton.ROWS_CONFIG = nbits_triton.PREQUANT = None
-            nbits_triton.ROWS_FORM = "join"  # the rule as it was
             default = graph_us(call, calls=50, reps=5)
             ok = {c: t for c, t in times.items() if t == t}
             best = min(ok, key=ok.get)

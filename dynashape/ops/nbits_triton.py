@@ -60,20 +60,31 @@ def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points)
             and a.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
-ROWS_CONFIG: tuple[int, int, int] | tuple[int, int, int, int] | None = None  # the sweep's override of rows_config
-PREQUANT: bool | None = None  # the sweep's override of ``rows``' choice of the level-4 blocks made first
-ROWS_FORM = os.environ.get("DYNASHAPE_NBITS_ROWS_FORM", "pairs")  # 'pairs' (_nbits4_pairs) or 'join' (_nbits4_rows)
+ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_config
+PREQUANT: bool | None = None  # the sweep's override of ``prequant``
 
 
-def rows_config(n: int, k: int) -> tuple[int, int, int, int]:
-    """(outputs a program, K values a loop step, warps, loop steps a program: 0 for all of K) of the
-    rows kernel. Measured on an H200 over the layers of an 8-layer hidden-512 model, a 1B Llama and
-    TinyLlama's 1.1B, float32 A at level 4 and float16 A (benchmarks/nbits_rows_sweep.py,
-    results/nbits_rows_sweep_wide_h200_2026-11-30.json): 4 outputs a program (the most programs) over
-    up to 1,024 values of K a step (the most bytes in flight a program), 4 warps: 7% over each shape's
-    best tile in sum, 1.1-2.7x faster than 8 outputs over 256 values
-    (results/nbits_rows_sweep_h200_2026-11-30.json: which was 1.5-2.2x 16-32 over 128)."""
-    return 4, min(1024, triton.next_power_of_2(k)), 4, 0
+def rows_config(n: int, k: int) -> tuple[int, int, int]:
+    """(outputs a program, K values a loop step, warps) of the rows kernel. Measured on an H200 over
+    the layers of an 8-layer hidden-512 model, a 1B Llama and TinyLlama's 1.1B, float32 A at level 4
+    and float16 A (benchmarks/nbits_rows_sweep.py, results/nbits_rows_sweep_wide_h200_2026-11-30.json):
+    4 outputs a program (the most programs) over up to 1,024 values of K a step (the most bytes in
+    flight a program), 4 warps: 7% over each shape's best tile in sum, 1.1-2.7x faster than 8 outputs
+    over 256 values (results/nbits_rows_sweep_h200_2026-11-30.json: which was 1.5-2.2x 16-32 over 128).
+    Neither K split over programs (a second kernel adding the splits' sums) nor a byte's two weights
+    kept apart (no interleave into K's order) was faster at any of those shapes
+    (results/nbits_rows_split_h200_2026-11-30.json, results/nbits_rows_pairs_h200_2026-11-30.json)."""
+    return 4, min(1024, triton.next_power_of_2(k)), 4
+
+
+def prequant(n: int, k: int) -> bool:
+    """Whether A's level-4 blocks are made first by a kernel of their own rather than by each program
+    (every program of the rows kernel quantizes the whole of A's K for its 4 outputs). Measured on an
+    H200 (results/nbits_rows_split_h200_2026-11-30.json, the kernel's launch included): first from
+    8M weights (1.1B gate 12.0 -> 10.8 us, down 12.7 -> 11.9, a 32,000 x 2,048 LM head 55.7 -> 43.5),
+    in the kernel below (1.1B qkv 5.8 against 6.3 us, the 2,048 x 2,048 output projection 5.2
+    against 5.7, every layer of the hidden-512 model)."""
+    return PREQUANT if PREQUANT is not None else n * k >= 8 << 20
 
 
 def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
@@ -82,38 +93,22 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     each weight read once from its packed bytes, the sums in float32. The weight is rounded to A's
     type (as the dequantized copy in that type holds it) and, ``level4``, A to int8 blocks as
     block_quant._int8_blocks makes them (then to A's type): the op's other paths' values. ``out``
-    (the plan's buffer, contiguous): written in place, no copy after.
-
-    A program's loop over K waits on each step's loads before the next (latency, not bandwidth, bounds
-    a long K), so K may be split over programs (``rows_config``'s loop steps a program): each split
-    writes its float32 sums and a second kernel adds them in order (the same result on every run)."""
+    (the plan's buffer, contiguous): written in place, no copy after."""
     lead, x, m, nb, w, s, z = _operands(a, b, scales, zero_points, k, n, block_size)
     shape = (*lead, n)
     into = isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == a.dtype and out.is_contiguous()
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cfg = ROWS_CONFIG or rows_config(n, k)
-    block_n, block_k, warps = cfg[:3]
-    iters = cfg[3] if len(cfg) > 3 else 0
+    block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
     block_k = max(block_k, block_size)
-    steps = triton.cdiv(k, block_k)
-    splits = triton.cdiv(steps, iters) if 0 < iters < steps else 1
-    block_m = triton.next_power_of_2(m)
-    bias_arg = bias.reshape(-1) if bias is not None else s
     with on(a.device):
-        if level4 and PREQUANT:  # A's int8 blocks made once, not by every program
+        if level4 and prequant(n, k):
             x = _level4_rows(x, k, block_size)
             level4 = False
-        part = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-        kernel = _nbits4_pairs if ROWS_FORM == "pairs" else _nbits4_rows
-        kernel[(triton.cdiv(n, block_n), splits)](
-            x, w, s, z if z is not None else s, bias_arg, part, m, n, k, nb, x.stride(0), w.stride(0), s.stride(0),
-            z.stride(0) if z is not None else 0, y.stride(0), HAS_Z=z is not None, HAS_BIAS=bias is not None,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BS=block_size, LEVEL4=level4,
-            ITERS=steps if splits == 1 else iters, SPLIT=splits > 1, num_warps=warps)
-        if splits > 1:
-            block = min(1024, triton.next_power_of_2(n))
-            _sum_splits[(m, triton.cdiv(n, block))](part, bias_arg, y, m, n, splits, y.stride(0),
-                                                     HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+        _nbits4_rows[(triton.cdiv(n, block_n),)](
+            x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k, nb,
+            x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
+            HAS_Z=z is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
+            BLOCK_K=block_k, BS=block_size, LEVEL4=level4, num_warps=warps)
     return out if into else y.reshape(shape)
 
 
@@ -225,33 +220,16 @@ if triton is not None:
         xq = _level4_blocks(x.reshape(1, BLOCK_K), 1, BLOCK_K, BS).reshape(BLOCK_K)
         tl.store(XQ + row * sqm + kk, xq.to(XQ.dtype.element_ty), mask=kk < K)
 
-    @triton.jit(do_not_specialize=["M", "SPLITS", "sym"])
-    def _sum_splits(P, BIAS, Y, M, N, SPLITS, sym, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-        """Y[m, n] = the splits' float32 sums [SPLITS, M, N] added in order (+ bias), in Y's type."""
-        row = tl.program_id(0)
-        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        nmask = n < N
-        acc = tl.zeros([BLOCK], tl.float32)
-        for i in range(0, SPLITS):
-            acc += tl.load(P + (i * M + row) * N + n, mask=nmask, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)
-        tl.store(Y + row * sym + n, acc.to(Y.dtype.element_ty), mask=nmask)
-
     @triton.jit
     def _nbits4_rows(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, ITERS: tl.constexpr,
-                     SPLIT: tl.constexpr):
-        """Outputs of program_id(0) over loop steps [program_id(1) * ITERS, + ITERS) of K: into Y, or
-        (SPLIT) their float32 sums into Y as [splits, M, N] for _sum_splits."""
+                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         kk = tl.arange(0, BLOCK_K)
-        first = tl.program_id(1) * (ITERS * BLOCK_K)
-        for k0 in range(first, tl.minimum(first + ITERS * BLOCK_K, K), BLOCK_K):
+        for k0 in range(0, K, BLOCK_K):
             w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS)
             w = w.to(X.dtype.element_ty).to(tl.float32)
             x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
@@ -259,73 +237,6 @@ if triton is not None:
             if LEVEL4:
                 x = _level4_blocks(x, BLOCK_M, BLOCK_K, BS).to(X.dtype.element_ty).to(tl.float32)
             acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        if SPLIT:
-            tl.store(Y + (tl.program_id(1) * M + m[:, None]) * N + n[None, :], acc,
-                     mask=mmask[:, None] & nmask[None, :])
-        else:
-            if HAS_BIAS:
-                acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty),
-                     mask=mmask[:, None] & nmask[None, :])
-
-    @triton.jit
-    def _nbits4_pairs(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
-                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, ITERS: tl.constexpr,
-                      SPLIT: tl.constexpr):
-        """_nbits4_rows's values with each byte's two weights kept apart: the low nibbles times A's even
-        values of K, the high ones times its odd values (A's pairs split in registers), where the other
-        form interleaves the nibbles into K's order (a layout change through shared memory each step).
-        The weights are read as [outputs, blocks, bytes a block], the scales and zero points as
-        [outputs, blocks] broadcast over a block's bytes; one row sums its products elementwise over the
-        loop and reduces them once at its end."""
-        NBLK: tl.constexpr = BLOCK_K // BS
-        HB: tl.constexpr = BS // 2
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = tl.arange(0, BLOCK_M)
-        blk = tl.arange(0, NBLK)
-        j = tl.arange(0, HB)
-        two = tl.arange(0, 2)
-        nmask, mmask = n < N, m < M
-        if BLOCK_M == 1:
-            acc3 = tl.zeros([BLOCK_N, NBLK, HB], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        first = tl.program_id(1) * ITERS
-        for step in range(first, tl.minimum(first + ITERS, tl.cdiv(K, BLOCK_K))):
-            bi = step * NBLK + blk  # the loop step's blocks
-            bmask = nmask[:, None] & (bi[None, :] < NB)
-            packed = tl.load(W + n[:, None, None] * swn + bi[None, :, None] * HB + j[None, None, :],
-                             mask=bmask[:, :, None], other=0)
-            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
-            if HAS_Z:  # two 4-bit zero points a byte, the low nibble first
-                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
-                z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
-            else:
-                z = tl.full([BLOCK_N, NBLK], 8.0, tl.float32)
-            lo = (((packed & 15).to(tl.float32) - z[:, :, None]) * s[:, :, None]).to(X.dtype.element_ty).to(tl.float32)
-            hi = (((packed >> 4).to(tl.float32) - z[:, :, None]) * s[:, :, None]).to(X.dtype.element_ty).to(tl.float32)
-            kx = bi[None, :, None, None] * BS + j[None, None, :, None] * 2 + two[None, None, None, :]
-            x = tl.load(X + m[:, None, None, None] * sxm + kx, mask=mmask[:, None, None, None] & (kx < K),
-                        other=0.0).to(tl.float32)  # [BLOCK_M, NBLK, HB, 2]
-            if LEVEL4:  # per row and block: q = round(x * 127 / amax) half to even, x = q * (amax / 127)
-                amax = tl.max(tl.max(tl.abs(x), axis=3), axis=2)
-                inv = tl.where(amax != 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
-                scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-                q = (x * inv[:, :, None, None] + 12582912.0) - 12582912.0  # rint (see _level4_blocks)
-                x = (q * scale[:, :, None, None]).to(X.dtype.element_ty).to(tl.float32)
-            xe, xo = tl.split(x)  # [BLOCK_M, NBLK, HB]: A's values 2j and 2j + 1 of each block
-            if BLOCK_M == 1:
-                acc3 += lo * xe.reshape(NBLK, HB)[None, :, :] + hi * xo.reshape(NBLK, HB)[None, :, :]
-            else:
-                prod = lo[None, :, :, :] * xe[:, None, :, :] + hi[None, :, :, :] * xo[:, None, :, :]
-                acc += tl.sum(tl.sum(prod, axis=3), axis=2)
-        if BLOCK_M == 1:
-            acc += tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :]
-        if SPLIT:
-            tl.store(Y + (tl.program_id(1) * M + m[:, None]) * N + n[None, :], acc,
-                     mask=mmask[:, None] & nmask[None, :])
-        else:
-            if HAS_BIAS:
-                acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty),
-                     mask=mmask[:, None] & nmask[None, :])
+        if HAS_BIAS:
+            acc += tl.load(BIAS + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + m[:, None] * sym + n[None, :], acc.to(Y.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])

@@ -125,12 +125,11 @@ def test_a_decode_step_s_products_read_the_packed_weight():
     assert native.counters()["nbits_rows_cuda_calls"] >= before + 3
 
 
-@pytest.mark.parametrize("cfg, prequant", [((4, 256, 4, 1), False), ((8, 512, 4, 2), True), ((4, 1024, 4, 0), True)])
+@pytest.mark.parametrize("cfg, prequant", [((4, 256, 4), False), ((8, 512, 4), True), ((4, 1024, 4), True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_rows_kernel_split_over_k_or_with_a_s_blocks_made_first_keeps_its_values(cfg, prequant, dtype,
-                                                                                    monkeypatch):
-    # K split over programs (each split's float32 sums added in order by a second kernel) and A's level-4
-    # blocks made by a kernel of their own: the same values as the one-program form, bias and out included
+def test_the_rows_kernel_with_a_s_blocks_made_first_keeps_its_values(cfg, prequant, dtype, monkeypatch):
+    # A's level-4 blocks made by a kernel of their own: the values of the blocks made in the rows kernel,
+    # bias and out included
     monkeypatch.setattr(nbits_triton, "ROWS_CONFIG", cfg)
     monkeypatch.setattr(nbits_triton, "PREQUANT", prequant)
     rng = np.random.default_rng(11)
