@@ -32,7 +32,8 @@ SIZES = {"tiny": {}, "small": dict(vocab=32000, hidden=768, intermediate=2048, l
          "h256": dict(vocab=32000, hidden=256, intermediate=1024, layers=2, heads=4, kv_heads=2)}
 
 
-def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama") -> Path:
+def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama", ep: str = "cpu") -> Path:
+    """The builder's folder for ``ep``'s execution provider ('cpu'; 'cuda': its float16 CUDA graph, for the GPU)."""
     from benchmarks.real_models_specs import generator
     out = folder / "out"
     if (out / "genai_config.json").exists():
@@ -43,7 +44,7 @@ def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama")
     g.make_llama_checkpoint(folder / "hf", arch)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder / "hf"), "-o",
-                        str(out), "-p", precision, "-e", "cpu", "-c", str(folder / "cache")],
+                        str(out), "-p", precision, "-e", ep, "-c", str(folder / "cache")],
                        cwd=folder, env=env, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(r.stderr[-2000:])

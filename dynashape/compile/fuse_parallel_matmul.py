@@ -9,7 +9,10 @@ weights [out, in]) is such a product too. Linear nodes (a product with a bias, f
 So do 8-bit products of one quantized activation (fuse_dynamic_quant's QMatMulCentered after one
 DynQuantize, onnxruntime's MatMulIntegerToFloat): the weights side by side, their scales, zero
 points and biases as per-column vectors, which gives every result bit for bit (a tiny quantized
-BERT's three projections: one C call instead of three).
+BERT's three projections: one C call instead of three). So do onnxruntime's 4-bit MatMulNBits of one
+activation (the model builder's gate and up projections) with the same K, bits, block size and
+accuracy level: the packed weights, scales and zero points stacked along N, each output computed as
+before (a 1B decoder's step: one kernel instead of two per layer on the GPU, one C call on the CPU).
 """
 
 from __future__ import annotations
@@ -39,7 +42,25 @@ def _member(n: Node) -> tuple | None:
     q = _QUANT.get((n.op_type, n.domain))
     if q is not None:
         return _quant_member(n, *q)
+    if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+        return _nbits_member(n)
     return None
+
+
+def _nbits_member(n: Node) -> tuple | None:
+    """A MatMulNBits whose packed weight, scales and (uint8) zero points are constants, without g_idx
+    or bias: its kind holds the attributes that must agree (all but N)."""
+    b, scales, zp = _at(n, 1), _at(n, 2), _at(n, 3)
+    if any(_at(n, i) is not None for i in (4, 5)) or b is None or scales is None or not b.is_const \
+            or not scales.is_const or (zp is not None and (not zp.is_const or zp.const.dtype != torch.uint8)):
+        return None
+    a = n.attrs
+    if a.get("weight_prepacked") or any(k not in a for k in ("K", "N", "block_size")) \
+            or b.const.shape[0] != a["N"] or b.const.dim() != 3:
+        return None
+    kind = (f"MatMulNBits:{a['K']}:{a.get('bits', 4)}:{a['block_size']}:{a.get('accuracy_level', 0)}"
+            f":{'z' if zp is not None else ''}")
+    return (n.inputs[0],), kind, scales.const.dtype
 
 
 # 8-bit products of one activation by constant weights: (positions of the shared activation and its
@@ -89,7 +110,9 @@ def fuse_parallel_matmul(graph: Graph) -> Graph:
             groups.setdefault((tuple(id(v) for v in m[0]), m[1], m[2]), []).append(n)
     for (_, kind, _), nodes in groups.items():
         if len(nodes) > 1:
-            if ":" in kind:
+            if kind.startswith("MatMulNBits:"):
+                _merge_nbits(graph, nodes)
+            elif ":" in kind:
                 _merge_quant(graph, nodes)
             else:
                 _merge(graph, nodes, kind)
@@ -119,6 +142,26 @@ def _merge_quant(graph: Graph, nodes: list[Node]) -> None:
         ins.pop()
     merged = Node(first.op_type, first.domain, f"{first.name}_merged", ins, [], dict(first.attrs), first.opset)
     _replace_by_slices(graph, nodes, merged, [n.inputs[wi].const.shape[1] for n in nodes])
+
+
+def _merge_nbits(graph: Graph, nodes: list[Node]) -> None:
+    """One MatMulNBits by the packed weights [N, blocks, bytes], scales and zero points stacked along N
+    (each in its own layout, flat or not, as the first node's); each original result a Slice of it."""
+    first = nodes[0]
+    ns = [n.attrs["N"] for n in nodes]
+    ins = list(first.inputs[:4]) + [None] * (4 - len(first.inputs[:4]))
+    for i, what in ((1, "weight"), (2, "scales"), (3, "zero_points")):
+        if ins[i] is None:
+            continue
+        parts = [n.inputs[i].const.reshape(size, -1) for n, size in zip(nodes, ns)]
+        stacked = torch.cat(parts, 0).reshape(sum(ns), *first.inputs[i].const.shape[1:]) \
+            if first.inputs[i].const.dim() > 1 else torch.cat(parts, 0).reshape(-1)
+        ins[i] = add_const(graph, f"{first.name}_merged_{what}", first.inputs[i], stacked.contiguous())
+    while ins and ins[-1] is None:
+        ins.pop()
+    merged = Node(first.op_type, first.domain, f"{first.name}_merged", ins, [], {**first.attrs, "N": sum(ns)},
+                  first.opset)
+    _replace_by_slices(graph, nodes, merged, ns)
 
 
 def _merge(graph: Graph, nodes: list[Node], kind: str) -> None:
