@@ -89,7 +89,8 @@ def main() -> None:
     written = {} if dev == "cuda" else {"gqa_as_concat": True, "decode_graphs": "on"}
     data = {**(gpu_header() if dev == "cuda" else {"device": "cpu"}), "steps": args.steps, "models": {}}
     for folder in args.folders:
-        name = os.path.basename(os.path.normpath(folder))
+        path = os.path.normpath(folder)  # the builder writes into .../NAME/out: NAME names it
+        name = os.path.basename(os.path.dirname(path)) if os.path.basename(path) == "out" else os.path.basename(path)
         rows, tokens = {}, {}
         nbytes = weight_bytes(folder)
         variants = (("written out (default)", written), ("op kept", {"gqa_as_concat": False}))

@@ -1229,7 +1229,9 @@ AREAS = [
          [("generate_builder_dequant_h200_*.json", None), ("generate_builder_rows_off_h200_*.json", None),
           ("generate_builder_rows_h200_*.json", None), ("generate_builder_into_h200_*.json", None),
           ("generate_builder_final_h200_*.json", None), ("generate_builder_norms_h200_*.json", None),
-          ("generate_builder_norms_dot_h200_*.json", None)],
+          ("generate_builder_norms_dot_h200_*.json", None), ("generate_builder_form_join_h200_*.json", None),
+          ("generate_builder_form_pairs_h200_*.json", None), ("generate_builder_merged_h200_*.json", None),
+          ("generate_builder_cuda_ep_h200_*.json", None)],
          ["model", "dynashape.generate with", "tokens/s", "median step ms", "slowest / median step",
           "x the op kept", "fraction of bandwidth limit", "tokens equal (to the written-out run's)", "run"],
          generate_builder,
@@ -1246,14 +1248,25 @@ AREAS = [
          "(the kernel writing the plan's buffer, no copy after), *final* (its tile from the sweep below), *norms* (the "
          "Skip norms as one Triton kernel each, add_layer_norm.skip_norm, where the torch form took four) and *norms "
          "dot* (and the decode attention's 8 query rows a KV head as a dot rather than sums: kv_attention.SMALL_ROWS "
-         "4, now the default), the op kept not run in the last two. The op "
+         "4, now the default), the op kept not run in the last two. A later session (one lease each, "
+         "2026-11-30): *form join* and *form pairs* (the rows kernel as it was, and a form keeping a byte's two "
+         "weights apart, "
+         "DYNASHAPE_NBITS_ROWS_FORM at the time: 1.869 against 2.245 ms a step, the pairs form removed after), "
+         "*merged* (a later lease: the gate and up products of a layer merged into one MatMulNBits, "
+         "compile/fuse_parallel_matmul.py, and A's level-4 blocks made first from 8M weights, nbits_triton.prequant: "
+         "1.869 -> 1.782 ms), *cuda ep* (the builder's `-e cuda` folders of the tiny configuration, float16 "
+         "activations: `-p fp16`, its products float16 MatMuls, and `-p int4`, MatMulNBits over float16 A; beside "
+         "the CPU folder in the same run; their weights are under 1 MB, so no bandwidth fraction; the run keyed both "
+         "folders by their basename, so the fp16 folder's row is from the run's log: written out 3,237 tokens/s, "
+         "0.219 ms a step, op kept 269, tokens equal, logits within 4.9e-4, argmax equal at 50/50 clear steps). The op "
          "kept's times moved between leases (4.4-6.1 ms a step for the tiny model). *Fraction of bandwidth limit*: "
          "the weights a step reads (all initializers but the token embedding's table) at 4.8 TB/s over the median "
          "step. Tokens: int4 with int8 activations turns a last-bit difference into another quantized value now and "
          "then, so the two paths' tokens part at near-ties; fed the op path's tokens, the written-out path's argmax "
          "equals its wherever its top two logits differ by more than 1e-2 (*forced*)."),
     Area("GPU: MatMulNBits' rows kernel, its tiles", "nbits_rows_sweep.py",
-         [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None)],
+         [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None),
+          ("nbits_rows_split_h200_*.json", None), ("nbits_rows_pairs_h200_*.json", None)],
          ["layer", "K x N", "rule us", "best us", "best tile (outputs x K a step x warps)", "GB/s of packed weight",
           "run"], nbits_rows_sweep,
          "One row of A times a 4-bit packed weight (blocks of 32, packed zero points), 50 launches in a CUDA graph; "
@@ -1261,7 +1274,17 @@ AREAS = [
          "code chose at the time of the run (first file: 16-32 outputs over 128 values; second file: 8 outputs "
          "over 256 values, the first sweep's best). The rule now: 4 outputs a program over up to 1,024 values, 4 "
          "warps (7% over the second sweep's per-shape best, in sum). Even so the kernel reads 0.1-1 TB/s of the "
-         "H200's 4.8: a program's K loop is latency-bound; a split K is the next step."),
+         "H200's 4.8. Two later sweeps (2026-11-30, float32 A at level 4, the tile written outputs x K a step x "
+         "warps x loop steps a program x A's blocks made first x form): *split* (K split over programs, the "
+         "splits' sums "
+         "added in order by a second kernel; loop steps a program 1, 2 or all: no gain at any shape, so the K loop "
+         "is not what bounds it; A's blocks made first by a kernel of their own: faster from 8M weights, 1.1B gate "
+         "12.0 -> 10.8 us, down 12.7 -> 11.9, the LM head 55.7 -> 43.5, slower below: now the rule, "
+         "nbits_triton.prequant) and *pairs* (each byte's two weights kept apart against A's even and odd values, "
+         "no interleave into K's order, products summed elementwise over the loop: 9.2-42 us against the rule's "
+         "12.0-55.6 at its best tiles, but slower in the 1.1B's step, 2.245 against 1.869 ms: removed). The split "
+         "and pairs forms' code is gone; the sweep keeps --prequant. What bounds the kernel at 0.4-0.8 TB/s is "
+         "still open: neither the loop's latency nor the nibbles' interleave."),
     Area("GPU: a decode step's kernels", "decode_kernels.py",
          [("decode_kernels_float32_b1_h200_*.json", None), ("decode_kernels_bfloat16_b1_h200_*.json", None),
           ("decode_kernels_float32_b16_h200_*.json", None), ("decode_kernels_builder_mid_h200_*.json", None),
