@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [even|cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
+  even)  # the rows kernel's whole tiles loaded without masks: its CUDA tests, the sweep (the rule masked and not), the
+         # TinyLlama-1.1B-shaped folder (carry .cache/builder_1b_skeleton)
+    DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py
+    T=200 run python benchmarks/nbits_rows_sweep.py --prequant --json "$OUT/nbits_rows_even.json" | grep -v "^  ("
+    T=100 run python benchmarks/builder_skeleton.py fill .cache/builder_1b_skeleton
+    T=100 run python benchmarks/generate_builder_gpu.py .cache/builder_1b_skeleton --only-default --steps 200 \
+      --json "$OUT/generate_builder_even.json" ;;
   cuda_ep)  # the builder's CUDA folders (-e cuda: float16, and int4 with float16 A) against its CPU one, the op written
             # out and kept; then the TinyLlama-1.1B-shaped folder with its gate and up products merged
             # (fuse_parallel_matmul) and A's level-4 blocks made first from 8M weights. Carry .cache/genai_tiny_int4,

@@ -62,6 +62,7 @@ def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points)
 
 ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_config
 PREQUANT: bool | None = None  # the sweep's override of ``prequant``
+EVEN: bool | None = None  # False: the sweep's masked loads everywhere (the form before whole tiles went unmasked)
 
 
 def rows_config(n: int, k: int) -> tuple[int, int, int]:
@@ -100,6 +101,14 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
     block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
     block_k = max(block_k, block_size)
+    even = False
+    if EVEN is not False and n % block_n == 0 and nb * block_size == k:
+        # the widest tile of K up to block_k that divides it: loads without masks
+        fit = block_k
+        while fit > block_size and k % fit:
+            fit //= 2
+        if k % fit == 0:
+            block_k, even = fit, True
     with on(a.device):
         if level4 and prequant(n, k):
             x = _level4_rows(x, k, block_size)
@@ -108,7 +117,7 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
             x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k, nb,
             x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
             HAS_Z=z is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
-            BLOCK_K=block_k, BS=block_size, LEVEL4=level4, num_warps=warps)
+            BLOCK_K=block_k, BS=block_size, LEVEL4=level4, EVEN=even, num_warps=warps)
     return out if into else y.reshape(shape)
 
 
@@ -157,21 +166,31 @@ def matmul(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: 
 if triton is not None:
     @triton.jit
     def _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z: tl.constexpr, Z_PACKED: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr):
-        """Outputs ``n``'s weights at values k0 .. k0 + BLOCK_K of K, float32: (q - zero point) * scale."""
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr, EVEN: tl.constexpr = False):
+        """Outputs ``n``'s weights at values k0 .. k0 + BLOCK_K of K, float32: (q - zero point) * scale.
+        EVEN: every output and value of the tile exists (N and K whole tiles): loads without masks,
+        which the compiler can widen to vectors (a mask on a runtime bound keeps them a byte each)."""
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(W + n[:, None] * swn + kb[None, :], mask=nmask[:, None] & (kb[None, :] < NB * BS // 2),
-                         other=0)
-        q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
         bi = k0 // BS + tl.arange(0, BLOCK_K // BS)
-        bmask = nmask[:, None] & (bi[None, :] < NB)
-        s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+        zi = bi // 2 if Z_PACKED else bi  # two 4-bit zero points a byte, the low nibble first; or one a block
+        if EVEN:
+            packed = tl.load(W + n[:, None] * swn + kb[None, :])
+            s = tl.load(S + n[:, None] * ssn + bi[None, :]).to(tl.float32)
+            if HAS_Z:
+                zb = tl.load(Z + n[:, None] * szn + zi[None, :])
+        else:
+            packed = tl.load(W + n[:, None] * swn + kb[None, :],
+                             mask=nmask[:, None] & (kb[None, :] < NB * BS // 2), other=0)
+            bmask = nmask[:, None] & (bi[None, :] < NB)
+            s = tl.load(S + n[:, None] * ssn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+            if HAS_Z:
+                zb = tl.load(Z + n[:, None] * szn + zi[None, :], mask=bmask, other=0)
+        q = tl.join(packed & 15, packed >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.float32)  # value k0 + j
         if HAS_Z:
-            if Z_PACKED:  # two 4-bit zero points a byte, the low nibble first
-                zb = tl.load(Z + n[:, None] * szn + bi[None, :] // 2, mask=bmask, other=0)
+            if Z_PACKED:
                 z = ((zb >> ((bi[None, :] % 2) * 4)) & 15).to(tl.float32)
             else:
-                z = tl.load(Z + n[:, None] * szn + bi[None, :], mask=bmask, other=0.0).to(tl.float32)
+                z = zb.to(tl.float32)
         else:
             z = tl.full([BLOCK_N, BLOCK_K // BS], 8.0, tl.float32)
         return ((q.reshape(BLOCK_N, BLOCK_K // BS, BS) - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
@@ -223,17 +242,21 @@ if triton is not None:
     @triton.jit
     def _nbits4_rows(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr):
+                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, EVEN: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS)
+            w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS, EVEN)
             w = w.to(X.dtype.element_ty).to(tl.float32)
-            x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & ((k0 + kk)[None, :] < K),
-                        other=0.0).to(tl.float32)
+            if EVEN:  # the rows' mask only: constant along K
+                x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None], other=0.0)
+            else:
+                x = tl.load(X + m[:, None] * sxm + (k0 + kk)[None, :],
+                            mask=mmask[:, None] & ((k0 + kk)[None, :] < K), other=0.0)
+            x = x.to(tl.float32)
             if LEVEL4:
                 x = _level4_blocks(x, BLOCK_M, BLOCK_K, BS).to(X.dtype.element_ty).to(tl.float32)
             acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
