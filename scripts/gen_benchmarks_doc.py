@@ -1231,7 +1231,7 @@ AREAS = [
           ("generate_builder_final_h200_*.json", None), ("generate_builder_norms_h200_*.json", None),
           ("generate_builder_norms_dot_h200_*.json", None), ("generate_builder_form_join_h200_*.json", None),
           ("generate_builder_form_pairs_h200_*.json", None), ("generate_builder_merged_h200_*.json", None),
-          ("generate_builder_cuda_ep_h200_*.json", None)],
+          ("generate_builder_cuda_ep_h200_*.json", None), ("generate_builder_even_h200_*.json", None)],
          ["model", "dynashape.generate with", "tokens/s", "median step ms", "slowest / median step",
           "x the op kept", "fraction of bandwidth limit", "tokens equal (to the written-out run's)", "run"],
          generate_builder,
@@ -1254,7 +1254,9 @@ AREAS = [
          "DYNASHAPE_NBITS_ROWS_FORM at the time: 1.869 against 2.245 ms a step, the pairs form removed after), "
          "*merged* (a later lease: the gate and up products of a layer merged into one MatMulNBits, "
          "compile/fuse_parallel_matmul.py, and A's level-4 blocks made first from 8M weights, nbits_triton.prequant: "
-         "1.869 -> 1.782 ms), *cuda ep* (the builder's `-e cuda` folders of the tiny configuration, float16 "
+         "1.869 -> 1.782 ms), *even* (a later lease: and the rows kernel's whole tiles loaded without masks, K's tile "
+         "then narrowed to one dividing K, which the sweep below found slower where it narrowed and is no longer "
+         "done: 1.705 ms), *cuda ep* (the builder's `-e cuda` folders of the tiny configuration, float16 "
          "activations: `-p fp16`, its products float16 MatMuls, and `-p int4`, MatMulNBits over float16 A; beside "
          "the CPU folder in the same run; their weights are under 1 MB, so no bandwidth fraction; the run keyed both "
          "folders by their basename, so the fp16 folder's row is from the run's log: written out 3,237 tokens/s, "
@@ -1266,7 +1268,8 @@ AREAS = [
          "equals its wherever its top two logits differ by more than 1e-2 (*forced*)."),
     Area("GPU: MatMulNBits' rows kernel, its tiles", "nbits_rows_sweep.py",
          [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None),
-          ("nbits_rows_split_h200_*.json", None), ("nbits_rows_pairs_h200_*.json", None)],
+          ("nbits_rows_split_h200_*.json", None), ("nbits_rows_pairs_h200_*.json", None),
+          ("nbits_rows_even_h200_*.json", None)],
          ["layer", "K x N", "rule us", "best us", "best tile (outputs x K a step x warps)", "GB/s of packed weight",
           "run"], nbits_rows_sweep,
          "One row of A times a 4-bit packed weight (blocks of 32, packed zero points), 50 launches in a CUDA graph; "
@@ -1283,8 +1286,12 @@ AREAS = [
          "nbits_triton.prequant) and *pairs* (each byte's two weights kept apart against A's even and odd values, "
          "no interleave into K's order, products summed elementwise over the loop: 9.2-42 us against the rule's "
          "12.0-55.6 at its best tiles, but slower in the 1.1B's step, 2.245 against 1.869 ms: removed). The split "
-         "and pairs forms' code is gone; the sweep keeps --prequant. What bounds the kernel at 0.4-0.8 TB/s is "
-         "still open: neither the loop's latency nor the nibbles' interleave."),
+         "and pairs forms' code is gone; the sweep keeps --prequant. *even* (a third sweep): whole tiles loaded "
+         "without masks (a mask on a runtime bound can keep loads a byte each) against the rule masked (the "
+         "file's masked_us): "
+         "0-8% faster where the tile divides K (the LM head 45.9 -> 42.2 us), slower where K's tile was narrowed to "
+         "divide it (K 1,408: 7.4 us at 128 values against 3.6 at 512), so the rule no longer narrows. What bounds "
+         "the kernel at 0.4-0.8 TB/s is still open: not the loop's latency, the nibbles' interleave or the masks."),
     Area("GPU: a decode step's kernels", "decode_kernels.py",
          [("decode_kernels_float32_b1_h200_*.json", None), ("decode_kernels_bfloat16_b1_h200_*.json", None),
           ("decode_kernels_float32_b16_h200_*.json", None), ("decode_kernels_builder_mid_h200_*.json", None),

@@ -101,14 +101,11 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
     block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
     block_k = max(block_k, block_size)
-    even = False
-    if EVEN is not False and n % block_n == 0 and nb * block_size == k:
-        # the widest tile of K up to block_k that divides it: loads without masks
-        fit = block_k
-        while fit > block_size and k % fit:
-            fit //= 2
-        if k % fit == 0:
-            block_k, even = fit, True
+    # whole tiles of N and K: loads without masks. Not by narrowing K's tile to one that divides K: measured
+    # slower where it narrowed (an H200, results/nbits_rows_even_h200_2026-11-30.json: K 1,408 at 128 values
+    # a step 7.4 us against 3.6 masked at 512, K 5,632 at 512 13.2 against 11.9 at 1,024); where the tile
+    # divides K as it is, 0-8% faster (a 32,000 x 2,048 LM head 45.9 -> 42.2 us, the 1.1B gate 10.8 -> 10.4)
+    even = EVEN is not False and n % block_n == 0 and nb * block_size == k and k % block_k == 0
     with on(a.device):
         if level4 and prequant(n, k):
             x = _level4_rows(x, k, block_size)
