@@ -94,38 +94,58 @@ def quantize_a(a: torch.Tensor, k_blocks: int) -> tuple[torch.Tensor, torch.Tens
 
 class PackedB:
     """The weight as the kernel reads it, built once per weight: raw 4-bit values (with AVX-512
-    VNNI: packed two a byte in the lanes' order, the C kernel's ``lanes``), the scales, and the
+    VNNI: packed two a byte in the lanes' order, 16 outputs side by side: ``cols``), the scales, and the
     block sums' factor -(zero point * scale). The torch path's float operands are made when it
     first runs (four bytes a value: never where the C kernel serves)."""
 
     def __init__(self, raw: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> None:
         n, nb, _ = raw.shape  # raw: (N, blocks, 32) values 0..15
         self.n, self.nb, self.groups = n, nb, nb // GROUP
-        self.scale = scales.to(torch.float32).reshape(n, nb).contiguous()
+        self._scale = scales.to(torch.float32).reshape(n, nb).contiguous()
         self.zp = None if zero_points is None else zero_points.to(torch.float32).reshape(n, nb)
         self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
-        self.lanes = self.tail = self.bsum_t = self.call = None
+        self.cols = self.tcols = self.scale_t = self.bsum_t = self.call = None
         self._torch: tuple | None = None
         self._bsum: torch.Tensor | None = None
         pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
         has = native.function("nbits_int8", "nbits_int8_has_lanes", "", ctypes.c_int)
-        if pack is not None and has is not None and has():
-            self.lanes = torch.empty(n, self.groups, 64, dtype=torch.uint8)
-            pack(n, nb, self.raw.data_ptr(), self.lanes.data_ptr())
-            self.tail = self.raw[:, self.groups * GROUP * BLOCK:].contiguous()
-            # zero points of 8 (none given): the kernel makes the factors from the scales
-            self.bsum_t = None if zero_points is None else self.bsum.t().contiguous()
-            self.raw = None  # the lanes and the tail hold every value
-            call = native.function("nbits_int8", "nbits_int8_gemm_lanes", "iippppiippp", ctypes.c_int)
+        call = native.function("nbits_int8", "nbits_int8_gemm_cols", "iiippppiippp", ctypes.c_int)
+        if pack is not None and has is not None and has() and call is not None:
+            self._pack_cols(pack, zero_points is not None)
             # the weight's arguments bound once: a decode step makes ~60 of these calls
-            self.call = None if call is None else functools.partial(
-                call, n, nb, self.lanes.data_ptr(), self.tail.data_ptr(), self.scale.data_ptr(),
-                0 if self.bsum_t is None else self.bsum_t.data_ptr())
+            self.call = functools.partial(call, n, self.n_pad, nb, self.cols.data_ptr(), self.tcols.data_ptr(),
+                                          self.scale_t.data_ptr(), 0 if self.bsum_t is None else self.bsum_t.data_ptr())
         else:
             self._bsum = self.bsum
         self.nbytes = sum(t.numel() * t.element_size() for t in
-                          (self.scale, self.zp, self._bsum, self.raw, self.lanes, self.tail, self.bsum_t)
+                          (self._scale, self.zp, self._bsum, self.raw, self.cols, self.tcols, self.scale_t, self.bsum_t)
                           if t is not None)
+
+    def _pack_cols(self, pack, zero_points: bool) -> None:
+        """The C kernel's operands (nbits_int8_gemm_cols): the lanes of 16 outputs side by side, N
+        padded to 16 with zero weights, the scales and the block sums' factors block-major (none for
+        zero points of 8: the kernel makes them from the scales). The raw values are dropped: the
+        columns hold every value (``values``)."""
+        n, nb, g = self.n, self.nb, self.groups
+        self.n_pad = -(-n // 16) * 16
+        chunks, rest = self.n_pad // 16, nb - g * GROUP
+        lanes = torch.zeros(self.n_pad, g, 64, dtype=torch.uint8)
+        pack(n, nb, self.raw.data_ptr(), lanes.data_ptr())
+        self.cols = lanes.view(chunks, 16, g, 16, 4).permute(0, 2, 3, 1, 4).contiguous()  # (c, g, lane, out, 4)
+        tail = torch.zeros(self.n_pad, rest * BLOCK, dtype=torch.uint8)
+        tail[:n] = self.raw[:, g * GROUP * BLOCK:]
+        self.tcols = tail.view(chunks, 16, rest, 8, 4).permute(0, 2, 3, 1, 4).contiguous()  # (c, r, lane, out, 4)
+        self.scale_t = torch.zeros(nb, self.n_pad)
+        self.scale_t[:, :n] = self._scale.t()
+        if zero_points:
+            self.bsum_t = torch.zeros(nb, self.n_pad)
+            self.bsum_t[:, :n] = self.bsum.t()
+        self.raw = self._scale = None  # the columns and scale_t hold them
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """(N, blocks) the block scales."""
+        return self._scale if self._scale is not None else self.scale_t[:, :self.n].t()
 
     @property
     def bsum(self) -> torch.Tensor:
@@ -140,13 +160,14 @@ class PackedB:
         """(N, blocks * 32) the raw values 0..15, one a byte."""
         if self.raw is not None:
             return self.raw
-        n, g = self.n, self.groups
-        lanes = self.lanes.reshape(n, g, 64)
+        n, g, npad = self.n, self.groups, self.n_pad
+        lanes = self.cols.permute(0, 3, 1, 2, 4).reshape(npad, g, 64)[:n]
+        tail = self.tcols.permute(0, 3, 1, 2, 4).reshape(npad, -1)[:n]
         vals = torch.empty(n, g, GROUP * BLOCK, dtype=torch.uint8)
         first, last = _ORDER.reshape(16, 2, 4)[:, 0].reshape(-1), _ORDER.reshape(16, 2, 4)[:, 1].reshape(-1)
         vals[:, :, first] = lanes & 15
         vals[:, :, last] = lanes >> 4
-        return torch.cat([vals.reshape(n, -1), self.tail], 1)
+        return torch.cat([vals.reshape(n, -1), tail], 1)
 
     def torch_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(groups, 16, 8, N) and (rest, 8, 4, N) float32: right operands of the lane matmuls."""

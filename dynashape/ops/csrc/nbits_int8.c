@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define BLK 32
 
@@ -150,21 +151,46 @@ void nbits_int8_pack_lanes(int64_t n_count, int64_t nb, const uint8_t* raw, uint
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#ifndef PF
-#define PF 16
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
-#endif
 
-/* y as nbits_int8_gemm computes it. tail (N, (nb % 4) * 32): the blocks after the last group, one
- * value a byte; bsum_t (nb, N): the block sums' factors, block-major, or NULL where every zero
- * point is 8: the factor -(8 * scale) is then exact and made from the scales (a quarter less to
- * read: a decode step's products are bound by memory). The weight's arguments come first: Python
- * binds them once a weight (PackedB.call). */
-int nbits_int8_gemm_lanes(int64_t n_count, int64_t nb, const uint8_t* lanes, const uint8_t* tail,
-                          const float* bscale, const float* bsum_t, int64_t k, int64_t m_count, const float* a,
-                          const float* bias, float* y) {
+/* 4 int8 values as one int (a lane's 4 values of A, broadcast to every output's lane) */
+static inline int32_t load4(const int8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* One row of A quantized (quantize_row), and its values of each group of 4 blocks in the lanes' order
+ * (ql, 128 a group): lane j's 4 values for the low nibbles at 4j, for the high ones at 64 + 4j. */
+static void quantize_and_order(const float* a, int64_t k, int64_t nb, int64_t groups, int8_t* q, int8_t* ql,
+                               float* scale, float* asum) {
+    quantize_row(a, k, nb, q, scale, asum);
+    for (int64_t g = 0; g < groups; g++) {
+        int8_t* o = ql + g * 128;
+        for (int j = 0; j < 16; j++) {
+            int64_t b = 4 * g + lane_block(j);
+            for (int t = 0; t < 4; t++) {
+                o[4 * j + t] = q[b * BLK + lane_pos(j, t)];
+                o[64 + 4 * j + t] = q[b * BLK + lane_pos(j, t + 4)];
+            }
+        }
+    }
+}
+
+/* y as nbits_int8_gemm computes it (MLAS's VNNI kernel's lanes: lane j of a group of 4 blocks sums the
+ * positions lane_pos gives, low nibbles against A's first 4 of them, high against the next 4), each
+ * lane's arithmetic as there, with 16 outputs side by side in a vector (where a kernel holding one
+ * output's 16 lanes a vector, measured 4x slower than onnxruntime on a 32,000 x 256 LM head, had to
+ * transpose its lanes through memory and gather the scales by output): the weights read as
+ * cols (chunks of 16 outputs, groups, 16 lanes, 16 outputs, 4 bytes: the lanes' bytes of 16 outputs
+ * together) and tcols (chunks, rest, 8 lanes, 16 outputs, 4 bytes: the blocks after the last group,
+ * one value a byte), A's 4 bytes of a lane broadcast to all 16. The scales and the block sums'
+ * factors as (nb, n_pad) block-major (bsum_t NULL: every zero point 8, the factors -8 * scale). The
+ * lanes' halves, the folds (MLAS's order for the columns in groups of 4, its one-column order for the
+ * N % 4 left), the bias and the block sums are then the same operations on vectors of outputs, where
+ * computed for 16 outputs at once. */
+int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8_t* cols, const uint8_t* tcols,
+                         const float* scale_t, const float* bsum_t, int64_t k, int64_t m_count, const float* a,
+                         const float* bias, float* y) {
     int64_t groups = nb / 4, rest = nb - 4 * groups;
     int8_t* q = malloc((size_t)(m_count * nb * BLK));
     int8_t* ql = malloc((size_t)(m_count * groups * 128 + 64));
@@ -176,130 +202,68 @@ int nbits_int8_gemm_lanes(int64_t n_count, int64_t nb, const uint8_t* lanes, con
         return -1;
     }
     float* asum = sa + m_count * nb;
-    for (int64_t m = 0; m < m_count; m++) {
-        const int8_t* x = q + m * nb * BLK;
-        quantize_row(a + m * k, k, nb, q + m * nb * BLK, sa + m * nb, asum + m * nb);
-        for (int64_t g = 0; g < groups; g++) {
-            int8_t* o = ql + (m * groups + g) * 128;
-            for (int j = 0; j < 16; j++) {
-                int64_t b = 4 * g + lane_block(j);
-                for (int t = 0; t < 4; t++) {
-                    o[4 * j + t] = x[b * BLK + lane_pos(j, t)];
-                    o[64 + 4 * j + t] = x[b * BLK + lane_pos(j, t + 4)];
-                }
-            }
-        }
-    }
-    const __m512i lane_blk = _mm512_set_epi32(3, 3, 1, 1, 3, 3, 1, 1, 2, 2, 0, 0, 2, 2, 0, 0);
-    const __m512i nib = _mm512_set1_epi8(15);
-    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(8));
-    /* scale_a of each lane's block, per row and group: the same for every output */
-    float* sa16 = aligned_alloc(64, sizeof(float) * (size_t)(m_count * groups * 16 + 16));
-    if (!sa16) {
-        free(q);
-        free(ql);
-        free(sa);
-        return -1;
-    }
     for (int64_t m = 0; m < m_count; m++)
-        for (int64_t g = 0; g < groups; g++)
-            _mm512_store_ps(sa16 + (m * groups + g) * 16,
-                            _mm512_permutexvar_ps(lane_blk, _mm512_castps128_ps512(_mm_loadu_ps(sa + m * nb + 4 * g))));
-    int64_t chunks = (n_count + 15) / 16, n_full = n_count - n_count % 4;
+        quantize_and_order(a + m * k, k, nb, groups, q + m * nb * BLK, ql + m * groups * 128, sa + m * nb,
+                           asum + m * nb);
+    int64_t chunks = n_pad / 16, n_full = n_count - n_count % 4;
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512 minus8 = _mm512_set1_ps(-8.0f);
+    const __m512i lane16 = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #pragma omp parallel for schedule(static) if (m_count * n_count * k >= (1 << 18))
     for (int64_t c = 0; c < chunks; c++) {
-        int64_t n0 = 16 * c, cnt = n_count - n0 < 16 ? n_count - n0 : 16;
+        int64_t n0 = 16 * c;
+        __m512i idx = _mm512_add_epi32(lane16, _mm512_set1_epi32((int)n0));
+        __mmask16 live = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32((int)n_count));
+        __mmask16 full = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32((int)n_full));
         for (int64_t m = 0; m < m_count; m++) {
-            const float* s_a = sa + m * nb;
-            const float* s16 = sa16 + m * groups * 16;
-            const int8_t* xl = ql + m * groups * 128;
             const int8_t* x = q + m * nb * BLK;
-            float acc8[16][8], out[16];
-            /* four outputs at a time: four independent chains of fused multiply-adds */
-            for (int64_t i0 = 0; i0 < cnt; i0 += 4) {
-                int u = cnt - i0 < 4 ? (int)(cnt - i0) : 4;
-                __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                for (int64_t g = 0; g < groups; g++) {
-                    __m512i x1 = _mm512_loadu_si512((const void*)(xl + g * 128));
-                    __m512i x2 = _mm512_loadu_si512((const void*)(xl + g * 128 + 64));
-                    __m512 sag = _mm512_load_ps(s16 + g * 16);
-#pragma GCC unroll 4
-                    for (int v = 0; v < 4; v++) {
-                        if (v >= u) break;
-                        int64_t n = n0 + i0 + v;
-                        __m512i packed = _mm512_loadu_si512((const void*)(lanes + (n * groups + g) * 64));
-                        /* the weights stream from memory once a step: ask for them PF outputs ahead */
-                        _mm_prefetch((const char*)(lanes + ((n + PF) * groups + g) * 64), PF_HINT);
-                        if (g < (nb + 15) / 16)  /* the scales: a cache line for every 16 blocks */
-                            _mm_prefetch((const char*)(bscale + (n + PF) * nb + 16 * g), _MM_HINT_T0);
-                        __m512i lo = _mm512_and_si512(packed, nib);
-                        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
-                        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x1);
-                        d = _mm512_dpbusd_epi32(d, hi, x2);
-                        __m512 s4b = _mm512_castps128_ps512(_mm_loadu_ps(bscale + n * nb + 4 * g));
-                        __m512 s = _mm512_mul_ps(sag, _mm512_permutexvar_ps(lane_blk, s4b));
-                        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[v]);
-                    }
-                }
-                for (int v = 0; v < u; v++)
-                    _mm256_storeu_ps(acc8[i0 + v], _mm256_add_ps(_mm512_castps512_ps256(acc[v]),
-                                                                  _mm512_extractf32x8_ps(acc[v], 1)));
-            }
-            for (int64_t i = 0; i < cnt && rest; i++) {  /* the blocks after the last group */
-                int64_t n = n0 + i;
-                const uint8_t* wt = tail + n * rest * BLK;
-                for (int64_t r = 0; r < rest; r++) {
-                    int64_t b = 4 * groups + r;
-                    float s = s_a[b] * bscale[n * nb + b];
-                    for (int l = 0; l < 8; l++) {
-                        int32_t dd = 0;
-                        for (int t = 0; t < 4; t++)
-                            dd += (int32_t)x[b * BLK + 4 * l + t] * (int32_t)wt[r * BLK + 4 * l + t];
-                        acc8[i][l] = fmaf((float)dd, s, acc8[i][l]);
-                    }
+            const int8_t* xl = ql + m * groups * 128;
+            const float* s_a = sa + m * nb;
+            __m512 acc[16];
+            for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t* w = cols + (c * groups + g) * 1024;
+                _mm_prefetch((const char*)(w + 1024 * groups), _MM_HINT_T0);  /* the next chunk's group */
+#pragma GCC unroll 16
+                for (int l = 0; l < 16; l++) {
+                    int64_t b = 4 * g + lane_block(l);
+                    __m512i packed = _mm512_loadu_si512((const void*)(w + 64 * l));
+                    __m512i lo = _mm512_and_si512(packed, nib);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_set1_epi32(load4(xl + 128 * g + 4 * l)));
+                    d = _mm512_dpbusd_epi32(d, hi, _mm512_set1_epi32(load4(xl + 128 * g + 64 + 4 * l)));
+                    __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                    acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[l]);
                 }
             }
+            __m512 a8[8];
+            for (int l = 0; l < 8; l++) a8[l] = _mm512_add_ps(acc[l], acc[l + 8]);
+            for (int64_t r = 0; r < rest; r++) {  /* the blocks after the last group */
+                int64_t b = 4 * groups + r;
+                __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                const uint8_t* w = tcols + (c * rest + r) * 512;
+                for (int l = 0; l < 8; l++) {
+                    __m512i dd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void*)(w + 64 * l)),
+                                                     _mm512_set1_epi32(load4(x + b * BLK + 4 * l)));
+                    a8[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dd), s, a8[l]);
+                }
+            }
+            __m512 by4 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8[0], a8[1]), a8[2]), a8[3]),
+                                       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8[4], a8[5]), a8[6]), a8[7]));
+            __m512 by1 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
+                                       _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
+            __m512 o = _mm512_mask_blend_ps(full, by1, by4);
+            if (bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(live, bias + n0));
             const float* as = asum + m * nb;
-            float* yr = y + m * n_count + n0;
-            if (cnt == 16 && n0 + 16 <= n_full) {  /* the folds, 16 outputs at a time, in the scalar order */
-                const float* base = &acc8[0][0];
-                __m512 a0 = _mm512_i32gather_ps(col, base + 0, 4), a1 = _mm512_i32gather_ps(col, base + 1, 4);
-                __m512 a2 = _mm512_i32gather_ps(col, base + 2, 4), a3 = _mm512_i32gather_ps(col, base + 3, 4);
-                __m512 a4 = _mm512_i32gather_ps(col, base + 4, 4), a5 = _mm512_i32gather_ps(col, base + 5, 4);
-                __m512 a6 = _mm512_i32gather_ps(col, base + 6, 4), a7 = _mm512_i32gather_ps(col, base + 7, 4);
-                __m512 lo4 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), a2), a3);
-                __m512 hi4 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), a6), a7);
-                __m512 o = _mm512_add_ps(lo4, hi4);
-                if (bias) o = _mm512_add_ps(o, _mm512_loadu_ps(bias + n0));
-                __m512 e = _mm512_setzero_ps();
-                if (bsum_t) {
-                    for (int64_t b = 0; b < nb; b++)
-                        e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_loadu_ps(bsum_t + b * n_count + n0), e);
-                } else {
-                    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
-                                                                             3, 2, 1, 0), _mm512_set1_epi32((int)nb));
-                    const __m512 minus8 = _mm512_set1_ps(-8.0f);
-                    for (int64_t b = 0; b < nb; b++) {
-                        __m512 sb = _mm512_i32gather_ps(rows, bscale + n0 * nb + b, 4);
-                        e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), _mm512_mul_ps(minus8, sb), e);
-                    }
-                }
-                _mm512_storeu_ps(yr, _mm512_add_ps(e, o));
-                continue;
+            __m512 e = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                __m512 f = bsum_t ? _mm512_loadu_ps(bsum_t + b * n_pad + n0)
+                                  : _mm512_mul_ps(minus8, _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), f, e);
             }
-            for (int64_t i = 0; i < cnt; i++) {
-                int64_t n = n0 + i;
-                float o = fold8(acc8[i], n < n_full);
-                out[i] = bias ? o + bias[n] : o;
-                float e = 0.0f;
-                for (int64_t b = 0; b < nb; b++)
-                    e = fmaf(as[b], bsum_t ? bsum_t[b * n_count + n] : -8.0f * bscale[n * nb + b], e);
-                yr[i] = e + out[i];
-            }
+            _mm512_mask_storeu_ps(y + m * n_count + n0, live, _mm512_add_ps(e, o));
         }
     }
-    free(sa16);
     free(q);
     free(ql);
     free(sa);
