@@ -1315,9 +1315,16 @@ AREAS = [
          "one runtime at a time (this machine's spread: onnxruntime-genai 144-238 tokens/s on the small model's "
          "folder over the day). The Qwen2 and Phi-3 rows are runs for the tokens' equality, timed while the "
          "machine also ran the test suite. The hidden-256 row (2026-11-30, 3 rounds on this AMD EPYC) is the "
-         "configuration issue 38 names; a step is ~1.1 ms against onnxruntime-genai's ~0.44: the LM head's 32,000 x "
-         "256 product takes ~0.31 ms in the int8-activation C kernel (onnxruntime's order, ~17 GB/s), the ten layer "
-         "products ~13 us each, and the rest is the step's Python (~690 calls)."),
+         "configuration issue 38 names; a step was ~1.1 ms against onnxruntime-genai's ~0.44: the LM head's 32,000 x "
+         "256 product took ~0.31-0.44 ms in the int8-activation C kernel (onnxruntime's order, ~17 GB/s), the ten "
+         "layer products ~13 us each, and the rest is the step's Python (~690 calls). Later that day (the 2026-11-30b "
+         "h256 file and the tiny and small files of 2026-11-30, this AMD EPYC, 3 rounds each): the C kernel with 16 "
+         "outputs side by side in a vector (csrc/nbits_int8.c nbits_int8_gemm_cols, bit for bit onnxruntime's as "
+         "before): the LM head alone 444 -> 92 us against onnxruntime's 108 (one MatMulNBits node, both sessions), "
+         "and a layer's gate and up products merged into one (fuse_parallel_matmul): h256 0.25-0.30x -> 0.46x "
+         "(rounds 0.35-0.64), the step now bound by its Python; the tiny model 0.11x (its step is all Python); the "
+         "small model 0.76x here, where the same code before these changes measured 0.74x (2 rounds) and the "
+         "Intel Xeon of 2026-11-28 1.28x."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
