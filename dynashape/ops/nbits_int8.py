@@ -109,7 +109,7 @@ class PackedB:
         self._bsum: torch.Tensor | None = None
         pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
         has = native.function("nbits_int8", "nbits_int8_has_lanes", "", ctypes.c_int)
-        call = native.function("nbits_int8", "nbits_int8_gemm_cols", "iiippppiippp", ctypes.c_int)
+        call = native.function("nbits_int8", "nbits_int8_gemm_cols", "iiippppiipppi", ctypes.c_int)
         if pack is not None and has is not None and has() and call is not None:
             self._pack_cols(pack, zero_points is not None)
             # the weight's arguments bound once: a decode step makes ~60 of these calls
@@ -228,7 +228,9 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
             and out.numel() == a.numel() // k * w.n and a.is_contiguous() and out.is_contiguous() \
             and (bias is None or (bias.dtype is _F32 and bias.is_contiguous())):
         # a bound call's usual case: float32 rows in, the runtime's buffer out
-        if w.call(k, a.numel() // k, a.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr()) == 0:
+        rows = a.numel() // k
+        if w.call(k, rows, a.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                  _threads(rows, w.n, k)) == 0:
             native.count("nbits_int8_native_calls")
             return out
     lead = a.shape[:-1]
@@ -248,15 +250,22 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
         m = flat.shape[0]
         direct = out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == m * w.n
         y = out if direct else torch.empty(m, w.n)
-        if fn(flat.shape[1], m, flat.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr()) == 0:
+        if fn(flat.shape[1], m, flat.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+              _threads(m, w.n, flat.shape[1])) == 0:
             native.count("nbits_int8_native_calls")
             return out if direct else y.reshape(*lead, w.n)
         native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy
     return torch_matmul(flat, w, bias).reshape(*lead, w.n)
 
 
-def _scalar_call(fn, w: PackedB, k: int, m: int, a: int, bias: int, y: int) -> int:
-    """The scalar C kernel called as PackedB.call is (K, rows, then pointers)."""
+def _threads(rows: int, n: int, k: int) -> int:
+    """The C kernel's OpenMP threads: torch's count from 256K products on (a decode step's small products
+    are a few microseconds: a second thread's wake-up would cost more), else one."""
+    return torch.get_num_threads() if rows * n * k >= 1 << 18 else 1
+
+
+def _scalar_call(fn, w: PackedB, k: int, m: int, a: int, bias: int, y: int, threads: int) -> int:
+    """The scalar C kernel called as PackedB.call is (K, rows, then pointers; its threads its own)."""
     return fn(m, w.n, k, w.nb, a, w.raw.data_ptr(), w.scale.data_ptr(), w.bsum.data_ptr(), bias, y)
 
 

@@ -187,10 +187,10 @@ static void quantize_and_order(const float* a, int64_t k, int64_t nb, int64_t gr
  * factors as (nb, n_pad) block-major (bsum_t NULL: every zero point 8, the factors -8 * scale). The
  * lanes' halves, the folds (MLAS's order for the columns in groups of 4, its one-column order for the
  * N % 4 left), the bias and the block sums are then the same operations on vectors of outputs, where
- * computed for 16 outputs at once. */
+ * computed for 16 outputs at once. threads: OpenMP's for this call (1: the caller's thread only). */
 int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8_t* cols, const uint8_t* tcols,
                          const float* scale_t, const float* bsum_t, int64_t k, int64_t m_count, const float* a,
-                         const float* bias, float* y) {
+                         const float* bias, float* y, int threads) {
     int64_t groups = nb / 4, rest = nb - 4 * groups;
     int8_t* q = malloc((size_t)(m_count * nb * BLK));
     int8_t* ql = malloc((size_t)(m_count * groups * 128 + 64));
@@ -209,7 +209,9 @@ int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8
     const __m512i nib = _mm512_set1_epi8(15);
     const __m512 minus8 = _mm512_set1_ps(-8.0f);
     const __m512i lane16 = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-#pragma omp parallel for schedule(static) if (m_count * n_count * k >= (1 << 18))
+/* threads: the caller's count (torch's), named here: a thread that is not the process's first runs an
+     * unnamed parallel region on one thread (a decode step's LM head 78 us on the first thread, 160 on another) */
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t n0 = 16 * c;
         __m512i idx = _mm512_add_epi32(lane16, _mm512_set1_epi32((int)n0));
