@@ -104,7 +104,7 @@ class PackedB:
         self._scale = scales.to(torch.float32).reshape(n, nb).contiguous()
         self.zp = None if zero_points is None else zero_points.to(torch.float32).reshape(n, nb)
         self.raw = raw.to(torch.uint8).reshape(n, nb * BLOCK).contiguous()  # the C kernel's operand
-        self.cols = self.tcols = self.scale_t = self.bsum_t = self.call = None
+        self.cols = self.tcols = self.scale_c = self.bsum_c = self.call = None
         self._torch: tuple | None = None
         self._bsum: torch.Tensor | None = None
         pack = native.function("nbits_int8", "nbits_int8_pack_lanes", "iipp")
@@ -114,17 +114,17 @@ class PackedB:
             self._pack_cols(pack, zero_points is not None)
             # the weight's arguments bound once: a decode step makes ~60 of these calls
             self.call = functools.partial(call, n, self.n_pad, nb, self.cols.data_ptr(), self.tcols.data_ptr(),
-                                          self.scale_t.data_ptr(), 0 if self.bsum_t is None else self.bsum_t.data_ptr())
+                                          self.scale_c.data_ptr(), 0 if self.bsum_c is None else self.bsum_c.data_ptr())
         else:
             self._bsum = self.bsum
         self.nbytes = sum(t.numel() * t.element_size() for t in
-                          (self._scale, self.zp, self._bsum, self.raw, self.cols, self.tcols, self.scale_t, self.bsum_t)
+                          (self._scale, self.zp, self._bsum, self.raw, self.cols, self.tcols, self.scale_c, self.bsum_c)
                           if t is not None)
 
     def _pack_cols(self, pack, zero_points: bool) -> None:
         """The C kernel's operands (nbits_int8_gemm_cols): the lanes of 16 outputs side by side, N
-        padded to 16 with zero weights, the scales and the block sums' factors block-major (none for
-        zero points of 8: the kernel makes them from the scales). The raw values are dropped: the
+        padded to 16 with zero weights, the scales and the block sums' factors by chunk of 16 outputs
+        (none for zero points of 8: the kernel makes them from the scales). The raw values are dropped: the
         columns hold every value (``values``)."""
         n, nb, g = self.n, self.nb, self.groups
         self.n_pad = -(-n // 16) * 16
@@ -135,17 +135,17 @@ class PackedB:
         tail = torch.zeros(self.n_pad, rest * BLOCK, dtype=torch.uint8)
         tail[:n] = self.raw[:, g * GROUP * BLOCK:]
         self.tcols = tail.view(chunks, 16, rest, 8, 4).permute(0, 2, 3, 1, 4).contiguous()  # (c, r, lane, out, 4)
-        self.scale_t = torch.zeros(nb, self.n_pad)
-        self.scale_t[:, :n] = self._scale.t()
+        self.scale_c = _by_chunk(self._scale, self.n_pad)
         if zero_points:
-            self.bsum_t = torch.zeros(nb, self.n_pad)
-            self.bsum_t[:, :n] = self.bsum.t()
-        self.raw = self._scale = None  # the columns and scale_t hold them
+            self.bsum_c = _by_chunk(self.bsum, self.n_pad)
+        self.raw = self._scale = None  # the columns and scale_c hold them
 
     @property
     def scale(self) -> torch.Tensor:
         """(N, blocks) the block scales."""
-        return self._scale if self._scale is not None else self.scale_t[:, :self.n].t()
+        if self._scale is not None:
+            return self._scale
+        return self.scale_c.permute(0, 2, 1).reshape(self.n_pad, self.nb)[:self.n]
 
     @property
     def bsum(self) -> torch.Tensor:
@@ -256,6 +256,14 @@ def matmul(a: torch.Tensor, w: PackedB, bias: torch.Tensor | None = None,
             return out if direct else y.reshape(*lead, w.n)
         native.count("nbits_int8_torch_fallbacks")  # no memory for A's int8 copy
     return torch_matmul(flat, w, bias).reshape(*lead, w.n)
+
+
+def _by_chunk(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """(N, blocks) as (chunks of 16 outputs, blocks, 16), N padded with zeros."""
+    n, nb = t.shape
+    padded = torch.zeros(n_pad, nb)
+    padded[:n] = t
+    return padded.view(n_pad // 16, 16, nb).permute(0, 2, 1).contiguous()
 
 
 def _threads(rows: int, n: int, k: int) -> int:

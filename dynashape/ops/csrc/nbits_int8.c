@@ -184,12 +184,14 @@ static void quantize_and_order(const float* a, int64_t k, int64_t nb, int64_t gr
  * cols (chunks of 16 outputs, groups, 16 lanes, 16 outputs, 4 bytes: the lanes' bytes of 16 outputs
  * together) and tcols (chunks, rest, 8 lanes, 16 outputs, 4 bytes: the blocks after the last group,
  * one value a byte), A's 4 bytes of a lane broadcast to all 16. The scales and the block sums'
- * factors as (nb, n_pad) block-major (bsum_t NULL: every zero point 8, the factors -8 * scale). The
+ * factors as (chunks, nb, 16): a chunk's together, so that the weights and the scales are two streams
+ * read in order (block-major rows of N were nb streams; bsum_c NULL: every zero point 8, the factors
+ * -8 * scale). The
  * lanes' halves, the folds (MLAS's order for the columns in groups of 4, its one-column order for the
  * N % 4 left), the bias and the block sums are then the same operations on vectors of outputs, where
  * computed for 16 outputs at once. threads: OpenMP's for this call (1: the caller's thread only). */
 int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8_t* cols, const uint8_t* tcols,
-                         const float* scale_t, const float* bsum_t, int64_t k, int64_t m_count, const float* a,
+                         const float* scale_c, const float* bsum_c, int64_t k, int64_t m_count, const float* a,
                          const float* bias, float* y, int threads) {
     int64_t groups = nb / 4, rest = nb - 4 * groups;
     int8_t* q = malloc((size_t)(m_count * nb * BLK));
@@ -214,6 +216,7 @@ int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t n0 = 16 * c;
+        const float* sc = scale_c + c * nb * 16;  /* the chunk's scales, block by block */
         __m512i idx = _mm512_add_epi32(lane16, _mm512_set1_epi32((int)n0));
         __mmask16 live = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32((int)n_count));
         __mmask16 full = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32((int)n_full));
@@ -234,7 +237,7 @@ int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
                     __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_set1_epi32(load4(xl + 128 * g + 4 * l)));
                     d = _mm512_dpbusd_epi32(d, hi, _mm512_set1_epi32(load4(xl + 128 * g + 64 + 4 * l)));
-                    __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                    __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(sc + 16 * b));
                     acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[l]);
                 }
             }
@@ -242,7 +245,7 @@ int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8
             for (int l = 0; l < 8; l++) a8[l] = _mm512_add_ps(acc[l], acc[l + 8]);
             for (int64_t r = 0; r < rest; r++) {  /* the blocks after the last group */
                 int64_t b = 4 * groups + r;
-                __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                __m512 s = _mm512_mul_ps(_mm512_set1_ps(s_a[b]), _mm512_loadu_ps(sc + 16 * b));
                 const uint8_t* w = tcols + (c * rest + r) * 512;
                 for (int l = 0; l < 8; l++) {
                     __m512i dd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void*)(w + 64 * l)),
@@ -259,8 +262,8 @@ int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8
             const float* as = asum + m * nb;
             __m512 e = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
-                __m512 f = bsum_t ? _mm512_loadu_ps(bsum_t + b * n_pad + n0)
-                                  : _mm512_mul_ps(minus8, _mm512_loadu_ps(scale_t + b * n_pad + n0));
+                __m512 f = bsum_c ? _mm512_loadu_ps(bsum_c + (c * nb + b) * 16)
+                                  : _mm512_mul_ps(minus8, _mm512_loadu_ps(sc + 16 * b));
                 e = _mm512_fmadd_ps(_mm512_set1_ps(as[b]), f, e);
             }
             _mm512_mask_storeu_ps(y + m * n_count + n0, live, _mm512_add_ps(e, o));
