@@ -1324,7 +1324,12 @@ AREAS = [
          "and a layer's gate and up products merged into one (fuse_parallel_matmul): h256 0.25-0.30x -> 0.46x "
          "(rounds 0.35-0.64), the step now bound by its Python; the tiny model 0.11x (its step is all Python); the "
          "small model 0.76x here, where the same code before these changes measured 0.74x (2 rounds) and the "
-         "Intel Xeon of 2026-11-28 1.28x."),
+         "Intel Xeon of 2026-11-28 1.28x: its step was bound by the products' reads from memory (55 MB of weights, "
+         "beyond the L3: the LM head 1,025 us in the step against 579 alone). Then (the 2026-11-30b small and "
+         "2026-11-30c h256 files, shown) the scales stored by chunk of 16 outputs, read in order with the weights "
+         "(block-major rows of N were one memory stream a block): in the small model's step the LM head 1,025 -> "
+         "538 us, the merged gate/up 150 -> 75 us; the small model 1.09x onnxruntime-genai (rounds 1.01-1.11), "
+         "h256 0.66x (rounds 0.50-0.94: this machine's spread)."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
