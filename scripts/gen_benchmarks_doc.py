@@ -1269,7 +1269,7 @@ AREAS = [
     Area("GPU: MatMulNBits' rows kernel, its tiles", "nbits_rows_sweep.py",
          [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None),
           ("nbits_rows_split_h200_*.json", None), ("nbits_rows_pairs_h200_*.json", None),
-          ("nbits_rows_even_h200_*.json", None)],
+          ("nbits_rows_even_h200_*.json", None), ("nbits_rows_stages_h200_*.json", None)],
          ["layer", "K x N", "rule us", "best us", "best tile (outputs x K a step x warps)", "GB/s of packed weight",
           "run"], nbits_rows_sweep,
          "One row of A times a 4-bit packed weight (blocks of 32, packed zero points), 50 launches in a CUDA graph; "
@@ -1290,8 +1290,11 @@ AREAS = [
          "without masks (a mask on a runtime bound can keep loads a byte each) against the rule masked (the "
          "file's masked_us): "
          "0-8% faster where the tile divides K (the LM head 45.9 -> 42.2 us), slower where K's tile was narrowed to "
-         "divide it (K 1,408: 7.4 us at 128 values against 3.6 at 512), so the rule no longer narrows. What bounds "
-         "the kernel at 0.4-0.8 TB/s is still open: not the loop's latency, the nibbles' interleave or the masks."),
+         "divide it (K 1,408: 7.4 us at 128 values against 3.6 at 512), so the rule no longer narrows. *stages* (a "
+         "fourth): the K loop software-pipelined (tl.range num_stages 2-4, the tile written with the stages before "
+         "A's blocks flag): slower at every shape (1.1B down 12.6 -> 16.1 us at best), the code reverted. What "
+         "bounds the kernel at 0.4-0.8 TB/s is still open: not the loop's latency, the nibbles' interleave, the "
+         "masks or loads in flight through shared memory."),
     Area("GPU: a decode step's kernels", "decode_kernels.py",
          [("decode_kernels_float32_b1_h200_*.json", None), ("decode_kernels_bfloat16_b1_h200_*.json", None),
           ("decode_kernels_float32_b16_h200_*.json", None), ("decode_kernels_builder_mid_h200_*.json", None),
