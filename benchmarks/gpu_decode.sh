@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [stages|even|cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [even|cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
-  stages)  # the rows kernel's K loop software-pipelined: its CUDA tests, the sweep over stages
-    DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py
-    T=300 run python benchmarks/nbits_rows_sweep.py --stages --json "$OUT/nbits_rows_stages.json" | grep -v "^  (" ;;
   even)  # the rows kernel's whole tiles loaded without masks: its CUDA tests, the sweep (the rule masked and not), the
          # TinyLlama-1.1B-shaped folder (carry .cache/builder_1b_skeleton)
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py

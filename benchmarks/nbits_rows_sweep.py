@@ -12,9 +12,7 @@ level-4 blocks made in the kernel or first by a kernel of their own (its launch 
 results of 2026-11-30 named split and pairs came from two forms measured and then removed (K split over
 programs; a byte's two weights kept apart): results/nbits_rows_{split,pairs}_h200_2026-11-30.json.
 
-With ``--stages``: the same shapes over the K loop's pipeline stages (tl.range num_stages).
-
-    python benchmarks/nbits_rows_sweep.py [--rows 1] [--prequant | --stages] [--json out.json]
+    python benchmarks/nbits_rows_sweep.py [--rows 1] [--prequant] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,24 +36,18 @@ SHAPES = {"mid qkv": (512, 1024), "mid o": (512, 512), "mid gate": (512, 1408), 
 CONFIGS = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)))
 PREQUANT_SHAPES = ("mid qkv", "mid down", "1.1B qkv", "1B o", "1.1B gate", "1.1B down", "1B lm_head")
 PREQUANT_CONFIGS = list(itertools.product((4, 8), (512, 1024), (4,), (False, True)))
-# --stages: the K loop software-pipelined (tl.range num_stages: the next steps' weight loads in flight
-# through shared memory, where a program's registers bound how many bytes it has in flight)
-STAGES_CONFIGS = [(bn, bk, w, st, False) for bn, bk, w, st in itertools.product((4, 8, 16), (256, 512, 1024), (4,),
-                                                                               (1, 2, 3, 4))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--prequant", action="store_true")
-    ap.add_argument("--stages", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device("cuda")
     out = {**gpu_header(), "rows": args.rows, "results": {}}
-    narrow = args.prequant or args.stages
-    kinds = ((torch.float32, True),) if narrow else ((torch.float32, True), (torch.float16, False))
-    shapes = {s: SHAPES[s] for s in PREQUANT_SHAPES} if narrow else SHAPES
+    kinds = ((torch.float32, True),) if args.prequant else ((torch.float32, True), (torch.float16, False))
+    shapes = {s: SHAPES[s] for s in PREQUANT_SHAPES} if args.prequant else SHAPES
     for dtype, level4 in kinds:
         for name, (k, n) in shapes.items():
             bs, nb = 32, k // 32
@@ -65,11 +57,11 @@ def main() -> None:
             a = torch.randn(args.rows, k, device=dev, dtype=dtype)
             call = functools.partial(nbits_triton.rows, a, b, scales, zp, None, k, n, bs, level4)
             times = {}
-            for cfg in STAGES_CONFIGS if args.stages else PREQUANT_CONFIGS if args.prequant else CONFIGS:
+            for cfg in PREQUANT_CONFIGS if args.prequant else CONFIGS:
                 if cfg[1] < bs:
                     continue
-                nbits_triton.ROWS_CONFIG = (*cfg[:3], cfg[3] if args.stages else 1)
-                nbits_triton.PREQUANT = cfg[-1] if len(cfg) > 3 else False
+                nbits_triton.ROWS_CONFIG = cfg[:3]
+                nbits_triton.PREQUANT = cfg[3] if len(cfg) > 3 else False
                 try:
                     times[cfg] = graph_us(call, calls=50, reps=5)
                 except Exception as e:  # noqa: BLE001  a tile the compiler refuses (registers)

@@ -60,7 +60,7 @@ def serves_rows(a: torch.Tensor, bits: int, block_size: int, g_idx, zero_points)
             and a.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
-ROWS_CONFIG: tuple[int, ...] | None = None  # the sweep's override of rows_config (a 4th: pipeline stages)
+ROWS_CONFIG: tuple[int, int, int] | None = None  # the sweep's override of rows_config
 PREQUANT: bool | None = None  # the sweep's override of ``prequant``
 EVEN: bool | None = None  # False: the sweep's masked loads everywhere (the form before whole tiles went unmasked)
 
@@ -99,9 +99,7 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
     shape = (*lead, n)
     into = isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == a.dtype and out.is_contiguous()
     y = out.view(m, n) if into else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cfg = ROWS_CONFIG or rows_config(n, k)
-    block_n, block_k, warps = cfg[:3]
-    stages = cfg[3] if len(cfg) > 3 else 1
+    block_n, block_k, warps = ROWS_CONFIG or rows_config(n, k)
     block_k = max(block_k, block_size)
     # whole tiles of N and K: loads without masks. Not by narrowing K's tile to one that divides K: measured
     # slower where it narrowed (an H200, results/nbits_rows_even_h200_2026-11-30.json: K 1,408 at 128 values
@@ -116,7 +114,7 @@ def rows(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: to
             x, w, s, z if z is not None else s, bias.reshape(-1) if bias is not None else s, y, m, n, k, nb,
             x.stride(0), w.stride(0), s.stride(0), z.stride(0) if z is not None else 0, y.stride(0),
             HAS_Z=z is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
-            BLOCK_K=block_k, BS=block_size, LEVEL4=level4, EVEN=even, STAGES=stages, num_warps=warps)
+            BLOCK_K=block_k, BS=block_size, LEVEL4=level4, EVEN=even, num_warps=warps)
     return out if into else y.reshape(shape)
 
 
@@ -241,14 +239,13 @@ if triton is not None:
     @triton.jit
     def _nbits4_rows(X, W, S, Z, BIAS, Y, M, N, K, NB, sxm, swn, ssn, szn, sym,
                      HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, EVEN: tl.constexpr,
-                     STAGES: tl.constexpr):
+                     BLOCK_K: tl.constexpr, BS: tl.constexpr, LEVEL4: tl.constexpr, EVEN: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         nmask, mmask = n < N, m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         kk = tl.arange(0, BLOCK_K)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # STAGES > 1: the next steps' loads issued ahead
+        for k0 in range(0, K, BLOCK_K):
             w = _weight_tile(W, S, Z, n, nmask, k0, NB, swn, ssn, szn, HAS_Z, True, BLOCK_N, BLOCK_K, BS, EVEN)
             w = w.to(X.dtype.element_ty).to(tl.float32)
             if EVEN:  # the rows' mask only: constant along K
