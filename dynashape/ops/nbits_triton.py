@@ -38,7 +38,8 @@ BLOCK_N = 16
 BLOCK_K = 256  # values of K a step of a program's loop (a multiple of every block size served)
 ENABLED = os.environ.get("DYNASHAPE_NBITS_PACKED", "0") == "1"
 # a decode step's few rows (``rows``): products as sums, no dot (whose tile is 16 rows at least, and
-# which float32 A emulates in IEEE), any A type, the level-4 int8 blocks of A made in the kernel
+# which float32 A emulates in IEEE), any A type, the level-4 int8 blocks of A made in the kernel (or,
+# for a large weight, first by a kernel of their own: ``prequant``)
 ROWS = 8
 ROWS_ENABLED = os.environ.get("DYNASHAPE_NBITS_ROWS", "1") != "0"
 
