@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Device calls for the decode issue (whole-step graphs over KV storages): CUDA tests, the decode
 # benchmark against eager and the compiled static-cache rewrite, results under $OUT.
-#   bash benchmarks/gpu_decode.sh [even|cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
+#   bash benchmarks/gpu_decode.sh [final_1b|even|cuda_ep|split_sweep|builder_norms|builder_final|rows_sweep|builder|builder_rows|kernels|smoke|tests|bench|half32|cuda1|buckets|mask|hf|ahead|fusions|first|guard]
 source "$(dirname "$0")/gpu_common.sh"
 case "${1:-bench}" in
+  final_1b)  # the TinyLlama-1.1B-shaped folder at this session's end (carry .cache/builder_1b_skeleton), a step's kernels
+    T=100 run python benchmarks/builder_skeleton.py fill .cache/builder_1b_skeleton
+    T=100 run python benchmarks/generate_builder_gpu.py .cache/builder_1b_skeleton --only-default --steps 200 \
+      --json "$OUT/generate_builder_end.json"
+    T=120 run python benchmarks/decode_kernels.py --folder .cache/builder_1b_skeleton --json "$OUT/decode_kernels_1b.json" \
+      | head -30 ;;
   even)  # the rows kernel's whole tiles loaded without masks: its CUDA tests, the sweep (the rule masked and not), the
          # TinyLlama-1.1B-shaped folder (carry .cache/builder_1b_skeleton)
     DYNASHAPE_TEST_DEVICE=cuda T=150 run python -m pytest -q -p no:warnings -rfE tests/contrib/test_nbits_cuda.py
