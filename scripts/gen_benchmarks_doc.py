@@ -1231,7 +1231,8 @@ AREAS = [
           ("generate_builder_final_h200_*.json", None), ("generate_builder_norms_h200_*.json", None),
           ("generate_builder_norms_dot_h200_*.json", None), ("generate_builder_form_join_h200_*.json", None),
           ("generate_builder_form_pairs_h200_*.json", None), ("generate_builder_merged_h200_*.json", None),
-          ("generate_builder_cuda_ep_h200_*.json", None), ("generate_builder_even_h200_*.json", None)],
+          ("generate_builder_cuda_ep_h200_*.json", None), ("generate_builder_even_h200_*.json", None),
+          ("generate_builder_end_h200_*.json", None)],
          ["model", "dynashape.generate with", "tokens/s", "median step ms", "slowest / median step",
           "x the op kept", "fraction of bandwidth limit", "tokens equal (to the written-out run's)", "run"],
          generate_builder,
@@ -1256,7 +1257,10 @@ AREAS = [
          "compile/fuse_parallel_matmul.py, and A's level-4 blocks made first from 8M weights, nbits_triton.prequant: "
          "1.869 -> 1.782 ms), *even* (a later lease: and the rows kernel's whole tiles loaded without masks, K's tile "
          "then narrowed to one dividing K, which the sweep below found slower where it narrowed and is no longer "
-         "done: 1.705 ms), *cuda ep* (the builder's `-e cuda` folders of the tiny configuration, float16 "
+         "done: 1.705 ms), *end* (the session's last code: 1.719 ms, 476 tokens/s; 327 kernels a step where "
+         "there were 435, the rows kernel 89 x 11.2 us of them: benchmarks/results/"
+         "decode_kernels_builder_1b_h200_2026-11-30b.json), *cuda ep* (the builder's `-e cuda` folders of the tiny "
+         "configuration, float16 "
          "activations: `-p fp16`, its products float16 MatMuls, and `-p int4`, MatMulNBits over float16 A; beside "
          "the CPU folder in the same run; their weights are under 1 MB, so no bandwidth fraction; the run keyed both "
          "folders by their basename, so the fp16 folder's row is from the run's log: written out 3,237 tokens/s, "
