@@ -1308,7 +1308,9 @@ AREAS = [
          "torch.profiler over 20 steps of `dynashape.generate` after two warm generations (the counts include the "
          "prompt's step, hence fractions): the 12-layer hidden-768 decoder (float32 and bfloat16 at batch 1, float32 "
          "at batch 16) and the builder folders above (mid: before the rows kernel wrote the plan's buffers and took "
-         "its measured tile; 1b: after). Where the step is bound by its kernels, their time is its floor: for the "
+         "its measured tile; 1b: the file of a later session, the gate and up products merged and A's level-4 "
+         "blocks made first for large weights). Where the step is bound by its kernels, their time is its floor: "
+         "for the "
          "12-layer decoder at batch 1 the products' one-row kernels (~46 a step, ~4 us each) and the decode "
          "attention's split and combine (~10 us a layer) make 0.3 of its 0.44 ms."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
