@@ -320,3 +320,18 @@ def test_a_bad_device_name_is_the_session_s_typed_error(folder):
     # reach the session's check, not fail in torch first)
     with pytest.raises(errors.OptionsError, match="'gpu' is not a device name"):
         Model(folder, device="gpu")
+
+
+def test_greedy_choice_on_the_cpu_is_torch_s_argmax_with_ties_and_nans():
+    # the CPU form goes through numpy's argmax: the first index of the largest value, a NaN largest
+    from dynashape.generate.sampling import greedy
+    rng = np.random.default_rng(4)
+    for rows, vocab in ((1, 32000), (3, 17), (5, 1000)):
+        x = torch.from_numpy(rng.standard_normal((rows, vocab)).astype(np.float32))
+        x[0, 5] = x[0, 2] = x[0].max() + 1  # a tie: the first one wins
+        if rows > 1:
+            x[1, 7] = x[1, 3] = float("nan")  # NaNs: the first one wins
+        got = greedy(x)
+        assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=1)), (got, x.argmax(dim=1))
+        t = x.t().contiguous().t()  # a transposed view: the same choice
+        assert torch.equal(greedy(t), t.argmax(dim=1))

@@ -4,6 +4,7 @@ onnxruntime-genai define them. Only the chosen tokens leave the device, when the
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -33,6 +34,15 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+def greedy(x: torch.Tensor) -> torch.Tensor:
+    """Each row's first index of its largest logit (a NaN counts as largest, as torch's argmax has it).
+    On the CPU through numpy's argmax: a 32,000-logit row 5.5 us where torch's took 33 (2-core EPYC),
+    a CPU decode step of a small model being ~0.5 ms."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and not x.requires_grad:
+        return torch.from_numpy(x.contiguous().numpy().argmax(axis=1).astype(np.int64, copy=False))
+    return x.argmax(dim=1)
+
+
 def next_tokens(logits: torch.Tensor, seqs: torch.Tensor | None, *, do_sample: bool, top_k: int, top_p: float,
                 temperature: float, repetition_penalty: float, generator: torch.Generator | None,
                 banned: tuple[int, ...] = ()) -> torch.Tensor:
@@ -43,7 +53,7 @@ def next_tokens(logits: torch.Tensor, seqs: torch.Tensor | None, *, do_sample: b
     if banned:
         x[:, list(banned)] = float("-inf")
     if not do_sample:
-        return x.argmax(dim=1)
+        return greedy(x)
     if temperature != 1.0:
         x = x / temperature
     x = top_k_top_p(x, top_k, top_p)
