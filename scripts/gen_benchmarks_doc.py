@@ -1338,7 +1338,11 @@ AREAS = [
          "2026-11-30c h256 files, shown) the scales stored by chunk of 16 outputs, read in order with the weights "
          "(block-major rows of N were one memory stream a block): in the small model's step the LM head 1,025 -> "
          "538 us, the merged gate/up 150 -> 75 us; the small model 1.09x onnxruntime-genai (rounds 1.01-1.11), "
-         "h256 0.66x (rounds 0.50-0.94: this machine's spread)."),
+         "h256 0.66x (rounds 0.50-0.94: this machine's spread). The h256 row shown (2026-11-30d): and the greedy "
+         "choice on the CPU through numpy's argmax (33 -> 5.5 us a 32,000-logit row), minutes later: 0.54x "
+         "(onnxruntime-genai faster in that run, 3,144 tokens/s against 2,385 in the one before); a step there "
+         "is ~0.5-1 ms by the host's speed, ~25% of it the products, the rest the runner's and the generator's "
+         "Python."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
