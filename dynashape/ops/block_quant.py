@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 
 from ..errors import ShapeError
-from . import native, nbits_int8, nbits_triton
+from . import native, nbits_f32, nbits_int8, nbits_triton
 from .qlinear_arith import DOMAIN, _put
 from .registry import COMPUTED, binder, op
 from .shapes import norm_axis
@@ -68,7 +68,7 @@ def _cached_weight(key, sources, build) -> torch.Tensor:
 
 def _nbytes(w) -> int:
     """A cached weight's size: a tensor, or nbits_int8.PackedB (several, counted by itself)."""
-    return w.nbytes if isinstance(w, nbits_int8.PackedB) else w.numel() * w.element_size()
+    return w.nbytes if isinstance(w, (nbits_int8.PackedB, nbits_f32.PackedF32)) else w.numel() * w.element_size()
 
 
 def _nbits_packed(b, scales, zero_points, k, n, bits, block_size) -> nbits_int8.PackedB:
@@ -77,6 +77,16 @@ def _nbits_packed(b, scales, zero_points, k, n, bits, block_size) -> nbits_int8.
     raw = _unpack_bits(b.reshape(n, nb, -1), bits, block_size)
     zp = None if zero_points is None else _unpack_bits(zero_points.reshape(n, -1), bits, nb)
     return nbits_int8.PackedB(raw, scales, zp)
+
+
+def _nbits_packed_f32(b, scales, zero_points, k, n, block_size) -> nbits_f32.PackedF32:
+    """A 4-bit weight as the CPU's float32 kernel reads it (nbits_f32.py): its bytes as stored, the
+    zero points as float32 (4-bit packed ones unpacked, 8 where none is given: None)."""
+    nb = -(-k // block_size)
+    z = zero_points
+    if z is not None:
+        z = _unpack_bits(z.reshape(n, -1), 4, nb) if z.dtype == torch.uint8 else z.reshape(n, nb)
+    return nbits_f32.PackedF32(b.reshape(n, nb, block_size // 2).to(torch.uint8), scales, z, block_size)
 
 
 def _nbits_weight(b, scales, zero_points, g_idx, k, n, bits, block_size, dtype) -> torch.Tensor:
@@ -164,14 +174,21 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         native.count("nbits_rows_cuda_calls")
         return _put(out, nbits_triton.rows(a, b, scales, zero_points, bias, K, N, block_size, accuracy_level == 4,
                                            out))
+    level4 = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
+    if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 \
+            and 0 < a.numel() <= nbits_f32.ROWS * K:
+        # the CPU's few rows in float32: the packed weight read as it is (nbits_f32.py), no dequantized copy
+        key = ("f32", _ident(b), _ident(scales), _ident(zero_points), K, N, block_size)
+        w = _cached_weight(key, (b, scales, zero_points),
+                           lambda: _nbits_packed_f32(b, scales, zero_points, K, N, block_size))
+        if nbits_f32.serves(a, w):
+            return _put(out, nbits_f32.matmul(_int8_blocks(a, block_size) if level4 else a, w, bias, out))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
     dtype = torch.float32 if a.device.type == "cpu" else a.dtype
     key = (_ident(b), _ident(scales), _ident(zero_points), _ident(g_idx), K, N, bits, block_size, dtype)
     w = _cached_weight(key, (b, scales, zero_points, g_idx),
                        lambda: _nbits_weight(b, scales, zero_points, g_idx, K, N, bits, block_size, dtype))
-    x = a
-    if accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8):
-        x = _int8_blocks(a, block_size)
+    x = _int8_blocks(a, block_size) if level4 else a
     y = torch.matmul(x.to(dtype), w.t())
     if bias is not None:
         y = y + bias.to(dtype)
@@ -180,33 +197,46 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
 
 @binder("MatMulNBits", DOMAIN)
 def _bind_matmul_nbits(consts, attrs):
-    """MatMulNBits on onnxruntime's int8-activation path (accuracy level 4, 4 bits, blocks of 32) with
-    a constant weight: its checks and the packed weight done once. The op checks its inputs and
+    """MatMulNBits with a 4-bit constant weight on the CPU: onnxruntime's int8-activation path (accuracy
+    level 4, blocks of 32), or the float32 kernel's (nbits_f32.py: the other levels and block sizes):
+    its checks and the packed weight done once. The op checks its inputs and
     builds the cache key on every call (~15 us of a call's ~35 in a CPU decode step, 11 products a
     step in the builder's 2-layer Llama); the bound form goes to nbits_int8.matmul straight, and to
     the op itself where a call is not its case."""
     c = list(consts) + [None] * (6 - len(consts))
     b, scales, zp, g_idx, bias = c[1], c[2], c[3], c[4], c[5]
     k, n, bits, block = attrs.get("K"), attrs.get("N"), attrs.get("bits", 4), attrs.get("block_size")
-    if attrs.get("accuracy_level", 0) != 4 or bits != 4 or block != nbits_int8.BLOCK or attrs.get("weight_prepacked"):
+    if bits != 4 or not isinstance(block, int) or block < 16 or block & (block - 1) or attrs.get("weight_prepacked"):
         return None
     if any(t is COMPUTED for t in (b, scales, zp, g_idx, bias)) or g_idx is not None or b is None or scales is None \
-            or b.device.type != "cpu" or (zp is not None and zp.dtype != torch.uint8):
+            or b.device.type != "cpu":
         return None
     nb = -(-k // block)
     if b.numel() != n * nb * (block * bits // 8) or scales.numel() != n * nb:
         return None  # (the op raises its error at the call)
-    if native.library("nbits_int8") is None:
-        return None  # (the op's torch path, counted there)
-    w = _cached_weight(("int8", _ident(b), _ident(scales), _ident(zp), k, n), (b, scales, zp),
-                       lambda: _nbits_packed(b, scales, zp, k, n, bits, block))
+    level4 = attrs.get("accuracy_level", 0) == 4 and (zp is None or zp.dtype == torch.uint8)
     b32 = None if bias is None else bias.to(torch.float32).contiguous()
     plain = functools.partial(_matmul_nbits, **attrs)
+    if level4 and block == nbits_int8.BLOCK:
+        if native.library("nbits_int8") is None:
+            return None  # (the op's torch path, counted there)
+        w = _cached_weight(("int8", _ident(b), _ident(scales), _ident(zp), k, n), (b, scales, zp),
+                           lambda: _nbits_packed(b, scales, zp, k, n, bits, block))
 
-    def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
-        if type(a) is not torch.Tensor or a.dtype != torch.float32 or a.device.type != "cpu" or a.shape[-1] != k:
-            return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)
-        return _put(out, nbits_int8.matmul(a, w, b32, out))
+        def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
+            if type(a) is not torch.Tensor or a.dtype != torch.float32 or a.device.type != "cpu" or a.shape[-1] != k:
+                return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)
+            return _put(out, nbits_int8.matmul(a, w, b32, out))
+    else:  # float32 products (nbits_f32.py), A's int8 blocks first at level 4
+        if native.library("nbits_f32") is None:
+            return None
+        w = _cached_weight(("f32", _ident(b), _ident(scales), _ident(zp), k, n, block), (b, scales, zp),
+                           lambda: _nbits_packed_f32(b, scales, zp, k, n, block))
+
+        def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
+            if not nbits_f32.serves(a, w) or a.shape[-1] != k:
+                return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)
+            return _put(out, nbits_f32.matmul(_int8_blocks(a, block) if level4 else a, w, b32, out))
 
     kernel.packed = w  # (keeps the packed weight with the kernel)
     return kernel

@@ -25,7 +25,7 @@ from onnx import helper
 
 import dynashape
 from dynashape.errors import ShapeError
-from dynashape.ops import block_quant
+from dynashape.ops import block_quant, native
 from tests.ops.harness import DEVICE, make_model, run_sequence
 
 MS = "com.microsoft"
@@ -632,3 +632,35 @@ def test_qgemm_inner_dims_are_checked():
     with pytest.raises(ShapeError, match="QGemm: inner dimensions"):
         sess.run(None, {"in0": np.zeros((2, 4), np.uint8), "in1": np.array(1, np.float32),
                         "in2": np.array(0, np.uint8)})
+
+
+@pytest.mark.parametrize("block", [16, 64, 128])
+@pytest.mark.parametrize("zp_kind, accuracy_level", [("none", 0), ("uint8", 0), ("float", 1), ("uint8", 4)])
+def test_matmul_nbits_few_rows_read_the_packed_weight_on_the_cpu(block, zp_kind, accuracy_level, monkeypatch):
+    """A decode step's few rows of float32 A times a 4-bit weight on the CPU (ops/nbits_f32.py: the
+    packed bytes read by a C kernel, 16 outputs at a time; level 4 at other block sizes than 32 with
+    A's int8 blocks first): onnxruntime's values within float32 rounding over a sequence of changing
+    row counts, no dequantized copy of the weight made for them; more rows take the float matmul."""
+    if DEVICE != "cpu" or native.library("nbits_f32") is None:
+        pytest.skip("the C kernel is the CPU's (a C compiler needed)")
+    rng = np.random.default_rng(block + len(zp_kind) + accuracy_level)
+    n, k = 40, 300  # N not a multiple of 16, K not of the block
+    consts = _nbits_weights(rng, n, k, 4, block, zp_kind)
+    consts[5] = rng.uniform(-1, 1, n).astype(np.float32)
+    types = [TP.FLOAT, TP.UINT8, TP.FLOAT, {"none": None, "uint8": TP.UINT8, "float": TP.FLOAT}[zp_kind], None,
+             TP.FLOAT]
+    m = _model("MatMulNBits", types, [TP.FLOAT], consts=consts, ranks=[3, 3, 2, 2, 1, 1],
+               attrs={"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": accuracy_level})
+    before = native.counters().get("nbits_f32_native_calls", 0)
+    dequantized = []
+    build = block_quant._nbits_weight
+    monkeypatch.setattr(block_quant, "_nbits_weight", lambda *a: dequantized.append(1) or build(*a))
+    few = [{0: (rng.standard_normal((1, s, k)) * 3).astype(np.float32)} for s in (1, 3, 1, 16, 2)]
+    _run(m, few, {"rtol": 1e-4, "atol": 1e-4})
+    assert native.counters().get("nbits_f32_native_calls", 0) > before
+    assert not dequantized  # the packed bytes only: no float32 copy for these rows
+    # 18 rows: the float matmul over the dequantized weight (not compared at level 4: at blocks of 16
+    # onnxruntime's many-row path quantizes some rows of A otherwise, 1e-2 apart; that path is as before)
+    if accuracy_level != 4:
+        _run(m, [{0: rng.standard_normal((2, 9, k)).astype(np.float32)}], {"rtol": 1e-4, "atol": 1e-4})
+        assert dequantized

@@ -192,7 +192,7 @@ static void quantize_and_order(const float* a, int64_t k, int64_t nb, int64_t gr
  * computed for 16 outputs at once. threads: OpenMP's for this call (1: the caller's thread only). */
 int nbits_int8_gemm_cols(int64_t n_count, int64_t n_pad, int64_t nb, const uint8_t* cols, const uint8_t* tcols,
                          const float* scale_c, const float* bsum_c, int64_t k, int64_t m_count, const float* a,
-                         const float* bias, float* y, int threads) {
+                         const float* bias, float* y, int64_t threads) {
     int64_t groups = nb / 4, rest = nb - 4 * groups;
     int8_t* q = malloc((size_t)(m_count * nb * BLK));
     int8_t* ql = malloc((size_t)(m_count * groups * 128 + 64));
