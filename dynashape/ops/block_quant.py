@@ -127,7 +127,8 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
     notes="bits 2, 4, 8; on CUDA 4 bits read packed by a Triton kernel (a decode step's few rows; larger A with "
-          "float16/bfloat16 where DYNASHAPE_NBITS_PACKED=1); elsewhere "
+          "float16/bfloat16 where DYNASHAPE_NBITS_PACKED=1); on the CPU 4 bits and float32 A read packed by a C "
+          "kernel (up to 16 rows); elsewhere "
           "weights dequantized once and cached by tensor identity, one float matmul; "
           "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
           "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
