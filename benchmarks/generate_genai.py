@@ -7,7 +7,7 @@ runtimes (``dynashape.generate`` takes onnxruntime-genai's API); one runtime at 
 objects deleted first. Reports tokens/s after the prompt and whether the tokens are equal.
 
     python -m benchmarks.generate_genai [--steps 200] [--precision int4] [--size tiny|small] [--arch llama|qwen2|phi3]
-        [--folder /tmp/genai_int4]
+        [--folder /tmp/genai_int4] [--accuracy-level 0]
         [--json PATH]
 """
 
@@ -51,6 +51,29 @@ def build(folder: Path, precision: str, size: str = "tiny", arch: str = "llama",
     return out
 
 
+def with_accuracy_level(out: Path, level: int) -> Path:
+    """A copy of the builder's folder whose MatMulNBits nodes take ``level`` (the builder's CPU folders
+    are written at 4; onnxruntime's quantizer writes 0 unless told otherwise), beside it."""
+    import shutil
+
+    import onnx
+    dest = out.parent / f"out_level{level}"
+    if (dest / "model.onnx").exists():
+        return dest
+    dest.mkdir(exist_ok=True)
+    for f in out.iterdir():
+        if not f.name.startswith("model.onnx"):
+            shutil.copy(f, dest / f.name)
+    m = onnx.load(str(out / "model.onnx"))
+    for node in m.graph.node:
+        if node.op_type == "MatMulNBits":
+            for a in node.attribute:
+                if a.name == "accuracy_level":
+                    a.i = level
+    onnx.save(m, str(dest / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    return dest
+
+
 def greedy(mod, folder: Path, prompt: np.ndarray, steps: int) -> tuple[list[int], float]:
     model = mod.Model(str(folder))
     params = mod.GeneratorParams(model)
@@ -76,6 +99,7 @@ def main() -> None:
                     help="the transformers architecture the builder converts")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each runtime, alternating which goes first; "
                     "the medians are reported (this machine's load drifts within minutes)")
+    ap.add_argument("--accuracy-level", type=int, help="MatMulNBits' accuracy level set in a copy of the folder")
     ap.add_argument("--json", help="write the figures here (docs/benchmarks.md reads them)")
     args = ap.parse_args()
     import onnxruntime_genai as og
@@ -84,6 +108,8 @@ def main() -> None:
     import dynashape.generate as dg
     torch.set_num_threads(2)
     out = build(Path(args.folder), args.precision, args.size, args.arch)
+    if args.accuracy_level is not None:
+        out = with_accuracy_level(out, args.accuracy_level)
     prompt = np.random.default_rng(0).integers(4, 256, 8).astype(np.int32)
     runtimes = [("onnxruntime-genai", og), ("dynashape", dg)]
     tokens, rates = {}, {name: [] for name, _ in runtimes}
@@ -106,6 +132,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "device": device, "threads": 2,
                        "precision": args.precision, "size": args.size, "arch": args.arch, "steps": args.steps,
+                       "accuracy_level": args.accuracy_level,
                        "tokens_per_s": {"onnxruntime-genai": ra, "dynashape": rb}, "rounds": rates,
                        "tokens_equal": a == b}, f, indent=1)
 

@@ -580,7 +580,9 @@ def generate_genai(runs: list[Run]) -> list[list[str]]:
             f" (median of {len(rounds['dynashape'])} rounds, alternating which runtime goes first; per round "
             + ", ".join(f"{y / x:.2f}x" for x, y in zip(rounds["onnxruntime-genai"], rounds["dynashape"])) + ")")
         arch = GENAI_ARCHS.get(run.data.get("arch", "llama"), run.data.get("arch"))
-        rows.append([f"{run.data['precision']} {GENAI_SIZES.get(size, size)} {arch}, {run.data['steps']} tokens on a "
+        level = run.data.get("accuracy_level")
+        precision = run.data["precision"] + ("" if level is None else f" (accuracy level {level})")
+        rows.append([f"{precision} {GENAI_SIZES.get(size, size)} {arch}, {run.data['steps']} tokens on a "
                      f"fresh Model{how}", num(t["dynashape"]), num(t["onnxruntime-genai"]),
                      ratio(t["dynashape"], t["onnxruntime-genai"]), "yes" if run.data["tokens_equal"] else "**no**",
                      run.run_cell()])
@@ -1315,7 +1317,8 @@ AREAS = [
          "attention's split and combine (~10 us a layer) make 0.3 of its 0.44 ms."),
     Area("CPU: generation against onnxruntime-genai, every token read back", "generate_genai.py",
          [("generate_genai_cpu_tiny_*.json", None), ("generate_genai_cpu_h256_*.json", None),
-          ("generate_genai_cpu_small_*.json", None),
+          ("generate_genai_cpu_small_*.json", None), ("generate_genai_cpu_level0_h256_*.json", None),
+          ("generate_genai_cpu_level0_small_*.json", None),
           ("generate_genai_cpu_qwen2_int4_*.json", None), ("generate_genai_cpu_phi3_int4_*.json", None),
           ("generate_genai_cpu_qwen2_fp32_*.json", None), ("generate_genai_cpu_phi3_fp32_*.json", None)],
          ["model", "dynashape tokens/s", "onnxruntime-genai tokens/s", "x onnxruntime-genai", "tokens equal", "run"],
@@ -1342,7 +1345,12 @@ AREAS = [
          "choice on the CPU through numpy's argmax (33 -> 5.5 us a 32,000-logit row), minutes later: 0.54x "
          "(onnxruntime-genai faster in that run, 3,144 tokens/s against 2,385 in the one before); a step there "
          "is ~0.5-1 ms by the host's speed, ~25% of it the products, the rest the runner's and the generator's "
-         "Python."),
+         "Python. The *accuracy level 0* rows: the same folders with MatMulNBits set to level 0 (onnxruntime's "
+         "quantizer's default; `--accuracy-level 0` rewrites a copy), float32 products over the 4-bit weights on "
+         "both sides, where dynashape had kept a float32 copy 8x the weight and run one float matmul a product: "
+         "h256 96 tokens/s (0.08x, the code before, one round) -> the C kernel reading the packed weight "
+         "(ops/nbits_f32.py): 1,367 tokens/s, 1.16x in a first run of 3 rounds (1.16-1.21) and 0.78x in the run "
+         "shown (rounds 0.78-1.16); the 110M model 1.57-1.88x; tokens equal in every run."),
     Area("Static impls: regions replayed as CUDA graphs (and CPU compiled regions)", "static_impls.py",
          [("static_impls_peers_winograd_h200_*.json", None), ("static_impls_decode_winograd_h200_*.json", None),
           ("static_impls_cpu_inductor_*.json", None)],
