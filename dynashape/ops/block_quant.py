@@ -128,7 +128,7 @@ def _int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
 @op("MatMulNBits", 1, DOMAIN, infer=_nbits_infer,
     notes="bits 2, 4, 8; on CUDA 4 bits read packed by a Triton kernel (a decode step's few rows; larger A with "
           "float16/bfloat16 where DYNASHAPE_NBITS_PACKED=1); on the CPU 4 bits and float32 A read packed by a C "
-          "kernel (up to 16 rows); elsewhere "
+          "kernel; elsewhere "
           "weights dequantized once and cached by tensor identity, one float matmul; "
           "accuracy_level 4 quantizes A per block to int8 as onnxruntime, and with 4 bits, blocks of 32 "
           "and float32 A on the CPU gives its bits (its AVX-512 VNNI kernel's order); no weight_prepacked")
@@ -176,9 +176,8 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         return _put(out, nbits_triton.rows(a, b, scales, zero_points, bias, K, N, block_size, accuracy_level == 4,
                                            out))
     level4 = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
-    if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 \
-            and 0 < a.numel() <= nbits_f32.ROWS * K:
-        # the CPU's few rows in float32: the packed weight read as it is (nbits_f32.py), no dequantized copy
+    if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 and a.numel() > 0:
+        # the CPU in float32: the packed weight read as it is (nbits_f32.py), no dequantized copy
         key = ("f32", _ident(b), _ident(scales), _ident(zero_points), K, N, block_size)
         w = _cached_weight(key, (b, scales, zero_points),
                            lambda: _nbits_packed_f32(b, scales, zero_points, K, N, block_size))

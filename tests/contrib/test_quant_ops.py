@@ -20,6 +20,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 from onnx import TensorProto as TP
 from onnx import helper
 
@@ -636,11 +637,11 @@ def test_qgemm_inner_dims_are_checked():
 
 @pytest.mark.parametrize("block", [16, 64, 128])
 @pytest.mark.parametrize("zp_kind, accuracy_level", [("none", 0), ("uint8", 0), ("float", 1), ("uint8", 4)])
-def test_matmul_nbits_few_rows_read_the_packed_weight_on_the_cpu(block, zp_kind, accuracy_level, monkeypatch):
-    """A decode step's few rows of float32 A times a 4-bit weight on the CPU (ops/nbits_f32.py: the
-    packed bytes read by a C kernel, 16 outputs at a time; level 4 at other block sizes than 32 with
-    A's int8 blocks first): onnxruntime's values within float32 rounding over a sequence of changing
-    row counts, no dequantized copy of the weight made for them; more rows take the float matmul."""
+def test_matmul_nbits_reads_the_packed_weight_on_the_cpu(block, zp_kind, accuracy_level, monkeypatch):
+    """Float32 A times a 4-bit weight on the CPU (ops/nbits_f32.py: the packed bytes read by a C kernel,
+    16 outputs and 4 rows at a time; level 4 at other block sizes than 32 with A's int8 blocks first):
+    onnxruntime's values within float32 rounding over a sequence of changing row counts, a decode
+    step's and a prompt's, and no dequantized copy of the weight made for any of them."""
     if DEVICE != "cpu" or native.library("nbits_f32") is None:
         pytest.skip("the C kernel is the CPU's (a C compiler needed)")
     rng = np.random.default_rng(block + len(zp_kind) + accuracy_level)
@@ -655,12 +656,27 @@ def test_matmul_nbits_few_rows_read_the_packed_weight_on_the_cpu(block, zp_kind,
     dequantized = []
     build = block_quant._nbits_weight
     monkeypatch.setattr(block_quant, "_nbits_weight", lambda *a: dequantized.append(1) or build(*a))
-    few = [{0: (rng.standard_normal((1, s, k)) * 3).astype(np.float32)} for s in (1, 3, 1, 16, 2)]
-    _run(m, few, {"rtol": 1e-4, "atol": 1e-4})
+    # (at level 4 and blocks of 16 onnxruntime's many-row path quantizes some rows of A otherwise, 1e-2
+    # apart: prompts are compared at the other levels)
+    shapes = (1, 3, 1, 16, 2) if accuracy_level == 4 else (1, 3, 1, 16, 2, 37, 1)
+    _run(m, [{0: (rng.standard_normal((1, s, k)) * 3).astype(np.float32)} for s in shapes],
+         {"rtol": 1e-4, "atol": 1e-4})
     assert native.counters().get("nbits_f32_native_calls", 0) > before
-    assert not dequantized  # the packed bytes only: no float32 copy for these rows
-    # 18 rows: the float matmul over the dequantized weight (not compared at level 4: at blocks of 16
-    # onnxruntime's many-row path quantizes some rows of A otherwise, 1e-2 apart; that path is as before)
-    if accuracy_level != 4:
-        _run(m, [{0: rng.standard_normal((2, 9, k)).astype(np.float32)}], {"rtol": 1e-4, "atol": 1e-4})
-        assert dequantized
+    assert not dequantized  # the packed bytes only: no float32 copy
+
+
+def test_the_cpu_nbits_kernel_gives_a_row_the_same_values_alone_or_beside_others():
+    # rows go 4 at a time through one unpack of the weights; each keeps the sums it has alone
+    from dynashape.ops import nbits_f32
+    if native.library("nbits_f32") is None:
+        pytest.skip("the C kernel is the CPU's (a C compiler needed)")
+    rng = np.random.default_rng(9)
+    n, k, block = 37, 200, 32
+    raw = torch.from_numpy(rng.integers(0, 256, (n, -(-k // block), block // 2), dtype=np.uint8))
+    w = nbits_f32.PackedF32(raw, torch.from_numpy(_s(rng, (n, raw.shape[1]), 0.01, 0.1)), None, block)
+    if w.call is None:
+        pytest.skip("no AVX-512 here")
+    a = torch.from_numpy(rng.standard_normal((11, k)).astype(np.float32))
+    together = nbits_f32.matmul(a, w)
+    alone = torch.cat([nbits_f32.matmul(a[i:i + 1], w) for i in range(len(a))])
+    assert torch.equal(together, alone)

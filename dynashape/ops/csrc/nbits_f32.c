@@ -1,6 +1,6 @@
 /* MatMulNBits with 4-bit weights and float32 A on the CPU, at an accuracy level other than 4
- * (onnxruntime computes those in float32 over the dequantized weights): a decode step's few rows
- * times the packed weight, read as it is stored. The dequantized float32 copy the op made instead
+ * (onnxruntime computes those in float32 over the dequantized weights): A times the packed weight,
+ * read as it is stored, 4 rows of A on one unpack of a block's weights. The dequantized float32 copy the op made instead
  * is 8x the weight's bytes (a 1B model: 4.4 GB), and a decode step reads every weight once.
  *
  * Layout (nbits_f32.py packs it once a weight): 16 outputs side by side, wcol (chunks, blocks,
@@ -50,27 +50,44 @@ int nbits_f32_gemm(int64_t n_count, int64_t n_pad, int64_t nb, int64_t bs, const
         const uint8_t* w = wcol + c * nb * half * 16;
         const float* sc = scale_c + c * nb * 16;
         const float* zc = zp_c ? zp_c + c * nb * 16 : NULL;
-        for (int64_t m = 0; m < m_count; m++) {
-            const float* x = xp + m * kp;
-            __m512 acc = _mm512_setzero_ps();
+        /* rows 4 at a time: a block's weights unpacked once for the 4; each row's sums as a row alone has them */
+        for (int64_t m0 = 0; m0 < m_count; m0 += 4) {
+            int r = m_count - m0 < 4 ? (int)(m_count - m0) : 4;
+            const float* x[4];
+            for (int i = 0; i < 4; i++) x[i] = xp + (m0 + (i < r ? i : 0)) * kp;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t* wb = w + b * half * 16;
                 _mm_prefetch((const char*)(wb + nb * half * 16), _MM_HINT_T0);  /* the next chunk's block */
-                __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();  /* two chains: the even and odd values */
+                /* two chains a row: the even and the odd values */
+                __m512 s0[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                __m512 s1[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
                 for (int64_t j = 0; j < half; j++) {
                     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 16 * j)));
                     __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, nib));
                     __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-                    s0 = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[b * bs + 2 * j]), s0);
-                    s1 = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[b * bs + 2 * j + 1]), s1);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) {
+                        if (i >= r) break;
+                        s0[i] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[i][b * bs + 2 * j]), s0[i]);
+                        s1[i] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[i][b * bs + 2 * j + 1]), s1[i]);
+                    }
                 }
                 __m512 z = zc ? _mm512_loadu_ps(zc + 16 * b) : eight;
-                /* scale * (sum q * x - zero point * sum x) */
-                __m512 blk = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[m * nb + b]), _mm512_add_ps(s0, s1));
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(sc + 16 * b), blk, acc);
+                __m512 sb = _mm512_loadu_ps(sc + 16 * b);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    if (i >= r) break;
+                    /* scale * (sum q * x - zero point * sum x) */
+                    __m512 blk = _mm512_fnmadd_ps(z, _mm512_set1_ps(xsum[(m0 + i) * nb + b]),
+                                                  _mm512_add_ps(s0[i], s1[i]));
+                    acc[i] = _mm512_fmadd_ps(sb, blk, acc[i]);
+                }
             }
-            if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(live, bias + n0));
-            _mm512_mask_storeu_ps(y + m * n_count + n0, live, acc);
+            for (int i = 0; i < r; i++) {
+                __m512 o = bias ? _mm512_add_ps(acc[i], _mm512_maskz_loadu_ps(live, bias + n0)) : acc[i];
+                _mm512_mask_storeu_ps(y + (m0 + i) * n_count + n0, live, o);
+            }
         }
     }
     free(xp);
