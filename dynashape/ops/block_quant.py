@@ -176,7 +176,8 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
         return _put(out, nbits_triton.rows(a, b, scales, zero_points, bias, K, N, block_size, accuracy_level == 4,
                                            out))
     level4 = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
-    if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 and a.numel() > 0:
+    if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 and a.numel() > 0 \
+            and nbits_f32.available():
         # the CPU in float32: the packed weight read as it is (nbits_f32.py), no dequantized copy
         key = ("f32", _ident(b), _ident(scales), _ident(zero_points), K, N, block_size)
         w = _cached_weight(key, (b, scales, zero_points),
@@ -228,8 +229,8 @@ def _bind_matmul_nbits(consts, attrs):
                 return plain(a, b_, scales_, zero_points, g_idx_, bias_, out=out)
             return _put(out, nbits_int8.matmul(a, w, b32, out))
     else:  # float32 products (nbits_f32.py), A's int8 blocks first at level 4
-        if native.library("nbits_f32") is None:
-            return None
+        if not nbits_f32.available():
+            return None  # (the op's torch path)
         w = _cached_weight(("f32", _ident(b), _ident(scales), _ident(zp), k, n, block), (b, scales, zp),
                            lambda: _nbits_packed_f32(b, scales, zp, k, n, block))
 

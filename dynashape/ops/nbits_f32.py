@@ -24,6 +24,12 @@ from . import native
 from .nbits_int8 import _by_chunk, _threads
 
 
+def available() -> bool:
+    """Whether the C kernel runs here (a C compiler and AVX-512)."""
+    has = native.function("nbits_f32", "nbits_f32_available", "", ctypes.c_int)
+    return has is not None and bool(has())
+
+
 class PackedF32:
     """A 4-bit weight as the kernel reads it, made once: the bytes of 16 outputs side by side
     (chunks, blocks, bytes a block, 16), scales and zero points by chunk (float32). ``call`` is None
@@ -36,8 +42,7 @@ class PackedF32:
         self.call = None
         self.nbytes = 0
         fn = native.function("nbits_f32", "nbits_f32_gemm", "iiiipppiipppi", ctypes.c_int, fallbacks="nbits_f32")
-        has = native.function("nbits_f32", "nbits_f32_available", "", ctypes.c_int)
-        if fn is None or has is None or not has():
+        if fn is None or not available():
             return
         n_pad = -(-n // 16) * 16
         padded = torch.zeros(n_pad, nb, half, dtype=torch.uint8)

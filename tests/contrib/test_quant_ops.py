@@ -642,8 +642,9 @@ def test_matmul_nbits_reads_the_packed_weight_on_the_cpu(block, zp_kind, accurac
     16 outputs and 4 rows at a time; level 4 at other block sizes than 32 with A's int8 blocks first):
     onnxruntime's values within float32 rounding over a sequence of changing row counts, a decode
     step's and a prompt's, and no dequantized copy of the weight made for any of them."""
-    if DEVICE != "cpu" or native.library("nbits_f32") is None:
-        pytest.skip("the C kernel is the CPU's (a C compiler needed)")
+    from dynashape.ops import nbits_f32
+    if DEVICE != "cpu" or not nbits_f32.available():
+        pytest.skip("the C kernel is the CPU's (a C compiler and AVX-512 needed)")
     rng = np.random.default_rng(block + len(zp_kind) + accuracy_level)
     n, k = 40, 300  # N not a multiple of 16, K not of the block
     consts = _nbits_weights(rng, n, k, 4, block, zp_kind)
@@ -666,14 +667,12 @@ def test_matmul_nbits_reads_the_packed_weight_on_the_cpu(block, zp_kind, accurac
 def test_the_cpu_nbits_kernel_gives_a_row_the_same_values_alone_or_beside_others():
     # rows go 4 at a time through one unpack of the weights; each keeps the sums it has alone
     from dynashape.ops import nbits_f32
-    if native.library("nbits_f32") is None:
-        pytest.skip("the C kernel is the CPU's (a C compiler needed)")
+    if not nbits_f32.available():
+        pytest.skip("the C kernel is the CPU's (a C compiler and AVX-512 needed)")
     rng = np.random.default_rng(9)
     n, k, block = 37, 200, 32
     raw = torch.from_numpy(rng.integers(0, 256, (n, -(-k // block), block // 2), dtype=np.uint8))
     w = nbits_f32.PackedF32(raw, torch.from_numpy(_s(rng, (n, raw.shape[1]), 0.01, 0.1)), None, block)
-    if w.call is None:
-        pytest.skip("no AVX-512 here")
     a = torch.from_numpy(rng.standard_normal((11, k)).astype(np.float32))
     together = nbits_f32.matmul(a, w)
     alone = torch.cat([nbits_f32.matmul(a[i:i + 1], w) for i in range(len(a))])
