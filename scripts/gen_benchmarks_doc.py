@@ -542,6 +542,17 @@ def generate_builder(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def nbits_cpu(runs: list[Run]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        for name, r in run.data["results"].items():
+            ms = r["ms"]
+            cells = [f"{ms['dynashape'][str(m)]:.3f} / {ms['onnxruntime'][str(m)]:.3f} "
+                     f"({ratio(ms['dynashape'][str(m)], ms['onnxruntime'][str(m)])})" for m in run.data["rows"]]
+            rows.append([name, f"{r['k']} x {r['n']}", *cells, run.run_cell()])
+    return rows
+
+
 def nbits_rows_sweep(runs: list[Run]) -> list[list[str]]:
     rows = []
     for run in runs:
@@ -1272,6 +1283,17 @@ AREAS = [
          "step. Tokens: int4 with int8 activations turns a last-bit difference into another quantized value now and "
          "then, so the two paths' tokens part at near-ties; fed the op path's tokens, the written-out path's argmax "
          "equals its wherever its top two logits differ by more than 1e-2 (*forced*)."),
+    Area("CPU: one MatMulNBits node against onnxruntime", "nbits_cpu.py",
+         [("nbits_cpu_*.json", None)],
+         ["product", "K x N", "1 row: ms dynashape / onnxruntime (x)", "16 rows", "128 rows", "run"], nbits_cpu,
+         "A single-node model of each product of the builder's hidden-256 and 110M Llama (4-bit weights, blocks of "
+         "32, float32 A), each runtime in turn with 2 threads, the median call after warm-up (the weight stays in "
+         "the caches between calls, as it does not in a model's step). *level 4*: onnxruntime's int8 kernel, "
+         "dynashape's its bits (ops/nbits_int8.py, 16 outputs a vector since 2026-11-30); *level 0*: float32 over "
+         "the 4-bit weights, dynashape's C kernel reading them packed (ops/nbits_f32.py, 2026-11-30; before it, "
+         "the op's float matmul over a float32 copy of the weight: a 32,000 x 256 LM head 5.9 ms a row). At one "
+         "row the small products are bound by a call's fixed cost (a one-node session's ~10 us of host in "
+         "dynashape); the LM heads by the weight's bytes."),
     Area("GPU: MatMulNBits' rows kernel, its tiles", "nbits_rows_sweep.py",
          [("nbits_rows_sweep_h200_*.json", None), ("nbits_rows_sweep_wide_h200_*.json", None),
           ("nbits_rows_split_h200_*.json", None), ("nbits_rows_pairs_h200_*.json", None),
