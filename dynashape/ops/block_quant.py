@@ -79,6 +79,19 @@ def _nbits_packed(b, scales, zero_points, k, n, bits, block_size) -> nbits_int8.
     return nbits_int8.PackedB(raw, scales, zp)
 
 
+def _int8_weight(b, scales, zero_points, k: int, n: int) -> nbits_int8.PackedB:
+    """The weight packed for onnxruntime's int8 kernel, cached by the tensors' identity (the op's path
+    and its bound form share the entry)."""
+    return _cached_weight(("int8", _ident(b), _ident(scales), _ident(zero_points), k, n), (b, scales, zero_points),
+                          lambda: _nbits_packed(b, scales, zero_points, k, n, 4, nbits_int8.BLOCK))
+
+
+def _f32_weight(b, scales, zero_points, k: int, n: int, block_size: int) -> nbits_f32.PackedF32:
+    """The weight packed for the CPU's float32 kernel, cached by the tensors' identity (shared as above)."""
+    return _cached_weight(("f32", _ident(b), _ident(scales), _ident(zero_points), k, n, block_size),
+                          (b, scales, zero_points), lambda: _nbits_packed_f32(b, scales, zero_points, k, n, block_size))
+
+
 def _nbits_packed_f32(b, scales, zero_points, k, n, block_size) -> nbits_f32.PackedF32:
     """A 4-bit weight as the CPU's float32 kernel reads it (nbits_f32.py): its bytes as stored, the
     zero points as float32 (4-bit packed ones unpacked, 8 where none is given: None)."""
@@ -159,10 +172,7 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
             and (zero_points is None or zero_points.dtype == torch.uint8)):
         # onnxruntime's int8-activation kernel, its roundings in its order (a one-ulp difference
         # here flips an int8 activation of the next product and drifts a decode loop)
-        key = ("int8", _ident(b), _ident(scales), _ident(zero_points), K, N)
-        w = _cached_weight(key, (b, scales, zero_points),
-                           lambda: _nbits_packed(b, scales, zero_points, K, N, bits, block_size))
-        return _put(out, nbits_int8.matmul(a, w, bias, out))
+        return _put(out, nbits_int8.matmul(a, _int8_weight(b, scales, zero_points, K, N), bias, out))
     if nbits_triton.serves(a, bits, block_size, g_idx, K) and (
             zero_points is None or zero_points.dtype == torch.uint8 or zero_points.numel() == N * nb):
         # CUDA: the packed weight read as it is, no dequantized copy (nbits_triton.py)
@@ -179,9 +189,7 @@ def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N
     if bits == 4 and g_idx is None and a.device.type == "cpu" and a.dtype == torch.float32 and a.numel() > 0 \
             and nbits_f32.available():
         # the CPU in float32: the packed weight read as it is (nbits_f32.py), no dequantized copy
-        key = ("f32", _ident(b), _ident(scales), _ident(zero_points), K, N, block_size)
-        w = _cached_weight(key, (b, scales, zero_points),
-                           lambda: _nbits_packed_f32(b, scales, zero_points, K, N, block_size))
+        w = _f32_weight(b, scales, zero_points, K, N, block_size)
         if nbits_f32.serves(a, w):
             return _put(out, nbits_f32.matmul(_int8_blocks(a, block_size) if level4 else a, w, bias, out))
     # matmuls in float32 on the CPU (its half-precision GEMM is slow), in A's type elsewhere
@@ -221,8 +229,7 @@ def _bind_matmul_nbits(consts, attrs):
     if level4 and block == nbits_int8.BLOCK:
         if native.library("nbits_int8") is None:
             return None  # (the op's torch path, counted there)
-        w = _cached_weight(("int8", _ident(b), _ident(scales), _ident(zp), k, n), (b, scales, zp),
-                           lambda: _nbits_packed(b, scales, zp, k, n, bits, block))
+        w = _int8_weight(b, scales, zp, k, n)
 
         def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
             if type(a) is not torch.Tensor or a.dtype != torch.float32 or a.device.type != "cpu" or a.shape[-1] != k:
@@ -231,8 +238,7 @@ def _bind_matmul_nbits(consts, attrs):
     else:  # float32 products (nbits_f32.py), A's int8 blocks first at level 4
         if not nbits_f32.available():
             return None  # (the op's torch path)
-        w = _cached_weight(("f32", _ident(b), _ident(scales), _ident(zp), k, n, block), (b, scales, zp),
-                           lambda: _nbits_packed_f32(b, scales, zp, k, n, block))
+        w = _f32_weight(b, scales, zp, k, n, block)
 
         def kernel(a, b_, scales_, zero_points=None, g_idx_=None, bias_=None, *, out=None):
             if not nbits_f32.serves(a, w) or a.shape[-1] != k:

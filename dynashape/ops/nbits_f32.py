@@ -24,8 +24,9 @@ from . import native
 from .nbits_int8 import _by_chunk, _threads
 
 
+@functools.cache
 def available() -> bool:
-    """Whether the C kernel runs here (a C compiler and AVX-512)."""
+    """Whether the C kernel runs here (a C compiler and AVX-512): once a process."""
     has = native.function("nbits_f32", "nbits_f32_available", "", ctypes.c_int)
     return has is not None and bool(has())
 
